@@ -1,0 +1,118 @@
+"""Domain errors, built from the custom SQLSTATEs the SQL core raises.
+
+Python never matches on message text: wrap_exceptions() maps exc.sqlstate to a
+class below. The code table is the one in the README ("Error codes"); a test
+checks that both list the same codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator
+
+import psycopg
+
+
+class SqlState(enum.StrEnum):
+    INVALID_OUTBOX = "OB001"
+    FUTURE_EVENT = "OB002"
+    INVALID_SUBJECT_PART = "OB003"
+    INVALID_PAYLOAD = "OB004"
+    INVALID_SCHEMA_VERSION = "OB005"
+    INVALID_ARGUMENT = "OB006"
+    ILLEGAL_TRANSITION = "OB010"
+    IMMUTABLE_EVENT = "OB011"
+    DELETE_FORBIDDEN = "OB012"
+    STALE_CLAIM = "OB013"
+    REASON_REQUIRED = "OB014"
+    NOT_DEAD_LETTER = "OB015"
+    INVALID_MESSAGE = "OB020"
+    UNKNOWN_MESSAGE = "OB021"
+    MIGRATION_OUT_OF_ORDER = "OB090"
+    DATA_WOULD_BE_LOST = "OB091"
+
+
+class PgOutboxError(Exception):
+    """pgoutbox error."""
+
+    code: SqlState | None = None
+
+    def __init__(self, message: str | None = None, *, code: SqlState | None = None):
+        super().__init__(message or self.__doc__)
+        if code is not None:
+            self.code = code
+
+
+class PolicyViolation(PgOutboxError):
+    """The event breaks an outbox policy and was not written."""
+
+
+class IllegalTransition(PgOutboxError):
+    """The database refused a status move that the lifecycle does not allow."""
+
+
+class StaleClaim(PgOutboxError):
+    """The claim token no longer holds these events (lease taken over)."""
+
+
+class NotDeadLetter(PgOutboxError):
+    """Only DEAD_LETTER events can be requeued."""
+
+
+class UnknownMessage(PgOutboxError):
+    """No inbox row for this message and handler."""
+
+
+class MigrationError(PgOutboxError):
+    """The schema cannot be migrated as asked."""
+
+
+class SchemaMismatch(PgOutboxError):
+    """The database schema is not the version this code was built for."""
+
+
+class ConfigError(PgOutboxError):
+    """The configuration is invalid."""
+
+
+_CLASSES: dict[SqlState, type[PgOutboxError]] = {
+    SqlState.INVALID_OUTBOX: PolicyViolation,
+    SqlState.FUTURE_EVENT: PolicyViolation,
+    SqlState.INVALID_SUBJECT_PART: PolicyViolation,
+    SqlState.INVALID_PAYLOAD: PolicyViolation,
+    SqlState.INVALID_SCHEMA_VERSION: PolicyViolation,
+    SqlState.INVALID_ARGUMENT: PolicyViolation,
+    SqlState.INVALID_MESSAGE: PolicyViolation,
+    SqlState.ILLEGAL_TRANSITION: IllegalTransition,
+    SqlState.IMMUTABLE_EVENT: IllegalTransition,
+    SqlState.DELETE_FORBIDDEN: IllegalTransition,
+    SqlState.STALE_CLAIM: StaleClaim,
+    SqlState.REASON_REQUIRED: PolicyViolation,
+    SqlState.NOT_DEAD_LETTER: NotDeadLetter,
+    SqlState.UNKNOWN_MESSAGE: UnknownMessage,
+    SqlState.MIGRATION_OUT_OF_ORDER: MigrationError,
+    SqlState.DATA_WOULD_BE_LOST: MigrationError,
+}
+
+
+def from_database(exc: psycopg.Error) -> PgOutboxError | None:
+    """The domain error for a database error carrying one of our codes."""
+    try:
+        code = SqlState(exc.sqlstate or "")
+    except ValueError:
+        return None
+    message = exc.diag.message_primary or str(exc)
+    return _CLASSES[code](message, code=code)
+
+
+@contextlib.contextmanager
+def wrap_exceptions() -> Iterator[None]:
+    """Re-raise database errors with our SQLSTATEs as domain errors."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        domain = from_database(exc)
+        if domain is None:
+            raise
+        raise domain from exc

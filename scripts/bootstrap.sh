@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything pgoutbox needs on a fresh Debian 12 machine, idempotently:
+# Debian packages only when missing (apt-get once), then a venv in .venv that is
+# rebuilt only when pyproject.toml changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEB_PACKAGES=(postgresql-15 postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
+              libpostgresql-jdbc-java openjdk-17-jre-headless)
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: missing Debian packages (${missing[*]}); run as root or install them" >&2
+    exit 1
+  fi
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # The cluster Debian creates by default is not used: pgoutbox starts its own.
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+stamp=.venv/.pgoutbox-stamp
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "bootstrap: building .venv"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev,spark]'
+  echo "$want" > "$stamp"
+fi

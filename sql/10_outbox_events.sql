@@ -1,0 +1,166 @@
+-- outbox.events: one row per domain event, range-partitioned by created_at
+-- (one partition per UTC day). Rows leave only when a whole partition is
+-- archived and dropped; no role may DELETE (see 20_outbox_guards.sql).
+--
+-- Lifecycle (status), enforced for every UPDATE by tg_events__guard_update:
+--   PENDING      emitted, waiting for a relay           -> PROCESSING
+--   PROCESSING   claimed under a lease (available_at)   -> COMPLETED | FAILED | DEAD_LETTER
+--                                                         | PROCESSING (lease expired, re-claim)
+--   FAILED       publish failed, retry at available_at  -> PROCESSING (once due)
+--   COMPLETED    acked by JetStream (terminal)
+--   DEAD_LETTER  gave up; needs an operator             -> PENDING (outbox.requeue, audited)
+--
+-- available_at is "when may a relay take this row next": emit time for
+-- PENDING, retry time for FAILED, lease expiry for PROCESSING. One column
+-- keeps the claim predicate and its index simple.
+
+CREATE TABLE IF NOT EXISTS outbox.events (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    event_id uuid NOT NULL DEFAULT gen_random_uuid(),
+    context text NOT NULL,
+    aggregate_type text NOT NULL,
+    aggregate_id text NOT NULL,
+    event_type text NOT NULL,
+    event_version integer NOT NULL DEFAULT 1,
+    subject text GENERATED ALWAYS AS (
+        context || '.event.' || event_type || '.v' || event_version::text
+    ) STORED,
+    payload jsonb NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{}'::jsonb,
+    correlation_id uuid,
+    causation_id uuid,
+    tenant_id text,
+    ordering_key text,
+    occurred_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    available_at timestamptz NOT NULL DEFAULT now(),
+    status text NOT NULL DEFAULT 'PENDING',
+    attempts integer NOT NULL DEFAULT 0,
+    last_error text,
+    claimed_at timestamptz,
+    claimed_by text,
+    claim_token uuid,
+    published_at timestamptz,
+    PRIMARY KEY (id, created_at),
+    CONSTRAINT status_is_known CHECK (
+        status IN ('PENDING', 'PROCESSING', 'COMPLETED', 'FAILED', 'DEAD_LETTER')
+    ),
+    CONSTRAINT context_is_a_subject_token CHECK (context ~ '^[A-Za-z0-9_-]{1,64}$'),
+    CONSTRAINT event_type_is_a_subject_token CHECK (
+        event_type ~ '^[A-Za-z0-9_-]{1,128}$'
+    ),
+    CONSTRAINT event_version_is_positive CHECK (event_version >= 1),
+    CONSTRAINT aggregate_is_named CHECK (aggregate_type <> '' AND aggregate_id <> ''),
+    CONSTRAINT payload_is_an_object CHECK (jsonb_typeof(payload) = 'object'),
+    CONSTRAINT payload_has_schema_version CHECK (
+        jsonb_typeof(payload -> 'schema_version') = 'number'
+        AND (payload ->> 'schema_version')::numeric >= 1
+        AND (payload ->> 'schema_version')::numeric
+        = trunc((payload ->> 'schema_version')::numeric)
+    ),
+    CONSTRAINT headers_is_an_object CHECK (jsonb_typeof(headers) = 'object'),
+    CONSTRAINT attempts_is_non_negative CHECK (attempts >= 0),
+    CONSTRAINT published_iff_completed CHECK (
+        (status = 'COMPLETED') = (published_at IS NOT NULL)
+    ),
+    CONSTRAINT processing_has_a_claim CHECK (
+        status <> 'PROCESSING'
+        OR (claim_token IS NOT NULL AND claimed_at IS NOT NULL AND claimed_by IS NOT NULL)
+    ),
+    CONSTRAINT failed_or_dead_has_an_error CHECK (
+        status NOT IN ('FAILED', 'DEAD_LETTER') OR last_error IS NOT NULL
+    )
+) PARTITION BY RANGE (created_at);
+
+COMMENT ON TABLE outbox.events IS
+'Transactional outbox. Write with outbox.emit(); relays move rows with claim/mark_*.';
+COMMENT ON COLUMN outbox.events.event_id IS
+'Idempotency key: the Nats-Msg-Id on the wire and the consumer''s message_id.';
+COMMENT ON COLUMN outbox.events.available_at IS
+'When a relay may take the row next: emit time, retry time (FAILED) or lease expiry (PROCESSING).';
+COMMENT ON COLUMN outbox.events.attempts IS 'Number of claims, i.e. publish attempts.';
+COMMENT ON COLUMN outbox.events.claim_token IS
+'Fencing token of the current (or last) claim; mark_* must present it.';
+
+-- Rows whose day has no partition land here rather than failing the
+-- business transaction; create_partitions() leaves such a day alone (and says
+-- so) until the default partition is archived.
+CREATE TABLE IF NOT EXISTS outbox.events_default PARTITION OF outbox.events DEFAULT;
+
+-- Claim scan: claim() walks this partial index in id order; it holds only
+-- unfinished rows, so it stays small however long partitions are kept.
+CREATE INDEX IF NOT EXISTS events_claimable_idx ON outbox.events (id)
+WHERE status IN ('PENDING', 'FAILED', 'PROCESSING');
+
+-- Per-key ordering: "is there an earlier unfinished event with my key?"
+CREATE INDEX IF NOT EXISTS events_unfinished_key_idx ON outbox.events (ordering_key, id)
+WHERE ordering_key IS NOT NULL AND status <> 'COMPLETED';
+
+-- mark_published / mark_failed find a claim's rows by token.
+CREATE INDEX IF NOT EXISTS events_claim_token_idx ON outbox.events (claim_token)
+WHERE status = 'PROCESSING';
+
+CREATE INDEX IF NOT EXISTS events_dead_letter_idx ON outbox.events (context)
+WHERE status = 'DEAD_LETTER';
+
+CREATE INDEX IF NOT EXISTS events_event_id_idx ON outbox.events (event_id);
+
+-- DEAD_LETTER -> PENDING audit trail, written by the update guard itself so
+-- that no path around outbox.requeue() escapes it.
+CREATE TABLE IF NOT EXISTS outbox.requeue_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id uuid NOT NULL,
+    requeued_at timestamptz NOT NULL DEFAULT now(),
+    requeued_by text NOT NULL,
+    reason text NOT NULL,
+    attempts_before integer NOT NULL,
+    last_error text,
+    CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
+);
+
+-- Creates the daily partitions from from_day to from_day + days_ahead
+-- (UTC days), returning the names it created. Idempotent and serialised.
+CREATE OR REPLACE FUNCTION outbox.create_partitions(
+    days_ahead integer DEFAULT 7,
+    from_day date DEFAULT (now() AT TIME ZONE 'UTC')::date
+)
+RETURNS SETOF text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    d date;
+    part text;
+    lo timestamptz;
+    hi timestamptz;
+BEGIN
+    IF days_ahead IS NULL OR days_ahead < 0 OR days_ahead > 366 THEN
+        RAISE EXCEPTION 'days_ahead must be between 0 and 366, got %', days_ahead
+            USING ERRCODE = 'OB006';
+    END IF;
+    -- Two callers at once would race on CREATE TABLE.
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.create_partitions', 0));
+    FOR d IN SELECT generate_series(from_day, from_day + days_ahead, interval '1 day')::date LOOP
+        part := 'events_p' || to_char(d, 'YYYYMMDD');
+        CONTINUE WHEN to_regclass(format('outbox.%I', part)) IS NOT NULL;
+        lo := d::timestamp AT TIME ZONE 'UTC';
+        hi := (d + 1)::timestamp AT TIME ZONE 'UTC';
+        IF EXISTS (
+            SELECT 1 FROM outbox.events_default
+            WHERE created_at >= lo AND created_at < hi
+        ) THEN
+            RAISE WARNING 'outbox: rows for % are in outbox.events_default; partition % not created', d, part
+                USING HINT = 'Archive the default partition, then call outbox.create_partitions() again.';
+            CONTINUE;
+        END IF;
+        EXECUTE format(
+            'CREATE TABLE outbox.%I PARTITION OF outbox.events FOR VALUES FROM (%L) TO (%L)',
+            part, lo, hi
+        );
+        RETURN NEXT part;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION outbox.create_partitions(integer, date) IS
+'Creates daily partitions of outbox.events ahead of time; safe to call any number of times.';

@@ -1,0 +1,144 @@
+-- Guards on outbox.events that hold for every writer, whatever path it takes:
+-- policies on INSERT, legal moves and immutability on UPDATE, no DELETE.
+-- Trigger names carry their firing order (_100 before _900).
+
+-- Policies (seed 000). Raised with the codes of the README's error table; the
+-- CHECK constraints of 10_outbox_events.sql back them for any other path.
+CREATE OR REPLACE FUNCTION outbox.tg_events__check_policies()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF nullif(btrim(NEW.context), '') IS NULL
+        OR nullif(btrim(NEW.aggregate_type), '') IS NULL
+        OR nullif(btrim(NEW.aggregate_id), '') IS NULL
+        OR nullif(btrim(NEW.event_type), '') IS NULL
+        OR NEW.event_id IS NULL THEN
+        RAISE EXCEPTION 'INVALID_OUTBOX: context, aggregate_type, aggregate_id, event_type and event_id are required'
+            USING ERRCODE = 'OB001',
+                  HINT = 'Pass context => ... or set pgoutbox.context for the database or role.';
+    END IF;
+    IF NEW.occurred_at > now() + interval '1 minute' THEN
+        RAISE EXCEPTION 'FUTURE_EVENT: occurred_at % is more than a minute ahead of the database clock', NEW.occurred_at
+            USING ERRCODE = 'OB002';
+    END IF;
+    IF NEW.context !~ '^[A-Za-z0-9_-]{1,64}$' THEN
+        RAISE EXCEPTION 'INVALID_SUBJECT_PART: context % is not a subject token ([A-Za-z0-9_-], 1-64 chars)', quote_literal(NEW.context)
+            USING ERRCODE = 'OB003';
+    END IF;
+    IF NEW.event_type !~ '^[A-Za-z0-9_-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_type % is not a subject token ([A-Za-z0-9_-], 1-128 chars)', quote_literal(NEW.event_type)
+            USING ERRCODE = 'OB003';
+    END IF;
+    IF NEW.event_version IS NULL OR NEW.event_version < 1 THEN
+        RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_version must be a positive integer, got %', NEW.event_version
+            USING ERRCODE = 'OB003';
+    END IF;
+    IF NEW.payload IS NULL OR jsonb_typeof(NEW.payload) <> 'object' THEN
+        RAISE EXCEPTION 'INVALID_PAYLOAD: payload must be a JSON object, got %', coalesce(jsonb_typeof(NEW.payload), 'NULL')
+            USING ERRCODE = 'OB004';
+    END IF;
+    IF jsonb_typeof(NEW.payload -> 'schema_version') IS DISTINCT FROM 'number'
+        OR (NEW.payload ->> 'schema_version')::numeric < 1
+        OR (NEW.payload ->> 'schema_version')::numeric
+        <> trunc((NEW.payload ->> 'schema_version')::numeric) THEN
+        RAISE EXCEPTION 'INVALID_SCHEMA_VERSION: payload.schema_version must be an integer >= 1, got %', coalesce(NEW.payload -> 'schema_version', 'null'::jsonb)
+            USING ERRCODE = 'OB005';
+    END IF;
+    IF NEW.headers IS NULL OR jsonb_typeof(NEW.headers) <> 'object' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: headers must be a JSON object'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF NEW.status <> 'PENDING' OR NEW.attempts <> 0 OR NEW.claim_token IS NOT NULL
+        OR NEW.published_at IS NOT NULL THEN
+        RAISE EXCEPTION 'ILLEGAL_TRANSITION: an event is born PENDING with no attempts and no claim'
+            USING ERRCODE = 'OB010';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- Legal moves (see 10_outbox_events.sql) and immutability of the event itself.
+CREATE OR REPLACE FUNCTION outbox.tg_events__guard_update()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    reason text;
+BEGIN
+    IF (NEW.id, NEW.event_id, NEW.context, NEW.aggregate_type, NEW.aggregate_id,
+        NEW.event_type, NEW.event_version, NEW.payload, NEW.headers,
+        NEW.correlation_id, NEW.causation_id, NEW.tenant_id, NEW.ordering_key,
+        NEW.occurred_at, NEW.created_at)
+        IS DISTINCT FROM
+       (OLD.id, OLD.event_id, OLD.context, OLD.aggregate_type, OLD.aggregate_id,
+        OLD.event_type, OLD.event_version, OLD.payload, OLD.headers,
+        OLD.correlation_id, OLD.causation_id, OLD.tenant_id, OLD.ordering_key,
+        OLD.occurred_at, OLD.created_at) THEN
+        RAISE EXCEPTION 'IMMUTABLE_EVENT: event % is immutable once emitted; only its delivery state changes', OLD.event_id
+            USING ERRCODE = 'OB011';
+    END IF;
+
+    IF NEW IS NOT DISTINCT FROM OLD THEN
+        RETURN NEW;  -- a no-op update is not a move
+    END IF;
+
+    CASE
+        WHEN OLD.status IN ('PENDING', 'FAILED') AND NEW.status = 'PROCESSING'
+            AND OLD.available_at <= now() THEN
+            NULL;
+        WHEN OLD.status = 'PROCESSING' AND NEW.status = 'PROCESSING'
+            AND OLD.available_at <= now()
+            AND NEW.claim_token IS DISTINCT FROM OLD.claim_token THEN
+            NULL;  -- lease expired: another claim takes the event over
+        WHEN OLD.status = 'PROCESSING'
+            AND NEW.status IN ('COMPLETED', 'FAILED', 'DEAD_LETTER')
+            AND NEW.claim_token IS NOT DISTINCT FROM OLD.claim_token THEN
+            NULL;
+        WHEN OLD.status = 'DEAD_LETTER' AND NEW.status = 'PENDING' THEN
+            reason := nullif(btrim(current_setting('pgoutbox.requeue_reason', true)), '');
+            IF reason IS NULL THEN
+                RAISE EXCEPTION 'REASON_REQUIRED: requeueing event % needs a reason', OLD.event_id
+                    USING ERRCODE = 'OB014',
+                          HINT = 'Use outbox.requeue(event_ids, reason).';
+            END IF;
+            INSERT INTO outbox.requeue_log (event_id, requeued_by, reason, attempts_before, last_error)
+            VALUES (OLD.event_id, session_user, reason, OLD.attempts, OLD.last_error);
+        ELSE
+            RAISE EXCEPTION 'ILLEGAL_TRANSITION: event % cannot move from % to %', OLD.event_id, OLD.status, NEW.status
+                USING ERRCODE = 'OB010',
+                      DETAIL = format('available_at=%s, now=%s', OLD.available_at, now()),
+                      HINT = 'Legal moves are listed in the README (Lifecycle).';
+    END CASE;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.tg_events__forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave outbox.events only by audited partition archival'
+        USING ERRCODE = 'OB012';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_check_policies
+BEFORE INSERT ON outbox.events
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__check_policies();
+
+CREATE OR REPLACE TRIGGER _100_guard_update
+BEFORE UPDATE ON outbox.events
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__guard_update();
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON outbox.events
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON outbox.events
+FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__forbid_delete();

@@ -1,0 +1,290 @@
+-- The outbox API: emit (apps), claim / mark_published / mark_failed (relays),
+-- requeue (operators), backlog (everyone who watches).
+
+-- Emits one event inside the caller's transaction and returns its event_id.
+-- Rolled back with the business change, it never existed (REQ-050).
+CREATE OR REPLACE FUNCTION outbox.emit(
+    aggregate_type text,
+    aggregate_id text,
+    event_type text,
+    payload jsonb,
+    context text DEFAULT NULL,
+    event_version integer DEFAULT 1,
+    headers jsonb DEFAULT '{}'::jsonb,
+    correlation_id uuid DEFAULT NULL,
+    causation_id uuid DEFAULT NULL,
+    tenant_id text DEFAULT NULL,
+    ordering_key text DEFAULT NULL,
+    occurred_at timestamptz DEFAULT NULL
+)
+RETURNS uuid
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_id uuid := gen_random_uuid();
+BEGIN
+    -- Per-key order is id order; holding a per-key lock until commit makes id
+    -- order equal commit order, so a relay never sees a later event of a key
+    -- while an earlier one is still uncommitted (and so invisible to claim).
+    IF emit.ordering_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.key:' || emit.ordering_key, 0));
+    END IF;
+    INSERT INTO outbox.events (
+        event_id, context, aggregate_type, aggregate_id, event_type, event_version,
+        payload, headers, correlation_id, causation_id, tenant_id, ordering_key,
+        occurred_at
+    ) VALUES (
+        new_id,
+        coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), '')),
+        emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
+        emit.payload, emit.headers, emit.correlation_id, emit.causation_id,
+        emit.tenant_id, emit.ordering_key, coalesce(emit.occurred_at, now())
+    );
+    RETURN new_id;
+END;
+$$;
+COMMENT ON FUNCTION outbox.emit(
+    text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz
+) IS 'Writes an event in the caller''s transaction; returns its event_id (the Nats-Msg-Id).';
+
+-- Claims up to batch_size due events for worker, under a lease, and returns
+-- them with a fresh claim token. One statement:
+--   * the CTE picks candidates in id order from events_claimable_idx and locks
+--     them FOR UPDATE SKIP LOCKED, so concurrent claimers walk past each
+--     other's rows instead of queueing on them, and LIMIT bounds the batch;
+--   * available_at <= now() covers all three sources at once: new events,
+--     failed events whose retry time has come, and expired leases;
+--   * an event with an ordering_key is taken only when no earlier event of
+--     its key is unfinished (not COMPLETED), so at most one event per key is
+--     in flight and a FAILED or DEAD_LETTER event holds its successors back;
+--   * the UPDATE moves the locked rows to PROCESSING and RETURNING hands them
+--     out, with no window in which another claimer could see them as due.
+CREATE OR REPLACE FUNCTION outbox.claim(
+    worker text,
+    batch_size integer,
+    lease interval
+)
+RETURNS SETOF outbox.events
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    token uuid := gen_random_uuid();
+BEGIN
+    IF nullif(btrim(worker), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: worker must be named' USING ERRCODE = 'OB006';
+    END IF;
+    IF batch_size IS NULL OR batch_size < 1 OR batch_size > 10000 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: batch_size must be between 1 and 10000, got %', batch_size
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: lease must be positive, got %', lease
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT e.id, e.created_at
+        FROM outbox.events AS e
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND e.available_at <= now()
+            AND (
+                e.ordering_key IS NULL
+                OR NOT EXISTS (
+                    SELECT 1
+                    FROM outbox.events AS earlier
+                    WHERE earlier.ordering_key = e.ordering_key
+                        AND earlier.id < e.id
+                        AND earlier.status <> 'COMPLETED'
+                )
+            )
+        ORDER BY e.id
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox.events AS e
+    SET status = 'PROCESSING',
+        attempts = e.attempts + 1,
+        claimed_at = now(),
+        claimed_by = worker,
+        claim_token = token,
+        available_at = now() + lease
+    FROM candidates AS c
+    WHERE e.id = c.id AND e.created_at = c.created_at
+    RETURNING e.*;
+END;
+$$;
+COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
+'Claims up to batch_size due events (new, retry due, or lease expired) under a lease.';
+
+-- Marks the claim's events COMPLETED. Rows no longer held by claim_token (the
+-- lease expired and another relay took them) are left alone: fencing. Returns
+-- how many were marked; raises STALE_CLAIM when it could mark none of them.
+CREATE OR REPLACE FUNCTION outbox.mark_published(
+    claim_token uuid,
+    event_ids uuid []
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    marked integer;
+BEGIN
+    UPDATE outbox.events AS e
+    SET status = 'COMPLETED', published_at = now(), last_error = NULL
+    WHERE e.claim_token = mark_published.claim_token
+        AND e.status = 'PROCESSING'
+        AND e.event_id = ANY(mark_published.event_ids);
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF marked = 0 AND cardinality(event_ids) > 0 THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013',
+                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+    END IF;
+    RETURN marked;
+END;
+$$;
+COMMENT ON FUNCTION outbox.mark_published(uuid, uuid []) IS
+'PROCESSING -> COMPLETED for the events still held by claim_token; returns the count.';
+
+-- Records failed publishes. Parallel arrays: event_ids[i] failed with
+-- errors[i]; it becomes FAILED, due again at retry_at[i], or DEAD_LETTER when
+-- retry_at[i] is NULL (the relay's retry policy decided to give up).
+CREATE OR REPLACE FUNCTION outbox.mark_failed(
+    claim_token uuid,
+    event_ids uuid [],
+    errors text [],
+    retry_at timestamptz []
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    marked integer;
+BEGIN
+    IF cardinality(event_ids) IS DISTINCT FROM cardinality(errors)
+        OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: event_ids, errors and retry_at must have the same length'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(errors) AS x (err) WHERE nullif(btrim(x.err), '') IS NULL) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: every failure needs an error text'
+            USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE outbox.events AS e
+    SET status = CASE WHEN f.retry_at IS NULL THEN 'DEAD_LETTER' ELSE 'FAILED' END,
+        last_error = f.error,
+        available_at = coalesce(f.retry_at, e.available_at)
+    FROM unnest(event_ids, errors, retry_at) AS f (event_id, error, retry_at)
+    WHERE e.claim_token = mark_failed.claim_token
+        AND e.status = 'PROCESSING'
+        AND e.event_id = f.event_id;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF marked = 0 AND cardinality(event_ids) > 0 THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013';
+    END IF;
+    RETURN marked;
+END;
+$$;
+COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid [], text [], timestamptz []) IS
+'PROCESSING -> FAILED (retry at retry_at[i]) or DEAD_LETTER (retry_at[i] NULL); returns the count.';
+
+-- Operator redrive: DEAD_LETTER -> PENDING with attempts reset, recorded in
+-- outbox.requeue_log by the update guard. All or nothing.
+CREATE OR REPLACE FUNCTION outbox.requeue(
+    event_ids uuid [],
+    reason text
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad uuid [];
+    moved integer;
+BEGIN
+    IF nullif(btrim(reason), '') IS NULL THEN
+        RAISE EXCEPTION 'REASON_REQUIRED: a requeue needs a reason' USING ERRCODE = 'OB014';
+    END IF;
+    SELECT array_agg(x.id) INTO bad
+    FROM unnest(event_ids) AS x (id)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM outbox.events AS e
+        WHERE e.event_id = x.id AND e.status = 'DEAD_LETTER'
+    );
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'NOT_DEAD_LETTER: % of the given events are unknown or not DEAD_LETTER', cardinality(bad)
+            USING ERRCODE = 'OB015', DETAIL = array_to_string(bad, ', ');
+    END IF;
+    PERFORM set_config('pgoutbox.requeue_reason', reason, true);
+    UPDATE outbox.events AS e
+    SET status = 'PENDING', attempts = 0, available_at = now()
+    WHERE e.event_id = ANY(requeue.event_ids) AND e.status = 'DEAD_LETTER';
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    PERFORM set_config('pgoutbox.requeue_reason', '', true);
+    RETURN moved;
+END;
+$$;
+COMMENT ON FUNCTION outbox.requeue(uuid [], text) IS
+'DEAD_LETTER -> PENDING for the given events (all or nothing), audited in outbox.requeue_log.';
+
+-- Backlog per context (QRY-050). "due" is what a relay could take right now;
+-- oldest_due_age growing while due > 0 means no relay is making progress,
+-- whereas a large unpublished count with nothing due is just parked retries.
+CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
+RETURNS TABLE (
+    context text,
+    unpublished bigint,
+    oldest_unpublished_at timestamptz,
+    due bigint,
+    oldest_due_age interval,
+    processing bigint,
+    failed bigint,
+    dead_letter bigint
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    -- Two branches so that each is served by its own partial index.
+    WITH unfinished AS (
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+        UNION ALL
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
+        WHERE e.status = 'DEAD_LETTER'
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+    ),
+    contexts AS (
+        SELECT DISTINCT u.context FROM unfinished AS u
+        UNION
+        SELECT backlog.context WHERE backlog.context IS NOT NULL
+    )
+    SELECT
+        c.context,
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+        now() - min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+        count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
+        count(u.status) FILTER (WHERE u.status = 'FAILED'),
+        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')
+    FROM contexts AS c
+    LEFT JOIN unfinished AS u ON u.context = c.context
+    GROUP BY c.context
+    ORDER BY c.context;
+$$;
+COMMENT ON FUNCTION outbox.backlog(text) IS
+'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';

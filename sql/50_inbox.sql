@@ -1,0 +1,211 @@
+-- inbox.messages: one row per (message, handler) (seed 002). The key makes
+-- processing idempotent per handler: a redelivered message finds its row.
+--
+-- Lifecycle (status), enforced for every UPDATE by tg_messages__guard_update:
+--   RECEIVED     recorded, handler not done yet      -> RECEIVED (redelivery) | PROCESSED
+--                                                      | FAILED | DEAD_LETTER
+--   FAILED       handler failed transiently          -> FAILED (redelivery, error) | PROCESSED
+--                                                      | DEAD_LETTER
+--   PROCESSED    handled exactly once (terminal)
+--   DEAD_LETTER  poison, or deliveries exhausted     -> DEAD_LETTER (replay bookkeeping)
+--                                                      | RECEIVED (replay / redrive)
+--
+-- Two ways to use it:
+--   * a worker calling a handler elsewhere: receive() and commit, call the
+--     handler, mark_processed() and commit, then ack the broker;
+--   * an app processing in its own database: receive(), the business change
+--     and mark_processed() in ONE transaction (logical exactly-once). A second
+--     delivery blocks on the first's uncommitted row, then sees PROCESSED.
+
+CREATE TABLE IF NOT EXISTS inbox.messages (
+    message_id uuid NOT NULL,
+    handler text NOT NULL,
+    subject text NOT NULL,
+    context text GENERATED ALWAYS AS (split_part(subject, '.', 1)) STORED,
+    envelope jsonb,
+    status text NOT NULL DEFAULT 'RECEIVED',
+    received_at timestamptz NOT NULL DEFAULT now(),
+    processed_at timestamptz,
+    attempts integer NOT NULL DEFAULT 1,
+    last_error text,
+    dlq_metadata jsonb NOT NULL DEFAULT '{}'::jsonb,
+    PRIMARY KEY (message_id, handler),
+    CONSTRAINT status_is_known CHECK (
+        status IN ('RECEIVED', 'PROCESSED', 'FAILED', 'DEAD_LETTER')
+    ),
+    CONSTRAINT handler_is_named CHECK (handler ~ '^[A-Za-z0-9_.-]{1,128}$'),
+    CONSTRAINT subject_is_given CHECK (subject <> ''),
+    -- POL-047-004 (INVALID_TIMESTAMP)
+    CONSTRAINT processed_not_before_received CHECK (
+        processed_at IS NULL OR processed_at >= received_at
+    ),
+    CONSTRAINT processed_iff_processed_at CHECK (
+        (status = 'PROCESSED') = (processed_at IS NOT NULL)
+    ),
+    CONSTRAINT attempts_is_positive CHECK (attempts >= 1),
+    CONSTRAINT failed_or_dead_has_an_error CHECK (
+        status NOT IN ('FAILED', 'DEAD_LETTER') OR last_error IS NOT NULL
+    ),
+    CONSTRAINT dlq_metadata_is_an_object CHECK (jsonb_typeof(dlq_metadata) = 'object')
+);
+COMMENT ON TABLE inbox.messages IS
+'Idempotent inbox keyed by (message_id, handler); message_id is the Nats-Msg-Id.';
+
+CREATE INDEX IF NOT EXISTS messages_unprocessed_idx ON inbox.messages (received_at)
+WHERE status <> 'PROCESSED';
+
+CREATE OR REPLACE FUNCTION inbox.tg_messages__guard_update()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF (NEW.message_id, NEW.handler, NEW.subject, NEW.envelope, NEW.received_at)
+        IS DISTINCT FROM
+       (OLD.message_id, OLD.handler, OLD.subject, OLD.envelope, OLD.received_at) THEN
+        RAISE EXCEPTION 'IMMUTABLE_MESSAGE: message % for handler % is immutable once received', OLD.message_id, OLD.handler
+            USING ERRCODE = 'OB011';
+    END IF;
+    IF NEW IS NOT DISTINCT FROM OLD
+        OR (OLD.status, NEW.status) IN (
+            ('RECEIVED', 'RECEIVED'), ('RECEIVED', 'PROCESSED'), ('RECEIVED', 'FAILED'),
+            ('RECEIVED', 'DEAD_LETTER'), ('FAILED', 'FAILED'), ('FAILED', 'PROCESSED'),
+            ('FAILED', 'DEAD_LETTER'), ('DEAD_LETTER', 'DEAD_LETTER'),
+            ('DEAD_LETTER', 'RECEIVED')
+        ) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'ILLEGAL_TRANSITION: message % for handler % cannot move from % to %', OLD.message_id, OLD.handler, OLD.status, NEW.status
+        USING ERRCODE = 'OB010';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_guard_update
+BEFORE UPDATE ON inbox.messages
+FOR EACH ROW EXECUTE FUNCTION inbox.tg_messages__guard_update();
+
+-- Records a delivery and returns the row as it now stands. Process the
+-- message only when the returned status is RECEIVED or FAILED; PROCESSED
+-- means a duplicate (skip and ack), DEAD_LETTER means it is parked.
+CREATE OR REPLACE FUNCTION inbox.receive(
+    message_id uuid,
+    handler text,
+    subject text,
+    envelope jsonb DEFAULT NULL
+)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    IF receive.message_id IS NULL OR nullif(btrim(receive.handler), '') IS NULL
+        OR nullif(btrim(receive.subject), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: message_id, handler and subject are required'
+            USING ERRCODE = 'OB020';
+    END IF;
+    INSERT INTO inbox.messages AS m (message_id, handler, subject, envelope)
+    VALUES (receive.message_id, receive.handler, receive.subject, receive.envelope)
+    ON CONFLICT ON CONSTRAINT messages_pkey DO UPDATE
+    SET attempts = m.attempts + 1
+    WHERE m.status IN ('RECEIVED', 'FAILED')
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        -- Already PROCESSED or DEAD_LETTER: nothing to count, report it.
+        SELECT * INTO row FROM inbox.messages AS m
+        WHERE m.message_id = receive.message_id AND m.handler = receive.handler;
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.receive(uuid, text, text, jsonb) IS
+'Records a delivery (first or repeated) and returns the inbox row; process only RECEIVED/FAILED.';
+
+CREATE OR REPLACE FUNCTION inbox.mark_processed(message_id uuid, handler text)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    UPDATE inbox.messages AS m
+    SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL
+    WHERE m.message_id = mark_processed.message_id AND m.handler = mark_processed.handler
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
+            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.mark_processed(uuid, text) IS
+'RECEIVED/FAILED -> PROCESSED; in the handler''s own transaction for in-database handlers.';
+
+-- Records a handler failure: FAILED (transient, will be redelivered) or,
+-- with dead => true, DEAD_LETTER (poison, or the last allowed delivery).
+CREATE OR REPLACE FUNCTION inbox.record_error(
+    message_id uuid,
+    handler text,
+    error text,
+    dead boolean DEFAULT false
+)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE inbox.messages AS m
+    SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
+        last_error = record_error.error
+    WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
+            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean) IS
+'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true.';
+
+-- QRY-051: unprocessed messages per context and handler.
+CREATE OR REPLACE FUNCTION inbox.backlog(context text DEFAULT NULL)
+RETURNS TABLE (
+    context text,
+    handler text,
+    unprocessed bigint,
+    oldest_unprocessed_at timestamptz,
+    failed bigint,
+    dead_letter bigint
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT
+        m.context,
+        m.handler,
+        count(*) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
+        min(m.received_at) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
+        count(*) FILTER (WHERE m.status = 'FAILED'),
+        count(*) FILTER (WHERE m.status = 'DEAD_LETTER')
+    FROM inbox.messages AS m
+    WHERE m.status <> 'PROCESSED'
+        AND (backlog.context IS NULL OR m.context = backlog.context)
+    GROUP BY m.context, m.handler
+    ORDER BY m.context, m.handler;
+$$;
+COMMENT ON FUNCTION inbox.backlog(text) IS
+'Per context and handler: unprocessed count and oldest, failed and dead-lettered counts.';

@@ -1,0 +1,55 @@
+-- Roles (NOLOGIN groups: grant them to your login roles). Everything goes
+-- through SECURITY DEFINER functions with a pinned search_path; the tables
+-- themselves are granted to nobody but the owner, and admins may only read.
+-- Roles are cluster-wide: created once, shared by every database using pgoutbox.
+
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['pgoutbox_writer', 'pgoutbox_relay', 'pgoutbox_consumer', 'pgoutbox_admin'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+REVOKE ALL ON SCHEMA outbox, inbox FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA outbox, inbox FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA outbox, inbox
+TO pgoutbox_writer, pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
+
+GRANT EXECUTE ON FUNCTION
+outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz)
+TO pgoutbox_writer;
+
+GRANT EXECUTE ON FUNCTION
+outbox.claim(text, integer, interval),
+outbox.mark_published(uuid, uuid []),
+outbox.mark_failed(uuid, uuid [], text [], timestamptz []),
+outbox.notify_throttle()
+TO pgoutbox_relay;
+
+GRANT EXECUTE ON FUNCTION
+inbox.receive(uuid, text, text, jsonb),
+inbox.mark_processed(uuid, text),
+inbox.record_error(uuid, text, text, boolean)
+TO pgoutbox_consumer;
+
+GRANT EXECUTE ON FUNCTION
+outbox.requeue(uuid [], text),
+outbox.create_partitions(integer, date)
+TO pgoutbox_admin;
+
+-- Read-only functions every worker uses for health and start-up checks; the
+-- relay keeps partitions created ahead as part of its housekeeping.
+GRANT EXECUTE ON FUNCTION outbox.schema_version(), outbox.backlog(text), inbox.backlog(text)
+TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
+GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_relay;
+
+-- Named tables, not ALL TABLES: partitions are read through their parent,
+-- and a re-run must not widen grants to partitions created since.
+GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations,
+outbox.wakeups, inbox.messages TO pgoutbox_admin;

@@ -1,0 +1,86 @@
+"""Real components only: the suite starts its own PostgreSQL 15 (one server,
+one template database with the migrations applied, a fresh clone per test)
+and a fresh nats-server with JetStream per test that asks for one."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgoutbox import migrate as migrate_mod
+from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = "pgoutbox_template"
+_counter = itertools.count()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _clean_environment():
+    """Tests configure pgoutbox explicitly; stray OUTBOX_*/PG* vars must not leak in."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("OUTBOX_", "PG"))}
+    yield
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    root = Path(tempfile.mkdtemp(prefix="pgoutbox-pg-"))
+    server = EmbeddedPostgres(root, settings={"fsync": "off", "synchronous_commit": "off"})
+    server.start()
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {TEMPLATE}")
+    with psycopg.connect(server.dsn(TEMPLATE), autocommit=True) as conn:
+        migrate_mod.migrate(conn)
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgtap")
+    yield server
+    server.stop("immediate")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def create_database(server: EmbeddedPostgres, template: str = TEMPLATE) -> str:
+    name = f"t{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    return name
+
+
+def drop_database(server: EmbeddedPostgres, name: str) -> None:
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def database_url(pg_server):
+    """A fresh database with the schema migrated, dropped after the test."""
+    name = create_database(pg_server)
+    yield pg_server.dsn(name)
+    drop_database(pg_server, name)
+
+
+@pytest.fixture
+def empty_database_url(pg_server):
+    """A fresh database with nothing applied."""
+    name = create_database(pg_server, "template0")
+    yield pg_server.dsn(name)
+    drop_database(pg_server, name)
+
+
+@pytest.fixture
+def conn(database_url):
+    with psycopg.connect(database_url, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def nats_server(tmp_path):
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,119 @@
+"""sql/ (the canonical definition) and migrations/ (what DBAs apply) must build
+the same catalog; migrations must be well named, re-runnable, safe to run
+concurrently, and reversible (up -> down -> up)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgoutbox import SCHEMA_VERSION
+from pgoutbox import migrate as m
+from pgoutbox.embedded import PG_BIN
+from pgoutbox.errors import MigrationError, SqlState
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def apply_canonical(url: str) -> None:
+    with psycopg.connect(url) as conn:  # one transaction
+        for path in sorted((ROOT / "sql").glob("*.sql")):
+            conn.execute(path.read_text())
+
+
+def catalog(url: str) -> str:
+    dump = subprocess.run(
+        [str(PG_BIN / "pg_dump"), "--schema-only", "--no-owner", "-d", url],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    # \restrict carries a random key per dump; it is not part of the catalog.
+    return "\n".join(line for line in dump.splitlines() if not line.startswith(("\\restrict", "\\unrestrict")))
+
+
+def versions(url: str) -> list[tuple[int, str]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT version, name FROM outbox.schema_migrations ORDER BY 1").fetchall()
+
+
+def test_canonical_schema_and_migrations_build_the_same_catalog(pg_server):
+    from conftest import create_database, drop_database
+
+    a, b = create_database(pg_server, "template0"), create_database(pg_server, "template0")
+    try:
+        apply_canonical(pg_server.dsn(a))
+        with psycopg.connect(pg_server.dsn(b), autocommit=True) as conn:
+            m.migrate(conn)
+        dump_a, dump_b = catalog(pg_server.dsn(a)), catalog(pg_server.dsn(b))
+        assert "CREATE TABLE outbox.events" in dump_a
+        assert dump_a == dump_b
+        assert versions(pg_server.dsn(a)) == versions(pg_server.dsn(b))
+        assert versions(pg_server.dsn(a))[-1][0] == SCHEMA_VERSION
+    finally:
+        drop_database(pg_server, a)
+        drop_database(pg_server, b)
+
+
+def test_migration_files_are_properly_named():
+    files = sorted(p.name for p in (ROOT / "migrations").iterdir())
+    assert files, "no migrations"
+    for name in files:
+        assert re.fullmatch(r"\d{4}_[a-z0-9_]+\.(up|down)\.sql", name), name
+    found = m.discover()
+    assert [x.version for x in found] == list(range(1, len(found) + 1))
+    for x in found:
+        assert "cannot undo" in x.down.read_text(), f"{x.down.name} must say what it cannot undo"
+
+
+def test_up_down_up_round_trip(empty_database_url):
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert m.migrate(conn) == ["up 0001_initial"]
+        first = catalog(empty_database_url)
+        assert m.migrate(conn, target=0) == ["down 0001_initial"]
+        assert conn.execute("SELECT to_regnamespace('outbox')").fetchone()[0] is None
+        assert m.migrate(conn) == ["up 0001_initial"]
+    assert catalog(empty_database_url) == first
+
+
+def test_rerunning_a_migration_file_changes_nothing(database_url):
+    before = catalog(database_url)
+    up = m.discover()[0].up
+    for _ in range(3):
+        subprocess.run(
+            [str(PG_BIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", database_url, "-f", str(up)],
+            check=True, capture_output=True,
+        )
+    assert catalog(database_url) == before
+    assert versions(database_url) == [(1, "0001_initial")]
+
+
+def test_two_migrations_at_once_are_serialised(empty_database_url):
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            with psycopg.connect(empty_database_url, autocommit=True) as conn:
+                m.migrate(conn)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert versions(empty_database_url) == [(1, "0001_initial")]
+
+
+def test_down_refuses_to_lose_data(database_url):
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT outbox.emit('order', '1', 'created', '{\"schema_version\": 1}', context => 'sea')")
+        with pytest.raises(MigrationError) as info:
+            m.migrate(conn, target=0)
+        assert info.value.code == SqlState.DATA_WOULD_BE_LOST
+        assert m.applied_version(conn) == 1
