@@ -307,8 +307,14 @@ BEGIN
             USING ERRCODE = 'OB011';
     END IF;
 
-    IF NEW IS NOT DISTINCT FROM OLD THEN
-        RETURN NEW;  -- a no-op update is not a move
+    -- A no-op update is not a move. (Compared column by column: generated
+    -- columns such as subject are still NULL in NEW in a BEFORE trigger.)
+    IF (NEW.status, NEW.attempts, NEW.last_error, NEW.available_at, NEW.claimed_at,
+        NEW.claimed_by, NEW.claim_token, NEW.published_at)
+        IS NOT DISTINCT FROM
+       (OLD.status, OLD.attempts, OLD.last_error, OLD.available_at, OLD.claimed_at,
+        OLD.claimed_by, OLD.claim_token, OLD.published_at) THEN
+        RETURN NEW;
     END IF;
 
     CASE
@@ -497,7 +503,7 @@ COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
 -- how many were marked; raises STALE_CLAIM when it could mark none of them.
 CREATE OR REPLACE FUNCTION outbox.mark_published(
     claim_token uuid,
-    event_ids uuid []
+    event_ids uuid[]
 )
 RETURNS integer
 LANGUAGE plpgsql
@@ -521,7 +527,7 @@ BEGIN
     RETURN marked;
 END;
 $$;
-COMMENT ON FUNCTION outbox.mark_published(uuid, uuid []) IS
+COMMENT ON FUNCTION outbox.mark_published(uuid, uuid[]) IS
 'PROCESSING -> COMPLETED for the events still held by claim_token; returns the count.';
 
 -- Records failed publishes. Parallel arrays: event_ids[i] failed with
@@ -529,9 +535,9 @@ COMMENT ON FUNCTION outbox.mark_published(uuid, uuid []) IS
 -- retry_at[i] is NULL (the relay's retry policy decided to give up).
 CREATE OR REPLACE FUNCTION outbox.mark_failed(
     claim_token uuid,
-    event_ids uuid [],
-    errors text [],
-    retry_at timestamptz []
+    event_ids uuid[],
+    errors text[],
+    retry_at timestamptz[]
 )
 RETURNS integer
 LANGUAGE plpgsql
@@ -566,13 +572,13 @@ BEGIN
     RETURN marked;
 END;
 $$;
-COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid [], text [], timestamptz []) IS
+COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid[], text[], timestamptz[]) IS
 'PROCESSING -> FAILED (retry at retry_at[i]) or DEAD_LETTER (retry_at[i] NULL); returns the count.';
 
 -- Operator redrive: DEAD_LETTER -> PENDING with attempts reset, recorded in
 -- outbox.requeue_log by the update guard. All or nothing.
 CREATE OR REPLACE FUNCTION outbox.requeue(
-    event_ids uuid [],
+    event_ids uuid[],
     reason text
 )
 RETURNS integer
@@ -606,7 +612,7 @@ BEGIN
     RETURN moved;
 END;
 $$;
-COMMENT ON FUNCTION outbox.requeue(uuid [], text) IS
+COMMENT ON FUNCTION outbox.requeue(uuid[], text) IS
 'DEAD_LETTER -> PENDING for the given events (all or nothing), audited in outbox.requeue_log.';
 
 -- Backlog per context (QRY-050). "due" is what a relay could take right now;
@@ -660,6 +666,34 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.backlog(text) IS
 'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
+
+-- Dead-lettered events, newest first, for operators deciding what to requeue.
+CREATE OR REPLACE FUNCTION outbox.dead_letters(
+    context text DEFAULT NULL,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    event_id uuid,
+    context text,
+    subject text,
+    ordering_key text,
+    attempts integer,
+    last_error text,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT e.event_id, e.context, e.subject, e.ordering_key, e.attempts, e.last_error, e.created_at
+    FROM outbox.events AS e
+    WHERE e.status = 'DEAD_LETTER'
+        AND (dead_letters.context IS NULL OR e.context = dead_letters.context)
+    ORDER BY e.id DESC
+    LIMIT dead_letters.max_rows;
+$$;
+COMMENT ON FUNCTION outbox.dead_letters(text, integer) IS
+'Dead-lettered events (newest first) with their last error; requeue them with outbox.requeue().';
 
 -- ---- from sql/40_outbox_wakeup.sql (as of this migration) ----
 -- Wake-up hints for relays: NOTIFY outbox_v1 with the context as payload.
@@ -799,7 +833,10 @@ BEGIN
         RAISE EXCEPTION 'IMMUTABLE_MESSAGE: message % for handler % is immutable once received', OLD.message_id, OLD.handler
             USING ERRCODE = 'OB011';
     END IF;
-    IF NEW IS NOT DISTINCT FROM OLD
+    -- Column by column: the generated context is still NULL in NEW here.
+    IF (NEW.status, NEW.processed_at, NEW.attempts, NEW.last_error, NEW.dlq_metadata)
+        IS NOT DISTINCT FROM
+       (OLD.status, OLD.processed_at, OLD.attempts, OLD.last_error, OLD.dlq_metadata)
         OR (OLD.status, NEW.status) IN (
             ('RECEIVED', 'RECEIVED'), ('RECEIVED', 'PROCESSED'), ('RECEIVED', 'FAILED'),
             ('RECEIVED', 'DEAD_LETTER'), ('FAILED', 'FAILED'), ('FAILED', 'PROCESSED'),
@@ -885,7 +922,7 @@ CREATE OR REPLACE FUNCTION inbox.record_error(
     message_id uuid,
     handler text,
     error text,
-    dead boolean DEFAULT false
+    dead boolean DEFAULT FALSE
 )
 RETURNS inbox.messages
 LANGUAGE plpgsql
@@ -961,8 +998,8 @@ BEGIN
 END;
 $$;
 
-REVOKE ALL ON SCHEMA outbox, inbox FROM PUBLIC;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA outbox, inbox FROM PUBLIC;
+REVOKE ALL ON SCHEMA outbox, inbox FROM public;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA outbox, inbox FROM public;
 
 GRANT USAGE ON SCHEMA outbox, inbox
 TO pgoutbox_writer, pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
@@ -973,8 +1010,8 @@ TO pgoutbox_writer;
 
 GRANT EXECUTE ON FUNCTION
 outbox.claim(text, integer, interval),
-outbox.mark_published(uuid, uuid []),
-outbox.mark_failed(uuid, uuid [], text [], timestamptz []),
+outbox.mark_published(uuid, uuid[]),
+outbox.mark_failed(uuid, uuid[], text[], timestamptz[]),
 outbox.notify_throttle()
 TO pgoutbox_relay;
 
@@ -985,13 +1022,15 @@ inbox.record_error(uuid, text, text, boolean)
 TO pgoutbox_consumer;
 
 GRANT EXECUTE ON FUNCTION
-outbox.requeue(uuid [], text),
+outbox.requeue(uuid[], text),
 outbox.create_partitions(integer, date)
 TO pgoutbox_admin;
 
 -- Read-only functions every worker uses for health and start-up checks; the
 -- relay keeps partitions created ahead as part of its housekeeping.
-GRANT EXECUTE ON FUNCTION outbox.schema_version(), outbox.backlog(text), inbox.backlog(text)
+GRANT EXECUTE ON FUNCTION
+outbox.schema_version(), outbox.backlog(text), outbox.dead_letters(text, integer),
+inbox.backlog(text)
 TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
 GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_relay;
 

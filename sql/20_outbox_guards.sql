@@ -81,8 +81,14 @@ BEGIN
             USING ERRCODE = 'OB011';
     END IF;
 
-    IF NEW IS NOT DISTINCT FROM OLD THEN
-        RETURN NEW;  -- a no-op update is not a move
+    -- A no-op update is not a move. (Compared column by column: generated
+    -- columns such as subject are still NULL in NEW in a BEFORE trigger.)
+    IF (NEW.status, NEW.attempts, NEW.last_error, NEW.available_at, NEW.claimed_at,
+        NEW.claimed_by, NEW.claim_token, NEW.published_at)
+        IS NOT DISTINCT FROM
+       (OLD.status, OLD.attempts, OLD.last_error, OLD.available_at, OLD.claimed_at,
+        OLD.claimed_by, OLD.claim_token, OLD.published_at) THEN
+        RETURN NEW;
     END IF;
 
     CASE

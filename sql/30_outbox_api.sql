@@ -125,7 +125,7 @@ COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
 -- how many were marked; raises STALE_CLAIM when it could mark none of them.
 CREATE OR REPLACE FUNCTION outbox.mark_published(
     claim_token uuid,
-    event_ids uuid []
+    event_ids uuid[]
 )
 RETURNS integer
 LANGUAGE plpgsql
@@ -149,7 +149,7 @@ BEGIN
     RETURN marked;
 END;
 $$;
-COMMENT ON FUNCTION outbox.mark_published(uuid, uuid []) IS
+COMMENT ON FUNCTION outbox.mark_published(uuid, uuid[]) IS
 'PROCESSING -> COMPLETED for the events still held by claim_token; returns the count.';
 
 -- Records failed publishes. Parallel arrays: event_ids[i] failed with
@@ -157,9 +157,9 @@ COMMENT ON FUNCTION outbox.mark_published(uuid, uuid []) IS
 -- retry_at[i] is NULL (the relay's retry policy decided to give up).
 CREATE OR REPLACE FUNCTION outbox.mark_failed(
     claim_token uuid,
-    event_ids uuid [],
-    errors text [],
-    retry_at timestamptz []
+    event_ids uuid[],
+    errors text[],
+    retry_at timestamptz[]
 )
 RETURNS integer
 LANGUAGE plpgsql
@@ -194,13 +194,13 @@ BEGIN
     RETURN marked;
 END;
 $$;
-COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid [], text [], timestamptz []) IS
+COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid[], text[], timestamptz[]) IS
 'PROCESSING -> FAILED (retry at retry_at[i]) or DEAD_LETTER (retry_at[i] NULL); returns the count.';
 
 -- Operator redrive: DEAD_LETTER -> PENDING with attempts reset, recorded in
 -- outbox.requeue_log by the update guard. All or nothing.
 CREATE OR REPLACE FUNCTION outbox.requeue(
-    event_ids uuid [],
+    event_ids uuid[],
     reason text
 )
 RETURNS integer
@@ -234,7 +234,7 @@ BEGIN
     RETURN moved;
 END;
 $$;
-COMMENT ON FUNCTION outbox.requeue(uuid [], text) IS
+COMMENT ON FUNCTION outbox.requeue(uuid[], text) IS
 'DEAD_LETTER -> PENDING for the given events (all or nothing), audited in outbox.requeue_log.';
 
 -- Backlog per context (QRY-050). "due" is what a relay could take right now;
@@ -288,3 +288,31 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.backlog(text) IS
 'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
+
+-- Dead-lettered events, newest first, for operators deciding what to requeue.
+CREATE OR REPLACE FUNCTION outbox.dead_letters(
+    context text DEFAULT NULL,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    event_id uuid,
+    context text,
+    subject text,
+    ordering_key text,
+    attempts integer,
+    last_error text,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT e.event_id, e.context, e.subject, e.ordering_key, e.attempts, e.last_error, e.created_at
+    FROM outbox.events AS e
+    WHERE e.status = 'DEAD_LETTER'
+        AND (dead_letters.context IS NULL OR e.context = dead_letters.context)
+    ORDER BY e.id DESC
+    LIMIT dead_letters.max_rows;
+$$;
+COMMENT ON FUNCTION outbox.dead_letters(text, integer) IS
+'Dead-lettered events (newest first) with their last error; requeue them with outbox.requeue().';

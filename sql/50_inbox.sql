@@ -66,7 +66,10 @@ BEGIN
         RAISE EXCEPTION 'IMMUTABLE_MESSAGE: message % for handler % is immutable once received', OLD.message_id, OLD.handler
             USING ERRCODE = 'OB011';
     END IF;
-    IF NEW IS NOT DISTINCT FROM OLD
+    -- Column by column: the generated context is still NULL in NEW here.
+    IF (NEW.status, NEW.processed_at, NEW.attempts, NEW.last_error, NEW.dlq_metadata)
+        IS NOT DISTINCT FROM
+       (OLD.status, OLD.processed_at, OLD.attempts, OLD.last_error, OLD.dlq_metadata)
         OR (OLD.status, NEW.status) IN (
             ('RECEIVED', 'RECEIVED'), ('RECEIVED', 'PROCESSED'), ('RECEIVED', 'FAILED'),
             ('RECEIVED', 'DEAD_LETTER'), ('FAILED', 'FAILED'), ('FAILED', 'PROCESSED'),
@@ -152,7 +155,7 @@ CREATE OR REPLACE FUNCTION inbox.record_error(
     message_id uuid,
     handler text,
     error text,
-    dead boolean DEFAULT false
+    dead boolean DEFAULT FALSE
 )
 RETURNS inbox.messages
 LANGUAGE plpgsql

@@ -15,8 +15,8 @@ BEGIN
 END;
 $$;
 
-REVOKE ALL ON SCHEMA outbox, inbox FROM PUBLIC;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA outbox, inbox FROM PUBLIC;
+REVOKE ALL ON SCHEMA outbox, inbox FROM public;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA outbox, inbox FROM public;
 
 GRANT USAGE ON SCHEMA outbox, inbox
 TO pgoutbox_writer, pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
@@ -27,8 +27,8 @@ TO pgoutbox_writer;
 
 GRANT EXECUTE ON FUNCTION
 outbox.claim(text, integer, interval),
-outbox.mark_published(uuid, uuid []),
-outbox.mark_failed(uuid, uuid [], text [], timestamptz []),
+outbox.mark_published(uuid, uuid[]),
+outbox.mark_failed(uuid, uuid[], text[], timestamptz[]),
 outbox.notify_throttle()
 TO pgoutbox_relay;
 
@@ -39,13 +39,15 @@ inbox.record_error(uuid, text, text, boolean)
 TO pgoutbox_consumer;
 
 GRANT EXECUTE ON FUNCTION
-outbox.requeue(uuid [], text),
+outbox.requeue(uuid[], text),
 outbox.create_partitions(integer, date)
 TO pgoutbox_admin;
 
 -- Read-only functions every worker uses for health and start-up checks; the
 -- relay keeps partitions created ahead as part of its housekeeping.
-GRANT EXECUTE ON FUNCTION outbox.schema_version(), outbox.backlog(text), inbox.backlog(text)
+GRANT EXECUTE ON FUNCTION
+outbox.schema_version(), outbox.backlog(text), outbox.dead_letters(text, integer),
+inbox.backlog(text)
 TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
 GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_relay;
 

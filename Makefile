@@ -1,0 +1,45 @@
+# pgoutbox — `make` lists the targets. `make demo` and `make test` are the two
+# commands a fresh machine needs; both install what is missing first.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST := $(VENV)/bin/pytest
+
+.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme lint bench/sql bench clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+setup: ## Install Debian packages (if missing) and the .venv (if stale)
+	@bash scripts/bootstrap.sh
+
+demo: setup ## Run the demo on an embedded PostgreSQL + NATS under .data/
+	@$(PY) -m pgoutbox.demo
+
+test: setup ## Run the whole test suite (pgTAP, lint, pytest) on real PostgreSQL and NATS
+	@$(PYTEST) -q
+
+test/quick: setup ## The suite without slow and Spark tests
+	@$(PYTEST) -q -m "not slow and not spark"
+
+test/sql: setup ## pgTAP files only (through pg_prove)
+	@$(PYTEST) -q tests/test_pgtap.py
+
+verify/schema: setup ## sql/ and migrations/ build the same catalog; round trip
+	@$(PYTEST) -q tests/test_migrations.py
+
+verify/readme: setup ## README tables (settings, error codes) match the code
+	@$(PYTEST) -q tests/test_readme.py
+
+lint: setup ## sqlfluff over sql/, migrations/, pgtap/
+	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
+
+bench/sql: setup ## Emit and claim throughput figures (not a test)
+	@$(PY) bench/sql_bench.py
+
+bench: bench/sql ## All benchmarks
+
+clean: ## Remove the demo data folder (stops nothing but what it started)
+	@$(PY) -m pgoutbox.demo --stop 2>/dev/null || true
+	rm -rf .data

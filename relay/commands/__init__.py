@@ -1,0 +1,1 @@
+"""One module per `pgoutbox` subcommand (see pgoutbox.cli)."""
