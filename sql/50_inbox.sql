@@ -151,11 +151,17 @@ COMMENT ON FUNCTION inbox.mark_processed(uuid, text) IS
 
 -- Records a handler failure: FAILED (transient, will be redelivered) or,
 -- with dead => true, DEAD_LETTER (poison, or the last allowed delivery).
+-- A dead letter gets its replay bookkeeping in dlq_metadata (keys listed in
+-- sql/60_inbox_replay.sql): replay_after schedules the next automated replay
+-- from now; NULL parks the row (replay off for the handler, or cap reached)
+-- until an operator redrives it. The retry policy (backoff, jitter, cap) is
+-- the consumer's configuration; the database only records its decision.
 CREATE OR REPLACE FUNCTION inbox.record_error(
     message_id uuid,
     handler text,
     error text,
-    dead boolean DEFAULT FALSE
+    dead boolean DEFAULT FALSE,
+    replay_after interval DEFAULT NULL
 )
 RETURNS inbox.messages
 LANGUAGE plpgsql
@@ -168,9 +174,23 @@ BEGIN
     IF nullif(btrim(error), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
     END IF;
+    IF replay_after IS NOT NULL AND (NOT dead OR replay_after < interval '0') THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: replay_after needs dead => true and a non-negative interval, got %', replay_after
+            USING ERRCODE = 'OB006';
+    END IF;
     UPDATE inbox.messages AS m
     SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
-        last_error = record_error.error
+        last_error = record_error.error,
+        dlq_metadata = CASE WHEN NOT dead THEN m.dlq_metadata ELSE
+            m.dlq_metadata || jsonb_build_object(
+                'dead_lettered_at', now(),
+                -- a second report of the same dead letter is not a new one
+                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0)
+                    + CASE WHEN m.status = 'DEAD_LETTER' THEN 0 ELSE 1 END,
+                'replay_attempts', coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
+                'next_replay_at', now() + replay_after
+            )
+        END
     WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
     RETURNING * INTO row;
     IF NOT FOUND THEN
@@ -180,8 +200,8 @@ BEGIN
     RETURN row;
 END;
 $$;
-COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean) IS
-'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true.';
+COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
+'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
 
 -- QRY-051: unprocessed messages per context and handler.
 CREATE OR REPLACE FUNCTION inbox.backlog(context text DEFAULT NULL)
