@@ -38,7 +38,7 @@ $$;
 
 DROP FUNCTION IF EXISTS inbox.dead_letters(text, integer);
 DROP FUNCTION IF EXISTS inbox.set_replay(text, boolean, text);
-DROP FUNCTION IF EXISTS inbox.redrive(text, uuid [], text);
+DROP FUNCTION IF EXISTS inbox.redrive(text, uuid[], text);
 DROP FUNCTION IF EXISTS inbox.claim_replays(text, integer);
 DROP INDEX IF EXISTS inbox.messages_dead_letter_idx;
 DROP TABLE IF EXISTS inbox.redrive_log;
@@ -83,6 +83,7 @@ COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean) IS
 REVOKE ALL ON FUNCTION inbox.record_error(uuid, text, text, boolean) FROM public;
 GRANT EXECUTE ON FUNCTION inbox.record_error(uuid, text, text, boolean) TO pgoutbox_consumer;
 
-DELETE FROM outbox.schema_migrations WHERE version = 2;
+DELETE FROM outbox.schema_migrations
+WHERE version = 2;
 
 COMMIT;

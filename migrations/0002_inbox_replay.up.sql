@@ -221,7 +221,7 @@ COMMENT ON FUNCTION inbox.claim_replays(text, integer) IS
 -- written to inbox.redrive_log.
 CREATE OR REPLACE FUNCTION inbox.redrive(
     handler text,
-    message_ids uuid [],
+    message_ids uuid[],
     reason text
 )
 RETURNS integer
@@ -283,7 +283,7 @@ BEGIN
     RETURN moved;
 END;
 $$;
-COMMENT ON FUNCTION inbox.redrive(text, uuid [], text) IS
+COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
 'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
 
 -- Switches automated replay of a handler's dead letters on or off (no row:
@@ -371,7 +371,7 @@ inbox.claim_replays(text, integer)
 TO pgoutbox_consumer;
 
 GRANT EXECUTE ON FUNCTION
-inbox.redrive(text, uuid [], text),
+inbox.redrive(text, uuid[], text),
 inbox.set_replay(text, boolean, text)
 TO pgoutbox_admin;
 

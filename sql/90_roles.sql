@@ -42,7 +42,7 @@ TO pgoutbox_consumer;
 GRANT EXECUTE ON FUNCTION
 outbox.requeue(uuid[], text),
 outbox.create_partitions(integer, date),
-inbox.redrive(text, uuid [], text),
+inbox.redrive(text, uuid[], text),
 inbox.set_replay(text, boolean, text)
 TO pgoutbox_admin;
 

@@ -143,3 +143,12 @@ def test_down_refuses_to_lose_data(database_url):
             m.migrate(conn, target=0)
         assert info.value.code == SqlState.DATA_WOULD_BE_LOST
         assert m.applied_version(conn) == 1
+
+
+def test_0002_down_refuses_to_lose_the_redrive_audit(database_url):
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT inbox.set_replay('billing', false, 'incident 7')")
+        with pytest.raises(MigrationError) as info:
+            m.migrate(conn, target=1)
+        assert info.value.code == SqlState.DATA_WOULD_BE_LOST
+        assert m.applied_version(conn) == 2
