@@ -200,11 +200,11 @@ class Consumer:
             wanted = await slots.take(batch)
             try:
                 msgs = await sub.fetch(wanted, timeout=self.cfg.fetch_timeout)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):  # idle: nothing to fetch
                 msgs = []
             except (nats.errors.Error, OSError) as exc:
                 await slots.give(wanted)
-                log.warning("fetch failed; retrying", extra={"handler": h.name, "error": repr(exc)})
+                log.warning("fetch failed; retrying: %r", exc, extra={"handler": h.name, "error": repr(exc)})
                 await asyncio.sleep(1)
                 continue
             await slots.give(wanted - len(msgs))

@@ -45,6 +45,7 @@ class FakeHandler:
     in the payload makes every call take that long before answering."""
 
     hang: float = 3.0
+    answers: list | None = None  # when set, used instead of the payload's
     calls: list[Call] = field(default_factory=list)
     on_request: Callable[[Call], None] | None = None
 
@@ -64,7 +65,7 @@ class FakeHandler:
                 if fake.on_request:
                     fake.on_request(call)
                 payload = body.get("payload") or {}
-                answers = payload.get("answers") or [200]
+                answers = fake.answers or payload.get("answers") or [200]
                 answer = answers[min(n, len(answers) - 1)]
                 time.sleep(float(payload.get("delay", 0)))
                 if answer == "timeout":
