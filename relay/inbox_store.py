@@ -36,7 +36,7 @@ class ConnectionPool:
         conn = await self._idle.get()
         try:
             if conn is None or conn.closed or conn.broken:
-                conn = await db.aconnect(self._url, row_factory=dict_row)
+                conn = await db.aconnect(self._url)
                 self._open.add(conn)
             yield conn
         except BaseException:
@@ -54,38 +54,58 @@ class ConnectionPool:
 
 
 async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple) -> dict[str, Any]:
-    with wrap_exceptions():
-        cur = await conn.execute(query, params)
-        return await cur.fetchone()
+    async with conn.cursor(row_factory=dict_row) as cur:
+        with wrap_exceptions():
+            await cur.execute(query, params)
+            return await cur.fetchone()
+
+
+# The inbox functions on a given connection, inside whatever transaction it
+# has open: in-database handlers call them in their business transaction.
+async def receive(conn, message_id: str, handler: str, subject: str, envelope: dict | None) -> dict[str, Any]:
+    return await _one(conn, "SELECT * FROM inbox.receive(%s, %s, %s, %s)",
+                      (message_id, handler, subject, None if envelope is None else Jsonb(envelope)))
+
+
+async def mark_processed(conn, message_id: str, handler: str) -> dict[str, Any]:
+    return await _one(conn, "SELECT * FROM inbox.mark_processed(%s, %s)", (message_id, handler))
+
+
+async def record_error(
+    conn, message_id: str, handler: str, error: str, *, dead: bool = False, replay_after: float | None = None,
+) -> dict[str, Any]:
+    after = None if replay_after is None else timedelta(seconds=replay_after)
+    return await _one(conn, "SELECT * FROM inbox.record_error(%s, %s, %s, %s, %s)",
+                      (message_id, handler, error, dead, after))
 
 
 class Inbox:
+    """The same calls, each on a pooled connection in its own transaction."""
+
     def __init__(self, pool: ConnectionPool):
         self.pool = pool
 
     async def receive(self, message_id: str, handler: str, subject: str, envelope: dict) -> dict[str, Any]:
         async with self.pool.connection() as conn:
-            return await _one(conn, "SELECT * FROM inbox.receive(%s, %s, %s, %s)",
-                              (message_id, handler, subject, Jsonb(envelope)))
+            return await receive(conn, message_id, handler, subject, envelope)
 
     async def mark_processed(self, message_id: str, handler: str) -> dict[str, Any]:
         async with self.pool.connection() as conn:
-            return await _one(conn, "SELECT * FROM inbox.mark_processed(%s, %s)", (message_id, handler))
+            return await mark_processed(conn, message_id, handler)
 
     async def record_error(
         self, message_id: str, handler: str, error: str, *, dead: bool = False,
         replay_after: float | None = None,
     ) -> dict[str, Any]:
-        after = None if replay_after is None else timedelta(seconds=replay_after)
         async with self.pool.connection() as conn:
-            return await _one(conn, "SELECT * FROM inbox.record_error(%s, %s, %s, %s, %s)",
-                              (message_id, handler, error, dead, after))
+            return await record_error(conn, message_id, handler, error, dead=dead, replay_after=replay_after)
 
     async def backlog(self) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
-            with wrap_exceptions():
-                cur = await conn.execute("SELECT * FROM inbox.backlog()")
-                return await cur.fetchall()
+            async with conn.cursor(row_factory=dict_row) as cur:
+                with wrap_exceptions():
+                    await cur.execute("SELECT * FROM inbox.backlog()")
+                    return await cur.fetchall()
 
     async def schema_version(self) -> int:
         async with self.pool.connection() as conn:
@@ -97,8 +117,8 @@ class Inbox:
         the block exits normally (after the caller re-published them) and
         rolls back otherwise (see inbox.claim_replays)."""
         async with self.pool.connection() as conn:
-            async with conn.transaction():
+            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
                 with wrap_exceptions():
-                    cur = await conn.execute("SELECT * FROM inbox.claim_replays(%s, %s)", (worker, batch_size))
+                    await cur.execute("SELECT * FROM inbox.claim_replays(%s, %s)", (worker, batch_size))
                     rows = await cur.fetchall()
                 yield rows
