@@ -45,15 +45,19 @@ log = logging.getLogger("pgoutbox.consumer")
 
 
 class Slots:
-    """Free processing slots of one handler; a fetch takes up to `most`."""
+    """Free processing slots of one handler. A fetch waits until half a batch
+    is free, then takes up to a batch: fetching one message whenever one slot
+    frees would cost a round trip to the server per message."""
 
     def __init__(self, size: int):
+        self.size = size
         self.free = size
         self._changed = asyncio.Condition()
 
     async def take(self, most: int) -> int:
+        least = max(1, min(most, self.size) // 2)
         async with self._changed:
-            await self._changed.wait_for(lambda: self.free > 0)
+            await self._changed.wait_for(lambda: self.free >= least)
             taken = min(most, self.free)
             self.free -= taken
             return taken
@@ -93,7 +97,7 @@ class Consumer:
         self.inbox = Inbox(self.pool)
         db.check_schema_version(await self.inbox.schema_version())
         self._db_ok = True
-        self.client = HandlerClient(max_connections=sum(h.concurrency for h in self.handlers) + 4)
+        self.client = HandlerClient(per_origin=max(h.concurrency for h in self.handlers) + 1)
         self.flow = MessageFlow(
             inbox=self.inbox, client=self.client, js=self.js, metrics=self.metrics,
             retry_backoff=retry_backoff(cfg), replay_backoff=replay_backoff(cfg), stopping=self.stopping,
