@@ -9,6 +9,10 @@ For each handler it binds two durables named after the handler:
   * on the context's DLQ stream, filtered on `{context}.dlq.replay.{handler}`:
     the replays addressed to this handler only.
 
+It also listens to JetStream's MAX_DELIVERIES advisories for those durables:
+a last delivery that got no outcome here (the process died, or lost
+PostgreSQL or NATS) is dead-lettered from the advisory instead of vanishing.
+
 Backpressure: a fetch never asks for more messages than the handler has free
 slots (`concurrency`), so nothing waits unprocessed while its ack_wait runs;
 `max_ack_pending` bounds the same thing on the server side.
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import time
 from types import SimpleNamespace
@@ -194,6 +200,15 @@ class Consumer:
         )
         replays = await self._durable(dlq_stream, self._consumer_config(
             h, [dlq.replay_subject(spec.context, h.name)], f"pgoutbox replays for handler {h.name}"))
+        # JetStream gives up after max_deliver without telling anyone but an
+        # advisory: a last delivery that got no outcome here (the consumer
+        # died, or lost PostgreSQL/NATS) is dead-lettered from it. A queue
+        # group, so that one process of many handles each advisory.
+        for stream in (spec.stream, dlq_stream):
+            await self.nc.subscribe(
+                f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{h.name}",
+                queue=f"pgoutbox_{h.name}", cb=functools.partial(self._on_max_deliveries, h),
+            )
         self._bound.add(h.name)
         # Replays are rare: their own single slot, so that an idle replay pull
         # never holds capacity the event stream needs.
@@ -235,6 +250,26 @@ class Consumer:
             gauge.dec()
             await slots.give(1)
         self.metrics.count(h.name, outcome)
+
+    async def _on_max_deliveries(self, h: HandlerRuntime, advisory_msg) -> None:
+        task = asyncio.create_task(self._exhausted(h, json.loads(advisory_msg.data)))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _exhausted(self, h: HandlerRuntime, advisory: dict) -> None:
+        try:
+            raw = await self.js.get_msg(advisory["stream"], advisory["stream_seq"])
+            raw.stream = raw.stream or advisory["stream"]
+            outcome = await self.flow.exhausted(h, raw, advisory["deliveries"])
+        except Exception:  # noqa: BLE001 - the inbox row stays FAILED/RECEIVED, visible in the backlog
+            outcome = "error"
+            log.error("could not dead-letter a message JetStream gave up on", exc_info=True,
+                      extra={"handler": h.name, "advisory": advisory})
+        self.metrics.count(h.name, outcome)
+        log.warning("max deliveries advisory handled", extra={
+            "handler": h.name, "stream": advisory["stream"], "stream_sequence": advisory["stream_seq"],
+            "outcome": outcome,
+        })
 
     # -- operations ---------------------------------------------------------
     async def _backlog_loop(self) -> None:

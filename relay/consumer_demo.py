@@ -30,6 +30,7 @@ from . import db, json_logs, migrate, registry, settings
 from . import envelope as wire
 from .commands import consume
 from .consumer import Consumer
+from .demo import _print_rows
 from .embedded import EmbeddedNats, EmbeddedPostgres
 
 DATA = Path(os.environ.get("OUTBOX_DEMO_DIR", Path(__file__).resolve().parent.parent / ".data"))
@@ -85,14 +86,6 @@ async def relay_stand_in(database_url: str, js) -> int:
             conn.execute("SELECT outbox.mark_published(%s, %s)",
                          (events[0]["claim_token"], [e["event_id"] for e in events]))
     return len(events)
-
-
-def _print_rows(conn, title: str, query: str) -> None:
-    cur = conn.execute(query)
-    names = [c.name for c in cur.description]
-    print(f"\n== {title}")
-    for row in cur.fetchall():
-        print("   " + json.dumps(dict(zip(names, row)), default=str))
 
 
 async def consume_and_report(database_url: str, nats_url: str, expected: int, context: str = "sea") -> None:

@@ -66,6 +66,23 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _notice(
+    *, context: str, handler: str, msg_id: str, original_subject: str, reason: str,
+    envelope: Mapping[str, Any] | None, fields: dict[str, Any],
+) -> tuple[str, bytes, dict[str, str]]:
+    body = {
+        "type": "MessageDeadLettered",
+        "handler": handler,
+        "original_subject": original_subject,
+        "reason": reason,
+        "dead_lettered_at": _now(),
+        **fields,
+    }
+    headers = {wire.MSG_ID: msg_id, HANDLER: handler, ORIGINAL_SUBJECT: original_subject}
+    headers.update({k: v for k, v in ((envelope or {}).get("trace") or {}).items() if isinstance(v, str)})
+    return dead_subject(context, handler, envelope), json.dumps(body, default=str).encode(), headers
+
+
 def notice(
     *,
     context: str,
@@ -80,26 +97,18 @@ def notice(
     envelope: Mapping[str, Any] | None,
 ) -> tuple[str, bytes, dict[str, str]]:
     """A MessageDeadLettered notice (subject, body, headers)."""
-    body = {
-        "type": "MessageDeadLettered",
-        "message_id": message_id,
-        "handler": handler,
-        "original_subject": original_subject,
-        "reason": reason,
-        "attempts": attempts,
-        "dead_letters": dead_letters,
-        "replay_attempts": replay_attempts,
-        "next_replay_in_seconds": next_replay_in,
-        "dead_lettered_at": _now(),
-        "envelope": dict(envelope) if envelope is not None else None,
-    }
-    headers = {
-        wire.MSG_ID: f"{message_id}:dead:{handler}:{dead_letters}",
-        HANDLER: handler,
-        ORIGINAL_SUBJECT: original_subject,
-    }
-    headers.update({k: v for k, v in ((envelope or {}).get("trace") or {}).items() if isinstance(v, str)})
-    return dead_subject(context, handler, envelope), json.dumps(body, default=str).encode(), headers
+    return _notice(
+        context=context, handler=handler, msg_id=f"{message_id}:dead:{handler}:{dead_letters}",
+        original_subject=original_subject, reason=reason, envelope=envelope,
+        fields={
+            "message_id": message_id,
+            "attempts": attempts,
+            "dead_letters": dead_letters,
+            "replay_attempts": replay_attempts,
+            "next_replay_in_seconds": next_replay_in,
+            "envelope": dict(envelope) if envelope is not None else None,
+        },
+    )
 
 
 def unreadable_notice(
@@ -107,19 +116,16 @@ def unreadable_notice(
     body: bytes, headers: Mapping[str, str] | None, reason: str,
 ) -> tuple[str, bytes, dict[str, str]]:
     """A notice for a message that cannot enter the inbox, with its raw content."""
-    document = {
-        "type": "MessageDeadLettered",
-        "message_id": None,
-        "handler": handler,
-        "original_subject": subject,
-        "reason": reason,
-        "stream": stream,
-        "stream_sequence": sequence,
-        "dead_lettered_at": _now(),
-        "raw": {"headers": dict(headers or {}), "body": body.decode("utf-8", errors="replace")},
-    }
-    out_headers = {wire.MSG_ID: f"invalid:{stream}:{sequence}:{handler}", HANDLER: handler, ORIGINAL_SUBJECT: subject}
-    return dead_subject(context, handler, None), json.dumps(document).encode(), out_headers
+    return _notice(
+        context=context, handler=handler, msg_id=f"invalid:{stream}:{sequence}:{handler}",
+        original_subject=subject, reason=reason, envelope=None,
+        fields={
+            "message_id": None,
+            "stream": stream,
+            "stream_sequence": sequence,
+            "raw": {"headers": dict(headers or {}), "body": body.decode("utf-8", errors="replace")},
+        },
+    )
 
 
 def replay_message(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:

@@ -29,6 +29,8 @@ import contextlib
 import logging
 from typing import Any
 
+from nats.aio.msg import Msg
+
 from . import dlq
 from .backoff import Backoff
 from .consumer_metrics import ConsumerMetrics
@@ -87,6 +89,24 @@ class MessageFlow:
         async with kept_in_progress(msg, h.progress_interval):
             return await self._process(msg, h, envelope, delivery)
 
+    async def exhausted(self, h: HandlerRuntime, raw, deliveries: int) -> str:
+        """A message JetStream stopped redelivering (its MAX_DELIVERIES
+        advisory) without an outcome from us: the consumer stopped, or lost
+        PostgreSQL or NATS, during the last delivery. Dead-lettered unless the
+        inbox says it was handled after all. `raw` is the stream's copy."""
+        try:
+            envelope = dlq.envelope_from(raw.subject, raw.data or b"", raw.headers)
+        except ValueError as exc:
+            return await self._unreadable(raw, h, str(exc))
+        row = await self.inbox.receive(envelope["message_id"], h.name, envelope["subject"], envelope)
+        if row["status"] in ("PROCESSED", "DEAD_LETTER"):
+            return "duplicate" if row["status"] == "PROCESSED" else "parked"
+        reason = f"max_deliver ({deliveries}) reached without an outcome (consumer stopped or lost PostgreSQL/NATS)"
+        if row["last_error"]:
+            reason += f"; last error: {row['last_error']}"
+        await self._dead_letter(None, h, envelope, row, reason, True)
+        return "dead_lettered"
+
     async def _process(self, msg, h: HandlerRuntime, envelope: dict[str, Any], delivery: int) -> str:
         message_id = envelope["message_id"]
         try:
@@ -143,7 +163,8 @@ class MessageFlow:
         )
         await self._publish(subject, body, headers, persist=last)
         await self.inbox.record_error(message_id, h.name, reason, dead=True, replay_after=replay_after)
-        await msg.ack()
+        if msg is not None:
+            await msg.ack()
         log.warning("dead-lettered", extra={
             "handler": h.name, "message_id": message_id, "reason": reason, "dlq_subject": subject,
             "replay_in": None if replay_after is None else round(replay_after, 3),
@@ -169,16 +190,23 @@ class MessageFlow:
                 await asyncio.sleep(delay)
 
     async def _unreadable(self, msg, h: HandlerRuntime, why: str) -> str:
-        meta = msg.metadata
+        """Publishes an unreadable message, raw, to the DLQ; acks it when it
+        was delivered (a stream's copy, from an advisory, has nothing to ack)."""
+        delivered = isinstance(msg, Msg)
+        if delivered:
+            stream, sequence = msg.metadata.stream, msg.metadata.sequence.stream
+        else:
+            stream, sequence = msg.stream, msg.seq
         subject, body, headers = dlq.unreadable_notice(
-            context=h.spec.context, handler=h.name, stream=meta.stream, sequence=meta.sequence.stream,
-            subject=msg.subject, body=msg.data, headers=msg.headers,
+            context=h.spec.context, handler=h.name, stream=stream, sequence=sequence,
+            subject=msg.subject, body=msg.data or b"", headers=msg.headers,
             reason=f"{SqlState.INVALID_MESSAGE.name} [{SqlState.INVALID_MESSAGE.value}]: {why}",
         )
         await self._publish(subject, body, headers, persist=False)
-        await msg.ack()
+        if delivered:
+            await msg.ack()
         log.error("unreadable message sent to the DLQ", extra={
-            "handler": h.name, "stream": meta.stream, "stream_sequence": meta.sequence.stream,
+            "handler": h.name, "stream": stream, "stream_sequence": sequence,
             "subject": msg.subject, "reason": why, "dlq_subject": subject,
         })
         return "invalid"

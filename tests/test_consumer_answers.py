@@ -214,3 +214,35 @@ async def test_unreadable_messages_go_to_the_dlq_with_their_content(tmp_path, da
     assert all(b["reason"].startswith("INVALID_MESSAGE [OB020]") for b in bodies)
     assert [b["stream_sequence"] for b in bodies] == [1, 2, 3]
     assert bodies[1]["raw"]["body"] == "not json"
+
+
+async def test_a_last_delivery_that_got_no_outcome_is_dead_lettered_from_jetstreams_advisory(
+    tmp_path, database_url, nats_server, handler
+):
+    """Two consumers died holding the message (deliveries 1 and 2 of 2): JetStream
+    gives up silently but for its MAX_DELIVERIES advisory, which a running
+    consumer turns into a dead letter, without calling the handler."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}])
+    cfg = consumer_config(database_url, nats_server.url, registry_file, ack_wait="1s", max_deliver="2")
+    ev = event()
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        await js.add_consumer("SEA_EVENTS", ConsumerConfig(
+            durable_name=H, ack_policy=AckPolicy.EXPLICIT, ack_wait=1.0, max_deliver=2, max_ack_pending=256,
+            filter_subjects=["sea.event.order_created.v1"],
+        ))
+        await publish(js, ev)
+        doomed = await js.pull_subscribe_bind(H, "SEA_EVENTS")
+        assert [m.metadata.num_delivered for m in await doomed.fetch(1, timeout=5)] == [1]
+        assert [m.metadata.num_delivered for m in await doomed.fetch(1, timeout=5)] == [2]
+        async with running_consumer(cfg) as consumer:
+            await until(lambda: consumer.metrics.value(H, "dead_lettered") == 1, 10, "the advisory")
+            dlq = await dlq_messages(js)
+    assert handler.calls == []
+    row = inbox_row(database_url, ev["event_id"], H)
+    assert row["status"] == "DEAD_LETTER"
+    assert row["last_error"].startswith("max_deliver (2) reached without an outcome")
+    [notice] = dlq
+    assert json.loads(notice.data)["message_id"] == ev["event_id"]
