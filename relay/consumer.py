@@ -36,6 +36,7 @@ from types import SimpleNamespace
 import nats
 import nats.errors
 import nats.js.errors
+import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from . import db, dlq
@@ -81,6 +82,8 @@ class Consumer:
             raise ConfigError("no handler to run")
         self.handlers = handlers
         self.cfg = cfg
+        # Validated before anything connects.
+        self._retry_backoff, self._replay_backoff = retry_backoff(cfg), replay_backoff(cfg)
         self.metrics = ConsumerMetrics()
         self.stopping = asyncio.Event()
         self.health: HealthServer | None = None
@@ -106,7 +109,7 @@ class Consumer:
         self.client = HandlerClient(per_origin=max(h.concurrency for h in self.handlers) + 1)
         self.flow = MessageFlow(
             inbox=self.inbox, client=self.client, js=self.js, metrics=self.metrics,
-            retry_backoff=retry_backoff(cfg), replay_backoff=replay_backoff(cfg), stopping=self.stopping,
+            retry_backoff=self._retry_backoff, replay_backoff=self._replay_backoff, stopping=self.stopping,
         )
         subscriptions = []
         for h in self.handlers:
@@ -159,11 +162,11 @@ class Consumer:
         log.info("consumer stopped")
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
         try:
+            await self.start()
             await stop.wait()
         finally:
-            await self.stop()
+            await self.stop()  # also after a failed start: close what was opened
 
     # -- JetStream ----------------------------------------------------------
     def _consumer_config(self, h: HandlerRuntime, subjects: list[str], description: str) -> ConsumerConfig:
@@ -304,6 +307,4 @@ class Consumer:
 
 
 def _is_database_error(exc: BaseException) -> bool:
-    import psycopg
-
     return isinstance(exc, psycopg.Error) or isinstance(exc.__cause__, psycopg.Error)
