@@ -117,6 +117,7 @@ async def test_transient_failure_records_the_error_and_is_redelivered(
 ):
     ev, row, states, ack, dlq, metrics = await _run_one(
         tmp_path, database_url, nats_server, handler.url, [answer, 200], handler_timeout="500ms",
+        retry_delay="1s", retry_max_delay="1s",  # FAILED lasts 0.5-1 s: long enough to be seen
     )
     # First delivery: FAILED with the error, not acked; JetStream redelivers it.
     assert states == ["FAILED", "PROCESSED"], states
@@ -149,6 +150,7 @@ async def test_transient_failure_error_text_is_recorded(tmp_path, database_url, 
 async def test_refused_connection_retries_until_max_deliver_then_dlq(tmp_path, database_url, nats_server):
     ev, row, states, ack, dlq, metrics = await _run_one(
         tmp_path, database_url, nats_server, refused_url(), [200], max_deliver="2",
+        retry_delay="1s", retry_max_delay="1s",
     )
     assert states == ["FAILED", "DEAD_LETTER"], states
     assert row["attempts"] == 2

@@ -50,7 +50,11 @@ async def test_metrics_health_and_readiness(tmp_path, database_url, nats_server,
                 await publish(js, event({"answers": answers}))
             await until(lambda: consumer.metrics.value(H, "processed") == 3
                         and consumer.metrics.value(H, "dead_lettered") == 1, 15)
-            await asyncio.sleep(0.4)  # one backlog refresh (every 200 ms here)
+            def backlog(kind):
+                return consumer.metrics.registry.get_sample_value(
+                    "pgoutbox_inbox_backlog", {"context": "sea", "handler": H, "kind": kind})
+
+            await until(lambda: backlog("dead_letter") == 1 and backlog("unprocessed") == 0, 10, "a backlog refresh")
             status, text = await asyncio.to_thread(_get, port, "/metrics")
             assert status == 200
             for line in (
