@@ -126,6 +126,26 @@ $$;
 COMMENT ON FUNCTION inbox.receive(uuid, text, text, jsonb) IS
 'Records a delivery (first or repeated) and returns the inbox row; process only RECEIVED/FAILED.';
 
+-- Why a guarded inbox move matched no row: unknown message, or wrong state.
+CREATE OR REPLACE FUNCTION inbox._refuse_move(message_id uuid, handler text, target text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    current_status text;
+BEGIN
+    SELECT m.status INTO current_status FROM inbox.messages AS m
+    WHERE m.message_id = _refuse_move.message_id AND m.handler = _refuse_move.handler;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
+            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+    END IF;
+    RAISE EXCEPTION 'ILLEGAL_TRANSITION: message % for handler % cannot move from % to %', message_id, handler, current_status, target
+        USING ERRCODE = 'OB010';
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION inbox.mark_processed(message_id uuid, handler text)
 RETURNS inbox.messages
 LANGUAGE plpgsql
@@ -138,10 +158,10 @@ BEGIN
     UPDATE inbox.messages AS m
     SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL
     WHERE m.message_id = mark_processed.message_id AND m.handler = mark_processed.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
     RETURNING * INTO row;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
-            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+        PERFORM inbox._refuse_move(message_id, handler, 'PROCESSED');
     END IF;
     RETURN row;
 END;
@@ -192,10 +212,10 @@ BEGIN
             )
         END
     WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
     RETURNING * INTO row;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
-            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+        PERFORM inbox._refuse_move(message_id, handler, CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END);
     END IF;
     RETURN row;
 END;
