@@ -69,10 +69,10 @@ BEGIN
     SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
         last_error = record_error.error
     WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
     RETURNING * INTO row;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
-            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+        PERFORM inbox._refuse_move(message_id, handler, CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END);
     END IF;
     RETURN row;
 END;

@@ -69,18 +69,16 @@ BEGIN
         dlq_metadata = CASE WHEN NOT dead THEN m.dlq_metadata ELSE
             m.dlq_metadata || jsonb_build_object(
                 'dead_lettered_at', now(),
-                -- a second report of the same dead letter is not a new one
-                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0)
-                    + CASE WHEN m.status = 'DEAD_LETTER' THEN 0 ELSE 1 END,
+                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0) + 1,
                 'replay_attempts', coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
                 'next_replay_at', now() + replay_after
             )
         END
     WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
     RETURNING * INTO row;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
-            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+        PERFORM inbox._refuse_move(message_id, handler, CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END);
     END IF;
     RETURN row;
 END;

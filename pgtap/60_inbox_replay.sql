@@ -2,8 +2,8 @@
 -- Scenarios:
 --   * record_error(dead => true, replay_after) parks the row with its replay
 --     bookkeeping in dlq_metadata; NULL replay_after leaves no next replay;
---     replay_after without dead, or negative, is refused (OB006); reporting
---     the same dead letter twice counts it once
+--     replay_after without dead, or negative, is refused (OB006); a dead
+--     letter cannot be reported again (OB010), so it is counted once
 --   * claim_replays takes due dead letters only (not parked, not early, not
 --     without an envelope), at most batch_size, moves them to RECEIVED and
 --     counts the replay; bad arguments are refused (OB006)
@@ -25,43 +25,63 @@ SELECT plan(43);
 -- record_error and the bookkeeping.
 SELECT fixture.message('billing', 'DEAD_LETTER', interval '0') AS due_id \gset
 SELECT is(
-    (SELECT format('%s|%s|%s|%s', status, dlq_metadata ->> 'dead_letters',
-        dlq_metadata ->> 'replay_attempts', (dlq_metadata ->> 'next_replay_at')::timestamptz = now())
-        FROM inbox.messages WHERE message_id = :'due_id'),
+    (SELECT
+        format(
+            '%s|%s|%s|%s', status, dlq_metadata ->> 'dead_letters',
+            dlq_metadata ->> 'replay_attempts', (dlq_metadata ->> 'next_replay_at')::timestamptz = now()
+        )
+    FROM inbox.messages
+    WHERE message_id = :'due_id'),
     'DEAD_LETTER|1|0|t',
     'a dead letter records its count, no replay yet, and the next replay time'
 );
 SELECT ok(
-    (SELECT (dlq_metadata ->> 'dead_lettered_at')::timestamptz = now()
-        FROM inbox.messages WHERE message_id = :'due_id'),
+    (
+        SELECT (dlq_metadata ->> 'dead_lettered_at')::timestamptz = now()
+        FROM inbox.messages
+        WHERE message_id = :'due_id'
+    ),
     'dead_lettered_at is recorded'
 );
 SELECT fixture.message('billing', 'DEAD_LETTER', NULL) AS parked_id \gset
 SELECT is(
-    (SELECT dlq_metadata -> 'next_replay_at' FROM inbox.messages WHERE message_id = :'parked_id'),
+    (
+        SELECT dlq_metadata -> 'next_replay_at' FROM inbox.messages
+        WHERE message_id = :'parked_id'
+    ),
     'null'::jsonb, 'no replay_after: parked, no next replay'
 );
-SELECT lives_ok(
+SELECT throws_ok(
     format($$SELECT inbox.record_error(%L, 'billing', 'HTTP 422 again', dead => TRUE)$$, :'parked_id'),
-    'reporting a dead letter again is allowed'
+    'OB010', NULL, 'a dead letter cannot be reported again'
 );
 SELECT is(
-    (SELECT dlq_metadata ->> 'dead_letters' FROM inbox.messages WHERE message_id = :'parked_id'),
-    '1', 'the same dead letter reported twice counts once'
+    (
+        SELECT dlq_metadata ->> 'dead_letters' FROM inbox.messages
+        WHERE message_id = :'parked_id'
+    ),
+    '1', 'so it is counted once'
 );
 SELECT throws_ok(
-    format($$SELECT inbox.record_error(%L, 'billing', 'HTTP 500', replay_after => interval '1 minute')$$,
-        fixture.message('billing')),
+    format(
+        $$SELECT inbox.record_error(%L, 'billing', 'HTTP 500', replay_after => interval '1 minute')$$,
+        fixture.message('billing')
+    ),
     'OB006', NULL, 'replay_after without dead is refused'
 );
 SELECT throws_ok(
-    format($$SELECT inbox.record_error(%L, 'billing', 'HTTP 422', dead => TRUE, replay_after => interval '-1 second')$$,
-        fixture.message('billing')),
+    format(
+        $$SELECT inbox.record_error(%L, 'billing', 'HTTP 422', dead => TRUE, replay_after => interval '-1 second')$$,
+        fixture.message('billing')
+    ),
     'OB006', NULL, 'a negative replay_after is refused'
 );
 SELECT fixture.message('billing', 'FAILED') AS failed_id \gset
 SELECT is(
-    (SELECT format('%s|%s', status, dlq_metadata) FROM inbox.messages WHERE message_id = :'failed_id'),
+    (
+        SELECT format('%s|%s', status, dlq_metadata) FROM inbox.messages
+        WHERE message_id = :'failed_id'
+    ),
     'FAILED|{}', 'a transient failure leaves dlq_metadata alone'
 );
 
@@ -74,16 +94,22 @@ SELECT is(
     'only the due dead letter with an envelope is claimed'
 );
 SELECT is(
-    (SELECT format('%s|%s|%s|%s|%s', status, dlq_metadata ->> 'replay_attempts',
-        dlq_metadata -> 'next_replay_at', dlq_metadata ->> 'last_replay_by',
-        (dlq_metadata ->> 'last_replay_at')::timestamptz = now())
-        FROM inbox.messages WHERE message_id = :'due_id'),
+    (SELECT
+        format(
+            '%s|%s|%s|%s|%s', status, dlq_metadata ->> 'replay_attempts',
+            dlq_metadata -> 'next_replay_at', dlq_metadata ->> 'last_replay_by',
+            (dlq_metadata ->> 'last_replay_at')::timestamptz = now()
+        )
+    FROM inbox.messages
+    WHERE message_id = :'due_id'),
     'RECEIVED|1|null|replayer-1|t',
     'a claimed replay is RECEIVED again, counted, unscheduled, and attributed'
 );
 SELECT is(
-    (SELECT array_agg(status ORDER BY status) FROM inbox.messages
-        WHERE message_id IN (:'parked_id', :'early_id', :'bare_id')),
+    (
+        SELECT array_agg(status ORDER BY status) FROM inbox.messages
+        WHERE message_id IN (:'parked_id', :'early_id', :'bare_id')
+    ),
     ARRAY['DEAD_LETTER', 'DEAD_LETTER', 'DEAD_LETTER'],
     'parked, early and envelope-less dead letters stay DEAD_LETTER'
 );
@@ -92,12 +118,17 @@ SELECT is(
     0, 'a claimed replay is not claimed again'
 );
 SELECT lives_ok(
-    format($$SELECT inbox.record_error(%L, 'billing', 'HTTP 422', dead => TRUE, replay_after => interval '0')$$, :'due_id'),
+    format(
+        $$SELECT inbox.record_error(%L, 'billing', 'HTTP 422', dead => TRUE, replay_after => interval '0')$$, :'due_id'
+    ),
     'a replayed message can be dead-lettered again'
 );
 SELECT is(
-    (SELECT format('%s|%s', dlq_metadata ->> 'dead_letters', dlq_metadata ->> 'replay_attempts')
-        FROM inbox.messages WHERE message_id = :'due_id'),
+    (
+        SELECT format('%s|%s', dlq_metadata ->> 'dead_letters', dlq_metadata ->> 'replay_attempts')
+        FROM inbox.messages
+        WHERE message_id = :'due_id'
+    ),
     '2|1', 'the second dead letter keeps the replay count'
 );
 SELECT fixture.message('billing', 'DEAD_LETTER', interval '0') FROM generate_series(1, 3);
@@ -119,8 +150,10 @@ SELECT throws_ok(
 -- The replay switch.
 SELECT fixture.message('shipping', 'DEAD_LETTER', interval '0') AS ship_id \gset
 SELECT is(
-    (SELECT format('%s|%s|%s', enabled, changed_by = session_user, reason)
-        FROM inbox.set_replay('shipping', FALSE, 'handler bug #12 under analysis')),
+    (
+        SELECT format('%s|%s|%s', enabled, changed_by = session_user, reason)
+        FROM inbox.set_replay('shipping', FALSE, 'handler bug #12 under analysis')
+    ),
     'f|t|handler bug #12 under analysis',
     'set_replay records the switch, who and why'
 );
@@ -178,8 +211,11 @@ SELECT is(
     1, 'redrive returns how many it marked'
 );
 SELECT is(
-    (SELECT format('%s|%s|%s|%s', handler, redriven_by = session_user, reason, replay_attempts_before)
-        FROM inbox.redrive_log WHERE message_id = :'parked_id'),
+    (
+        SELECT format('%s|%s|%s|%s', handler, redriven_by = session_user, reason, replay_attempts_before)
+        FROM inbox.redrive_log
+        WHERE message_id = :'parked_id'
+    ),
     'billing|t|schema fixed in 2.1, verified on staging|0',
     'the redrive is audited with who, why and the replays before'
 );
@@ -189,9 +225,13 @@ SELECT is(
     'a redriven dead letter is claimed although parked and switched off'
 );
 SELECT is(
-    (SELECT format('%s|%s|%s', dlq_metadata ->> 'redrives', dlq_metadata ->> 'replay_attempts',
-        dlq_metadata ->> 'redrive_requested')
-        FROM inbox.messages WHERE message_id = :'parked_id'),
+    (SELECT
+        format(
+            '%s|%s|%s', dlq_metadata ->> 'redrives', dlq_metadata ->> 'replay_attempts',
+            dlq_metadata ->> 'redrive_requested'
+        )
+    FROM inbox.messages
+    WHERE message_id = :'parked_id'),
     '1|0|false', 'it counts as a redrive, not as an automated replay'
 );
 SELECT fixture.message('audit', 'DEAD_LETTER', NULL) FROM generate_series(1, 2);
@@ -201,7 +241,10 @@ SELECT is(
     2, 'NULL ids redrive every dead letter of the handler, and only those'
 );
 SELECT is(
-    (SELECT count(*)::int FROM inbox.dead_letters('audit') WHERE next_replay_at = now()),
+    (
+        SELECT count(*)::int FROM inbox.dead_letters('audit')
+        WHERE next_replay_at = now()
+    ),
     2, 'dead_letters shows them due now'
 );
 

@@ -204,9 +204,7 @@ BEGIN
         dlq_metadata = CASE WHEN NOT dead THEN m.dlq_metadata ELSE
             m.dlq_metadata || jsonb_build_object(
                 'dead_lettered_at', now(),
-                -- a second report of the same dead letter is not a new one
-                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0)
-                    + CASE WHEN m.status = 'DEAD_LETTER' THEN 0 ELSE 1 END,
+                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0) + 1,
                 'replay_attempts', coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
                 'next_replay_at', now() + replay_after
             )
