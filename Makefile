@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme lint bench/sql bench/consumer bench clean
+.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ verify/schema: setup ## sql/ and migrations/ build the same catalog; round trip
 
 verify/readme: setup ## README tables (settings, error codes) match the code
 	@$(PYTEST) -q tests/test_readme.py
+
+readme/tables: setup ## Regenerate the README settings table from the code
+	@$(PY) scripts/readme_tables.py
 
 lint: setup ## sqlfluff over sql/, migrations/, pgtap/
 	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
