@@ -38,11 +38,19 @@ def run(cfg, args) -> int:
 
 
 async def _apply(url: str, specs) -> list[tuple[str, str]]:
+    errors: list[str] = []
+
+    async def note(exc):  # instead of nats-py's traceback on stderr
+        errors.append(f"{type(exc).__name__}: {exc}")
+
     try:
+        # max_reconnect_attempts=0 would mean "forever" in nats-py 2.16.
         nc = await nats.connect(url.split(","), connect_timeout=5, allow_reconnect=False,
-                                max_reconnect_attempts=0)
+                                max_reconnect_attempts=1, reconnect_time_wait=0.1, error_cb=note)
     except Exception as exc:  # noqa: BLE001 - any connect failure is reported the same way
-        raise BrokerUnavailable(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from exc
+        raise BrokerUnavailable(
+            f"cannot reach NATS at {url}: {errors[-1] if errors else exc or type(exc).__name__}"
+        ) from exc
     try:
         return await streams.apply(nc.jetstream(), specs)
     finally:
