@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme lint bench/sql bench clean
+.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -32,13 +32,19 @@ verify/schema: setup ## sql/ and migrations/ build the same catalog; round trip
 verify/readme: setup ## README tables (settings, error codes) match the code
 	@$(PYTEST) -q tests/test_readme.py
 
+readme/tables: setup ## Regenerate the README settings table from the code
+	@$(PY) scripts/readme_tables.py
+
 lint: setup ## sqlfluff over sql/, migrations/, pgtap/
 	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
 
 bench/sql: setup ## Emit and claim throughput figures (not a test)
 	@$(PY) bench/sql_bench.py
 
-bench: bench/sql ## All benchmarks
+bench/consumer: setup ## Consumer throughput vs a bare JetStream fetch-and-ack loop (not a test)
+	@$(PY) bench/consumer_bench.py
+
+bench: bench/sql bench/consumer ## All benchmarks
 
 clean: ## Remove the demo data folder (stops nothing but what it started)
 	@$(PY) -m pgoutbox.demo --stop 2>/dev/null || true

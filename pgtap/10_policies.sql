@@ -20,29 +20,41 @@ SELECT lives_ok(
     'a well-formed event is accepted'
 );
 SELECT is(
-    (SELECT subject FROM outbox.events WHERE aggregate_id = '42'),
+    (
+        SELECT subject FROM outbox.events
+        WHERE aggregate_id = '42'
+    ),
     'sea.event.order_created.v2', 'the subject is {context}.event.{event_type}.v{event_version}'
 );
 SELECT is(
-    (SELECT status || '/' || attempts FROM outbox.events WHERE aggregate_id = '42'),
+    (
+        SELECT status || '/' || attempts FROM outbox.events
+        WHERE aggregate_id = '42'
+    ),
     'PENDING/0', 'an emitted event is PENDING with no attempts'
 );
 SELECT outbox.emit('order', '43', 'created', '{"schema_version": 1}', context => 'sea') AS new_id \gset
 SELECT is(
-    (SELECT event_id FROM outbox.events WHERE aggregate_id = '43'),
+    (
+        SELECT event_id FROM outbox.events
+        WHERE aggregate_id = '43'
+    ),
     :'new_id'::uuid,
     'emit returns the event_id it stored'
 );
-SET LOCAL pgoutbox.context = 'vibespro';
+SELECT set_config('pgoutbox.context', 'vibespro', TRUE);
 SELECT lives_ok(
     $$SELECT outbox.emit('vibe', '7', 'vibe_created', '{"schema_version": 1}')$$,
     'the context may come from the pgoutbox.context setting'
 );
 SELECT is(
-    (SELECT subject FROM outbox.events WHERE aggregate_id = '7'),
+    (
+        SELECT subject FROM outbox.events
+        WHERE aggregate_id = '7'
+    ),
     'vibespro.event.vibe_created.v1', 'the setting''s context is used'
 );
-RESET pgoutbox.context;
+SELECT set_config('pgoutbox.context', '', TRUE);
 
 SELECT throws_ok(
     $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}')$$,

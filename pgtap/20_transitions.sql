@@ -48,28 +48,33 @@ SELECT lives_ok(
     'PROCESSING -> DEAD_LETTER'
 );
 SELECT fixture.event('DEAD_LETTER') AS dead_id \gset
-SET LOCAL pgoutbox.requeue_reason = 'fixed the subject mapping';
+SELECT set_config('pgoutbox.requeue_reason', 'fixed the subject mapping', TRUE);
 SELECT lives_ok(
     format($$UPDATE outbox.events SET status = 'PENDING', attempts = 0 WHERE event_id = %L$$, :'dead_id'),
     'DEAD_LETTER -> PENDING with a reason'
 );
-RESET pgoutbox.requeue_reason;
+SELECT set_config('pgoutbox.requeue_reason', '', TRUE);
 SELECT is(
-    (SELECT format('%s|%s|%s', reason, attempts_before, requeued_by = session_user)
-        FROM outbox.requeue_log WHERE event_id = :'dead_id'),
+    (
+        SELECT format('%s|%s|%s', reason, attempts_before, requeued_by = session_user)
+        FROM outbox.requeue_log
+        WHERE event_id = :'dead_id'
+    ),
     'fixed the subject mapping|1|t',
     'the requeue is audited with who, why and the attempts before'
 );
 
 -- Every other (from, to) pair.
-SELECT throws_ok(
-    format(
-        'UPDATE outbox.events SET status = %L, attempts = attempts + 1 WHERE event_id = %L',
-        t.to_status, fixture.event(t.from_status)
-    ),
-    'OB010', NULL, format('%s -> %s is refused', t.from_status, t.to_status)
-)
-FROM (VALUES
+SELECT
+    throws_ok(
+        format(
+            'UPDATE outbox.events SET status = %L, attempts = attempts + 1 WHERE event_id = %L',
+            t.to_status, fixture.event(t.from_status)
+        ),
+        'OB010', NULL, format('%s -> %s is refused', t.from_status, t.to_status)
+    )
+FROM (
+    VALUES
     ('PENDING', 'PENDING'), ('PENDING', 'COMPLETED'), ('PENDING', 'FAILED'),
     ('PENDING', 'DEAD_LETTER'),
     ('PROCESSING', 'PENDING'),
@@ -104,8 +109,10 @@ SELECT throws_ok(
 
 -- Immutability, deletion.
 SELECT throws_ok(
-    format($$UPDATE outbox.events SET payload = '{"schema_version": 2}' WHERE event_id = %L$$,
-        fixture.event('PENDING')),
+    format(
+        $$UPDATE outbox.events SET payload = '{"schema_version": 2}' WHERE event_id = %L$$,
+        fixture.event('PENDING')
+    ),
     'OB011', NULL, 'the payload cannot be rewritten'
 );
 SELECT throws_ok(

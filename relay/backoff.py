@@ -1,41 +1,85 @@
-"""Retry policy for failed publishes: exponential backoff with full jitter.
+"""Exponential backoff with bounded jitter, for the consumer's redelivery
+delays (nak) and the replay schedule of dead letters, and (RetryPolicy) the
+relay's publish retries.
 
-Full jitter (delay drawn uniformly from [0, min(cap, base * 2**(n-1))]) spreads
-the retries of a batch that failed together, so they do not come back as one
-burst; see "Exponential Backoff And Jitter" (AWS Architecture Blog, 2015).
-The database only records the decision (mark_failed's retry_at, NULL = give
-up); the policy itself is configuration of the relay.
+    delay(n) = uniform(1 - jitter, 1) * min(max_delay, base * 2 ** (n - 1))
+
+jitter = 0 gives the plain exponential; jitter = 1 is "full jitter" (0 to the
+ceiling). The default 0.5 keeps every delay at least half its ceiling, so a
+replay never fires right after the failure it follows, while replays of many
+messages dead-lettered together still spread out.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Backoff:
+    base: float
+    max_delay: float
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.base <= 0 or self.max_delay < self.base:
+            raise ValueError(f"need 0 < base <= max_delay, got base={self.base}, max_delay={self.max_delay}")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError(f"jitter must be between 0 and 1, got {self.jitter}")
+
+    def ceiling(self, attempt: int) -> float:
+        """The delay before jitter for attempt 1, 2, ...; capped at max_delay."""
+        if attempt < 1:
+            raise ValueError(f"attempts count from 1, got {attempt}")
+        # min() before the power would overflow for large attempts.
+        return min(self.max_delay, self.base * 2.0 ** min(attempt - 1, 1023))
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        ceiling = self.ceiling(attempt)
+        draw = (rng or random).random()
+        return ceiling * (1.0 - self.jitter * draw)
+
+
+def jitter_fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be between 0 and 1, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
 class RetryPolicy:
+    """The relay's retries of failed publishes: full jitter (a Backoff with
+    jitter 1: uniform in (0, min(cap, base * 2**(n-1))]) so that a batch that
+    failed together does not come back as one burst, and a cap on attempts.
+    The database only records the decision (mark_failed's retry_at, NULL =
+    dead-letter)."""
+
     base: float  # seconds; the ceiling of the first retry's delay
     cap: float  # seconds; no delay is longer
     max_attempts: int  # publish attempts (claims) before DEAD_LETTER
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.base, self.cap, jitter=1.0)
+
     def ceiling(self, attempts: int) -> float:
-        """The longest delay after the attempts-th failed attempt (1-based)."""
-        exponent = min(max(attempts, 1) - 1, 62)  # 2**62 * base is past any cap
-        return min(self.cap, self.base * 2.0**exponent)
+        return self.backoff.ceiling(max(attempts, 1))
 
     def delay(self, attempts: int) -> float | None:
-        """Seconds until the next attempt, or None when the event should be dead-lettered."""
+        """Seconds until the next attempt after `attempts` failed ones, or None: give up."""
         if attempts >= self.max_attempts:
             return None
-        return self.rng.uniform(0.0, self.ceiling(attempts))
+        return self.backoff.delay(max(attempts, 1), self.rng)
 
 
-def reconnect_delays(base: float = 0.1, cap: float = 5.0):
-    """Endless delays for reconnecting to a server: doubling, capped, full jitter."""
-    policy = RetryPolicy(base, cap, max_attempts=1 << 62)
+def reconnect_delays(base: float = 0.1, cap: float = 5.0) -> Iterator[float]:
+    """Endless pauses between attempts to reach a server: doubling, capped, full jitter."""
+    backoff = Backoff(base, cap, jitter=1.0)
     attempt = 0
     while True:
         attempt += 1
-        yield policy.delay(attempt)
+        yield backoff.delay(attempt)

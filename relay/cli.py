@@ -20,6 +20,11 @@ COMMAND_MODULES = (
     "pgoutbox.commands.status",
     "pgoutbox.commands.requeue",
     "pgoutbox.commands.partitions",
+    "pgoutbox.commands.consume",
+    "pgoutbox.commands.replay",
+    "pgoutbox.commands.redrive",
+    "pgoutbox.commands.replay_switch",
+    "pgoutbox.commands.registry",
     "pgoutbox.commands.settings",
 )
 

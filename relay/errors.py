@@ -29,6 +29,8 @@ class SqlState(enum.StrEnum):
     NOT_DEAD_LETTER = "OB015"
     INVALID_MESSAGE = "OB020"
     UNKNOWN_MESSAGE = "OB021"
+    MESSAGE_NOT_DEAD_LETTER = "OB030"
+    MESSAGE_NOT_REPLAYABLE = "OB031"
     MIGRATION_OUT_OF_ORDER = "OB090"
     DATA_WOULD_BE_LOST = "OB091"
 
@@ -64,6 +66,10 @@ class UnknownMessage(PgOutboxError):
     """No inbox row for this message and handler."""
 
 
+class NotRedrivable(PgOutboxError):
+    """Only dead-lettered inbox messages with a stored envelope can be redriven."""
+
+
 class MigrationError(PgOutboxError):
     """The schema cannot be migrated as asked."""
 
@@ -95,6 +101,8 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.REASON_REQUIRED: PolicyViolation,
     SqlState.NOT_DEAD_LETTER: NotDeadLetter,
     SqlState.UNKNOWN_MESSAGE: UnknownMessage,
+    SqlState.MESSAGE_NOT_DEAD_LETTER: NotRedrivable,
+    SqlState.MESSAGE_NOT_REPLAYABLE: NotRedrivable,
     SqlState.MIGRATION_OUT_OF_ORDER: MigrationError,
     SqlState.DATA_WOULD_BE_LOST: MigrationError,
 }

@@ -60,7 +60,11 @@ COMMENT ON FUNCTION outbox.emit(
 --     its key is unfinished (not COMPLETED), so at most one event per key is
 --     in flight and a FAILED or DEAD_LETTER event holds its successors back;
 --   * the UPDATE moves the locked rows to PROCESSING and RETURNING hands them
---     out, with no window in which another claimer could see them as due.
+--     out, with no window in which another claimer could see them as due;
+--   * plans are generic (planned once per session): planning an UPDATE over
+--     every partition costs more than executing it. The locked keys reach
+--     the UPDATE as arrays (= ANY) so that the generic plan probes the
+--     primary key instead of hash-joining the whole table.
 CREATE OR REPLACE FUNCTION outbox.claim(
     worker text,
     batch_size integer,
@@ -70,6 +74,7 @@ RETURNS SETOF outbox.events
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
 AS $$
 DECLARE
     token uuid := gen_random_uuid();
@@ -112,8 +117,8 @@ BEGIN
         claimed_by = worker,
         claim_token = token,
         available_at = now() + lease
-    FROM candidates AS c
-    WHERE e.id = c.id AND e.created_at = c.created_at
+    WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
+        AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
     RETURNING e.*;
 END;
 $$;
@@ -131,6 +136,7 @@ RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
 AS $$
 DECLARE
     marked integer;
@@ -165,6 +171,7 @@ RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
 AS $$
 DECLARE
     marked integer;

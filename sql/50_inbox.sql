@@ -126,6 +126,26 @@ $$;
 COMMENT ON FUNCTION inbox.receive(uuid, text, text, jsonb) IS
 'Records a delivery (first or repeated) and returns the inbox row; process only RECEIVED/FAILED.';
 
+-- Why a guarded inbox move matched no row: unknown message, or wrong state.
+CREATE OR REPLACE FUNCTION inbox._refuse_move(message_id uuid, handler text, target text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    current_status text;
+BEGIN
+    SELECT m.status INTO current_status FROM inbox.messages AS m
+    WHERE m.message_id = _refuse_move.message_id AND m.handler = _refuse_move.handler;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
+            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+    END IF;
+    RAISE EXCEPTION 'ILLEGAL_TRANSITION: message % for handler % cannot move from % to %', message_id, handler, current_status, target
+        USING ERRCODE = 'OB010';
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION inbox.mark_processed(message_id uuid, handler text)
 RETURNS inbox.messages
 LANGUAGE plpgsql
@@ -138,10 +158,10 @@ BEGIN
     UPDATE inbox.messages AS m
     SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL
     WHERE m.message_id = mark_processed.message_id AND m.handler = mark_processed.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
     RETURNING * INTO row;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
-            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+        PERFORM inbox._refuse_move(message_id, handler, 'PROCESSED');
     END IF;
     RETURN row;
 END;
@@ -151,11 +171,17 @@ COMMENT ON FUNCTION inbox.mark_processed(uuid, text) IS
 
 -- Records a handler failure: FAILED (transient, will be redelivered) or,
 -- with dead => true, DEAD_LETTER (poison, or the last allowed delivery).
+-- A dead letter gets its replay bookkeeping in dlq_metadata (keys listed in
+-- sql/60_inbox_replay.sql): replay_after schedules the next automated replay
+-- from now; NULL parks the row (replay off for the handler, or cap reached)
+-- until an operator redrives it. The retry policy (backoff, jitter, cap) is
+-- the consumer's configuration; the database only records its decision.
 CREATE OR REPLACE FUNCTION inbox.record_error(
     message_id uuid,
     handler text,
     error text,
-    dead boolean DEFAULT FALSE
+    dead boolean DEFAULT FALSE,
+    replay_after interval DEFAULT NULL
 )
 RETURNS inbox.messages
 LANGUAGE plpgsql
@@ -168,20 +194,32 @@ BEGIN
     IF nullif(btrim(error), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
     END IF;
+    IF replay_after IS NOT NULL AND (NOT dead OR replay_after < interval '0') THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: replay_after needs dead => true and a non-negative interval, got %', replay_after
+            USING ERRCODE = 'OB006';
+    END IF;
     UPDATE inbox.messages AS m
     SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
-        last_error = record_error.error
+        last_error = record_error.error,
+        dlq_metadata = CASE WHEN NOT dead THEN m.dlq_metadata ELSE
+            m.dlq_metadata || jsonb_build_object(
+                'dead_lettered_at', now(),
+                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0) + 1,
+                'replay_attempts', coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
+                'next_replay_at', now() + replay_after
+            )
+        END
     WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
     RETURNING * INTO row;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
-            USING ERRCODE = 'OB021', HINT = 'Call inbox.receive() first.';
+        PERFORM inbox._refuse_move(message_id, handler, CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END);
     END IF;
     RETURN row;
 END;
 $$;
-COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean) IS
-'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true.';
+COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
+'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
 
 -- QRY-051: unprocessed messages per context and handler.
 CREATE OR REPLACE FUNCTION inbox.backlog(context text DEFAULT NULL)

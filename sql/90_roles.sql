@@ -35,23 +35,26 @@ TO pgoutbox_relay;
 GRANT EXECUTE ON FUNCTION
 inbox.receive(uuid, text, text, jsonb),
 inbox.mark_processed(uuid, text),
-inbox.record_error(uuid, text, text, boolean)
+inbox.record_error(uuid, text, text, boolean, interval),
+inbox.claim_replays(text, integer)
 TO pgoutbox_consumer;
 
 GRANT EXECUTE ON FUNCTION
 outbox.requeue(uuid[], text),
-outbox.create_partitions(integer, date)
+outbox.create_partitions(integer, date),
+inbox.redrive(text, uuid[], text),
+inbox.set_replay(text, boolean, text)
 TO pgoutbox_admin;
 
 -- Read-only functions every worker uses for health and start-up checks; the
 -- relay keeps partitions created ahead as part of its housekeeping.
 GRANT EXECUTE ON FUNCTION
 outbox.schema_version(), outbox.backlog(text), outbox.dead_letters(text, integer),
-inbox.backlog(text)
+inbox.backlog(text), inbox.dead_letters(text, integer)
 TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
 GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_relay;
 
 -- Named tables, not ALL TABLES: partitions are read through their parent,
 -- and a re-run must not widen grants to partitions created since.
 GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations,
-outbox.wakeups, inbox.messages TO pgoutbox_admin;
+outbox.wakeups, inbox.messages, inbox.replay_switches, inbox.redrive_log TO pgoutbox_admin;

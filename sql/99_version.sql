@@ -3,5 +3,8 @@
 INSERT INTO outbox.schema_migrations (version, name)
 VALUES (1, '0001_initial')
 ON CONFLICT (version) DO NOTHING;
+INSERT INTO outbox.schema_migrations (version, name)
+VALUES (2, '0002_inbox_replay')
+ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

@@ -70,25 +70,51 @@ def test_migration_files_are_properly_named():
 
 
 def test_up_down_up_round_trip(empty_database_url):
+    """Every step down restores the catalog of the version below, and every
+    step up after that rebuilds the same catalog again."""
+    found = m.discover()
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        assert m.migrate(conn) == ["up 0001_initial"]
-        first = catalog(empty_database_url)
-        assert m.migrate(conn, target=0) == ["down 0001_initial"]
+        catalogs = {}
+        for x in found:
+            assert m.migrate(conn, target=x.version) == [f"up {x.name}"]
+            catalogs[x.version] = catalog(empty_database_url)
+        for x in reversed(found):
+            assert m.migrate(conn, target=x.version - 1) == [f"down {x.name}"]
+            if x.version > 1:
+                assert catalog(empty_database_url) == catalogs[x.version - 1], f"down {x.name}"
         assert conn.execute("SELECT to_regnamespace('outbox')").fetchone()[0] is None
-        assert m.migrate(conn) == ["up 0001_initial"]
-    assert catalog(empty_database_url) == first
+        assert m.migrate(conn) == [f"up {x.name}" for x in found]
+    assert catalog(empty_database_url) == catalogs[found[-1].version]
 
 
-def test_rerunning_a_migration_file_changes_nothing(database_url):
-    before = catalog(database_url)
-    up = m.discover()[0].up
-    for _ in range(3):
-        subprocess.run(
-            [str(PG_BIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", database_url, "-f", str(up)],
-            check=True, capture_output=True,
-        )
-    assert catalog(database_url) == before
-    assert versions(database_url) == [(1, "0001_initial")]
+def test_rerunning_a_migration_file_changes_nothing(empty_database_url):
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        for x in m.discover():
+            m.migrate(conn, target=x.version)
+            before = catalog(empty_database_url)
+            for _ in range(3):
+                subprocess.run(
+                    [str(PG_BIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", empty_database_url,
+                     "-f", str(x.up)],
+                    check=True, capture_output=True,
+                )
+            assert catalog(empty_database_url) == before, x.name
+            assert versions(empty_database_url)[-1] == (x.version, x.name)
+
+
+def test_a_migration_refuses_a_schema_it_does_not_follow(empty_database_url):
+    """0001 refuses to run over a newer schema; a later migration refuses to
+    run without its predecessor."""
+    found = m.discover()
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        for x in found[1:]:
+            with pytest.raises(MigrationError) as info:
+                m._run_file(conn, x.up)
+            assert info.value.code == SqlState.MIGRATION_OUT_OF_ORDER, x.name
+        m.migrate(conn)
+        with pytest.raises(MigrationError) as info:
+            m._run_file(conn, found[0].up)
+        assert info.value.code == SqlState.MIGRATION_OUT_OF_ORDER
 
 
 def test_two_migrations_at_once_are_serialised(empty_database_url):
@@ -107,7 +133,7 @@ def test_two_migrations_at_once_are_serialised(empty_database_url):
     for t in threads:
         t.join()
     assert errors == []
-    assert versions(empty_database_url) == [(1, "0001_initial")]
+    assert versions(empty_database_url) == [(x.version, x.name) for x in m.discover()]
 
 
 def test_down_refuses_to_lose_data(database_url):
@@ -117,3 +143,12 @@ def test_down_refuses_to_lose_data(database_url):
             m.migrate(conn, target=0)
         assert info.value.code == SqlState.DATA_WOULD_BE_LOST
         assert m.applied_version(conn) == 1
+
+
+def test_0002_down_refuses_to_lose_the_redrive_audit(database_url):
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT inbox.set_replay('billing', false, 'incident 7')")
+        with pytest.raises(MigrationError) as info:
+            m.migrate(conn, target=1)
+        assert info.value.code == SqlState.DATA_WOULD_BE_LOST
+        assert m.applied_version(conn) == 2

@@ -1,0 +1,98 @@
+"""An in-database handler, runnable: it keeps a running total of orders per
+customer in `shop.order_totals`, and records each event in the inbox in the
+SAME transaction as that business change (seed 002: logical exactly-once).
+A duplicate delivery, whenever it comes, changes nothing.
+
+    OUTBOX_DATABASE_URL=postgresql://... OUTBOX_NATS_URL=nats://... \\
+        python examples/in_database_handler.py [--idle-exit SECONDS]
+
+It reads `sea.event.order_created.v1` from the SEA_EVENTS stream through its
+own durable `order_totals`, and prints one JSON line per delivery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+import nats
+import nats.errors
+import psycopg
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from pgoutbox import envelope as wire
+from pgoutbox.in_database import handle_in_transaction
+
+HANDLER = "order_totals"
+STREAM, SUBJECT = "SEA_EVENTS", "sea.event.order_created.v1"
+MAX_DELIVER, RETRY_DELAY = 3, 0.2
+
+SETUP = """
+CREATE SCHEMA IF NOT EXISTS shop;
+CREATE TABLE IF NOT EXISTS shop.order_totals (
+    customer text PRIMARY KEY,
+    total numeric NOT NULL,
+    orders integer NOT NULL
+);
+"""
+
+
+async def add_order(conn: psycopg.AsyncConnection, envelope: dict) -> None:
+    """The business change. A negative total is a business error: nothing of
+    this delivery is kept, neither the total nor the inbox marker."""
+    payload = envelope["payload"]
+    await conn.execute(
+        """INSERT INTO shop.order_totals AS t (customer, total, orders) VALUES (%s, %s, 1)
+           ON CONFLICT (customer) DO UPDATE SET total = t.total + excluded.total, orders = t.orders + 1""",
+        (payload["customer"], payload["total"]),
+    )
+    if payload["total"] < 0:
+        raise ValueError(f"negative order total {payload['total']}")
+
+
+async def main(idle_exit: float | None) -> int:
+    conn = await psycopg.AsyncConnection.connect(os.environ.get("OUTBOX_DATABASE_URL", ""), autocommit=True)
+    await conn.execute(SETUP)
+    nc = await nats.connect(os.environ.get("OUTBOX_NATS_URL", "nats://127.0.0.1:4222"))
+    js = nc.jetstream()
+    await js.add_consumer(STREAM, ConsumerConfig(
+        durable_name=HANDLER, ack_policy=AckPolicy.EXPLICIT, filter_subject=SUBJECT,
+        max_deliver=MAX_DELIVER, ack_wait=30,
+    ))
+    sub = await js.pull_subscribe_bind(HANDLER, STREAM)
+    idle = 0.0
+    while idle_exit is None or idle < idle_exit:
+        try:
+            msgs = await sub.fetch(10, timeout=0.5)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            idle += 0.5
+            continue
+        idle = 0.0
+        for msg in msgs:
+            envelope = wire.from_nats(msg.subject, msg.data, msg.headers)
+            delivery = msg.metadata.num_delivered
+            try:
+                outcome = await handle_in_transaction(
+                    conn, HANDLER, envelope, add_order, last_delivery=delivery >= MAX_DELIVER
+                )
+                await msg.ack()  # only after the commit
+            except (ValueError, psycopg.Error) as exc:
+                outcome = f"failed: {exc}"
+                if delivery >= MAX_DELIVER:
+                    await msg.ack()  # dead-lettered in the inbox: inbox.dead_letters() lists it
+                else:
+                    await msg.nak(delay=RETRY_DELAY)
+            print(json.dumps({"message_id": envelope["message_id"], "delivery": delivery, "outcome": outcome}),
+                  flush=True)
+    await nc.close()
+    await conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--idle-exit", type=float, help="exit after this many seconds without messages")
+    sys.exit(asyncio.run(main(parser.parse_args().idle_exit)))

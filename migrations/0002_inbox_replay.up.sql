@@ -1,0 +1,386 @@
+-- 0002_inbox_replay (up): replay of dead-lettered inbox messages (REQ-059),
+-- the per-handler replay switch and audited operator redrive.
+--
+--   * inbox.record_error gains replay_after (the next automated replay of a
+--     dead letter), so its 4-argument form is replaced by a 5-argument one;
+--     callers passing 3 or 4 arguments are unaffected;
+--   * new: inbox.replay_switches, inbox.redrive_log, messages_dead_letter_idx,
+--     inbox.claim_replays, inbox.redrive, inbox.set_replay, inbox.dead_letters.
+--
+-- Apply with `pgoutbox migrate`, or `psql -v ON_ERROR_STOP=1 -f` this file.
+-- Safe to re-run and to run twice at once (one transaction, advisory lock,
+-- idempotent DDL). Refuses to run unless the schema is at version 1 or 2.
+
+BEGIN;
+
+SELECT pg_advisory_xact_lock(hashtextextended('pgoutbox.migrate', 0));
+
+DO $$
+BEGIN
+    -- Nested IFs: plpgsql plans each condition only when it reaches it.
+    IF to_regclass('outbox.schema_migrations') IS NULL THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0002 needs 0001 applied first'
+            USING ERRCODE = 'OB090';
+    END IF;
+    IF (SELECT coalesce(max(version), 0) FROM outbox.schema_migrations) NOT IN (1, 2) THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0002 applies over version 1 (or re-runs over 2) only'
+            USING ERRCODE = 'OB090';
+    END IF;
+END;
+$$;
+
+-- The 4-argument form is replaced, not overloaded: two record_error
+-- functions would make a 4-argument call ambiguous.
+DROP FUNCTION IF EXISTS inbox.record_error(uuid, text, text, boolean);
+
+-- ---- from sql/50_inbox.sql (as of this migration) ----
+-- Records a handler failure: FAILED (transient, will be redelivered) or,
+-- with dead => true, DEAD_LETTER (poison, or the last allowed delivery).
+-- A dead letter gets its replay bookkeeping in dlq_metadata (keys listed in
+-- sql/60_inbox_replay.sql): replay_after schedules the next automated replay
+-- from now; NULL parks the row (replay off for the handler, or cap reached)
+-- until an operator redrives it. The retry policy (backoff, jitter, cap) is
+-- the consumer's configuration; the database only records its decision.
+CREATE OR REPLACE FUNCTION inbox.record_error(
+    message_id uuid,
+    handler text,
+    error text,
+    dead boolean DEFAULT FALSE,
+    replay_after interval DEFAULT NULL
+)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    IF replay_after IS NOT NULL AND (NOT dead OR replay_after < interval '0') THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: replay_after needs dead => true and a non-negative interval, got %', replay_after
+            USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE inbox.messages AS m
+    SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
+        last_error = record_error.error,
+        dlq_metadata = CASE WHEN NOT dead THEN m.dlq_metadata ELSE
+            m.dlq_metadata || jsonb_build_object(
+                'dead_lettered_at', now(),
+                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0) + 1,
+                'replay_attempts', coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
+                'next_replay_at', now() + replay_after
+            )
+        END
+    WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_move(message_id, handler, CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END);
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
+'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
+
+-- ---- from sql/60_inbox_replay.sql (as of this migration) ----
+-- Replay of dead-lettered inbox messages (REQ-059) and operator redrive.
+--
+-- A DEAD_LETTER row is parked, not lost: its stored envelope can be
+-- re-published to the handler. Automated replay is on by default with a small
+-- cap (the consumer schedules it through inbox.record_error(..., replay_after))
+-- and can be switched off per handler here; an operator redrive, with a
+-- recorded reason, is always possible (seed 001 asks for analysis before a
+-- redrive, seed 003 for automated replay: both hold).
+--
+-- dlq_metadata keys (written only by record_error and the functions below):
+--   dead_lettered_at   when the row last turned DEAD_LETTER
+--   dead_letters       how many times it turned DEAD_LETTER
+--   replay_attempts    automated replays so far (the cap counts these)
+--   next_replay_at     when the replayer may take it; null = parked
+--   redrive_requested  true from inbox.redrive() until the replayer takes it
+--   redrives           operator redrives so far
+--   last_replay_at, last_replay_by   the last re-publication and its worker
+
+-- The operators' runtime switch. No row means automated replay is on.
+CREATE TABLE IF NOT EXISTS inbox.replay_switches (
+    handler text PRIMARY KEY,
+    enabled boolean NOT NULL,
+    changed_at timestamptz NOT NULL DEFAULT now(),
+    changed_by text NOT NULL DEFAULT session_user,
+    reason text NOT NULL,
+    CONSTRAINT handler_is_named CHECK (handler ~ '^[A-Za-z0-9_.-]{1,128}$'),
+    CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
+);
+COMMENT ON TABLE inbox.replay_switches IS
+'Automated replay per handler (no row: on); changed through inbox.set_replay() with a reason.';
+
+-- Audit of operator redrives. No foreign key: inbox rows may leave by
+-- audited archival while their redrive history stays.
+CREATE TABLE IF NOT EXISTS inbox.redrive_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id uuid NOT NULL,
+    handler text NOT NULL,
+    redriven_at timestamptz NOT NULL DEFAULT now(),
+    redriven_by text NOT NULL,
+    reason text NOT NULL,
+    replay_attempts_before integer NOT NULL,
+    last_error text,
+    CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
+);
+COMMENT ON TABLE inbox.redrive_log IS
+'Who redrove which dead-lettered message, when and why (inbox.redrive()).';
+
+-- Dead letters are rare (PRD-022 aims below 0.1%): a partial index keeps the
+-- replayer's scan proportional to them, not to the inbox.
+CREATE INDEX IF NOT EXISTS messages_dead_letter_idx ON inbox.messages (handler)
+WHERE status = 'DEAD_LETTER';
+
+-- Takes up to batch_size dead letters whose replay is due and moves them back
+-- to RECEIVED, counting the replay in dlq_metadata. The caller keeps its
+-- transaction open until the replay messages are published, then commits:
+--   * the consumer's inbox.receive() for a replayed message waits on these
+--     row locks until the commit, so it cannot see the row still DEAD_LETTER
+--     (and skip it as parked) by racing ahead of the commit;
+--   * a replayer that dies before committing leaves the rows DEAD_LETTER and
+--     due; whatever it had published is skipped as parked, and the next pass
+--     publishes again (under new message ids, so JetStream does not drop it).
+-- One statement: candidates are locked FOR UPDATE SKIP LOCKED in due order,
+-- so two replayers walk past each other; messages_dead_letter_idx serves the
+-- scan. A row is due when next_replay_at has passed and either an operator
+-- asked for a redrive or automated replay is not switched off for its
+-- handler. Rows without a stored envelope cannot be re-published.
+CREATE OR REPLACE FUNCTION inbox.claim_replays(
+    worker text,
+    batch_size integer
+)
+RETURNS SETOF inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF nullif(btrim(worker), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: worker must be named' USING ERRCODE = 'OB006';
+    END IF;
+    IF batch_size IS NULL OR batch_size < 1 OR batch_size > 10000 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: batch_size must be between 1 and 10000, got %', batch_size
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT
+            m.message_id,
+            m.handler,
+            coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE) AS redrive
+        FROM inbox.messages AS m
+        WHERE m.status = 'DEAD_LETTER'
+            AND m.envelope IS NOT NULL
+            AND (m.dlq_metadata ->> 'next_replay_at')::timestamptz <= now()
+            AND (
+                coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
+                OR NOT EXISTS (
+                    SELECT 1
+                    FROM inbox.replay_switches AS s
+                    WHERE s.handler = m.handler AND NOT s.enabled
+                )
+            )
+        ORDER BY (m.dlq_metadata ->> 'next_replay_at')::timestamptz, m.message_id
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE inbox.messages AS m
+    SET status = 'RECEIVED',
+        dlq_metadata = m.dlq_metadata || jsonb_build_object(
+            CASE WHEN c.redrive THEN 'redrives' ELSE 'replay_attempts' END,
+            coalesce(
+                (m.dlq_metadata ->> CASE WHEN c.redrive THEN 'redrives' ELSE 'replay_attempts' END)::integer,
+                0
+            ) + 1,
+            'next_replay_at', NULL,
+            'redrive_requested', FALSE,
+            'last_replay_at', now(),
+            'last_replay_by', worker
+        )
+    FROM candidates AS c
+    WHERE m.message_id = c.message_id AND m.handler = c.handler
+    RETURNING m.*;
+END;
+$$;
+COMMENT ON FUNCTION inbox.claim_replays(text, integer) IS
+'DEAD_LETTER -> RECEIVED for due replays and redrives; commit only after re-publishing them.';
+
+-- Operator redrive: the given dead letters of handler (all of them when
+-- message_ids is NULL) become due now, whatever the replay switch and cap
+-- say; the replayer re-publishes them. All or nothing, with a reason,
+-- written to inbox.redrive_log.
+CREATE OR REPLACE FUNCTION inbox.redrive(
+    handler text,
+    message_ids uuid[],
+    reason text
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad uuid [];
+    moved integer;
+BEGIN
+    IF nullif(btrim(reason), '') IS NULL THEN
+        RAISE EXCEPTION 'REASON_REQUIRED: a redrive needs a reason' USING ERRCODE = 'OB014';
+    END IF;
+    IF nullif(btrim(handler), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: handler must be named' USING ERRCODE = 'OB006';
+    END IF;
+    -- Lock first, so that the checks below still hold when the rows move.
+    PERFORM 1 FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids))
+    FOR UPDATE;
+    SELECT array_agg(x.id) INTO bad
+    FROM unnest(message_ids) AS x (id)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM inbox.messages AS m
+        WHERE m.message_id = x.id AND m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+    );
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'MESSAGE_NOT_DEAD_LETTER: % of the given messages are unknown or not DEAD_LETTER for handler %', cardinality(bad), handler
+            USING ERRCODE = 'OB030', DETAIL = array_to_string(bad, ', ');
+    END IF;
+    SELECT array_agg(m.message_id) INTO bad
+    FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler AND m.status = 'DEAD_LETTER' AND m.envelope IS NULL
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'MESSAGE_NOT_REPLAYABLE: % of the messages have no stored envelope to re-publish', cardinality(bad)
+            USING ERRCODE = 'OB031', DETAIL = array_to_string(bad, ', '),
+                  HINT = 'Rows written by in-database handlers are redriven by their own application.';
+    END IF;
+    WITH marked AS (
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata
+            || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+        WHERE m.handler = redrive.handler
+            AND m.status = 'DEAD_LETTER'
+            AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids))
+        RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+    )
+    INSERT INTO inbox.redrive_log (
+        message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+    )
+    SELECT
+        k.message_id, k.handler, session_user, redrive.reason,
+        coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+    FROM marked AS k;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END;
+$$;
+COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
+'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
+
+-- Switches automated replay of a handler's dead letters on or off (no row:
+-- on). Operator redrives are not affected.
+CREATE OR REPLACE FUNCTION inbox.set_replay(
+    handler text,
+    enabled boolean,
+    reason text
+)
+RETURNS inbox.replay_switches
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.replay_switches;
+BEGIN
+    IF nullif(btrim(reason), '') IS NULL THEN
+        RAISE EXCEPTION 'REASON_REQUIRED: switching replay needs a reason' USING ERRCODE = 'OB014';
+    END IF;
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' OR enabled IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a handler name ([A-Za-z0-9_.-], 1-128 chars) and on/off are required'
+            USING ERRCODE = 'OB006';
+    END IF;
+    INSERT INTO inbox.replay_switches AS s (handler, enabled, changed_by, reason)
+    VALUES (set_replay.handler, set_replay.enabled, session_user, set_replay.reason)
+    ON CONFLICT ON CONSTRAINT replay_switches_pkey DO UPDATE
+    SET enabled = excluded.enabled, changed_at = now(), changed_by = excluded.changed_by,
+        reason = excluded.reason
+    RETURNING * INTO row;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_replay(text, boolean, text) IS
+'Automated replay on/off for one handler, with who and why.';
+
+-- Dead letters (newest first) with their replay state, for operators.
+CREATE OR REPLACE FUNCTION inbox.dead_letters(
+    handler text DEFAULT NULL,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    message_id uuid,
+    handler text,
+    subject text,
+    attempts integer,
+    last_error text,
+    dead_lettered_at timestamptz,
+    replay_attempts integer,
+    redrives integer,
+    next_replay_at timestamptz,
+    replay_enabled boolean
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT
+        m.message_id,
+        m.handler,
+        m.subject,
+        m.attempts,
+        m.last_error,
+        (m.dlq_metadata ->> 'dead_lettered_at')::timestamptz,
+        coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
+        coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
+        (m.dlq_metadata ->> 'next_replay_at')::timestamptz,
+        coalesce(s.enabled, TRUE)
+    FROM inbox.messages AS m
+    LEFT JOIN inbox.replay_switches AS s ON s.handler = m.handler
+    WHERE m.status = 'DEAD_LETTER'
+        AND (dead_letters.handler IS NULL OR m.handler = dead_letters.handler)
+    ORDER BY (m.dlq_metadata ->> 'dead_lettered_at')::timestamptz DESC NULLS LAST, m.message_id
+    LIMIT dead_letters.max_rows;
+$$;
+COMMENT ON FUNCTION inbox.dead_letters(text, integer) IS
+'Dead-lettered inbox messages with their replay state; redrive them with inbox.redrive().';
+
+-- ---- from sql/90_roles.sql (as of this migration) ----
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA outbox, inbox FROM public;
+
+GRANT EXECUTE ON FUNCTION
+inbox.record_error(uuid, text, text, boolean, interval),
+inbox.claim_replays(text, integer)
+TO pgoutbox_consumer;
+
+GRANT EXECUTE ON FUNCTION
+inbox.redrive(text, uuid[], text),
+inbox.set_replay(text, boolean, text)
+TO pgoutbox_admin;
+
+GRANT EXECUTE ON FUNCTION inbox.dead_letters(text, integer)
+TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
+
+GRANT SELECT ON inbox.replay_switches, inbox.redrive_log TO pgoutbox_admin;
+
+-- ---- from sql/99_version.sql (as of this migration) ----
+INSERT INTO outbox.schema_migrations (version, name)
+VALUES (2, '0002_inbox_replay')
+ON CONFLICT (version) DO NOTHING;
+
+COMMIT;

@@ -1,0 +1,97 @@
+-- Roles and privileges, checked by switching roles inside the transaction.
+-- Scenarios:
+--   * nothing in outbox/inbox is granted to PUBLIC; every API function is
+--     SECURITY DEFINER with a pinned search_path
+--   * writer: may emit, nothing else (no claim, no table access)
+--   * relay: may claim and mark, not emit, not requeue, not read tables
+--   * consumer: may use the inbox functions, not the outbox ones
+--   * admin: may requeue, create partitions and read, but never write tables
+--   * nobody may DELETE from outbox.events
+\set ON_ERROR_STOP true
+BEGIN;
+SELECT plan(22);
+
+CREATE ROLE t_writer IN ROLE pgoutbox_writer;
+CREATE ROLE t_relay IN ROLE pgoutbox_relay;
+CREATE ROLE t_consumer IN ROLE pgoutbox_consumer;
+CREATE ROLE t_admin IN ROLE pgoutbox_admin;
+CREATE ROLE t_stranger;
+
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure FROM pg_proc AS p
+      WHERE p.pronamespace IN ('outbox'::regnamespace, 'inbox'::regnamespace)
+        AND has_function_privilege('t_stranger', p.oid, 'EXECUTE')$$,
+    'PUBLIC can execute no pgoutbox function'
+);
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure FROM pg_proc AS p
+      WHERE p.pronamespace IN ('outbox'::regnamespace, 'inbox'::regnamespace)
+        AND p.prorettype <> 'trigger'::regtype
+        AND (p.prosecdef IS NOT TRUE OR NOT p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'])
+        AND p.proname !~ '^_' AND p.proname <> 'notify_throttle'$$,
+    'every API function (private helpers start with _) is SECURITY DEFINER with a pinned search_path'
+);
+SELECT ok(
+    NOT has_schema_privilege('t_stranger', 'outbox', 'USAGE')
+    AND NOT has_schema_privilege('t_stranger', 'inbox', 'USAGE'),
+    'PUBLIC has no usage on the schemas'
+);
+SELECT is_empty(
+    $$SELECT r.rolname FROM pg_roles AS r
+      WHERE r.rolname IN ('t_writer', 't_relay', 't_consumer', 't_admin')
+        AND has_table_privilege(r.rolname, 'outbox.events', 'DELETE')$$,
+    'no pgoutbox role may DELETE from outbox.events'
+);
+
+SET LOCAL ROLE t_writer;
+SELECT lives_ok(
+    $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', context => 'sea')$$,
+    'writer: may emit'
+);
+SELECT throws_ok($$SELECT * FROM outbox.claim('w', 1, '1 minute')$$, '42501', NULL, 'writer: may not claim');
+SELECT throws_ok($$SELECT * FROM outbox.events$$, '42501', NULL, 'writer: may not read the table');
+SELECT throws_ok(
+    $$INSERT INTO outbox.events (context, aggregate_type, aggregate_id, event_type, payload)
+      VALUES ('sea', 'o', '1', 'created', '{"schema_version": 1}')$$,
+    '42501', NULL, 'writer: may not insert around emit'
+);
+RESET ROLE;
+
+SET LOCAL ROLE t_relay;
+SELECT lives_ok($$SELECT * FROM outbox.claim('w', 10, '1 minute')$$, 'relay: may claim');
+SELECT lives_ok($$SELECT outbox.mark_published(gen_random_uuid(), ARRAY[]::uuid[])$$, 'relay: may mark');
+SELECT lives_ok($$SELECT * FROM outbox.backlog()$$, 'relay: may read the backlog');
+SELECT throws_ok(
+    $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', context => 'sea')$$,
+    '42501', NULL, 'relay: may not emit'
+);
+SELECT throws_ok($$SELECT outbox.requeue(ARRAY[]::uuid[], 'x')$$, '42501', NULL, 'relay: may not requeue');
+SELECT throws_ok(
+    $$UPDATE outbox.events SET status = 'COMPLETED'$$, '42501', NULL, 'relay: may not update the table directly'
+);
+RESET ROLE;
+
+SET LOCAL ROLE t_consumer;
+SELECT lives_ok(
+    $$SELECT inbox.receive(gen_random_uuid(), 'billing', 'sea.event.created.v1')$$, 'consumer: may receive'
+);
+SELECT throws_ok($$SELECT * FROM outbox.claim('w', 1, '1 minute')$$, '42501', NULL, 'consumer: may not claim');
+SELECT throws_ok($$SELECT * FROM inbox.messages$$, '42501', NULL, 'consumer: may not read the table directly');
+RESET ROLE;
+
+SET LOCAL ROLE t_admin;
+SELECT lives_ok($$SELECT * FROM outbox.events$$, 'admin: may read events');
+SELECT lives_ok($$SELECT * FROM outbox.create_partitions(1)$$, 'admin: may create partitions');
+SELECT throws_ok(
+    $$SELECT outbox.requeue(ARRAY[gen_random_uuid()], 'x')$$, 'OB015', NULL,
+    'admin: may requeue (refused here only because the event is not dead)'
+);
+SELECT throws_ok($$DELETE FROM outbox.events$$, '42501', NULL, 'admin: may not DELETE');
+SELECT throws_ok(
+    $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', context => 'sea')$$,
+    '42501', NULL, 'admin: may not emit'
+);
+RESET ROLE;
+
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,212 @@
+"""What happens to one delivered message (DESIGN §3, REQ-051..053, 058):
+
+  1. build the envelope from the NATS message alone (message_id =
+     Nats-Msg-Id); unreadable -> DLQ notice with the raw message, ack;
+  2. inbox.receive() first, committed before anything else happens:
+     PROCESSED -> ack, handler not called (duplicate);
+     DEAD_LETTER -> ack (parked; its notice is already in the DLQ);
+  3. POST the envelope to the handler, sending in-progress acks meanwhile
+     so that a long handler does not outlive ack_wait;
+  4. act on the answer (handler_contract):
+     processed   -> inbox.mark_processed, then ack;
+     dead letter -> DLQ notice, then inbox.record_error(dead, replay_after),
+                    then ack. The notice comes first: a DEAD_LETTER row always
+                    has its notice, and a crash in between only repeats the
+                    notice, which JetStream deduplicates;
+     retry       -> inbox.record_error, then nak with a backoff delay; on the
+                    delivery that reaches max_deliver, dead letter instead.
+
+A failure of PostgreSQL or NATS in the middle raises: the message is left
+unacknowledged and JetStream redelivers it after ack_wait, where the inbox
+tells what was already done. The one window in which a handler can be
+called twice is between its answer and the commit of mark_processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from . import dlq
+from .backoff import Backoff
+from .consumer_metrics import ConsumerMetrics
+from .consumer_settings import HandlerRuntime
+from .errors import PolicyViolation, SqlState
+from .handler_client import HandlerAnswer, HandlerClient
+from .handler_contract import Action, decide
+from .inbox_store import Inbox
+
+log = logging.getLogger("pgoutbox.consumer")
+
+
+@contextlib.asynccontextmanager
+async def kept_in_progress(msg, every: float):
+    """Sends +WPI every `every` seconds until the block exits."""
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await msg.in_progress()
+            except Exception as exc:  # noqa: BLE001 - a lost beat is not fatal
+                log.warning("in-progress ack failed", extra={"error": repr(exc)})
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class MessageFlow:
+    def __init__(
+        self, *, inbox: Inbox, client: HandlerClient, js, metrics: ConsumerMetrics,
+        retry_backoff: Backoff, replay_backoff: Backoff, stopping: asyncio.Event,
+    ):
+        self.inbox = inbox
+        self.client = client
+        self.js = js
+        self.metrics = metrics
+        self.retry_backoff = retry_backoff
+        self.replay_backoff = replay_backoff
+        self.stopping = stopping
+
+    async def handle(self, msg, h: HandlerRuntime) -> str:
+        """Processes one delivery; returns its outcome (a metrics label)."""
+        delivery = msg.metadata.num_delivered
+        if delivery > 1:
+            self.metrics.redeliveries.labels(h.name).inc()
+        try:
+            envelope = dlq.envelope_from(msg.subject, msg.data, msg.headers)
+        except ValueError as exc:
+            return await self._unreadable(msg, h, str(exc))
+        async with kept_in_progress(msg, h.progress_interval):
+            return await self._process(msg, h, envelope, delivery)
+
+    async def exhausted(self, h: HandlerRuntime, raw, deliveries: int) -> str:
+        """A message JetStream stopped redelivering (its MAX_DELIVERIES
+        advisory) without an outcome from us: the consumer stopped, or lost
+        PostgreSQL or NATS, during the last delivery. Dead-lettered unless the
+        inbox says it was handled after all. `raw` is the stream's copy."""
+        try:
+            envelope = dlq.envelope_from(raw.subject, raw.data or b"", raw.headers)
+        except ValueError as exc:
+            return await self._unreadable(raw, h, str(exc))
+        row = await self.inbox.receive(envelope["message_id"], h.name, envelope["subject"], envelope)
+        if row["status"] in ("PROCESSED", "DEAD_LETTER"):
+            return "duplicate" if row["status"] == "PROCESSED" else "parked"
+        reason = f"max_deliver ({deliveries}) reached without an outcome (consumer stopped or lost PostgreSQL/NATS)"
+        if row["last_error"]:
+            reason += f"; last error: {row['last_error']}"
+        await self._dead_letter(None, h, envelope, row, reason, True)
+        return "dead_lettered"
+
+    async def _process(self, msg, h: HandlerRuntime, envelope: dict[str, Any], delivery: int) -> str:
+        message_id = envelope["message_id"]
+        try:
+            row = await self.inbox.receive(message_id, h.name, envelope["subject"], envelope)
+        except PolicyViolation as exc:
+            return await self._unreadable(msg, h, str(exc))
+        if row["status"] == "PROCESSED":
+            await msg.ack()
+            return "duplicate"
+        if row["status"] == "DEAD_LETTER":
+            await msg.ack()
+            return "parked"
+
+        answer = await self.client.call(h.spec.url, envelope, handler=h.name, delivery=delivery, timeout=h.timeout)
+        self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
+        action = decide(answer)
+        if action is Action.PROCESSED:
+            await self.inbox.mark_processed(message_id, h.name)
+            await msg.ack()
+            return "processed"
+        last = delivery >= h.max_deliver
+        if action is Action.RETRY and not last:
+            await self.inbox.record_error(message_id, h.name, answer.summary)
+            delay = self._retry_delay(answer, delivery)
+            await msg.nak(delay=delay)
+            log.info("handler failed; redelivery scheduled", extra={
+                "handler": h.name, "message_id": message_id, "delivery": delivery,
+                "answer": answer.summary, "nak_delay": round(delay, 3),
+            })
+            return "retried"
+        reason = answer.summary if action is Action.DEAD_LETTER else (
+            f"max_deliver ({h.max_deliver}) reached; last answer: {answer.summary}"
+        )
+        await self._dead_letter(msg, h, envelope, row, reason, last)
+        return "dead_lettered"
+
+    def _retry_delay(self, answer: HandlerAnswer, delivery: int) -> float:
+        if answer.retry_after is not None:
+            return min(answer.retry_after, self.retry_backoff.max_delay)
+        return self.retry_backoff.delay(delivery)
+
+    async def _dead_letter(
+        self, msg, h: HandlerRuntime, envelope: dict[str, Any], row: dict[str, Any], reason: str, last: bool,
+    ) -> None:
+        meta = row["dlq_metadata"] or {}
+        replays = int(meta.get("replay_attempts") or 0)
+        replay_after = self.replay_backoff.delay(replays + 1) if replays < h.replay_max_attempts else None
+        message_id = envelope["message_id"]
+        subject, body, headers = dlq.notice(
+            context=h.spec.context, handler=h.name, message_id=message_id,
+            original_subject=envelope["subject"], reason=reason, attempts=row["attempts"],
+            dead_letters=int(meta.get("dead_letters") or 0) + 1, replay_attempts=replays,
+            next_replay_in=replay_after, envelope=envelope,
+        )
+        await self._publish(subject, body, headers, persist=last)
+        await self.inbox.record_error(message_id, h.name, reason, dead=True, replay_after=replay_after)
+        if msg is not None:
+            await msg.ack()
+        log.warning("dead-lettered", extra={
+            "handler": h.name, "message_id": message_id, "reason": reason, "dlq_subject": subject,
+            "replay_in": None if replay_after is None else round(replay_after, 3),
+        })
+
+    async def _publish(self, subject: str, body: bytes, headers: dict[str, str], *, persist: bool) -> None:
+        """Publishes to the DLQ. On the last allowed delivery JetStream will
+        not redeliver, so a failed publish is retried here (the message kept
+        alive by in-progress acks) until it succeeds or the consumer stops."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self.js.publish(subject, body, headers=headers)
+                return
+            except Exception as exc:
+                if not persist or self.stopping.is_set():
+                    raise
+                delay = self.retry_backoff.delay(attempt)
+                log.error("DLQ publish failed on the last delivery; retrying", extra={
+                    "dlq_subject": subject, "error": repr(exc), "retry_in": round(delay, 3),
+                })
+                await asyncio.sleep(delay)
+
+    async def _unreadable(self, msg, h: HandlerRuntime, why: str) -> str:
+        """Publishes an unreadable message, raw, to the DLQ; acks it when it
+        was delivered (a stream's copy, from an advisory, has nothing to ack)."""
+        delivered = isinstance(msg, Msg)
+        if delivered:
+            stream, sequence = msg.metadata.stream, msg.metadata.sequence.stream
+        else:
+            stream, sequence = msg.stream, msg.seq
+        subject, body, headers = dlq.unreadable_notice(
+            context=h.spec.context, handler=h.name, stream=stream, sequence=sequence,
+            subject=msg.subject, body=msg.data or b"", headers=msg.headers,
+            reason=f"{SqlState.INVALID_MESSAGE.name} [{SqlState.INVALID_MESSAGE.value}]: {why}",
+        )
+        await self._publish(subject, body, headers, persist=False)
+        if delivered:
+            await msg.ack()
+        log.error("unreadable message sent to the DLQ", extra={
+            "handler": h.name, "stream": stream, "stream_sequence": sequence,
+            "subject": msg.subject, "reason": why, "dlq_subject": subject,
+        })
+        return "invalid"

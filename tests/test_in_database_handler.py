@@ -1,0 +1,84 @@
+"""In-database handlers: the business change and the inbox marker commit
+together (seed 002). The README's runnable example, run as a process, plus
+two concurrent deliveries of one message."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from consumer_helpers import add_stream, event, inbox_row, jetstream, publish
+from pgoutbox.in_database import handle_in_transaction
+
+ROOT = Path(__file__).resolve().parent.parent
+H = "order_totals"
+
+
+async def test_the_example_commits_business_change_and_marker_together(database_url, nats_server):
+    a1 = event({"customer": "A", "total": 10})
+    a2 = event({"customer": "A", "total": 5})
+    bad = event({"customer": "B", "total": -1})
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js, duplicate_window=0.3)
+        for ev in (a1, a2, bad):
+            await publish(js, ev)
+        await asyncio.sleep(0.5)
+        assert (await publish(js, a1)).duplicate is not True  # a1 again, past the duplicate window
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))},
+           "OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": nats_server.url}
+    out = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(ROOT / "examples" / "in_database_handler.py"), "--idle-exit", "1.5"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    def outcomes(ev):
+        return [x["outcome"] for x in lines if x["message_id"] == ev["event_id"]]
+
+    assert outcomes(a1) == ["processed", "duplicate"] and outcomes(a2) == ["processed"]
+    assert outcomes(bad) == ["failed: negative order total -1"] * 3
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT customer, total, orders FROM shop.order_totals").fetchall() == [("A", 15, 2)]
+    assert inbox_row(database_url, a1["event_id"], H)["status"] == "PROCESSED"
+    assert inbox_row(database_url, a1["event_id"], H)["attempts"] == 1
+    row = inbox_row(database_url, bad["event_id"], H)
+    # The failed business change left no total and no PROCESSED marker; the
+    # last allowed delivery parked it in the inbox.
+    assert (row["status"], row["attempts"]) == ("DEAD_LETTER", 3)
+    assert row["last_error"] == "ValueError: negative order total -1"
+
+
+async def test_a_concurrent_second_delivery_waits_then_sees_the_first_one_committed(database_url):
+    envelope = {"message_id": event()["event_id"], "subject": "sea.event.order_created.v1", "payload": {}}
+    applied = []
+
+    async def slow_apply(conn, env):
+        applied.append(env["message_id"])
+        await asyncio.sleep(0.5)  # the first delivery holds its transaction open
+
+    first = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    second = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    done = []
+
+    async def deliver(conn, name):
+        result = await handle_in_transaction(conn, H, envelope, slow_apply)
+        done.append(name)
+        return result
+
+    try:
+        one = asyncio.create_task(deliver(first, "first"))
+        await asyncio.sleep(0.1)  # the first holds its uncommitted inbox row
+        two = asyncio.create_task(deliver(second, "second"))
+        results = await asyncio.gather(one, two)
+    finally:
+        await first.close()
+        await second.close()
+    assert results == ["processed", "duplicate"]
+    assert done == ["first", "second"]  # the second waited for the first's commit
+    assert applied == [envelope["message_id"]]  # the business change ran once

@@ -1,0 +1,219 @@
+"""Outbox behaviour that needs COMMIT and several sessions: concurrent claims,
+NOTIFY delivery, fencing across real time, per-key order under failures."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import defaultdict
+from datetime import datetime, timezone
+
+import psycopg
+import pytest
+
+from pgoutbox.errors import SqlState, StaleClaim, wrap_exceptions
+
+EMIT = "SELECT outbox.emit('order', %s, 'created', '{\"schema_version\": 1}', context => %s, ordering_key => %s)"
+
+
+def emit_many(url: str, n: int, context: str = "sea", keys: list[str] | None = None) -> None:
+    """n events in one statement (bulk path), optionally cycling through keys."""
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(
+            "SELECT outbox.emit('order', g::text, 'created', '{\"schema_version\": 1}', context => %s,"
+            " ordering_key => (%s::text[])[1 + g %% greatest(cardinality(%s::text[]), 1)])"
+            " FROM generate_series(0, %s - 1) AS g",
+            (context, keys, keys, n),
+        )
+
+
+def drain_notifies(conn: psycopg.Connection, timeout: float) -> list[str]:
+    return [n.payload for n in conn.notifies(timeout=timeout, stop_after=None)]
+
+
+@pytest.mark.slow
+def test_eight_claimers_get_disjoint_batches_and_every_event_once(database_url):
+    total = 20_000
+    emit_many(database_url, total)
+    seen: list[list[uuid.UUID]] = [[] for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            with psycopg.connect(database_url, autocommit=True) as c:
+                while True:
+                    rows = c.execute(
+                        "SELECT event_id, claim_token FROM outbox.claim(%s, 100, '5 minutes')", (f"w{i}",)
+                    ).fetchall()
+                    if not rows:
+                        return
+                    assert len(rows) <= 100
+                    ids = [r[0] for r in rows]
+                    seen[i].extend(ids)
+                    marked = c.execute("SELECT outbox.mark_published(%s, %s)", (rows[0][1], ids)).fetchone()[0]
+                    assert marked == len(ids)
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    everything = [x for batch in seen for x in batch]
+    assert len(everything) == total, "every event claimed exactly once"
+    assert len(set(everything)) == total, "no event claimed twice"
+    assert sum(1 for s in seen if s) >= 2, "the claimers actually ran side by side"
+    with psycopg.connect(database_url) as c:
+        row = c.execute("SELECT count(*), count(*) FILTER (WHERE attempts = 1) FROM outbox.events"
+                        " WHERE status = 'COMPLETED'").fetchone()
+    assert row == (total, total)
+
+
+def test_rolled_back_emit_leaves_no_row_and_no_notification(database_url):
+    with psycopg.connect(database_url, autocommit=True) as listener, psycopg.connect(database_url) as writer:
+        listener.execute("LISTEN outbox_v1")
+        writer.execute(EMIT, ("1", "sea", None))
+        writer.execute("UPDATE pg_catalog.pg_class SET relname = relname WHERE false")  # some business work
+        writer.rollback()
+        assert drain_notifies(listener, 0.5) == []
+        assert listener.execute("SELECT count(*) FROM outbox.events").fetchone()[0] == 0
+
+
+def test_committed_emit_wakes_a_listener_with_its_context(database_url):
+    with psycopg.connect(database_url, autocommit=True) as listener, psycopg.connect(database_url) as writer:
+        listener.execute("LISTEN outbox_v1")
+        writer.execute(EMIT, ("1", "vibespro", None))
+        assert drain_notifies(listener, 0.3) == [], "nothing before commit"
+        writer.commit()
+        assert drain_notifies(listener, 2) == ["vibespro"]
+
+
+def test_bulk_insert_notifies_once_per_context(database_url):
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute("LISTEN outbox_v1")
+        with psycopg.connect(database_url, autocommit=True) as c:
+            c.execute(
+                "INSERT INTO outbox.events (context, aggregate_type, aggregate_id, event_type, payload)"
+                " SELECT CASE WHEN g % 2 = 0 THEN 'sea' ELSE 'vibespro' END, 'order', g::text, 'created',"
+                " '{\"schema_version\": 1}' FROM generate_series(1, 1000) AS g"
+            )
+        assert sorted(drain_notifies(listener, 1)) == ["sea", "vibespro"]
+
+
+def test_wakeups_are_throttled_per_context(database_url):
+    """Within the throttle interval a second commit does not notify again."""
+    with psycopg.connect(database_url, autocommit=True) as listener, \
+            psycopg.connect(database_url, autocommit=True) as writer:
+        writer.execute("SET pgoutbox.notify_throttle = '10 s'")
+        listener.execute("LISTEN outbox_v1")
+        for n in range(20):
+            writer.execute(EMIT, (str(n), "sea", None))
+        writer.execute(EMIT, ("x", "vibespro", None))
+        assert sorted(drain_notifies(listener, 1)) == ["sea", "vibespro"]
+        writer.execute("SET pgoutbox.notify_throttle = '0'")
+        writer.execute(EMIT, ("y", "sea", None))
+        assert drain_notifies(listener, 1) == ["sea"], "past the interval, the next commit notifies"
+
+
+def test_a_stale_claim_token_cannot_mark(database_url):
+    emit_many(database_url, 1)
+    with psycopg.connect(database_url, autocommit=True) as a, psycopg.connect(database_url, autocommit=True) as b:
+        (event_id, token_a), = a.execute("SELECT event_id, claim_token FROM outbox.claim('a', 10, '200 ms')").fetchall()
+        time.sleep(0.4)  # the lease runs out
+        (event_id_b, token_b), = b.execute("SELECT event_id, claim_token FROM outbox.claim('b', 10, '1 minute')").fetchall()
+        assert event_id_b == event_id and token_b != token_a
+        with pytest.raises(StaleClaim) as info, wrap_exceptions():
+            a.execute("SELECT outbox.mark_published(%s, %s)", (token_a, [event_id]))
+        assert info.value.code == SqlState.STALE_CLAIM
+        assert b.execute("SELECT outbox.mark_published(%s, %s)", (token_b, [event_id])).fetchone()[0] == 1
+        row = b.execute("SELECT status, claimed_by, attempts FROM outbox.events").fetchone()
+    assert row == ("COMPLETED", "b", 2)
+
+
+def test_emits_of_one_key_commit_in_id_order(database_url):
+    """emit holds a per-key lock until commit, so a later emit of the same key
+    waits; a claimer can never see the later event without the earlier one."""
+    done = threading.Event()
+    with psycopg.connect(database_url) as first:
+        first.execute(EMIT, ("1", "sea", "K"))
+
+        def second():
+            with psycopg.connect(database_url) as c:
+                c.execute(EMIT, ("2", "sea", "K"))
+                c.commit()
+            done.set()
+
+        t = threading.Thread(target=second)
+        t.start()
+        assert not done.wait(0.5), "the second emit of key K waits for the first transaction"
+        first.commit()
+        t.join(5)
+        assert done.is_set()
+    with psycopg.connect(database_url) as c:
+        ids = c.execute("SELECT aggregate_id FROM outbox.events ORDER BY id").fetchall()
+    assert ids == [("1",), ("2",)]
+
+
+@pytest.mark.slow
+def test_per_key_order_holds_with_concurrent_claimers_and_failures(database_url):
+    keys = [f"k{i}" for i in range(40)]
+    emit_many(database_url, 1200, keys=keys)
+    rng = random.Random(20261122)
+    rng_lock = threading.Lock()
+    published: dict[str, list[int]] = defaultdict(list)
+    failures = 0
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        nonlocal failures
+        try:
+            with psycopg.connect(database_url, autocommit=True) as c:
+                idle = 0
+                while idle < 5:
+                    rows = c.execute(
+                        "SELECT id, event_id, ordering_key, claim_token FROM outbox.claim(%s, 20, '1 minute')",
+                        (f"w{i}",),
+                    ).fetchall()
+                    if not rows:
+                        idle += 1
+                        time.sleep(0.02)
+                        continue
+                    idle = 0
+                    ok, failed = [], []
+                    for row_id, event_id, key, _ in rows:
+                        with rng_lock:
+                            fail = rng.random() < 0.25
+                        (failed if fail else ok).append((row_id, event_id, key))
+                    with rng_lock:
+                        for row_id, _, key in ok:
+                            published[key].append(row_id)
+                        failures += len(failed)
+                    token = rows[0][3]
+                    if ok:
+                        c.execute("SELECT outbox.mark_published(%s, %s)", (token, [e for _, e, _ in ok]))
+                    if failed:
+                        c.execute(
+                            "SELECT outbox.mark_failed(%s, %s, %s, %s)",
+                            (token, [e for _, e, _ in failed], ["injected"] * len(failed),
+                             [datetime.now(timezone.utc)] * len(failed)),  # retry at once
+                        )
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert failures > 100, "failures were really injected"
+    with psycopg.connect(database_url) as c:
+        expected = defaultdict(list)
+        for row_id, key in c.execute("SELECT id, ordering_key FROM outbox.events ORDER BY id"):
+            expected[key].append(row_id)
+        assert c.execute("SELECT count(*) FROM outbox.events WHERE status <> 'COMPLETED'").fetchone()[0] == 0
+    assert dict(published) == dict(expected), "each key published once per event, in emit order"
