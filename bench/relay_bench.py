@@ -86,7 +86,7 @@ def relay_process(root: Path, pg: EmbeddedPostgres, ns: EmbeddedNats, name: str,
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
     env.update({
         "OUTBOX_DATABASE_URL": pg.url, "OUTBOX_NATS_URL": ns.url, "OUTBOX_RELAY_NAME": name,
-        "OUTBOX_RELAY_HTTP_LISTEN": "off", "OUTBOX_LOG_LEVEL": "WARNING",
+        "OUTBOX_RELAY_HTTP_PORT": "0", "OUTBOX_LOG_LEVEL": "WARNING",
     })
     env.update({f"OUTBOX_RELAY_{k.upper()}": v for k, v in settings.items()})
     log = (root / f"{name}.log").open("w")

@@ -2,10 +2,12 @@
 under .data/, started (and stopped) by the demo itself, or on the servers
 named by OUTBOX_DATABASE_URL / OUTBOX_NATS_URL when set.
 
-It emits three events in one business transaction, applies the stream of the
-`sea` context, runs the relay until the events are published, and shows them
-as a JetStream subscriber receives them. Re-running it is safe: it adds three
-more events and shows only those."""
+It emits three events in one business transaction (the third a "poison"
+order the sample handler refuses), applies the stream of the `sea` context,
+runs the relay until the events are published and shows them as a JetStream
+subscriber receives them, then runs the consumer over them
+(consumer_demo.consume_and_report: handler calls, inbox, DLQ). Re-running it
+is safe: it adds three more events and shows only those."""
 
 from __future__ import annotations
 
@@ -18,9 +20,8 @@ from pathlib import Path
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from . import db, migrate, relay_settings, streams
+from . import db, json_logs, migrate, relay_settings, streams
 from .embedded import EmbeddedNats, EmbeddedPostgres
-from .observability import setup_logging
 from .outbox_relay import OutboxRelay
 
 DATA = Path(os.environ.get("OUTBOX_DEMO_DIR", Path(__file__).resolve().parent.parent / ".data"))
@@ -42,12 +43,12 @@ def _print_rows(conn, title: str, query: str, params: tuple = ()) -> None:
 def _emit(conn) -> list[str]:
     ids = []
     with conn.transaction():  # the business change and its events commit together
-        for n in range(3):
+        for n, poison in ((1, False), (2, False), (3, True)):
             ids.append(str(conn.execute(
                 "SELECT outbox.emit('order', %s, 'order_created', %s::jsonb, context => 'sea',"
                 " ordering_key => %s, headers => %s::jsonb)",
-                (str(1000 + n), json.dumps({"schema_version": 1, "total": 10 * n}), str(1000 + n),
-                 json.dumps({"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"})),
+                (str(1000 + n), json.dumps({"schema_version": 1, "total": 10 * n, "poison": poison}),
+                 str(1000 + n), json.dumps({"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"})),
             ).fetchone()[0]))
     return ids
 
@@ -60,8 +61,8 @@ async def _relay_and_show(database_url: str, nats_url: str, ids: list[str]) -> N
             print(f"stream {name}: {what}")
         first_new = (await js.stream_info("SEA_EVENTS")).state.last_seq + 1
         cfg = relay_settings.load(environ={}, overrides={
-            "database_url": database_url, "nats_url": nats_url, "http_listen": "off",
-            "relay_name": "demo-relay", "log_level": "WARNING", "log_format": "text"})
+            "database_url": database_url, "nats_url": nats_url, "http_port": "0",
+            "relay_name": "demo-relay", "log_level": "WARNING"})
         relay = OutboxRelay(cfg)
         stop = asyncio.Event()
         task = asyncio.create_task(relay.run(stop))
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--stop" in argv:
         pg.stop()  # nats-server never outlives a demo run
         return 0
-    setup_logging("WARNING", "text")
+    json_logs.setup("WARNING")  # warnings and dead letters show up as JSON log lines
     url = os.environ.get("OUTBOX_DATABASE_URL")
     nats_url = os.environ.get("OUTBOX_NATS_URL")
     try:
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             _print_rows(conn, "these events in outbox.events",
                         "SELECT event_id, subject, status, attempts, claimed_by, published_at"
                         " FROM outbox.events WHERE event_id = ANY(%s::uuid[]) ORDER BY id", (ids,))
+        from .consumer_demo import consume_and_report  # imports this module: not at the top
+
+        asyncio.run(consume_and_report(url, nats_url, len(ids)))
     finally:
         if not os.environ.get("OUTBOX_NATS_URL"):
             natsd.stop()

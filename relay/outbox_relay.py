@@ -38,12 +38,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from . import streams
 from .backoff import RetryPolicy, reconnect_delays
 from .errors import ConfigError, StaleClaim
-from .observability import HealthServer
+from .consumer_metrics import HealthServer  # the workers share one /metrics, /healthz, /readyz server
 from .outbox_calls import DatabaseUnavailable, OutboxCalls
 from .publisher import Outcome, PublishError, Publisher
 from .relay_metrics import RelayMetrics
@@ -110,6 +110,7 @@ class OutboxRelay:
                 asyncio.create_task(self._mark_loop(published), name="mark"),
             ]
             background.append(asyncio.create_task(self._backlog_loop(), name="backlog"))
+            background.append(asyncio.create_task(self._tick_loop(), name="tick"))
             if self.cfg.wakeups:
                 background.append(asyncio.create_task(self.wakeups.listen(self.cfg.database_url), name="listen"))
             self.started.set()
@@ -150,9 +151,11 @@ class OutboxRelay:
         refusals = findings.errors + (findings.durability if cfg.durability_strict else [])
         if refusals:
             raise ConfigError("refusing to start: " + " | ".join(refusals))
-        if cfg.http_listen:
-            self.http = HealthServer(*cfg.http_listen, self.metrics.registry, self.readiness)
-            await self.http.start()
+        try:
+            self.http = HealthServer(cfg.http_host, cfg.http_port, self.metrics, self.problems)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve /metrics on {cfg.http_host}:{cfg.http_port}: {exc.strerror}") from exc
+        self.http.start()
 
     async def _drain(self, pipeline: list[asyncio.Task]) -> None:
         """Stop claiming; let claimed batches finish (or be handed back) within the grace."""
@@ -172,7 +175,7 @@ class OutboxRelay:
 
     async def _close(self) -> None:
         if self.http:
-            await self.http.stop()
+            self.http.stop()
         await self.publisher.close()
         for calls in (self.claims, self.marks, self.monitor):
             await calls.close()
@@ -319,28 +322,35 @@ class OutboxRelay:
                 self._due = sum(r["due"] for r in rows)
             except DatabaseUnavailable:
                 pass  # the claim loop reports it; readiness shows it
-            self.readiness()
+            self.problems()
             await asyncio.sleep(self.cfg.backlog_interval)
+
+    async def _tick_loop(self) -> None:
+        """/healthz is alive while this event loop keeps ticking."""
+        while True:
+            if self.http:
+                self.http.tick()
+            await asyncio.sleep(1)
 
     def _progress(self) -> None:
         self._last_progress = time.monotonic()
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        reasons = []
+    def problems(self) -> list[str]:
+        """Why the relay is not ready (empty: ready); also called from the HTTP thread."""
+        problems = []
         if not self.started.is_set():
-            reasons.append("starting")
+            problems.append("starting")
         if self.stopping.is_set():
-            reasons.append("stopping")
+            problems.append("stopping")
         if not self.claims.connected:
-            reasons.append("PostgreSQL unreachable")
+            problems.append("PostgreSQL unreachable")
         if not self.publisher.connected:
-            reasons.append("NATS unreachable")
+            problems.append("NATS unreachable")
         idle = time.monotonic() - self._last_progress
         if (self._due > 0 or self._in_flight > 0) and idle > self.cfg.stall_after:
-            reasons.append(f"no progress for {idle:.0f}s while events are due")
-        self.metrics.ready.set(0 if reasons else 1)
-        return not reasons, {"reasons": reasons, "due": self._due, "in_flight_batches": self._in_flight,
-                             "seconds_since_progress": round(idle, 1)}
+            problems.append(f"no progress for {idle:.0f}s while {self._due} event(s) are due")
+        self.metrics.ready.set(0 if problems else 1)
+        return problems
 
     async def _retry_db(self, call: Callable[[], Awaitable[T]], what: str) -> T:
         delays = reconnect_delays()

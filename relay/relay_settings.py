@@ -9,14 +9,8 @@ from types import SimpleNamespace
 
 from . import settings
 from .errors import ConfigError
-from .observability import parse_listen
-from .settings import Setting, boolean, duration, positive_int
-
-
-def _level(text: str) -> str:
-    if text.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ValueError("use DEBUG, INFO, WARNING or ERROR")
-    return text.upper()
+from .json_logs import level_name
+from .settings import Setting, boolean, duration, non_negative_int, positive_int
 
 
 def _batch(text: str) -> int:
@@ -36,10 +30,7 @@ LEASE = Setting(
     duration,
 )
 
-LOGGING = (
-    Setting("log_level", "OUTBOX_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR", _level),
-    Setting("log_format", "OUTBOX_LOG_FORMAT", "json", "json (one object per line) or text"),
-)
+LOG_LEVEL = Setting("log_level", "OUTBOX_LOG_LEVEL", "INFO", "Log level (JSON lines on stderr)", level_name)
 
 RELAY = settings.DATABASE + settings.NATS + (
     Setting("relay_name", "OUTBOX_RELAY_NAME", None,
@@ -68,16 +59,17 @@ RELAY = settings.DATABASE + settings.NATS + (
             "NATS monitoring URL (http://host:8222) to verify the fsync policy at start-up"),
     Setting("durability_strict", "OUTBOX_RELAY_DURABILITY_STRICT", "false",
             "Refuse to start (instead of warning) on weak stream durability", boolean),
-    Setting("http_listen", "OUTBOX_RELAY_HTTP_LISTEN", "127.0.0.1:9464",
-            "HOST:PORT for /metrics, /healthz, /readyz (port 0 = any free port; off = none)",
-            parse_listen),
+    Setting("http_host", "OUTBOX_RELAY_HTTP_HOST", "127.0.0.1", "Address of /metrics, /healthz, /readyz"),
+    Setting("http_port", "OUTBOX_RELAY_HTTP_PORT", "9464",
+            "Port of /metrics, /healthz, /readyz (0: any free port)", non_negative_int),
     Setting("stall_after", "OUTBOX_RELAY_STALL_AFTER", "60s",
             "Not ready when events are due and nothing was published for this long", duration),
     Setting("backlog_interval", "OUTBOX_RELAY_BACKLOG_INTERVAL", "5s",
             "How often outbox.backlog() refreshes the backlog metrics", duration),
     Setting("shutdown_grace", "OUTBOX_RELAY_SHUTDOWN_GRACE", "15s",
             "On SIGTERM, how long in-flight batches may take to finish", duration),
-) + LOGGING
+    LOG_LEVEL,
+)
 
 
 def load(environ=None, overrides=None) -> SimpleNamespace:
@@ -104,5 +96,3 @@ def validate(cfg: SimpleNamespace) -> None:
             f"OUTBOX_RELAY_RETRY_BASE ({cfg.retry_base:g}s) must be positive and at most "
             f"OUTBOX_RELAY_RETRY_CAP ({cfg.retry_cap:g}s)"
         )
-    if cfg.log_format not in ("json", "text"):
-        raise ConfigError(f"OUTBOX_LOG_FORMAT must be json or text, got {cfg.log_format!r}")

@@ -111,7 +111,7 @@ def msg_ids(messages) -> list[str]:
 
 
 def relay_config(database_url: str, nats_url: str, **overrides: str):
-    base = {"database_url": database_url, "nats_url": nats_url, "http_listen": "off",
+    base = {"database_url": database_url, "nats_url": nats_url, "http_port": "0",
             "lease": "10s", "publish_timeout": "2s", "log_level": "WARNING"}
     return relay_settings.load(environ={}, overrides={**base, **overrides})
 
@@ -143,7 +143,7 @@ class RelayProcess:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
         self.env.update({
             "OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": nats_url,
-            "OUTBOX_RELAY_NAME": name, "OUTBOX_RELAY_HTTP_LISTEN": "off",
+            "OUTBOX_RELAY_NAME": name, "OUTBOX_RELAY_HTTP_PORT": "0",
             "OUTBOX_RELAY_LEASE": "5s", "OUTBOX_RELAY_PUBLISH_TIMEOUT": "2s",
         })
         self.env.update({f"OUTBOX_{k.upper()}": v for k, v in settings.items()})

@@ -5,8 +5,6 @@ clear error (and exit code 2 from the CLI) before anything is claimed."""
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import logging
 import random
 import re
@@ -20,17 +18,17 @@ from pgoutbox import cli, envelope, relay_settings, streams
 from pgoutbox.backoff import RetryPolicy
 from pgoutbox.embedded import EmbeddedNats, free_port
 from pgoutbox.errors import ConfigError
-from pgoutbox.observability import JsonFormatter, parse_listen
 from pgoutbox.publisher import message_size
 from relay_support import apply_streams, emit, relay_config, running_relay, status_counts
 
 @pytest.fixture(autouse=True)
 def _restore_logging():
-    """`pgoutbox relay` installs a stderr handler; do not leave it on captured streams."""
-    yield
+    """`pgoutbox relay` replaces the root log handlers; put pytest's back."""
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if getattr(h, "_pgoutbox", False)]:
-        root.removeHandler(handler)
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 # -- retry policy --------------------------------------------------------------
@@ -61,9 +59,8 @@ def test_backoff_full_jitter_is_uniform_between_zero_and_the_ceiling():
     ({"publish_timeout": "30s", "lease": "30s"}, "must be positive and shorter than OUTBOX_RELAY_LEASE"),
     ({"retry_base": "2m", "retry_cap": "1m"}, "must be positive and at most OUTBOX_RELAY_RETRY_CAP"),
     ({"wakeups": "maybe"}, "not a boolean"),
-    ({"http_listen": "9464"}, "expected HOST:PORT or off"),
-    ({"log_level": "LOUD"}, "use DEBUG, INFO, WARNING or ERROR"),
-    ({"log_format": "xml"}, "OUTBOX_LOG_FORMAT must be json or text"),
+    ({"http_port": "-1"}, "OUTBOX_RELAY_HTTP_PORT='-1': must be >= 0"),
+    ({"log_level": "LOUD"}, "not a log level: 'LOUD'"),
 ])
 def test_bad_settings_are_refused_with_the_variable_named(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -74,7 +71,7 @@ def test_environment_variables_configure_the_relay_and_flags_win():
     cfg = relay_settings.load(
         environ={"OUTBOX_RELAY_LEASE": "45s", "OUTBOX_RELAY_BATCH_SIZE": "100"},
         overrides={"batch_size": "250"})
-    assert (cfg.lease, cfg.batch_size, cfg.http_listen) == (45.0, 250, ("127.0.0.1", 9464))
+    assert (cfg.lease, cfg.batch_size, cfg.http_host, cfg.http_port) == (45.0, 250, "127.0.0.1", 9464)
     assert cfg.relay_name  # host:pid by default
 
 
@@ -87,7 +84,7 @@ def test_help_lists_relay_and_streams_with_environment_twins(capsys):
     with pytest.raises(SystemExit):
         cli.main(["relay", "--help"])
     out = capsys.readouterr().out
-    for env in ("OUTBOX_RELAY_LEASE", "OUTBOX_RELAY_BATCH_SIZE", "OUTBOX_RELAY_HTTP_LISTEN", "OUTBOX_STREAMS_FILE"):
+    for env in ("OUTBOX_RELAY_LEASE", "OUTBOX_RELAY_BATCH_SIZE", "OUTBOX_RELAY_HTTP_PORT", "OUTBOX_STREAMS_FILE"):
         assert env in out
     with pytest.raises(SystemExit):
         cli.main(["--help"])
@@ -206,7 +203,7 @@ def test_relay_refuses_a_stream_whose_duplicate_window_is_not_longer_than_the_le
     asyncio.run(apply_streams(nats_server.url, duplicate_window="20s"))
     emit(database_url, 3)
     code = cli.main(["relay", "--database-url", database_url, "--nats-url", nats_server.url,
-                     "--lease", "30s", "--http-listen", "off"])
+                     "--lease", "30s", "--http-port", "0"])
     assert code == 2
     err = capsys.readouterr().err
     assert "ConfigError: refusing to start: stream SEA_EVENTS: duplicate_window 20s is not longer " \
@@ -218,7 +215,7 @@ def test_relay_refuses_an_unknown_schema_version(database_url, nats_server, caps
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("INSERT INTO outbox.schema_migrations (version, name) VALUES (99, '0099_future')")
     code = cli.main(["relay", "--database-url", database_url, "--nats-url", nats_server.url,
-                     "--http-listen", "off"])
+                     "--http-port", "0"])
     assert code == 2
     assert "SchemaMismatch: database schema is at version 99" in capsys.readouterr().err
 
@@ -255,7 +252,7 @@ async def test_startup_check_reads_the_fsync_policy_from_the_monitoring_endpoint
         assert any("does not fsync every write" in d for d in findings.durability) is expect_warning
 
 
-# -- wire format and logs ----------------------------------------------------
+# -- wire format ----------------------------------------------------
 
 
 def test_envelope_passes_jsonb_text_through_and_still_compacts_objects():
@@ -267,24 +264,3 @@ def test_envelope_passes_jsonb_text_through_and_still_compacts_objects():
     assert headers["Nats-Msg-Id"] == row["event_id"] and headers["traceparent"] == "00-abc-def-01"
     assert envelope.to_nats({**row, "payload": {"a": [1, 2]}, "headers": {}})[1] == b'{"a":[1,2]}'
     assert message_size(b"12345", {"A": "bc"}) == 5 + len(b"NATS/1.0\r\nA: bc\r\n\r\n")
-
-
-def test_json_log_lines_carry_the_extra_fields():
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter())
-    log = logging.getLogger("pgoutbox.test_json")
-    log.addHandler(handler)
-    log.propagate = False
-    log.warning("claimed %d", 5, extra={"action": "claim", "worker": "w1"})
-    entry = json.loads(stream.getvalue())
-    assert {k: entry[k] for k in ("level", "logger", "msg", "action", "worker")} == {
-        "level": "warning", "logger": "pgoutbox.test_json", "msg": "claimed 5", "action": "claim",
-        "worker": "w1"}
-    assert entry["ts"].endswith("+00:00")
-
-
-def test_parse_listen():
-    assert parse_listen("off") is None
-    assert parse_listen("0.0.0.0:0") == ("0.0.0.0", 0)
-    assert parse_listen(":9464") == ("0.0.0.0", 9464)

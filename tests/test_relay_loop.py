@@ -222,7 +222,7 @@ async def test_retries_back_off_then_dead_letter_after_max_attempts(database_url
 
 async def test_health_readiness_and_metrics_endpoints(database_url, nats_server):
     await apply_streams(nats_server.url)
-    cfg = relay_config(database_url, nats_server.url, http_listen="127.0.0.1:0", stall_after="1s",
+    cfg = relay_config(database_url, nats_server.url, stall_after="1s",
                        backlog_interval="200ms", publish_timeout="500ms")
     async with running_relay(cfg) as relay, httpx.AsyncClient(base_url=f"http://127.0.0.1:{relay.http_port}") as http:
         emit(database_url, 10)
@@ -243,7 +243,7 @@ async def test_health_readiness_and_metrics_endpoints(database_url, nats_server)
             r = await http.get("/readyz")
             return r if r.status_code == 503 else None
         body = (await await_for(not_ready, 10, "readiness to fail")).json()
-        assert "NATS unreachable" in body["reasons"]
+        assert "NATS unreachable" in body["problems"]
         await await_for(lambda: _stalled(http), 10, "the stall to be reported")
         nats_server.start()
         await completed(database_url, 15, timeout=20)
@@ -255,5 +255,5 @@ async def test_health_readiness_and_metrics_endpoints(database_url, nats_server)
 
 
 async def _stalled(http) -> bool:
-    reasons = (await http.get("/readyz")).json()["reasons"]
-    return any(r.startswith("no progress for") for r in reasons)
+    problems = (await http.get("/readyz")).json()["problems"]
+    return any(p.startswith("no progress for") for p in problems)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from .. import relay_settings
-from ..observability import setup_logging
+from .. import json_logs, relay_settings
 from ..outbox_relay import OutboxRelay
 
 COMMAND = "relay"
@@ -17,7 +16,7 @@ SETTINGS = relay_settings.RELAY
 
 def run(cfg, args) -> int:
     relay_settings.validate(cfg)
-    setup_logging(cfg.log_level, cfg.log_format)
+    json_logs.setup(cfg.log_level)
     return asyncio.run(_main(cfg))
 
 
