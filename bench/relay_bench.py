@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import nats
 import psycopg
 from nats.js.api import DeliverPolicy, StreamConfig
@@ -70,10 +72,24 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
+def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
+    """User + system CPU time of a process so far (plus its reaped children's)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_seconds(pg: EmbeddedPostgres) -> float:
+    """CPU of the whole PostgreSQL server: the postmaster, its live children and
+    the backends it has reaped."""
+    postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
+    total = cpu_seconds(postmaster, reaped_children=True)
+    for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
+        with contextlib.suppress(FileNotFoundError):
+            total += cpu_seconds(int(child))
+    return total
 
 
 def machine_load() -> str:
@@ -86,7 +102,7 @@ def relay_process(root: Path, pg: EmbeddedPostgres, ns: EmbeddedNats, name: str,
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
     env.update({
         "OUTBOX_DATABASE_URL": pg.url, "OUTBOX_NATS_URL": ns.url, "OUTBOX_RELAY_NAME": name,
-        "OUTBOX_RELAY_HTTP_PORT": "0", "OUTBOX_LOG_LEVEL": "WARNING",
+        "OUTBOX_RELAY_HTTP_PORT": "0", "OUTBOX_LOG_LEVEL": "INFO",
     })
     env.update({f"OUTBOX_RELAY_{k.upper()}": v for k, v in settings.items()})
     log = (root / f"{name}.log").open("w")
@@ -103,6 +119,34 @@ def relay_process(root: Path, pg: EmbeddedPostgres, ns: EmbeddedNats, name: str,
                 proc.kill()
                 proc.wait()
         log.close()
+
+
+def relay_http_port(root: Path, name: str, timeout: float = 30) -> int:
+    """The port the relay's /metrics landed on (from its "started" log line)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in (root / f"{name}.log").read_text().splitlines():
+            if line.startswith("{") and json.loads(line).get("action") == "started":
+                return json.loads(line)["http_port"]
+        time.sleep(0.1)
+    raise RuntimeError(f"relay {name} did not start; see {root}/{name}.log")
+
+
+def stage_times(port: int) -> str:
+    """Mean claim and publish durations and batch size, from the relay's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    value = {}
+    for line in text.splitlines():
+        name, _, number = line.partition(" ")
+        if name.endswith(("_sum", "_count")) and name.startswith("outbox_relay_"):
+            value[name] = float(number)
+
+    def mean(metric: str) -> float:
+        return value[f"{metric}_sum"] / max(1.0, value[f"{metric}_count"])
+
+    return (f"claim {mean('outbox_relay_claim_seconds') * 1000:.1f} ms, publish "
+            f"{mean('outbox_relay_publish_seconds') * 1000:.1f} ms, {mean('outbox_relay_batch_size'):.1f} "
+            f"events per batch")
 
 
 def emit_backlog(url: str, n: int) -> float:
@@ -148,6 +192,7 @@ async def raw_publish_rate(ns_url: str, rows: list[dict], window: int) -> dict[s
 def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, float, float]:
     """(events/s between the first and last published_at, wall seconds, peak RSS MB,
     relay CPU microseconds per event)."""
+    pg_cpu, nats_cpu = postgres_cpu_seconds(pg), cpu_seconds(ns.process.pid)
     with psycopg.connect(pg.url, autocommit=True) as conn:
         started = time.perf_counter()
         with relay_process(root, pg, ns, "drain", batch_size=str(batch_size)) as proc:
@@ -162,11 +207,15 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
             wall = time.perf_counter() - started
             rss = peak_rss_mb(proc.pid)
             cpu = cpu_seconds(proc.pid) / n * 1e6
+            print(f"    relay stages during the drain: {stage_times(relay_http_port(root, 'drain'))}")
         first, last, done = conn.execute(
             "SELECT min(published_at), max(published_at), count(*) FILTER (WHERE status = 'COMPLETED')"
             " FROM outbox.events WHERE context = %s", (CONTEXT,)).fetchone()
     if done != n:
         raise RuntimeError(f"only {done} of {n} events COMPLETED")
+    time.sleep(0.5)  # the relay's backends exit and are reaped
+    print(f"    CPU per event during the drain: PostgreSQL {(postgres_cpu_seconds(pg) - pg_cpu) / n * 1e6:.0f} us,"
+          f" nats-server {(cpu_seconds(ns.process.pid) - nats_cpu) / n * 1e6:.0f} us (and the relay, below)")
     return n / (last - first).total_seconds(), wall, rss, cpu
 
 
@@ -220,6 +269,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--rates", default="500,2000")
     ap.add_argument("--seconds", type=float, default=6.0, help="emit duration per latency run")
+    ap.add_argument("--parts", default="abcd", help="a+b: publish and drain rates; c: latency; d always")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-bench-"))
@@ -242,42 +292,51 @@ def main() -> int:
 
         asyncio.run(setup_stream())
 
-        took = emit_backlog(pg.url, args.events)
-        print(f"backlog: {args.events} events emitted in {took:.1f}s")
-        with psycopg.connect(pg.url, autocommit=True) as conn:
-            cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-            rows = cur.execute(f"SELECT {CLAIMED_COLUMNS.replace('claim_token, ', '')} "
-                               "FROM outbox.events ORDER BY id").fetchall()
-        raw = asyncio.run(raw_publish_rate(ns.url, rows, args.batch_size))
-        raw_cpu = raw.pop("cpu_us")
-        best = max(raw.values())
-        del rows
-        print(f"(a) raw nats-py JetStream publish, windows of {args.batch_size}, {args.events} msgs: "
-              + ", ".join(f"{k} {v:,.0f} msg/s" for k, v in raw.items())
-              + f" (publish_async: {raw_cpu:.0f} us of client CPU per message)")
-        rate, wall, rss, cpu = drain(root, pg, ns, args.events, args.batch_size)
-        print(f"(b) relay drain of {args.events}: {rate:,.0f} events/s (first to last published_at; "
-              f"{wall:.1f}s wall incl. start-up) = {rate / best:.2f} x (a) best [{max(raw, key=raw.get)}]; "
-              f"target >= 0.70; relay process CPU {cpu:.0f} us per event (PostgreSQL's claim/mark "
-              "work runs beside it on the same 2 cores)")
-        peak = rss
-        print("(c) end-to-end latency, emit commit -> JetStream subscriber:")
-        for mode, settings in (("LISTEN/NOTIFY", {"wakeups": "true"}),
-                               ("poll-only 1s", {"wakeups": "false", "poll_interval": "1s"})):
-            with relay_process(root, pg, ns, f"latency-{mode[:4].lower()}", **settings) as proc:
-                time.sleep(1.5)  # start-up
-                for r in (int(x) for x in args.rates.split(",")):
-                    res = asyncio.run(latency_run(pg.url, ns.url, r, args.seconds))
-                    print(f"    {mode:14s} @ {r:5d}/s (achieved {res['achieved_rate']:,.0f}/s): "
-                          f"p50 {res['p50']:7.2f} ms  p99 {res['p99']:7.2f} ms  max {res['max']:7.2f} ms  "
-                          f"({res['samples']} samples, {res['missing']} missing)")
-                peak = max(peak, peak_rss_mb(proc.pid))
-                code = None
-                proc.send_signal(signal.SIGTERM)
-                code = proc.wait(30)
-                if code != 0:
-                    print(f"    relay exited with {code} on SIGTERM (expected 0)")
-        print(f"(d) relay peak RSS (VmHWM): drain {rss:.0f} MB, max over all runs {peak:.0f} MB; target <= 150 MB")
+        peak = rss = 0.0
+        if "ab" in args.parts:
+            took = emit_backlog(pg.url, args.events)
+            print(f"backlog: {args.events} events emitted in {took:.1f}s")
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+                rows = cur.execute(f"SELECT {CLAIMED_COLUMNS.replace('claim_token, ', '')} "
+                                   "FROM outbox.events ORDER BY id").fetchall()
+            nats_cpu = cpu_seconds(ns.process.pid)
+            raw = asyncio.run(raw_publish_rate(ns.url, rows, args.batch_size))
+            nats_cpu = (cpu_seconds(ns.process.pid) - nats_cpu) / (1.5 * len(rows)) * 1e6
+            raw_cpu = raw.pop("cpu_us")
+            best = max(raw.values())
+            del rows
+            print(f"(a) raw nats-py JetStream publish, windows of {args.batch_size}, {args.events} msgs: "
+                  + ", ".join(f"{k} {v:,.0f} msg/s" for k, v in raw.items())
+                  + f" (publish_async: {raw_cpu:.0f} us of client CPU per message; nats-server"
+                  f" {nats_cpu:.0f} us per message over both runs)")
+            rate, wall, rss, cpu = drain(root, pg, ns, args.events, args.batch_size)
+            print(f"(b) relay drain of {args.events}: {rate:,.0f} events/s (first to last published_at; "
+                  f"{wall:.1f}s wall incl. start-up) = {rate / best:.2f} x (a) best "
+                  f"[{max(raw, key=raw.get)}]; target >= 0.70; relay process CPU {cpu:.0f} us per event "
+                  "(PostgreSQL's claim/mark work runs beside it on the same 2 cores)")
+            peak = rss
+        if "c" in args.parts:
+            print("(c) end-to-end latency, emit commit -> JetStream subscriber:")
+            for mode, settings in (("LISTEN/NOTIFY", {"wakeups": "true"}),
+                                   ("poll-only 1s", {"wakeups": "false", "poll_interval": "1s"})):
+                name = f"latency-{mode[:4].lower()}"
+                with relay_process(root, pg, ns, name, **settings) as proc:
+                    port = relay_http_port(root, name)
+                    for r in (int(x) for x in args.rates.split(",")):
+                        res = asyncio.run(latency_run(pg.url, ns.url, r, args.seconds))
+                        print(f"    {mode:14s} @ {r:5d}/s (achieved {res['achieved_rate']:,.0f}/s): "
+                              f"p50 {res['p50']:7.2f} ms  p99 {res['p99']:7.2f} ms  max {res['max']:7.2f} ms  "
+                              f"({res['samples']} samples, {res['missing']} missing)")
+                    print(f"    {'':14s}   relay stages over both rates: {stage_times(port)}")
+                    peak = max(peak, peak_rss_mb(proc.pid))
+                    code = None
+                    proc.send_signal(signal.SIGTERM)
+                    code = proc.wait(30)
+                    if code != 0:
+                        print(f"    relay exited with {code} on SIGTERM (expected 0)")
+        print(f"(d) relay peak RSS (VmHWM): drain {rss:.0f} MB, max over all runs {peak:.0f} MB; "
+              "target <= 150 MB")
         print(f"done: {machine_load()}")
     finally:
         ns.stop()

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
+from psycopg.types.string import TextLoader
 
 from . import db
 from .errors import wrap_exceptions
@@ -31,6 +32,12 @@ CLAIMED_COLUMNS = (
     "tenant_id, ordering_key, occurred_at, attempts"
 )
 WAKEUP_CHANNEL = "outbox_v1"  # sql/40_outbox_wakeup.sql
+
+
+def _log_warning(diag) -> None:
+    """PostgreSQL's RAISE WARNING (e.g. from create_partitions) into our logs."""
+    if diag.severity_nonlocalized == "WARNING":
+        log.warning("PostgreSQL: %s", diag.message_primary, extra={"action": "db_warning", "hint": diag.message_hint})
 
 
 class DatabaseUnavailable(Exception):
@@ -83,6 +90,10 @@ class OutboxCalls:
             self._conn = await open_connection(
                 self.database_url, synchronous_commit=self.synchronous_commit, row_factory=dict_row
             )
+            # Ids only travel from a claim to the wire and back to a mark:
+            # text avoids building (and re-formatting) a UUID object per id.
+            self._conn.adapters.register_loader("uuid", TextLoader)
+            self._conn.add_notice_handler(_log_warning)
             log.info("connected to PostgreSQL", extra={"action": "db_connected", "purpose": self.purpose})
         try:
             with wrap_exceptions():
@@ -100,14 +111,15 @@ class OutboxCalls:
         )
 
     async def mark_published(self, claim_token, event_ids: list) -> int:
-        row = await self._run("SELECT outbox.mark_published(%s, %s) AS n", (claim_token, event_ids))
+        row = await self._run("SELECT outbox.mark_published(%s::uuid, %s::uuid[]) AS n",
+                              (claim_token, event_ids))
         return row["n"]
 
     async def mark_failed(
         self, claim_token, event_ids: list, errors: list[str], retry_at: list[datetime | None]
     ) -> int:
         row = await self._run(
-            "SELECT outbox.mark_failed(%s, %s, %s, %s::timestamptz[]) AS n",
+            "SELECT outbox.mark_failed(%s::uuid, %s::uuid[], %s, %s::timestamptz[]) AS n",
             (claim_token, event_ids, errors, retry_at),
         )
         return row["n"]
@@ -118,6 +130,10 @@ class OutboxCalls:
     async def notify_throttle(self) -> float:
         row = await self._run("SELECT outbox.notify_throttle() AS gap")
         return row["gap"].total_seconds()
+
+    async def create_partitions(self, days_ahead: int) -> list[str]:
+        rows = await self._run("SELECT p AS name FROM outbox.create_partitions(%s) AS p", (days_ahead,), rows=True)
+        return [r["name"] for r in rows]
 
     async def schema_version(self) -> int:
         return (await self._run("SELECT outbox.schema_version() AS v"))["v"]

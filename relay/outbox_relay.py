@@ -111,6 +111,8 @@ class OutboxRelay:
             ]
             background.append(asyncio.create_task(self._backlog_loop(), name="backlog"))
             background.append(asyncio.create_task(self._tick_loop(), name="tick"))
+            if self.cfg.partitions_every > 0:
+                background.append(asyncio.create_task(self._partitions_loop(), name="partitions"))
             if self.cfg.wakeups:
                 background.append(asyncio.create_task(self.wakeups.listen(self.cfg.database_url), name="listen"))
             self.started.set()
@@ -324,6 +326,18 @@ class OutboxRelay:
                 pass  # the claim loop reports it; readiness shows it
             self.problems()
             await asyncio.sleep(self.cfg.backlog_interval)
+
+    async def _partitions_loop(self) -> None:
+        """Keeps daily partitions created ahead (idempotent, serialised in SQL), so
+        that events never land in the default partition for want of a cron job."""
+        while True:
+            try:
+                created = await self.monitor.create_partitions(self.cfg.days_ahead)
+                if created:
+                    log.info("created partitions %s", ", ".join(created), extra={"action": "partitions"})
+            except DatabaseUnavailable:
+                pass  # next round
+            await asyncio.sleep(self.cfg.partitions_every)
 
     async def _tick_loop(self) -> None:
         """/healthz is alive while this event loop keeps ticking."""

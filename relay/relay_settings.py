@@ -8,6 +8,7 @@ import socket
 from types import SimpleNamespace
 
 from . import settings
+from .commands import partitions
 from .errors import ConfigError
 from .json_logs import level_name
 from .settings import Setting, boolean, duration, non_negative_int, positive_int
@@ -66,6 +67,9 @@ RELAY = settings.DATABASE + settings.NATS + (
             "Not ready when events are due and nothing was published for this long", duration),
     Setting("backlog_interval", "OUTBOX_RELAY_BACKLOG_INTERVAL", "5s",
             "How often outbox.backlog() refreshes the backlog metrics", duration),
+    Setting("partitions_every", "OUTBOX_RELAY_PARTITIONS_EVERY", "1h",
+            "How often the relay creates the daily outbox partitions ahead (0: never)", duration),
+    next(s for s in partitions.SETTINGS if s.env == "OUTBOX_PARTITION_DAYS_AHEAD"),
     Setting("shutdown_grace", "OUTBOX_RELAY_SHUTDOWN_GRACE", "15s",
             "On SIGTERM, how long in-flight batches may take to finish", duration),
     LOG_LEVEL,

@@ -8,7 +8,9 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from collections import defaultdict
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import nats
@@ -257,3 +259,33 @@ async def test_health_readiness_and_metrics_endpoints(database_url, nats_server)
 async def _stalled(http) -> bool:
     problems = (await http.get("/readyz")).json()["problems"]
     return any(p.startswith("no progress for") for p in problems)
+
+
+async def test_the_relay_runs_with_only_the_pgoutbox_relay_role(database_url, nats_server):
+    """Least privilege: a login that is granted pgoutbox_relay and nothing else."""
+    await apply_streams(nats_server.url)
+    login = f"relay_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE pgoutbox_relay")
+    try:
+        emit(database_url, 20)
+        relay_url = database_url.replace("postgresql://postgres@", f"postgresql://{login}@")
+        async with running_relay(relay_config(relay_url, nats_server.url, partitions_every="1h")):
+            await completed(database_url, 20)
+        with psycopg.connect(relay_url, autocommit=True) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT count(*) FROM outbox.events")
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {login}")
+
+
+async def test_the_relay_keeps_daily_partitions_created_ahead(database_url, nats_server):
+    await apply_streams(nats_server.url)
+    far = (datetime.now(timezone.utc) + timedelta(days=12)).strftime("events_p%Y%m%d")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (f"outbox.{far}",)).fetchone()[0] is None
+    async with running_relay(relay_config(database_url, nats_server.url, days_ahead="12")):
+        async def created():
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                return conn.execute("SELECT to_regclass(%s)", (f"outbox.{far}",)).fetchone()[0] is not None
+        await await_for(created, 10, f"partition {far}")
