@@ -1,5 +1,6 @@
 """Exponential backoff with bounded jitter, for the consumer's redelivery
-delays (nak) and the replay schedule of dead letters.
+delays (nak) and the replay schedule of dead letters, and (RetryPolicy) the
+relay's publish retries.
 
     delay(n) = uniform(1 - jitter, 1) * min(max_delay, base * 2 ** (n - 1))
 
@@ -12,7 +13,8 @@ messages dead-lettered together still spread out.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -45,3 +47,39 @@ def jitter_fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"must be between 0 and 1, got {value}")
     return value
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The relay's retries of failed publishes: full jitter (a Backoff with
+    jitter 1: uniform in (0, min(cap, base * 2**(n-1))]) so that a batch that
+    failed together does not come back as one burst, and a cap on attempts.
+    The database only records the decision (mark_failed's retry_at, NULL =
+    dead-letter)."""
+
+    base: float  # seconds; the ceiling of the first retry's delay
+    cap: float  # seconds; no delay is longer
+    max_attempts: int  # publish attempts (claims) before DEAD_LETTER
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.base, self.cap, jitter=1.0)
+
+    def ceiling(self, attempts: int) -> float:
+        return self.backoff.ceiling(max(attempts, 1))
+
+    def delay(self, attempts: int) -> float | None:
+        """Seconds until the next attempt after `attempts` failed ones, or None: give up."""
+        if attempts >= self.max_attempts:
+            return None
+        return self.backoff.delay(max(attempts, 1), self.rng)
+
+
+def reconnect_delays(base: float = 0.1, cap: float = 5.0) -> Iterator[float]:
+    """Endless pauses between attempts to reach a server: doubling, capped, full jitter."""
+    backoff = Backoff(base, cap, jitter=1.0)
+    attempt = 0
+    while True:
+        attempt += 1
+        yield backoff.delay(attempt)

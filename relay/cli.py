@@ -15,6 +15,8 @@ from .errors import PgOutboxError
 # Modules providing subcommands, in --help order.
 COMMAND_MODULES = (
     "pgoutbox.commands.migrate",
+    "pgoutbox.commands.relay",
+    "pgoutbox.commands.streams",
     "pgoutbox.commands.status",
     "pgoutbox.commands.requeue",
     "pgoutbox.commands.partitions",

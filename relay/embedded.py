@@ -112,7 +112,10 @@ class EmbeddedPostgres:
             self._pg_ctl("stop", "-m", mode, "-w")
 
     def restart(self) -> None:
-        self._pg_ctl("restart", "-m", "fast", "-w")
+        # Not `pg_ctl restart`: it starts the new postmaster without -l, so the
+        # server inherits (and holds open forever) our captured stdout pipe.
+        self.stop("fast")
+        self.start()
 
 
 @dataclass

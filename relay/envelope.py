@@ -3,7 +3,9 @@
 message alone, without the producer's database.
 
     subject  {context}.event.{event_type}.v{event_version}
-    body     the payload, compact JSON (UTF-8)
+    body     the payload as JSON (UTF-8): compact when given as an object; the
+             relay passes PostgreSQL's own jsonb text through unchanged, so
+             numbers keep their exact digits (a Python float would not)
     headers  Nats-Msg-Id        event_id (JetStream dedup; the inbox message_id)
              Pgoutbox-*         the event's metadata, below
              traceparent, ...   every entry of outbox.events.headers (W3C trace
@@ -42,9 +44,16 @@ def _text(value: Any) -> str:
 
 
 def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
-    """(subject, body, headers) for an outbox.events row (as a mapping)."""
+    """(subject, body, headers) for an outbox.events row (as a mapping).
+
+    payload may be a JSON object (dict) or its JSON text (str), as the relay
+    reads it; headers a dict or its JSON text.
+    """
     headers: dict[str, str] = {}
-    for key, value in (event.get("headers") or {}).items():
+    extra = event.get("headers") or {}
+    if isinstance(extra, str):
+        extra = json.loads(extra) if extra != "{}" else {}
+    for key, value in extra.items():
         if key == MSG_ID or key.startswith(PREFIX) or value is None:
             continue  # reserved names cannot be overridden by the emitter
         headers[str(key)] = value if isinstance(value, str) else json.dumps(value)
@@ -53,7 +62,11 @@ def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
         if value is not None:
             headers[header] = _text(value)
     headers[MSG_ID] = str(event["event_id"])
-    body = json.dumps(event["payload"], separators=(",", ":"), ensure_ascii=False).encode()
+    payload = event["payload"]
+    if isinstance(payload, str):
+        body = payload.encode()
+    else:
+        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     return event["subject"], body, headers
 
 

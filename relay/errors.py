@@ -82,6 +82,10 @@ class ConfigError(PgOutboxError):
     """The configuration is invalid."""
 
 
+class BrokerUnavailable(PgOutboxError):
+    """NATS could not be reached."""
+
+
 _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.INVALID_OUTBOX: PolicyViolation,
     SqlState.FUTURE_EVENT: PolicyViolation,

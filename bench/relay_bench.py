@@ -1,0 +1,349 @@
+"""Relay benchmark (not a test): prints, in one run on this machine,
+
+  (a) the raw nats-py JetStream publish rate for the same messages (subject,
+      body, headers built by pgoutbox.envelope from the very rows the relay
+      will drain), pipelined in windows of the relay's batch size;
+  (b) the relay's drain rate for a backlog of --events events, as events/s
+      and as a ratio to (a);
+  (c) end-to-end latency p50/p99 from emit's commit (outbox.emit in its own
+      autocommit transaction) to receipt by a JetStream subscriber, at fixed
+      emit rates, with the LISTEN/NOTIFY wake-up and poll-only;
+  (d) the relay's peak RSS (VmHWM) in each run.
+
+Everything runs on a private PostgreSQL 15 (default durability: fsync on,
+synchronous_commit on) and nats-server (file storage) started on free ports
+under a temporary folder, and stopped (by PID) at the end. The relay runs as
+a real subprocess (`python -m pgoutbox.cli relay`), as in production.
+
+    .venv/bin/python bench/relay_bench.py [--events 100000] [--rates 500,2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import nats
+import psycopg
+from nats.js.api import DeliverPolicy, StreamConfig
+
+from pgoutbox import envelope, migrate, streams
+from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres
+from pgoutbox.outbox_calls import CLAIMED_COLUMNS
+
+CONTEXT = "bench"
+EMIT_CHUNK = 10_000
+# One order event: ~200 bytes of payload plus a W3C traceparent header.
+EMIT_SQL = """
+SELECT count(outbox.emit(
+    'order', i::text, 'order_created',
+    jsonb_build_object(
+        'schema_version', 1, 'order_id', i, 'customer', 'c-' || (i %% 1000),
+        'total_cents', 1250 * 2 + 990,
+        'lines', jsonb_build_array(
+            jsonb_build_object('sku', 'SKU-1', 'qty', 2, 'price_cents', 1250),
+            jsonb_build_object('sku', 'SKU-2', 'qty', 1, 'price_cents', 990))),
+    context => %(context)s,
+    headers => jsonb_build_object('traceparent',
+        '00-' || md5(i::text) || '-' || left(md5(i::text || 's'), 16) || '-01'),
+    correlation_id => gen_random_uuid()
+)) FROM generate_series(%(lo)s::int, %(hi)s::int) AS i
+"""
+ONE_EMIT_SQL = EMIT_SQL.replace("count(outbox.emit(", "(outbox.emit(").replace(
+    "FROM generate_series(%(lo)s::int, %(hi)s::int) AS i", "FROM (SELECT %(lo)s::int AS i) AS x")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
+    """User + system CPU time of a process so far (plus its reaped children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_seconds(pg: EmbeddedPostgres) -> float:
+    """CPU of the whole PostgreSQL server: the postmaster, its live children and
+    the backends it has reaped."""
+    postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
+    total = cpu_seconds(postmaster, reaped_children=True)
+    for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
+        with contextlib.suppress(FileNotFoundError):
+            total += cpu_seconds(int(child))
+    return total
+
+
+def machine_load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min) / {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+@contextlib.contextmanager
+def relay_process(root: Path, pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, **settings: str):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
+    env.update({
+        "OUTBOX_DATABASE_URL": pg.url, "OUTBOX_NATS_URL": ns.url, "OUTBOX_RELAY_NAME": name,
+        "OUTBOX_RELAY_HTTP_PORT": "0", "OUTBOX_LOG_LEVEL": "INFO",
+    })
+    env.update({f"OUTBOX_RELAY_{k.upper()}": v for k, v in settings.items()})
+    log = (root / f"{name}.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "pgoutbox.cli", "relay"], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def relay_http_port(root: Path, name: str, timeout: float = 30) -> int:
+    """The port the relay's /metrics landed on (from its "started" log line)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in (root / f"{name}.log").read_text().splitlines():
+            if line.startswith("{") and json.loads(line).get("action") == "started":
+                return json.loads(line)["http_port"]
+        time.sleep(0.1)
+    raise RuntimeError(f"relay {name} did not start; see {root}/{name}.log")
+
+
+def stage_times(port: int) -> str:
+    """Mean claim and publish durations and batch size, from the relay's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    value = {}
+    for line in text.splitlines():
+        name, _, number = line.partition(" ")
+        if name.endswith(("_sum", "_count")) and name.startswith("outbox_relay_"):
+            value[name] = float(number)
+
+    def mean(metric: str) -> float:
+        return value[f"{metric}_sum"] / max(1.0, value[f"{metric}_count"])
+
+    return (f"claim {mean('outbox_relay_claim_seconds') * 1000:.1f} ms, publish "
+            f"{mean('outbox_relay_publish_seconds') * 1000:.1f} ms, {mean('outbox_relay_batch_size'):.1f} "
+            f"events per batch")
+
+
+def emit_backlog(url: str, n: int) -> float:
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(1, n + 1, EMIT_CHUNK):
+            conn.execute(EMIT_SQL, {"context": CONTEXT, "lo": lo, "hi": min(n, lo + EMIT_CHUNK - 1)})
+    return time.perf_counter() - started
+
+
+async def raw_publish_rate(ns_url: str, rows: list[dict], window: int) -> dict[str, float]:
+    """nats-py alone: the same messages into a separate stream, pipelined by window."""
+    messages = []
+    for row in rows:
+        subject, body, headers = envelope.to_nats(row)
+        messages.append(("raw." + subject, body, headers))
+    nc = await nats.connect(ns_url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="RAW", subjects=["raw.>"]))
+    rates = {}
+    try:
+        # js.publish_async: nats-py's pipelined publish (futures, one reply inbox).
+        started, cpu = time.perf_counter(), time.process_time()
+        for i in range(0, len(messages), window):
+            futures = [await js.publish_async(s, b, headers=dict(h)) for s, b, h in messages[i:i + window]]
+            await asyncio.gather(*futures)
+        rates["publish_async"] = len(messages) / (time.perf_counter() - started)
+        rates["cpu_us"] = (time.process_time() - cpu) / len(messages) * 1e6
+        await js.purge_stream("RAW")
+        # js.publish under asyncio.gather: one request (and task) per message.
+        sample = messages[: len(messages) // 2]
+        started = time.perf_counter()
+        for i in range(0, len(sample), window):
+            await asyncio.gather(*(js.publish(s, b, headers=dict(h) | {"Nats-Msg-Id": h["Nats-Msg-Id"] + "-2"})
+                                   for s, b, h in sample[i:i + window]))
+        rates["publish+gather"] = len(sample) / (time.perf_counter() - started)
+    finally:
+        await js.delete_stream("RAW")
+        await nc.close()
+    return rates
+
+
+def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, float, float]:
+    """(events/s between the first and last published_at, wall seconds, peak RSS MB,
+    relay CPU microseconds per event)."""
+    pg_cpu, nats_cpu = postgres_cpu_seconds(pg), cpu_seconds(ns.process.pid)
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        started = time.perf_counter()
+        with relay_process(root, pg, ns, "drain", batch_size=str(batch_size)) as proc:
+            while True:
+                left = conn.execute("SELECT coalesce(sum(unpublished), 0) FROM outbox.backlog(%s)",
+                                    (CONTEXT,)).fetchone()[0]
+                if left == 0:
+                    break
+                if proc.poll() is not None:
+                    raise RuntimeError(f"relay exited with {proc.returncode}; see {root}/drain.log")
+                time.sleep(0.05)
+            wall = time.perf_counter() - started
+            rss = peak_rss_mb(proc.pid)
+            cpu = cpu_seconds(proc.pid) / n * 1e6
+            print(f"    relay stages during the drain: {stage_times(relay_http_port(root, 'drain'))}")
+        first, last, done = conn.execute(
+            "SELECT min(published_at), max(published_at), count(*) FILTER (WHERE status = 'COMPLETED')"
+            " FROM outbox.events WHERE context = %s", (CONTEXT,)).fetchone()
+    if done != n:
+        raise RuntimeError(f"only {done} of {n} events COMPLETED")
+    time.sleep(0.5)  # the relay's backends exit and are reaped
+    print(f"    CPU per event during the drain: PostgreSQL {(postgres_cpu_seconds(pg) - pg_cpu) / n * 1e6:.0f} us,"
+          f" nats-server {(cpu_seconds(ns.process.pid) - nats_cpu) / n * 1e6:.0f} us (and the relay, below)")
+    return n / (last - first).total_seconds(), wall, rss, cpu
+
+
+async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float) -> dict[str, float]:
+    """Emits at `rate`/s (each in its own transaction) and times commit -> subscriber."""
+    nc = await nats.connect(ns_url)
+    js = nc.jetstream()
+    received: dict[str, float] = {}
+
+    async def on_msg(msg):
+        received[msg.headers[envelope.MSG_ID]] = time.perf_counter()
+
+    sub = await js.subscribe(f"{CONTEXT}.event.>", cb=on_msg, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.NEW)
+    committed: dict[str, float] = {}
+    total = int(rate * seconds)
+    writers = 8
+    conns = [await psycopg.AsyncConnection.connect(pg_url, autocommit=True) for _ in range(writers)]
+    started = time.perf_counter() + 0.2
+
+    async def writer(k: int) -> None:
+        conn = conns[k]
+        for i in range(k, total, writers):
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            cur = await conn.execute(ONE_EMIT_SQL, {"context": CONTEXT, "lo": 10_000_000 + i})
+            committed[str((await cur.fetchone())[0])] = time.perf_counter()
+
+    await asyncio.gather(*(writer(k) for k in range(writers)))
+    emit_seconds = time.perf_counter() - started
+    deadline = time.perf_counter() + 30
+    while len(set(committed) - set(received)) and time.perf_counter() < deadline:
+        await asyncio.sleep(0.05)
+    await sub.unsubscribe()
+    await nc.close()
+    for c in conns:
+        await c.close()
+    # The first half second warms up connections and prepared statements.
+    warm = started + 0.5
+    lat = sorted((received[e] - t) * 1000 for e, t in committed.items() if e in received and t >= warm)
+    missing = len(set(committed) - set(received))
+    q = statistics.quantiles(lat, n=100)
+    return {"achieved_rate": total / emit_seconds, "p50": q[49], "p99": q[98], "max": lat[-1],
+            "samples": len(lat), "missing": missing}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--batch-size", type=int, default=500)
+    ap.add_argument("--rates", default="500,2000")
+    ap.add_argument("--seconds", type=float, default=6.0, help="emit duration per latency run")
+    ap.add_argument("--parts", default="abcd", help="a+b: publish and drain rates; c: latency; d always")
+    args = ap.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="pgoutbox-bench-"))
+    root.chmod(0o755)  # PostgreSQL runs as another user below
+    pg = EmbeddedPostgres(root / "pg", settings={"max_wal_size": "4GB"})
+    ns = EmbeddedNats(root / "nats")
+    print(f"relay bench: {machine_load()} (shared machine: figures are noisy)")
+    try:
+        pg.start()
+        ns.start()
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            migrate.migrate(conn)
+        specs = [streams.StreamSpec(CONTEXT, "BENCH_EVENTS", (f"{CONTEXT}.event.>",), "limits", "file",
+                                    1, 0, -1, 120)]
+
+        async def setup_stream():
+            nc = await nats.connect(ns.url)
+            await streams.apply(nc.jetstream(), specs)
+            await nc.close()
+
+        asyncio.run(setup_stream())
+
+        peak = rss = 0.0
+        if "ab" in args.parts:
+            took = emit_backlog(pg.url, args.events)
+            print(f"backlog: {args.events} events emitted in {took:.1f}s")
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+                rows = cur.execute(f"SELECT {CLAIMED_COLUMNS.replace('claim_token, ', '')} "
+                                   "FROM outbox.events ORDER BY id").fetchall()
+            nats_cpu = cpu_seconds(ns.process.pid)
+            raw = asyncio.run(raw_publish_rate(ns.url, rows, args.batch_size))
+            nats_cpu = (cpu_seconds(ns.process.pid) - nats_cpu) / (1.5 * len(rows)) * 1e6
+            raw_cpu = raw.pop("cpu_us")
+            best = max(raw.values())
+            del rows
+            print(f"(a) raw nats-py JetStream publish, windows of {args.batch_size}, {args.events} msgs: "
+                  + ", ".join(f"{k} {v:,.0f} msg/s" for k, v in raw.items())
+                  + f" (publish_async: {raw_cpu:.0f} us of client CPU per message; nats-server"
+                  f" {nats_cpu:.0f} us per message over both runs)")
+            rate, wall, rss, cpu = drain(root, pg, ns, args.events, args.batch_size)
+            print(f"(b) relay drain of {args.events}: {rate:,.0f} events/s (first to last published_at; "
+                  f"{wall:.1f}s wall incl. start-up) = {rate / best:.2f} x (a) best "
+                  f"[{max(raw, key=raw.get)}]; target >= 0.70; relay process CPU {cpu:.0f} us per event "
+                  "(PostgreSQL's claim/mark work runs beside it on the same 2 cores)")
+            peak = rss
+        if "c" in args.parts:
+            print("(c) end-to-end latency, emit commit -> JetStream subscriber:")
+            for mode, settings in (("LISTEN/NOTIFY", {"wakeups": "true"}),
+                                   ("poll-only 1s", {"wakeups": "false", "poll_interval": "1s"})):
+                name = f"latency-{mode[:4].lower()}"
+                with relay_process(root, pg, ns, name, **settings) as proc:
+                    port = relay_http_port(root, name)
+                    for r in (int(x) for x in args.rates.split(",")):
+                        res = asyncio.run(latency_run(pg.url, ns.url, r, args.seconds))
+                        print(f"    {mode:14s} @ {r:5d}/s (achieved {res['achieved_rate']:,.0f}/s): "
+                              f"p50 {res['p50']:7.2f} ms  p99 {res['p99']:7.2f} ms  max {res['max']:7.2f} ms  "
+                              f"({res['samples']} samples, {res['missing']} missing)")
+                    print(f"    {'':14s}   relay stages over both rates: {stage_times(port)}")
+                    peak = max(peak, peak_rss_mb(proc.pid))
+                    code = None
+                    proc.send_signal(signal.SIGTERM)
+                    code = proc.wait(30)
+                    if code != 0:
+                        print(f"    relay exited with {code} on SIGTERM (expected 0)")
+        print(f"(d) relay peak RSS (VmHWM): drain {rss:.0f} MB, max over all runs {peak:.0f} MB; "
+              "target <= 150 MB")
+        print(f"done: {machine_load()}")
+    finally:
+        ns.stop()
+        pg.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
