@@ -119,7 +119,7 @@ class Cluster:
             "OUTBOX_RELAY_RETRY_BASE": "200ms",
             "OUTBOX_RELAY_RETRY_CAP": "2s",
             "OUTBOX_RELAY_MAX_ATTEMPTS": "100000",  # outages must not dead-letter events
-            "OUTBOX_RELAY_HTTP_LISTEN": "off",
+            "OUTBOX_RELAY_HTTP_PORT": "0",
         })
 
     def start_consumer(self, i: int) -> None:
@@ -252,6 +252,7 @@ def inject_faults(cluster: Cluster, profile: Profile, rng: random.Random, stop: 
                 return
         i = rng.randrange(2)
         started = time.monotonic()
+        label = kind + (f" #{i}" if kind.endswith(("relay", "consumer")) else "")
         if kind == "kill_relay":
             cluster.relays[i].kill()
             cluster.relays[i].wait()
@@ -273,8 +274,7 @@ def inject_faults(cluster: Cluster, profile: Profile, rng: random.Random, stop: 
             time.sleep(LEASE_SECONDS + rng.uniform(1.0, 2.5))
             cluster.relays[i].send_signal(signal.SIGCONT)
         done[kind] += 1
-        log.append(f"{time.monotonic() - t0:6.1f}s {kind}" + (f" #{i}" if "relay" in kind or "consumer" in kind else "")
-                   + f" ({time.monotonic() - started:.1f}s)")
+        log.append(f"{started - t0:6.1f}s {label} ({time.monotonic() - started:.1f}s)")
 
 
 async def read_stream(nats_url: str, stream: str) -> list[tuple[int, str, bytes, dict]]:
@@ -310,22 +310,27 @@ async def consumer_state(nats_url: str) -> tuple[int, int]:
         await nc.close()
 
 
-def wait_for_quiescence(cluster: Cluster, ledger: Ledger, timeout: float) -> tuple[bool, str]:
+def wait_for_quiescence(cluster: Cluster, ledger: Ledger, timeout: float, stuck_after: float = 30.0) -> tuple[bool, str]:
+    """Waits until nothing is unpublished, unprocessed or unacked; gives up
+    at the timeout, or once the state has not changed for stuck_after
+    seconds (longer than every redelivery and retry delay configured here)."""
     deadline = time.monotonic() + timeout
-    state = "not checked"
-    while time.monotonic() < deadline:
+    state, since = "not checked", time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < stuck_after:
         try:
             with psycopg.connect(cluster.pg.url, autocommit=True) as c:
                 outbox = c.execute("SELECT coalesce(sum(unpublished), 0), coalesce(sum(dead_letter), 0)"
                                    " FROM outbox.backlog()").fetchone()
                 inbox = c.execute("SELECT coalesce(sum(unprocessed), 0) FROM inbox.backlog()").fetchone()[0]
             pending, ack_pending = asyncio.run(consumer_state(cluster.nats.url))
-            state = (f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
-                     f"jetstream pending={pending} ack_pending={ack_pending}")
+            new_state = (f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
+                         f"jetstream pending={pending} ack_pending={ack_pending}")
+            if new_state != state:
+                state, since = new_state, time.monotonic()
             if outbox[0] == 0 and inbox == 0 and pending == 0 and ack_pending == 0:
                 return True, state
         except Exception as exc:  # noqa: BLE001 - servers may still be recovering
-            state = f"unreachable: {exc!r}"
+            state, since = f"unreachable: {exc!r}", time.monotonic()
         time.sleep(1)
     return False, state
 
@@ -414,6 +419,7 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
 
 def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = False) -> int:
     root = root or Path(tempfile.mkdtemp(prefix="pgoutbox-chaos-"))
+    root.chmod(0o755)  # PostgreSQL runs as the postgres user below it
     rng = random.Random(seed)
     cluster = Cluster(root, seed)
     ledger = Ledger()
@@ -437,7 +443,7 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         quiet, state = wait_for_quiescence(cluster, ledger, profile.quiesce_timeout)
         figures, problems = check(cluster, ledger)
         if not quiet:
-            problems.append(f"no quiescence after {profile.quiesce_timeout:.0f}s: {state}")
+            problems.append(f"no quiescence: {state}")
         problems += [f"worker died on its own: {c}" for c in cluster.crashed()]
         figures.update({"faults": dict(faults), "faults_total": sum(faults.values()),
                         "writer_errors": ledger.writer_errors, "seed": seed,

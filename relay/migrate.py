@@ -40,6 +40,8 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
         if names.setdefault(version, name) != name:
             raise MigrationError(f"two migrations numbered {version}: {names[version]}, {name}")
         found.setdefault(version, {})[m.group(3)] = path
+    if not found:
+        raise MigrationError(f"no migrations in {directory}")
     migrations = []
     for expected, version in enumerate(sorted(found), start=1):
         if version != expected:
