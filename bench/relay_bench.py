@@ -219,7 +219,7 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
     return n / (last - first).total_seconds(), wall, rss, cpu
 
 
-async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float) -> dict[str, float]:
+async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float, emit_sync: bool) -> dict[str, float]:
     """Emits at `rate`/s (each in its own transaction) and times commit -> subscriber."""
     nc = await nats.connect(ns_url)
     js = nc.jetstream()
@@ -233,7 +233,9 @@ async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float) -> di
     committed: dict[str, float] = {}
     total = int(rate * seconds)
     writers = 8
-    conns = [await psycopg.AsyncConnection.connect(pg_url, autocommit=True) for _ in range(writers)]
+    options = "" if emit_sync else "-c synchronous_commit=off"
+    conns = [await psycopg.AsyncConnection.connect(pg_url, autocommit=True, options=options)
+             for _ in range(writers)]
     started = time.perf_counter() + 0.2
 
     async def writer(k: int) -> None:
@@ -269,6 +271,8 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--rates", default="500,2000")
     ap.add_argument("--seconds", type=float, default=6.0, help="emit duration per latency run")
+    ap.add_argument("--emit-sync", choices=("on", "off"), default="on",
+                    help="synchronous_commit of the latency runs' emitting sessions")
     ap.add_argument("--parts", default="abcd", help="a+b: publish and drain rates; c: latency; d always")
     args = ap.parse_args()
 
@@ -317,14 +321,15 @@ def main() -> int:
                   "(PostgreSQL's claim/mark work runs beside it on the same 2 cores)")
             peak = rss
         if "c" in args.parts:
-            print("(c) end-to-end latency, emit commit -> JetStream subscriber:")
+            print("(c) end-to-end latency, emit commit -> JetStream subscriber (8 emitting sessions, "
+                  f"synchronous_commit={args.emit_sync}):")
             for mode, settings in (("LISTEN/NOTIFY", {"wakeups": "true"}),
                                    ("poll-only 1s", {"wakeups": "false", "poll_interval": "1s"})):
                 name = f"latency-{mode[:4].lower()}"
                 with relay_process(root, pg, ns, name, **settings) as proc:
                     port = relay_http_port(root, name)
                     for r in (int(x) for x in args.rates.split(",")):
-                        res = asyncio.run(latency_run(pg.url, ns.url, r, args.seconds))
+                        res = asyncio.run(latency_run(pg.url, ns.url, r, args.seconds, args.emit_sync == "on"))
                         print(f"    {mode:14s} @ {r:5d}/s (achieved {res['achieved_rate']:,.0f}/s): "
                               f"p50 {res['p50']:7.2f} ms  p99 {res['p99']:7.2f} ms  max {res['max']:7.2f} ms  "
                               f"({res['samples']} samples, {res['missing']} missing)")

@@ -209,8 +209,12 @@ class OutboxRelay:
                 self._in_flight += 1
                 self.metrics.batch_size.observe(len(rows))
                 await out.put(Batch(rows, started))
-                continue  # work may remain: claim again without waiting
-            self._progress()  # nothing claimable is not "stuck"
+                if len(rows) == cfg.batch_size:
+                    continue  # a full batch: more may be due, claim again without waiting
+            else:
+                self._progress()  # nothing claimable is not "stuck"
+            # A short batch took everything due. What commits next notifies,
+            # or falls in a throttle window whose re-check is scheduled.
             await self._unless_stopping(self.wakeups.wait())
         await out.put(None)
 
