@@ -1,0 +1,1 @@
+"""Chaos harness for pgoutbox (`make chaos`); see harness.py."""

@@ -1,0 +1,26 @@
+"""python -m chaos [--profile short|long] [--seed N] [--seconds S] [--rate R] [--faults F]"""
+
+import argparse
+import dataclasses
+import sys
+
+from .harness import PROFILES, run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="short")
+    ap.add_argument("--seed", type=int, default=20261122)
+    ap.add_argument("--seconds", type=float, help="override the profile's load duration")
+    ap.add_argument("--rate", type=float, help="override the profile's emits per second")
+    ap.add_argument("--faults", type=int, help="override the profile's fault count")
+    ap.add_argument("--keep", action="store_true", help="keep the data and logs folder")
+    args = ap.parse_args()
+    overrides = {k: v for k, v in (("seconds", args.seconds), ("rate", args.rate), ("faults", args.faults)) if v}
+    profile = dataclasses.replace(PROFILES[args.profile], **overrides)
+    print(f"chaos: profile {args.profile} {profile}, seed {args.seed}", flush=True)
+    return run(profile, args.seed, keep=args.keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

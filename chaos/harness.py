@@ -1,0 +1,462 @@
+"""Chaos harness: the whole pipeline under load while faults are injected,
+then a ledger check. Seeded, bounded in time and count, loopback only.
+
+    emit (writers, some rolled back) -> outbox -> 2 relays -> JetStream
+        -> 2 consumers -> HTTP ledger app (side effect + inbox marker, one txn)
+
+Faults, at moments drawn from the seed, one at a time: kill -9 of a relay or
+a consumer (restarted), a NATS restart, a PostgreSQL restart, and SIGSTOP of
+a relay for longer than its lease (then SIGCONT). When the load stops the
+harness waits for quiescence and checks that every committed emit is
+COMPLETED and in the stream exactly once, that no rolled-back emit appears
+anywhere, that every event has exactly one side effect (none for poison),
+that nothing is left PROCESSING, due or unacked, that the DLQ holds exactly
+the injected poison events, and that events of one ordering key reached the
+stream in emit order. It prints the figures and exits 1 on any violation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+import psycopg
+
+from pgoutbox import migrate
+from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres
+
+from .ledger_app import SCHEMA, LedgerApp
+
+CONTEXT = "chaos"
+HANDLER = "ledger"
+STREAM = "CHAOS_EVENTS"
+LEASE_SECONDS = 3.0
+FAULT_KINDS = ("kill_relay", "kill_consumer", "restart_nats", "restart_postgres", "pause_relay")
+
+
+@dataclass(frozen=True)
+class Profile:
+    seconds: float  # how long writers emit
+    rate: float  # committed + rolled-back emits per second, all writers together
+    writers: int
+    faults: int  # at least one of each kind
+    rollback_fraction: float = 0.1
+    poison_fraction: float = 0.005
+    keys: int = 50  # ordering keys used by half of the events
+    quiesce_timeout: float = 180.0
+
+
+PROFILES = {
+    "short": Profile(seconds=40, rate=75, writers=3, faults=6),
+    "long": Profile(seconds=1200, rate=100, writers=4, faults=60, quiesce_timeout=600),
+}
+
+
+@dataclass
+class Ledger:
+    committed: dict[uuid.UUID, float] = field(default_factory=dict)  # event id -> commit time
+    rolled_back: set[uuid.UUID] = field(default_factory=set)
+    uncertain: set[uuid.UUID] = field(default_factory=set)  # connection lost during COMMIT
+    poison: set[uuid.UUID] = field(default_factory=set)
+    keyed: dict[uuid.UUID, str] = field(default_factory=dict)
+    writer_errors: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Cluster:
+    """The processes under test, started and stopped by PID."""
+
+    def __init__(self, root: Path, seed: int):
+        self.root = root
+        self.pg = EmbeddedPostgres(root / "postgres")
+        self.nats = EmbeddedNats(root / "nats")
+        self.relays: list[subprocess.Popen | None] = [None, None]
+        self.consumers: list[subprocess.Popen | None] = [None, None]
+        self.app: LedgerApp | None = None
+        self.seed = seed
+        self.logs = root / "logs"
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
+        env.update({
+            "OUTBOX_DATABASE_URL": self.pg.url,
+            "OUTBOX_NATS_URL": self.nats.url,
+            "OUTBOX_LOG_LEVEL": "WARNING",
+        })
+        env.update(extra)
+        return env
+
+    def _spawn(self, command: str, name: str, extra: dict[str, str]) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = (self.logs / f"{name}.log").open("ab")
+        return subprocess.Popen(
+            [sys.executable, "-m", "pgoutbox.cli", command],
+            env=self.env(extra), stdout=log, stderr=subprocess.STDOUT,
+        )
+
+    def start_relay(self, i: int) -> None:
+        self.relays[i] = self._spawn("relay", f"relay-{i}", {
+            "OUTBOX_RELAY_NAME": f"relay-{i}",
+            "OUTBOX_STREAMS_FILE": str(self.root / "streams.toml"),
+            "OUTBOX_RELAY_LEASE": f"{LEASE_SECONDS}s",
+            "OUTBOX_RELAY_PUBLISH_TIMEOUT": "2s",
+            "OUTBOX_RELAY_POLL_INTERVAL": "500ms",
+            "OUTBOX_RELAY_BATCH_SIZE": "100",
+            "OUTBOX_RELAY_RETRY_BASE": "200ms",
+            "OUTBOX_RELAY_RETRY_CAP": "2s",
+            "OUTBOX_RELAY_MAX_ATTEMPTS": "100000",  # outages must not dead-letter events
+            "OUTBOX_RELAY_HTTP_LISTEN": "off",
+        })
+
+    def start_consumer(self, i: int) -> None:
+        self.consumers[i] = self._spawn("consume", f"consumer-{i}", {
+            "OUTBOX_REGISTRY_FILE": str(self.root / "handlers.registry.json"),
+            "OUTBOX_CONSUMER_HTTP_PORT": "0",
+            "OUTBOX_REPLAY_WORKER": f"consumer-{i}",
+            "OUTBOX_CONSUMER_RETRY_DELAY": "200ms",
+            "OUTBOX_CONSUMER_RETRY_MAX_DELAY": "2s",
+            "OUTBOX_CONSUMER_FETCH_TIMEOUT": "500ms",
+        })
+
+    def start(self, app_url_holder: list[str]) -> None:
+        self.pg.start()
+        self.nats.start()
+        with psycopg.connect(self.pg.url, autocommit=True) as conn:
+            migrate.migrate(conn)
+            conn.execute(SCHEMA)
+        self.app = LedgerApp(self.pg.url)
+        self.app.start()
+        app_url_holder.append(self.app.url)
+        (self.root / "streams.toml").write_text(
+            f'[streams.{CONTEXT}]\nname = "{STREAM}"\nduplicate_window = "2m"\nmax_age = "1d"\n'
+        )
+        manifests = self.root / "handlers"
+        manifests.mkdir(exist_ok=True)
+        (manifests / "ledger.toml").write_text(
+            f'[[handler]]\nname = "{HANDLER}"\nurl = "{self.app.url}"\n'
+            f'subjects = ["{CONTEXT}.event.ledger_entry.v1"]\n'
+            'timeout = "2s"\nack_wait = "5s"\nmax_deliver = 1000\nmax_ack_pending = 256\n'
+            "concurrency = 16\nreplay_max_attempts = 0\n"
+        )
+        env = self.env({})
+        for argv in (
+            ["streams", "--streams-file", str(self.root / "streams.toml")],
+            ["registry", "generate", "--manifest-dir", str(manifests),
+             "--registry-file", str(self.root / "handlers.registry.json")],
+        ):
+            subprocess.run([sys.executable, "-m", "pgoutbox.cli", *argv], env=env, check=True,
+                           capture_output=True)
+        for i in range(2):
+            self.start_relay(i)
+            self.start_consumer(i)
+
+    def stop(self) -> None:
+        for p in [*self.relays, *self.consumers]:
+            if p and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+        for p in [*self.relays, *self.consumers]:
+            if p:
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        if self.app:
+            self.app.stop()
+        self.nats.stop()
+        self.pg.stop()
+
+    def crashed(self) -> list[str]:
+        """Workers that exited on their own (not killed by us)."""
+        out = []
+        for kind, procs in (("relay", self.relays), ("consumer", self.consumers)):
+            for i, p in enumerate(procs):
+                if p and p.poll() is not None:
+                    out.append(f"{kind}-{i} exited with {p.returncode}")
+        return out
+
+
+def write_load(cluster: Cluster, profile: Profile, rng_seed: int, ledger: Ledger, stop: threading.Event) -> None:
+    """One writer thread: business transactions at a steady pace."""
+    rng = random.Random(rng_seed)
+    interval = profile.writers / profile.rate
+    conn: psycopg.Connection | None = None
+    next_at = time.monotonic()
+    while not stop.is_set():
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        roll_back = rng.random() < profile.rollback_fraction
+        poison = not roll_back and rng.random() < profile.poison_fraction
+        key = f"k{rng.randrange(profile.keys)}" if rng.random() < 0.5 else None
+        event_id = None
+        try:
+            if conn is None or conn.closed:
+                conn = psycopg.connect(cluster.pg.url, connect_timeout=3)
+            event_id = conn.execute(
+                "SELECT outbox.emit('account', %s, 'ledger_entry', %s::jsonb, context => %s,"
+                " ordering_key => %s)",
+                (str(rng.randrange(10_000)), json.dumps({"schema_version": 1, "poison": poison}),
+                 CONTEXT, key),
+            ).fetchone()[0]
+        except psycopg.Error:
+            with ledger.lock:
+                ledger.writer_errors += 1
+            conn = None  # not committed: the server rolls it back
+            continue
+        if roll_back:
+            conn.rollback()
+            with ledger.lock:
+                ledger.rolled_back.add(event_id)
+            continue
+        try:
+            conn.commit()
+        except psycopg.Error:
+            with ledger.lock:
+                ledger.uncertain.add(event_id)
+                ledger.writer_errors += 1
+            conn = None
+            continue
+        with ledger.lock:
+            ledger.committed[event_id] = time.time()
+            if poison:
+                ledger.poison.add(event_id)
+            if key:
+                ledger.keyed[event_id] = key
+
+
+def inject_faults(cluster: Cluster, profile: Profile, rng: random.Random, stop: threading.Event,
+                  done: Counter, log: list[str]) -> None:
+    kinds = list(FAULT_KINDS) + [rng.choice(FAULT_KINDS) for _ in range(max(0, profile.faults - len(FAULT_KINDS)))]
+    rng.shuffle(kinds)
+    span = profile.seconds - 8
+    moments = sorted(4 + rng.random() * span for _ in kinds)
+    t0 = time.monotonic()
+    for at, kind in zip(moments, kinds):
+        while time.monotonic() - t0 < at:
+            if stop.wait(0.1):
+                return
+        i = rng.randrange(2)
+        started = time.monotonic()
+        if kind == "kill_relay":
+            cluster.relays[i].kill()
+            cluster.relays[i].wait()
+            time.sleep(rng.uniform(0.2, 1.5))
+            cluster.start_relay(i)
+        elif kind == "kill_consumer":
+            cluster.consumers[i].kill()
+            cluster.consumers[i].wait()
+            time.sleep(rng.uniform(0.2, 1.5))
+            cluster.start_consumer(i)
+        elif kind == "restart_nats":
+            cluster.nats.stop()
+            time.sleep(rng.uniform(0.5, 2.0))
+            cluster.nats.start()
+        elif kind == "restart_postgres":
+            cluster.pg.restart()
+        elif kind == "pause_relay":
+            cluster.relays[i].send_signal(signal.SIGSTOP)
+            time.sleep(LEASE_SECONDS + rng.uniform(1.0, 2.5))
+            cluster.relays[i].send_signal(signal.SIGCONT)
+        done[kind] += 1
+        log.append(f"{time.monotonic() - t0:6.1f}s {kind}" + (f" #{i}" if "relay" in kind or "consumer" in kind else "")
+                   + f" ({time.monotonic() - started:.1f}s)")
+
+
+async def read_stream(nats_url: str, stream: str) -> list[tuple[int, str, bytes, dict]]:
+    """Every message of a stream: (sequence, subject, data, headers)."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            return []
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            if info.state.messages == 0:
+                break
+            try:
+                msg = await js.get_msg(stream, seq)
+            except nats.js.errors.NotFoundError:
+                continue
+            out.append((msg.seq, msg.subject, msg.data or b"", dict(msg.headers or {})))
+        return out
+    finally:
+        await nc.close()
+
+
+async def consumer_state(nats_url: str) -> tuple[int, int]:
+    """(num_pending, num_ack_pending) of the handler's durable."""
+    nc = await nats.connect(nats_url)
+    try:
+        info = await nc.jetstream().consumer_info(STREAM, HANDLER)
+        return info.num_pending, info.num_ack_pending
+    finally:
+        await nc.close()
+
+
+def wait_for_quiescence(cluster: Cluster, ledger: Ledger, timeout: float) -> tuple[bool, str]:
+    deadline = time.monotonic() + timeout
+    state = "not checked"
+    while time.monotonic() < deadline:
+        try:
+            with psycopg.connect(cluster.pg.url, autocommit=True) as c:
+                outbox = c.execute("SELECT coalesce(sum(unpublished), 0), coalesce(sum(dead_letter), 0)"
+                                   " FROM outbox.backlog()").fetchone()
+                inbox = c.execute("SELECT coalesce(sum(unprocessed), 0) FROM inbox.backlog()").fetchone()[0]
+            pending, ack_pending = asyncio.run(consumer_state(cluster.nats.url))
+            state = (f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
+                     f"jetstream pending={pending} ack_pending={ack_pending}")
+            if outbox[0] == 0 and inbox == 0 and pending == 0 and ack_pending == 0:
+                return True, state
+        except Exception as exc:  # noqa: BLE001 - servers may still be recovering
+            state = f"unreachable: {exc!r}"
+        time.sleep(1)
+    return False, state
+
+
+def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
+    problems: list[str] = []
+    with psycopg.connect(cluster.pg.url, autocommit=True) as c:
+        rows = c.execute("SELECT event_id, status FROM outbox.events").fetchall()
+        effects = c.execute("SELECT event_id, count(*), max(handled_at) FROM chaos.side_effects"
+                            " GROUP BY event_id").fetchall()
+        dead_inbox = {r[0] for r in c.execute(
+            "SELECT message_id FROM inbox.messages WHERE handler = %s AND status = 'DEAD_LETTER'", (HANDLER,))}
+    status = dict(rows)
+    # An emit whose COMMIT lost its connection committed iff its row exists.
+    committed = dict(ledger.committed)
+    for event_id in ledger.uncertain:
+        if event_id in status:
+            committed[event_id] = float("nan")
+    expected_effects = set(committed) - ledger.poison
+
+    not_completed = [e for e in committed if status.get(e) != "COMPLETED"]
+    ghosts = [e for e in ledger.rolled_back if e in status]
+    stream = asyncio.run(read_stream(cluster.nats.url, STREAM))
+    copies = Counter(h.get("Nats-Msg-Id") for _, _, _, h in stream)
+    missing = [e for e in committed if copies[str(e)] == 0]
+    doubled = [e for e in committed if copies[str(e)] > 1]
+    ghost_msgs = [e for e in ledger.rolled_back if copies[str(e)]]
+    effect_count = {r[0]: r[1] for r in effects}
+    no_effect = [e for e in expected_effects if effect_count.get(e, 0) == 0]
+    dup_effects = [e for e, n in effect_count.items() if n > 1]
+    wrong_effects = [e for e in effect_count if e not in expected_effects]
+    dlq = asyncio.run(read_stream(cluster.nats.url, f"{CONTEXT.upper()}_DLQ"))
+    dlq_ids = Counter()
+    for _, subject, data, _ in dlq:
+        if ".dlq.dead." in subject:
+            dlq_ids[uuid.UUID(json.loads(data)["message_id"])] += 1
+    poison = {e for e in ledger.poison if e in committed}
+    if set(dlq_ids) != poison:
+        problems.append(f"DLQ holds {sorted(map(str, set(dlq_ids) ^ poison))[:5]}... unlike the injected poison")
+    if any(n > 1 for n in dlq_ids.values()):
+        problems.append("a poison event has several DLQ notices")
+    if dead_inbox != poison:
+        problems.append(f"inbox DEAD_LETTER rows {len(dead_inbox)} != poison events {len(poison)}")
+
+    # Per-key order: within a key, stream order must be emit order (outbox id).
+    with psycopg.connect(cluster.pg.url, autocommit=True) as c:
+        emit_order = {r[0]: r[1] for r in c.execute("SELECT event_id, id FROM outbox.events WHERE ordering_key IS NOT NULL")}
+    first_seq: dict[str, int] = {}
+    for seq, _, _, h in stream:
+        first_seq.setdefault(h.get("Nats-Msg-Id"), seq)
+    by_key: dict[str, list[uuid.UUID]] = defaultdict(list)
+    for e, key in ledger.keyed.items():
+        if str(e) in first_seq:
+            by_key[key].append(e)
+    out_of_order = 0
+    for events in by_key.values():
+        ordered = sorted(events, key=lambda e: emit_order[e])
+        seqs = [first_seq[str(e)] for e in ordered]
+        out_of_order += sum(1 for a, b in zip(seqs, seqs[1:]) if b < a)
+
+    for name, items in (("committed but not COMPLETED", not_completed), ("rolled back but stored", ghosts),
+                        ("committed but not in the stream", missing), ("in the stream twice", doubled),
+                        ("rolled back but in the stream", ghost_msgs), ("without its side effect", no_effect),
+                        ("with duplicated side effects", dup_effects), ("with an unexpected side effect", wrong_effects)):
+        if items:
+            problems.append(f"{len(items)} events {name}: {', '.join(map(str, items[:3]))}")
+    if out_of_order:
+        problems.append(f"{out_of_order} per-key order inversions in the stream")
+
+    latencies = sorted(
+        (r[2].timestamp() - committed[r[0]]) for r in effects
+        if r[0] in committed and committed[r[0]] == committed[r[0]]  # not NaN
+    )
+    figures = {
+        "committed": len(committed), "rolled_back": len(ledger.rolled_back),
+        "uncertain_commits": len(ledger.uncertain), "poison": len(poison),
+        "stream_messages": len(stream), "side_effects": sum(effect_count.values()),
+        "lost": len(missing) + len(no_effect), "duplicated_side_effects": len(dup_effects),
+        "stuck": len(not_completed), "order_inversions": out_of_order,
+        "e2e_p50_ms": round(1000 * latencies[len(latencies) // 2], 1) if latencies else None,
+        "e2e_p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 1) if latencies else None,
+        "e2e_max_ms": round(1000 * latencies[-1], 1) if latencies else None,
+    }
+    return figures, problems
+
+
+def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = False) -> int:
+    root = root or Path(tempfile.mkdtemp(prefix="pgoutbox-chaos-"))
+    rng = random.Random(seed)
+    cluster = Cluster(root, seed)
+    ledger = Ledger()
+    stop_writers, stop_faults = threading.Event(), threading.Event()
+    faults: Counter = Counter()
+    fault_log: list[str] = []
+    t_start = time.monotonic()
+    try:
+        cluster.start([])
+        writers = [threading.Thread(target=write_load, args=(cluster, profile, rng.getrandbits(32), ledger, stop_writers))
+                   for _ in range(profile.writers)]
+        injector = threading.Thread(target=inject_faults, args=(cluster, profile, random.Random(rng.getrandbits(32)),
+                                                                 stop_faults, faults, fault_log))
+        for t in (*writers, injector):
+            t.start()
+        time.sleep(profile.seconds)
+        stop_writers.set()
+        for t in writers:
+            t.join()
+        injector.join()  # lets a fault in progress finish (restarts included)
+        quiet, state = wait_for_quiescence(cluster, ledger, profile.quiesce_timeout)
+        figures, problems = check(cluster, ledger)
+        if not quiet:
+            problems.append(f"no quiescence after {profile.quiesce_timeout:.0f}s: {state}")
+        problems += [f"worker died on its own: {c}" for c in cluster.crashed()]
+        figures.update({"faults": dict(faults), "faults_total": sum(faults.values()),
+                        "writer_errors": ledger.writer_errors, "seed": seed,
+                        "seconds": round(time.monotonic() - t_start, 1)})
+        print("fault log:\n  " + "\n  ".join(fault_log))
+        print("figures: " + json.dumps(figures, sort_keys=True))
+        missing_kinds = [k for k in FAULT_KINDS if not faults[k]]
+        if missing_kinds:
+            problems.append(f"fault kinds never injected: {missing_kinds}")
+        if problems:
+            print("VIOLATIONS:\n  " + "\n  ".join(problems))
+            print(f"logs kept in {root}")
+            keep = True
+            return 1
+        print("ledger OK: nothing lost, nothing processed twice, nothing stuck")
+        return 0
+    finally:
+        stop_writers.set()
+        stop_faults.set()
+        cluster.stop()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)

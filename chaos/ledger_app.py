@@ -1,0 +1,92 @@
+"""The application under test: an HTTP handler that applies each event's side
+effect in its own database, in ONE transaction with its own inbox marker
+(seed 002, logical exactly-once). chaos.side_effects deliberately has no
+unique key: a broken inbox would show up as a second row, not as an error.
+
+Answers: 422 for a poison event (payload.poison), 409 for one it already
+applied, 200 once applied, 503 when its database is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg
+
+APP_INBOX = "ledger_app"
+
+SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS chaos;
+CREATE TABLE IF NOT EXISTS chaos.side_effects (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id uuid NOT NULL,
+    handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+"""
+
+
+class LedgerApp:
+    def __init__(self, database_url: str):
+        self.database_url = database_url
+        self._local = threading.local()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/events"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _conn(self) -> psycopg.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self.database_url, connect_timeout=3)
+            self._local.conn = conn
+        return conn
+
+    def apply(self, envelope: dict) -> int:
+        """The side effect and the inbox marker, committed together."""
+        if (envelope.get("payload") or {}).get("poison"):
+            return 422
+        try:
+            conn = self._conn()
+            with conn.transaction():
+                status = conn.execute(
+                    "SELECT status FROM inbox.receive(%s, %s, %s)",
+                    (envelope["message_id"], APP_INBOX, envelope["subject"]),
+                ).fetchone()[0]
+                if status not in ("RECEIVED", "FAILED"):
+                    return 409
+                conn.execute("INSERT INTO chaos.side_effects (event_id) VALUES (%s)", (envelope["message_id"],))
+                conn.execute("SELECT inbox.mark_processed(%s, %s)", (envelope["message_id"], APP_INBOX))
+            return 200
+        except psycopg.OperationalError:
+            self._local.conn = None
+            return 503
+
+    def _handler_class(self):
+        app = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                code = app.apply(json.loads(body))
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        return Handler
