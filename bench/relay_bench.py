@@ -149,6 +149,19 @@ def stage_times(port: int) -> str:
             f"events per batch")
 
 
+def small_claim_ms(url: str, rounds: int = 15) -> float:
+    """Median time of outbox.claim() handing out 5 fresh events (then marked)."""
+    times = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for r in range(rounds):
+            conn.execute(EMIT_SQL, {"context": "claimcost", "lo": 1, "hi": 5})
+            started = time.perf_counter()
+            rows = conn.execute("SELECT event_id, claim_token FROM outbox.claim('bench', 500, '30s')").fetchall()
+            times.append(time.perf_counter() - started)
+            conn.execute("SELECT outbox.mark_published(%s, %s)", (rows[0][1], [r[0] for r in rows]))
+    return statistics.median(times) * 1000
+
+
 def emit_backlog(url: str, n: int) -> float:
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -219,8 +232,36 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
     return n / (last - first).total_seconds(), wall, rss, cpu
 
 
-async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float) -> dict[str, float]:
-    """Emits at `rate`/s (each in its own transaction) and times commit -> subscriber."""
+async def emit_at_rate(pg_url: str, rate: int, seconds: float, emit_sync: bool, first: int) -> dict:
+    """Emits at `rate`/s, each event in its own transaction, from 8 sessions;
+    returns {event_id: perf_counter() right after its commit}."""
+    committed: dict[str, float] = {}
+    total = int(rate * seconds)
+    writers = 8
+    options = "" if emit_sync else "-c synchronous_commit=off"
+    conns = [await psycopg.AsyncConnection.connect(pg_url, autocommit=True, options=options)
+             for _ in range(writers)]
+    started = time.perf_counter() + 0.2
+
+    async def writer(k: int) -> None:
+        conn = conns[k]
+        for i in range(k, total, writers):
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            cur = await conn.execute(ONE_EMIT_SQL, {"context": CONTEXT, "lo": first + i})
+            committed[str((await cur.fetchone())[0])] = time.perf_counter()
+
+    await asyncio.gather(*(writer(k) for k in range(writers)))
+    for c in conns:
+        await c.close()
+    return {"started": started, "finished": time.perf_counter(), "total": total, "committed": committed}
+
+
+async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float, emit_sync: bool) -> dict[str, float]:
+    """Times commit -> JetStream subscriber. The emitters run in a process of
+    their own so that neither side's timestamps wait on the other's work
+    (perf_counter is CLOCK_MONOTONIC: one clock for both processes)."""
     nc = await nats.connect(ns_url)
     js = nc.jetstream()
     received: dict[str, float] = {}
@@ -230,45 +271,39 @@ async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float) -> di
 
     sub = await js.subscribe(f"{CONTEXT}.event.>", cb=on_msg, ordered_consumer=True,
                              deliver_policy=DeliverPolicy.NEW)
-    committed: dict[str, float] = {}
-    total = int(rate * seconds)
-    writers = 8
-    conns = [await psycopg.AsyncConnection.connect(pg_url, autocommit=True) for _ in range(writers)]
-    started = time.perf_counter() + 0.2
-
-    async def writer(k: int) -> None:
-        conn = conns[k]
-        for i in range(k, total, writers):
-            delay = started + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            cur = await conn.execute(ONE_EMIT_SQL, {"context": CONTEXT, "lo": 10_000_000 + i})
-            committed[str((await cur.fetchone())[0])] = time.perf_counter()
-
-    await asyncio.gather(*(writer(k) for k in range(writers)))
-    emit_seconds = time.perf_counter() - started
+    emitter = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--emitter", pg_url, str(rate), str(seconds),
+        "on" if emit_sync else "off", str(10_000_000 + rate * 1000), stdout=asyncio.subprocess.PIPE)
+    out, _ = await emitter.communicate()
+    run = json.loads(out)
+    committed = run["committed"]
     deadline = time.perf_counter() + 30
     while len(set(committed) - set(received)) and time.perf_counter() < deadline:
         await asyncio.sleep(0.05)
     await sub.unsubscribe()
     await nc.close()
-    for c in conns:
-        await c.close()
     # The first half second warms up connections and prepared statements.
-    warm = started + 0.5
+    warm = run["started"] + 0.5
     lat = sorted((received[e] - t) * 1000 for e, t in committed.items() if e in received and t >= warm)
     missing = len(set(committed) - set(received))
     q = statistics.quantiles(lat, n=100)
-    return {"achieved_rate": total / emit_seconds, "p50": q[49], "p99": q[98], "max": lat[-1],
-            "samples": len(lat), "missing": missing}
+    return {"achieved_rate": run["total"] / (run["finished"] - run["started"]), "p50": q[49], "p99": q[98],
+            "max": lat[-1], "samples": len(lat), "missing": missing}
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--emitter"]:  # the emitting half of a latency run (see latency_run)
+        url, rate, seconds, sync, first = sys.argv[2:7]
+        run = asyncio.run(emit_at_rate(url, int(rate), float(seconds), sync == "on", int(first)))
+        print(json.dumps(run))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--rates", default="500,2000")
     ap.add_argument("--seconds", type=float, default=6.0, help="emit duration per latency run")
+    ap.add_argument("--emit-sync", choices=("on", "off"), default="on",
+                    help="synchronous_commit of the latency runs' emitting sessions")
     ap.add_argument("--parts", default="abcd", help="a+b: publish and drain rates; c: latency; d always")
     args = ap.parse_args()
 
@@ -317,14 +352,22 @@ def main() -> int:
                   "(PostgreSQL's claim/mark work runs beside it on the same 2 cores)")
             peak = rss
         if "c" in args.parts:
-            print("(c) end-to-end latency, emit commit -> JetStream subscriber:")
+            # Each event leaves dead entries in the claim index until a vacuum;
+            # after the drain's churn a claim walks over them (see docs/relay.md).
+            before = small_claim_ms(pg.url)
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                conn.execute("VACUUM outbox.events")
+            print(f"claim of 5 events: {before:.1f} ms after the drain's churn, {small_claim_ms(pg.url):.1f} ms "
+                  "after VACUUM outbox.events (the latency runs start from the vacuumed table)")
+            print("(c) end-to-end latency, emit commit -> JetStream subscriber (8 emitting sessions, "
+                  f"synchronous_commit={args.emit_sync}):")
             for mode, settings in (("LISTEN/NOTIFY", {"wakeups": "true"}),
                                    ("poll-only 1s", {"wakeups": "false", "poll_interval": "1s"})):
                 name = f"latency-{mode[:4].lower()}"
                 with relay_process(root, pg, ns, name, **settings) as proc:
                     port = relay_http_port(root, name)
                     for r in (int(x) for x in args.rates.split(",")):
-                        res = asyncio.run(latency_run(pg.url, ns.url, r, args.seconds))
+                        res = asyncio.run(latency_run(pg.url, ns.url, r, args.seconds, args.emit_sync == "on"))
                         print(f"    {mode:14s} @ {r:5d}/s (achieved {res['achieved_rate']:,.0f}/s): "
                               f"p50 {res['p50']:7.2f} ms  p99 {res['p99']:7.2f} ms  max {res['max']:7.2f} ms  "
                               f"({res['samples']} samples, {res['missing']} missing)")

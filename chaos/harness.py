@@ -119,7 +119,7 @@ class Cluster:
             "OUTBOX_RELAY_RETRY_BASE": "200ms",
             "OUTBOX_RELAY_RETRY_CAP": "2s",
             "OUTBOX_RELAY_MAX_ATTEMPTS": "100000",  # outages must not dead-letter events
-            "OUTBOX_RELAY_HTTP_PORT": "0",
+            "OUTBOX_RELAY_HTTP_PORT": "0",  # any free port: two relays share this host
         })
 
     def start_consumer(self, i: int) -> None:

@@ -18,6 +18,12 @@ Safety comes from the database and JetStream, not from this process:
   * the mark functions are fenced by the claim token: a relay whose lease was
     taken over cannot overwrite the new owner's work (STALE_CLAIM).
 
+Pacing: a full batch is followed by another claim at once (more may be
+due); a short one took everything due, so the loop waits for a wake-up
+(notification, throttle re-check, due retry, a keyed event marked) or the
+fallback poll. Housekeeping: outbox.create_partitions() every
+partitions_every, and the backlog gauges every backlog_interval.
+
 Failures: a permanent publish error (MAX_PAYLOAD, NO_STREAM, BAD_HEADER) is
 dead-lettered at once; others are retried with full-jitter backoff until
 max_attempts. While NATS is unreachable nothing is claimed (claiming would
@@ -40,10 +46,12 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import TypeVar
 
+import nats.errors
+
 from . import streams
 from .backoff import RetryPolicy, reconnect_delays
-from .errors import ConfigError, StaleClaim
 from .consumer_metrics import HealthServer  # the workers share one /metrics, /healthz, /readyz server
+from .errors import ConfigError, StaleClaim
 from .outbox_calls import DatabaseUnavailable, OutboxCalls
 from .publisher import Outcome, PublishError, Publisher
 from .relay_metrics import RelayMetrics
@@ -147,7 +155,10 @@ class OutboxRelay:
         if specs:
             streams.check_lease(specs, cfg.lease)
         await self.publisher.connect()
-        findings = await streams.check(self.publisher.js, cfg.lease, specs, cfg.nats_monitor_url)
+        try:
+            findings = await streams.check(self.publisher.js, cfg.lease, specs, cfg.nats_monitor_url)
+        except nats.errors.Error as exc:  # e.g. a server without JetStream
+            raise ConfigError(f"cannot list the JetStream streams: {exc}") from exc
         for text in findings.notices + findings.durability:
             log.warning(text, extra={"action": "startup_check"})
         refusals = findings.errors + (findings.durability if cfg.durability_strict else [])
@@ -209,8 +220,12 @@ class OutboxRelay:
                 self._in_flight += 1
                 self.metrics.batch_size.observe(len(rows))
                 await out.put(Batch(rows, started))
-                continue  # work may remain: claim again without waiting
-            self._progress()  # nothing claimable is not "stuck"
+                if len(rows) == cfg.batch_size:
+                    continue  # a full batch: more may be due, claim again without waiting
+            else:
+                self._progress()  # nothing claimable is not "stuck"
+            # A short batch took everything due. What commits next notifies,
+            # or falls in a throttle window whose re-check is scheduled.
             await self._unless_stopping(self.wakeups.wait())
         await out.put(None)
 

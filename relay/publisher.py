@@ -19,6 +19,7 @@ import enum
 import itertools
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,8 +140,14 @@ class Publisher:
             self._connected.set()
             log.info("NATS reconnected", extra={"action": "nats_reconnected"})
 
+        last_logged = [float("-inf")]
+
         async def error(exc):
-            log.warning("NATS: %s", exc or type(exc).__name__, extra={"action": "nats_error"})
+            # nats-py retries every 250 ms while NATS is away: one line per 5 s is enough.
+            now = time.monotonic()
+            if now - last_logged[0] >= 5:
+                last_logged[0] = now
+                log.warning("NATS: %s", exc or type(exc).__name__, extra={"action": "nats_error"})
 
         self.nc = await nats.connect(
             self.url.split(","),

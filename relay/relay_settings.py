@@ -49,7 +49,7 @@ RELAY = settings.DATABASE + settings.NATS + (
     Setting("publish_timeout", "OUTBOX_RELAY_PUBLISH_TIMEOUT", "5s",
             "How long to wait for a batch's JetStream acks; shorter than the lease", duration),
     Setting("retry_base", "OUTBOX_RELAY_RETRY_BASE", "1s",
-            "Backoff after the first failed publish (full jitter: uniform in [0, base*2^(n-1)])",
+            "Backoff ceiling after the first failed publish; the n-th waits uniform(0, min(cap, base*2^(n-1)))",
             duration),
     Setting("retry_cap", "OUTBOX_RELAY_RETRY_CAP", "60s", "Longest backoff between two attempts",
             duration),

@@ -56,17 +56,6 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
         time.sleep(interval)
 
 
-async def await_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
 def all_completed(url: str, n: int):
     return lambda: status_counts(url).get("COMPLETED", 0) == n
 

@@ -20,8 +20,9 @@ import pytest
 from pgoutbox import envelope
 from pgoutbox.embedded import EmbeddedNats
 from pgoutbox.publisher import Outcome, PublishError, Publisher
+from consumer_helpers import until
 from relay_support import (
-    apply_streams, await_for, emit, msg_ids, relay_config, running_relay, status_counts,
+    apply_streams, emit, msg_ids, relay_config, running_relay, status_counts,
     stream_messages,
 )
 
@@ -29,12 +30,18 @@ from relay_support import (
 async def completed(url: str, n: int, timeout: float = 30) -> None:
     async def done():
         return status_counts(url).get("COMPLETED", 0) == n
-    await await_for(done, timeout, f"{n} events COMPLETED")
+    await until(done, timeout, f"{n} events COMPLETED")
 
 
 def metric(relay, name: str, **labels) -> float:
     value = relay.metrics.registry.get_sample_value(name, labels)
     return value or 0.0
+
+
+async def metric_is(relay, name: str, expected: float, **labels) -> None:
+    """Metrics are counted right after the mark commits: wait for them."""
+    await until(lambda: metric(relay, name, **labels) == expected, 5, f"{name}{labels} == {expected}")
+    assert metric(relay, name, **labels) == expected
 
 
 async def test_relay_publishes_the_backlog_with_the_envelope_and_marks_it(database_url, nats_server):
@@ -48,7 +55,7 @@ async def test_relay_publishes_the_backlog_with_the_envelope_and_marks_it(databa
         ).fetchone()[0]
     async with running_relay(relay_config(database_url, nats_server.url, batch_size="20")) as relay:
         await completed(database_url, 51)
-        assert metric(relay, "outbox_relay_published_total", context="sea") == 51
+        await metric_is(relay, "outbox_relay_published_total", 51, context="sea")
     messages = await stream_messages(nats_server.url)
     assert sorted(msg_ids(messages)) == sorted(ids + [str(corr)])
     paid = next(m for m in messages if m.headers["Nats-Msg-Id"] == str(corr))
@@ -103,7 +110,7 @@ async def test_a_duplicate_ack_counts_as_published(database_url, nats_server):
     await nc.close()
     async with running_relay(relay_config(database_url, nats_server.url)) as relay:
         await completed(database_url, 1)
-        assert metric(relay, "outbox_relay_duplicates_total", context="sea") == 1
+        await metric_is(relay, "outbox_relay_duplicates_total", 1, context="sea")
     assert msg_ids(await stream_messages(nats_server.url)) == [event_id]
 
 
@@ -115,8 +122,8 @@ async def test_no_stream_for_the_subject_dead_letters_at_once(database_url, nats
         await completed(database_url, 5)
         async def dead():
             return status_counts(database_url).get("DEAD_LETTER") == 1
-        await await_for(dead, 10, "the dead letter")
-        assert metric(relay, "outbox_relay_dead_lettered_total", context="nowhere", code="NO_STREAM") == 1
+        await until(dead, 10, "the dead letter")
+        await metric_is(relay, "outbox_relay_dead_lettered_total", 1, context="nowhere", code="NO_STREAM")
     with psycopg.connect(database_url, autocommit=True) as conn:
         status, attempts, error = conn.execute(
             "SELECT status, attempts, last_error FROM outbox.events WHERE event_id = %s", (orphan,)
@@ -141,7 +148,7 @@ async def test_oversize_messages_dead_letter_with_max_payload(database_url, tmp_
             async def settled():
                 c = status_counts(database_url)
                 return c.get("COMPLETED") == 1 and c.get("DEAD_LETTER") == 2
-            await await_for(settled, 15, "one COMPLETED and two DEAD_LETTER")
+            await until(settled, 15, "one COMPLETED and two DEAD_LETTER")
             assert relay.publisher.connected  # the server never had to drop the connection
         with psycopg.connect(database_url, autocommit=True) as conn:
             errors = dict(conn.execute(
@@ -187,6 +194,7 @@ async def test_per_key_order_holds_in_the_stream_under_injected_publish_failures
     flaky = FlakyPublisher(nats_server.url, timeout=cfg.publish_timeout, fail=0.3, lose_ack=0.1)
     async with running_relay(cfg, flaky) as relay:
         await completed(database_url, len(ids), timeout=90)
+        await metric_is(relay, "outbox_relay_published_total", len(ids), context="sea")
         assert metric(relay, "outbox_relay_duplicates_total", context="sea") > 0  # lost acks were retried
         assert sum(s.value for s in relay.metrics.failed.collect()[0].samples
                    if s.name.endswith("_total")) > 50
@@ -210,10 +218,10 @@ async def test_retries_back_off_then_dead_letter_after_max_attempts(database_url
     async with running_relay(cfg, flaky) as relay:
         async def dead():
             return status_counts(database_url).get("DEAD_LETTER") == 1
-        await await_for(dead, 15, "the doomed event to be dead-lettered")
+        await until(dead, 15, "the doomed event to be dead-lettered")
         await completed(database_url, 4)
-        assert metric(relay, "outbox_relay_failed_total", context="sea", code="PUBLISH_TIMEOUT") == 2
-        assert metric(relay, "outbox_relay_dead_lettered_total", context="sea", code="PUBLISH_TIMEOUT") == 1
+        await metric_is(relay, "outbox_relay_failed_total", 2, context="sea", code="PUBLISH_TIMEOUT")
+        await metric_is(relay, "outbox_relay_dead_lettered_total", 1, context="sea", code="PUBLISH_TIMEOUT")
     with psycopg.connect(database_url, autocommit=True) as conn:
         status, attempts, error = conn.execute(
             "SELECT status, attempts, last_error FROM outbox.events WHERE event_id = %s", (doomed,)).fetchone()
@@ -229,6 +237,7 @@ async def test_health_readiness_and_metrics_endpoints(database_url, nats_server)
     async with running_relay(cfg) as relay, httpx.AsyncClient(base_url=f"http://127.0.0.1:{relay.http_port}") as http:
         emit(database_url, 10)
         await completed(database_url, 10)
+        await metric_is(relay, "outbox_relay_published_total", 10, context="sea")
         assert (await http.get("/healthz")).status_code == 200
         ready = await http.get("/readyz")
         assert ready.status_code == 200, ready.text
@@ -244,15 +253,15 @@ async def test_health_readiness_and_metrics_endpoints(database_url, nats_server)
         async def not_ready():
             r = await http.get("/readyz")
             return r if r.status_code == 503 else None
-        body = (await await_for(not_ready, 10, "readiness to fail")).json()
+        body = (await until(not_ready, 10, "readiness to fail")).json()
         assert "NATS unreachable" in body["problems"]
-        await await_for(lambda: _stalled(http), 10, "the stall to be reported")
+        await until(lambda: _stalled(http), 10, "the stall to be reported")
         nats_server.start()
         await completed(database_url, 15, timeout=20)
 
         async def ready_again():
             return (await http.get("/readyz")).status_code == 200
-        await await_for(ready_again, 10, "readiness to recover")
+        await until(ready_again, 10, "readiness to recover")
         assert (await http.get("/nope")).status_code == 404
 
 
@@ -288,4 +297,4 @@ async def test_the_relay_keeps_daily_partitions_created_ahead(database_url, nats
         async def created():
             with psycopg.connect(database_url, autocommit=True) as conn:
                 return conn.execute("SELECT to_regclass(%s)", (f"outbox.{far}",)).fetchone()[0] is not None
-        await await_for(created, 10, f"partition {far}")
+        await until(created, 10, f"partition {far}")

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pgoutbox import migrate
-from pgoutbox.embedded import EmbeddedPostgres
+from pgoutbox.embedded import EmbeddedPostgres, free_port
 from relay_support import (
     RelayProcess, all_completed, apply_streams, emit, msg_ids, status_counts, stream_messages, wait_for,
 )
@@ -220,3 +220,16 @@ def test_sigterm_finishes_the_in_flight_batches_and_exits_0(database_url, nats_s
     after.start().wait_started()
     wait_for(all_completed(database_url, n), 60, "the rest to drain")
     assert_exactly_once(database_url, nats_server.url)
+
+
+def test_relay_waits_for_an_unreachable_nats_at_start_up_and_sigterm_still_exits_0(database_url, relays):
+    port = free_port()
+    relay = relays("relay-w", database_url, f"nats://127.0.0.1:{port}", relay_http_listen="off").start()
+    wait_for(lambda: '"nats_error"' in relay.output(), 30, "a NATS connection error in the log")
+    assert relay.proc.poll() is None, "the relay must keep waiting for NATS"
+    assert relay.terminate(timeout=20) == 0
+    assert any(e.get("action") == "stopped" for e in relay.log_entries())
+    assert status_counts(database_url) == {}  # nothing claimed
+    unknown = [e for e in relay.log_entries() if e.get("action") == "unknown_setting"]
+    assert [e["variable"] for e in unknown] == ["OUTBOX_RELAY_HTTP_LISTEN"]
+    assert "did you mean OUTBOX_RELAY_HTTP_" in unknown[0]["event"]

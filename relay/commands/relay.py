@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import difflib
+import logging
+import os
 import signal
 
 from .. import json_logs, relay_settings
 from ..outbox_relay import OutboxRelay
+
+log = logging.getLogger("pgoutbox.relay")
 
 COMMAND = "relay"
 HELP = ("Run the relay: wake on NOTIFY (or poll), claim, publish to JetStream with Nats-Msg-Id, "
@@ -17,7 +22,20 @@ SETTINGS = relay_settings.RELAY
 def run(cfg, args) -> int:
     relay_settings.validate(cfg)
     json_logs.setup(cfg.log_level)
+    _warn_unknown_variables()
     return asyncio.run(_main(cfg))
+
+
+def _warn_unknown_variables() -> None:
+    """An OUTBOX_* variable no command knows is a typo or a stale name: it
+    would otherwise be ignored without a word."""
+    from .. import cli
+
+    known = {s.env for group in cli.all_settings().values() for s in group}
+    for name in sorted(k for k in os.environ if k.startswith("OUTBOX_") and k not in known):
+        close = difflib.get_close_matches(name, known, n=1)
+        log.warning("unknown setting %s ignored%s", name, f" (did you mean {close[0]}?)" if close else "",
+                    extra={"action": "unknown_setting", "variable": name})
 
 
 async def _main(cfg) -> int:
