@@ -69,26 +69,46 @@ def test_migration_files_are_properly_named():
         assert "cannot undo" in x.down.read_text(), f"{x.down.name} must say what it cannot undo"
 
 
+def all_versions() -> list[tuple[int, str]]:
+    return [(x.version, x.name) for x in m.discover()]
+
+
 def test_up_down_up_round_trip(empty_database_url):
+    ups = [f"up {name}" for _, name in all_versions()]
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        assert m.migrate(conn) == ["up 0001_initial"]
+        assert m.migrate(conn) == ups
         first = catalog(empty_database_url)
-        assert m.migrate(conn, target=0) == ["down 0001_initial"]
+        assert m.migrate(conn, target=0) == [u.replace("up", "down", 1) for u in reversed(ups)]
         assert conn.execute("SELECT to_regnamespace('outbox')").fetchone()[0] is None
-        assert m.migrate(conn) == ["up 0001_initial"]
+        assert m.migrate(conn) == ups
     assert catalog(empty_database_url) == first
+
+
+def test_each_migration_rolls_back_to_its_predecessor_exactly(empty_database_url):
+    """Down N then up N again gives the catalog of up N; down N gives that of N-1."""
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        before = {}
+        for version, _ in all_versions():
+            before[version - 1] = catalog(empty_database_url)
+            m.migrate(conn, target=version)
+        latest = catalog(empty_database_url)
+        for version, _ in reversed(all_versions()):
+            m.migrate(conn, target=version - 1)
+            assert catalog(empty_database_url) == before[version - 1], f"down to {version - 1}"
+        m.migrate(conn)
+    assert catalog(empty_database_url) == latest
 
 
 def test_rerunning_a_migration_file_changes_nothing(database_url):
     before = catalog(database_url)
-    up = m.discover()[0].up
+    up = m.discover()[-1].up  # older files refuse to run over a newer schema
     for _ in range(3):
         subprocess.run(
             [str(PG_BIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", database_url, "-f", str(up)],
             check=True, capture_output=True,
         )
     assert catalog(database_url) == before
-    assert versions(database_url) == [(1, "0001_initial")]
+    assert versions(database_url) == all_versions()
 
 
 def test_two_migrations_at_once_are_serialised(empty_database_url):
@@ -107,7 +127,7 @@ def test_two_migrations_at_once_are_serialised(empty_database_url):
     for t in threads:
         t.join()
     assert errors == []
-    assert versions(empty_database_url) == [(1, "0001_initial")]
+    assert versions(empty_database_url) == all_versions()
 
 
 def test_down_refuses_to_lose_data(database_url):
@@ -116,4 +136,4 @@ def test_down_refuses_to_lose_data(database_url):
         with pytest.raises(MigrationError) as info:
             m.migrate(conn, target=0)
         assert info.value.code == SqlState.DATA_WOULD_BE_LOST
-        assert m.applied_version(conn) == 1
+        assert m.applied_version(conn) == 1  # later migrations held no data: rolled back
