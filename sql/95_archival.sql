@@ -220,8 +220,12 @@ BEGIN
         RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: % is not a day partition name (events_pYYYYMMDD)', quote_literal(partition_name)
             USING ERRCODE = 'OB050';
     END IF;
-    day := to_date(substr(partition_name, 9), 'YYYYMMDD');
-    IF outbox._partition_name(day) <> partition_name THEN  -- to_date accepts 20250230
+    BEGIN
+        day := to_date(substr(partition_name, 9), 'YYYYMMDD');
+    EXCEPTION WHEN datetime_field_overflow OR invalid_datetime_format THEN
+        day := NULL;
+    END;
+    IF day IS NULL OR outbox._partition_name(day) <> partition_name THEN
         RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: % names no calendar day', quote_literal(partition_name)
             USING ERRCODE = 'OB050';
     END IF;
@@ -806,14 +810,14 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    day date := outbox._partition_day(partition_name);
+    part_day date := outbox._partition_day(partition_name);
     standing outbox.archive_audit;
 BEGIN
-    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', day));
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', part_day));
     IF NOT outbox._is_partition(partition_name) THEN
         IF EXISTS (
             SELECT 1 FROM outbox.archive_audit AS a
-            WHERE a.source = 'outbox.events' AND a.day = drop_archived.day
+            WHERE a.source = 'outbox.events' AND a.day = part_day
                 AND a.voided_at IS NULL AND a.removed_at IS NOT NULL
         ) THEN
             RETURN 0;
@@ -821,7 +825,7 @@ BEGIN
         RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', partition_name
             USING ERRCODE = 'OB050';
     END IF;
-    standing := outbox._standing_audit('outbox.events', day);
+    standing := outbox._standing_audit('outbox.events', part_day);
     IF NOT outbox._is_sealed(partition_name) THEN
         RAISE EXCEPTION 'NOT_SEALED: partition % lost its seal after audit %', partition_name, standing.id
             USING ERRCODE = 'OB061';
