@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "pgoutbox.commands.status",
     "pgoutbox.commands.requeue",
     "pgoutbox.commands.partitions",
+    "pgoutbox.commands.archive",
+    "pgoutbox.commands.report",
     "pgoutbox.commands.settings",
 )
 

@@ -29,6 +29,18 @@ class SqlState(enum.StrEnum):
     NOT_DEAD_LETTER = "OB015"
     INVALID_MESSAGE = "OB020"
     UNKNOWN_MESSAGE = "OB021"
+    ARCHIVE_UNKNOWN_UNIT = "OB050"
+    NOT_CLOSED = "OB051"
+    RETENTION_NOT_REACHED = "OB052"
+    ARCHIVE_MISMATCH = "OB053"
+    NOT_ARCHIVED = "OB054"
+    ARCHIVE_CONFLICT = "OB055"
+    ARCHIVED_READ_ONLY = "OB056"
+    RETENTION_BELOW_MAX_AGE = "OB057"
+    UNSUPPORTED_COLUMN = "OB058"
+    ARCHIVE_BUSY = "OB059"
+    AUDIT_IMMUTABLE = "OB060"
+    NOT_SEALED = "OB061"
     MIGRATION_OUT_OF_ORDER = "OB090"
     DATA_WOULD_BE_LOST = "OB091"
 
@@ -64,6 +76,18 @@ class UnknownMessage(PgOutboxError):
     """No inbox row for this message and handler."""
 
 
+class ArchivalRefused(PgOutboxError):
+    """The unit is not (or not yet) archivable: unknown, open, too young, or busy."""
+
+
+class ArchiveMismatch(PgOutboxError):
+    """The archive's row count or checksum differs from the live rows; nothing was removed."""
+
+
+class ArchiveConflict(PgOutboxError):
+    """The day already has a different standing audit, or was removed already."""
+
+
 class MigrationError(PgOutboxError):
     """The schema cannot be migrated as asked."""
 
@@ -91,6 +115,18 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.REASON_REQUIRED: PolicyViolation,
     SqlState.NOT_DEAD_LETTER: NotDeadLetter,
     SqlState.UNKNOWN_MESSAGE: UnknownMessage,
+    SqlState.ARCHIVE_UNKNOWN_UNIT: ArchivalRefused,
+    SqlState.NOT_CLOSED: ArchivalRefused,
+    SqlState.RETENTION_NOT_REACHED: ArchivalRefused,
+    SqlState.ARCHIVE_MISMATCH: ArchiveMismatch,
+    SqlState.NOT_ARCHIVED: ArchivalRefused,
+    SqlState.ARCHIVE_CONFLICT: ArchiveConflict,
+    SqlState.ARCHIVED_READ_ONLY: IllegalTransition,
+    SqlState.RETENTION_BELOW_MAX_AGE: ConfigError,
+    SqlState.UNSUPPORTED_COLUMN: ArchivalRefused,
+    SqlState.ARCHIVE_BUSY: ArchivalRefused,
+    SqlState.AUDIT_IMMUTABLE: IllegalTransition,
+    SqlState.NOT_SEALED: ArchivalRefused,
     SqlState.MIGRATION_OUT_OF_ORDER: MigrationError,
     SqlState.DATA_WOULD_BE_LOST: MigrationError,
 }

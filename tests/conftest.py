@@ -84,3 +84,14 @@ def nats_server(tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole run: starting one takes 10-30 s here."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pgoutbox_spark import session
+
+    s = session.build("local[2]", "/usr/share/java/postgresql.jar", "pgoutbox-tests")
+    yield s
+    s.stop()
