@@ -164,10 +164,10 @@ STEPS = ("sealed", "written", "committed", "verified", "audited", "removed")
 @pytest.mark.parametrize("step", STEPS)
 def test_a_crash_after_any_step_is_finished_by_the_next_run(spark, conn, tmp_path, step):
     day = today() - timedelta(days=10)
-    ids = events(conn, day, 25, dead=0)
+    ids = events(conn, day, 25, dead=2)
     inbox_for(conn, ids, dead_every=5)
     before = {s: live_rows(conn, s, day) for s in (OUTBOX, INBOX)}
-    opts = make_options(tmp_path)
+    opts = make_options(tmp_path, dead_letter_retention=timedelta(days=9))
 
     with pytest.raises(Crash):
         run(spark, conn, opts, crash_at(step))
