@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme lint bench/sql bench clean
+.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme lint bench/sql bench/archive bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -38,7 +38,10 @@ lint: setup ## sqlfluff over sql/, migrations/, pgtap/
 bench/sql: setup ## Emit and claim throughput figures (not a test)
 	@$(PY) bench/sql_bench.py
 
-bench: bench/sql ## All benchmarks
+bench/archive: setup ## Archival throughput on a 1,000,000-row partition vs a bare JDBC read (Spark)
+	@$(PY) bench/archive_bench.py
+
+bench: bench/sql bench/archive ## All benchmarks
 
 clean: ## Remove the demo data folder (stops nothing but what it started)
 	@$(PY) -m pgoutbox.demo --stop 2>/dev/null || true

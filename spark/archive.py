@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, timedelta
 
 import psycopg
 from py4j.protocol import Py4JJavaError
@@ -65,7 +65,7 @@ class ArchiveOptions:
 @dataclass(frozen=True)
 class Outcome:
     source: str
-    day: str
+    day: date
     state: str  # removed | archived | blocked | busy | failed
     rows: int | None = None
     detail: str = ""
@@ -98,14 +98,14 @@ def run(
     store = storage.Storage(spark)
     for unit in plan(conn, options):
         if not unit.eligible:
-            outcomes.append(Outcome(unit.source, str(unit.day), "blocked", unit.row_count, unit.blocked_by or ""))
+            outcomes.append(Outcome(unit.source, unit.day, "blocked", unit.row_count, unit.blocked_by or ""))
             continue
         try:
             outcomes.append(archive_unit(spark, conn, target, store, unit, options, columns[unit.source], hook))
         except (PgOutboxError, ArchiveError) as exc:
             code = getattr(exc, "code", None)
             detail = f"{type(exc).__name__}{f' [{code}]' if code else ''}: {exc}"
-            outcomes.append(Outcome(unit.source, str(unit.day), "failed", None, detail))
+            outcomes.append(Outcome(unit.source, unit.day, "failed", None, detail))
     return outcomes
 
 
@@ -120,7 +120,7 @@ def archive_unit(
     hook: Hook = no_hook,
 ) -> Outcome:
     if not db.try_lock(conn, unit):
-        return Outcome(unit.source, str(unit.day), "busy", None, "another archiver is on this day")
+        return Outcome(unit.source, unit.day, "busy", None, "another archiver is on this day")
     try:
         return _archive_locked(spark, conn, target, store, unit, options, columns, hook)
     finally:
@@ -164,10 +164,10 @@ def _archive_locked(spark, conn, target, store, unit, options, columns, hook) ->
     db.record(conn, unit.source, unit.day, archived, final)
     hook("audited", unit)
     if not options.drop:
-        return Outcome(unit.source, str(unit.day), "archived", archived.row_count, final)
+        return Outcome(unit.source, unit.day, "archived", archived.row_count, final)
     db.remove(conn, unit, options.lock_timeout)
     hook("removed", unit)
-    return Outcome(unit.source, str(unit.day), "removed", archived.row_count, final)
+    return Outcome(unit.source, unit.day, "removed", archived.row_count, final)
 
 
 def export(

@@ -125,15 +125,15 @@ def test_archive_verify_drop_several_days(spark, conn, pg_server, tmp_path):
 
     for day in archived + [d40]:
         for source in (OUTBOX, INBOX):
-            o = outcomes[(source, str(day))]
+            o = outcomes[(source, day)]
             assert o.state == "removed", o
             assert archived_rows(spark, storage.day_uri(opts.archive_uri, source, day)) == before[(source, day)]
             assert live_rows(conn, source, day) == []
         assert not partition_exists(conn, day)
-    assert outcomes[(OUTBOX, str(d20))].state == "blocked"
-    assert "dead letters" in outcomes[(OUTBOX, str(d20))].detail
-    assert outcomes[(OUTBOX, str(d9))].state == "blocked"
-    assert "open rows" in outcomes[(OUTBOX, str(d9))].detail
+    assert outcomes[(OUTBOX, d20)].state == "blocked"
+    assert "dead letters" in outcomes[(OUTBOX, d20)].detail
+    assert outcomes[(OUTBOX, d9)].state == "blocked"
+    assert "open rows" in outcomes[(OUTBOX, d9)].detail
     for day, rows in blocked_before.items():
         assert partition_exists(conn, day) and live_rows(conn, OUTBOX, day) == rows
     assert len(live_rows(conn, OUTBOX, t)) == 5 and len(live_rows(conn, INBOX, t)) == 5
@@ -150,7 +150,7 @@ def test_archive_verify_drop_several_days(spark, conn, pg_server, tmp_path):
 
     assert "Delete on inbox.messages" in logged, "the nested purge DELETE must show: the check can see"
     assert "Delete on outbox." not in logged, "no row of outbox.events is deleted, ever"
-    assert f"Query Text: SELECT outbox.drop_archived(" in logged
+    assert "Query Text: SELECT outbox.drop_archived(" in logged
 
     # A second run finds nothing more to do and changes nothing.
     again = by_unit(run(spark, conn, opts))
@@ -185,9 +185,9 @@ def test_a_crash_after_any_step_is_finished_by_the_next_run(spark, conn, tmp_pat
         assert audits[0].row_count == len(before[source])
     assert not partition_exists(conn, day)
     if step == "removed":
-        assert (OUTBOX, str(day)) not in outcomes  # gone: nothing left to do for it
+        assert (OUTBOX, day) not in outcomes  # gone: nothing left to do for it
     else:
-        assert outcomes[(OUTBOX, str(day))].state == "removed"
+        assert outcomes[(OUTBOX, day)].state == "removed"
     staging = Path(opts.archive_uri.removeprefix("file://"), "_staging")
     assert not staging.exists() or not any(staging.rglob("*.parquet")), "no half-written day is left behind"
 
@@ -209,7 +209,7 @@ def test_a_damaged_archive_is_rewritten_before_anything_is_removed(spark, conn, 
 
     outcomes = by_unit(run(spark, conn, opts))
 
-    assert outcomes[(OUTBOX, str(day))].state == "removed"
+    assert outcomes[(OUTBOX, day)].state == "removed"
     assert archived_rows(spark, storage.day_uri(opts.archive_uri, OUTBOX, day)) == before
     assert not leftover.exists()
     assert not partition_exists(conn, day)
@@ -220,14 +220,14 @@ def test_a_partition_changed_after_its_audit_is_not_dropped(spark, conn, tmp_pat
     ids = events(conn, day, 15, dead=0)
     opts = make_options(tmp_path, sources=(OUTBOX,), dead_letter_retention=timedelta(days=7))
     first = by_unit(run(spark, conn, make_options(tmp_path, sources=(OUTBOX,), drop=False)))
-    assert first[(OUTBOX, str(day))].state == "archived"
+    assert first[(OUTBOX, day)].state == "archived"
 
     with conn.transaction():  # tampering: only a trigger-bypassing owner can change a sealed partition
         conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute("UPDATE outbox.events SET payload = '{\"schema_version\": 1, \"forged\": true}' "
                      "WHERE event_id = %s", (ids[3],))
 
-    outcome = by_unit(run(spark, conn, opts))[(OUTBOX, str(day))]
+    outcome = by_unit(run(spark, conn, opts))[(OUTBOX, day)]
     assert outcome.state == "failed"
     assert "ArchiveMismatch [OB053]" in outcome.detail
     assert partition_exists(conn, day)
@@ -245,7 +245,7 @@ def test_a_day_with_an_open_row_is_refused_and_left_alone(spark, conn, tmp_path)
     events(conn, day, 8, pending=1)
     before = live_rows(conn, OUTBOX, day)
     opts = make_options(tmp_path, sources=(OUTBOX,))
-    outcome = by_unit(run(spark, conn, opts))[(OUTBOX, str(day))]
+    outcome = by_unit(run(spark, conn, opts))[(OUTBOX, day)]
     assert outcome.state == "blocked" and "open rows" in outcome.detail
     assert live_rows(conn, OUTBOX, day) == before
     assert not day_path(opts, OUTBOX, day).exists()
