@@ -258,6 +258,23 @@ AS $$
     );
 $$;
 
+-- Row, open (not terminal) and dead-letter counts and id bounds of a day
+-- partition: what eligibility is decided on.
+CREATE OR REPLACE FUNCTION outbox._partition_counts(partition_name text)
+RETURNS TABLE (row_count bigint, open_rows bigint, dead_letters bigint, min_id bigint, max_id bigint)
+LANGUAGE plpgsql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE format(
+        'SELECT count(*),'
+        ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
+        ' count(*) FILTER (WHERE status = ''DEAD_LETTER''), min(id), max(id) FROM outbox.%I',
+        partition_name
+    );
+END;
+$$;
+
 -- Serialises the archival steps of one unit across sessions. The Spark job
 -- holds it at session level (try_lock_archive) for a whole unit; the SQL
 -- steps take it per transaction, so an operator's void waits for a run.
@@ -438,11 +455,8 @@ BEGIN
         day := outbox._partition_day(part);
         CONTINUE WHEN outbox._day_from(day + 1) > now() - retention;
         partition_name := part;
-        EXECUTE format(
-            'SELECT count(*),'
-            ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
-            ' count(*) FILTER (WHERE status = ''DEAD_LETTER'') FROM outbox.%I', part
-        ) INTO row_count, open_rows, dead_letters;
+        SELECT c.row_count, c.open_rows, c.dead_letters INTO row_count, open_rows, dead_letters
+        FROM outbox._partition_counts(part) AS c;
         sealed := outbox._is_sealed(part);
         blocked_by := CASE
             WHEN open_rows > 0 THEN 'open rows (PENDING, PROCESSING or FAILED)'
@@ -603,12 +617,9 @@ BEGIN
             format('LOCK TABLE outbox.%I IN SHARE ROW EXCLUSIVE MODE', partition_name), lock_timeout
         );
     END IF;
-    EXECUTE format(
-        'SELECT count(*),'
-        ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
-        ' count(*) FILTER (WHERE status = ''DEAD_LETTER''), min(id), max(id) FROM outbox.%I',
-        partition_name
-    ) INTO row_count, open_rows, dead_letters, min_id, max_id;
+    SELECT c.row_count, c.open_rows, c.dead_letters, c.min_id, c.max_id
+    INTO row_count, open_rows, dead_letters, min_id, max_id
+    FROM outbox._partition_counts(partition_name) AS c;
     IF open_rows > 0 THEN
         RAISE EXCEPTION 'NOT_CLOSED: partition % has % row(s) still PENDING, PROCESSING or FAILED', partition_name, open_rows
             USING ERRCODE = 'OB051', HINT = 'Only partitions whose rows are all terminal are archived.';
