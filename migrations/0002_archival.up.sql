@@ -60,7 +60,7 @@ $$;
 -- retention, and record/purge refuse a day younger than the floor whatever
 -- retention the caller used.
 --
--- Checksum, computed identically here and in spark/pgoutbox_spark/checksum.py:
+-- Checksum, computed identically here and in spark/checksum.py:
 --   per row   the stored, non-generated columns in table order, each rendered
 --             as text (timestamptz as epoch microseconds; text, json and
 --             jsonb with '\' -> '\\' and '|' -> '\|'; NULL as '\N'), joined
@@ -363,7 +363,7 @@ BEGIN
         );
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'UNSUPPORTED_COLUMN: the archive checksum has no rendering for %', bad
-            USING ERRCODE = 'OB058', HINT = 'Teach outbox.checksum_columns and spark/pgoutbox_spark/checksum.py the type.';
+            USING ERRCODE = 'OB058', HINT = 'Teach outbox.checksum_columns and spark/checksum.py the type.';
     END IF;
     RETURN QUERY
     SELECT

@@ -127,7 +127,16 @@ def archive_unit(
         db.unlock(conn, unit)
 
 
-def _archive_locked(spark, conn, target, store, unit, options, columns, hook) -> Outcome:
+def _archive_locked(
+    spark: SparkSession,
+    conn: psycopg.Connection,
+    target: jdbc.JdbcTarget,
+    store: storage.Storage,
+    unit: db.Unit,
+    options: ArchiveOptions,
+    columns: Sequence[ChecksumColumn],
+    hook: Hook,
+) -> Outcome:
     range_from, range_to = db.day_range(unit.day)
     if unit.source == db.OUTBOX:
         sealed = db.seal(conn, unit.partition, options.retention, options.dead_letter_retention, options.lock_timeout)
