@@ -97,16 +97,15 @@ def main() -> int:
             print(f"  {gen:.1f} s; partition {size}")
 
             target = jdbc.from_connection(conn)
-            lo, hi = db.day_range(day)
-            sealed_bounds = conn.execute(
-                "SELECT min(id), max(id) FROM outbox.archive_rows(%s, %s)", (lo, hi)).fetchone()
+            partition = f"events_p{day:%Y%m%d}"
+            sealed_bounds = conn.execute(f"SELECT min(id), max(id) FROM outbox.{partition}").fetchone()
             load_before = os.getloadavg()
             with session.spark_session("local[*]", JAR, "pgoutbox-archive-bench") as spark:
                 def bare(limit_rows: int | None, out: Path) -> float:
                     low, high = sealed_bounds[0], sealed_bounds[1] + 1
                     if limit_rows:
                         high = low + limit_rows
-                    frame = jdbc.read(spark, target, jdbc.rows_of(conn, "outbox.archive_rows", lo, hi),
+                    frame = jdbc.read(spark, target, jdbc.relation(conn, "outbox", partition),
                                       fetch_size=args.fetch_size, partition_column="id", lower=low, upper=high,
                                       partitions=args.read_partitions)
                     if limit_rows:

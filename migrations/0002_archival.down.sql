@@ -1,14 +1,15 @@
--- 0002_archival (down): removes what 0002 created.
+-- Archival (down): removes what the archival migration created.
 --
 -- What it cannot undo:
 --   * archived data: it refuses to run while outbox.archive_audit holds any
 --     row, because that table is the only record of which days were exported
 --     and removed, and of the figures they were removed against;
 --   * inbox.retention_policy: a changed stream max_age is forgotten (the
---     floor is back to the seed's 7 days if 0002 is applied again);
+--     floor is back to the seed's 7 days if the migration is applied again);
 --   * the role pgoutbox_archiver is cluster-wide and may serve other
 --     databases, so it is left in place.
--- Partitions sealed for archival but not yet audited are unsealed.
+-- Partitions sealed for archival but not yet audited are unsealed (and the
+-- archiver's read grant on them revoked).
 
 BEGIN;
 
@@ -29,7 +30,7 @@ BEGIN
         IF EXISTS (SELECT 1 FROM outbox.archive_audit) THEN
             RAISE EXCEPTION 'DATA_WOULD_BE_LOST: outbox.archive_audit is not empty'
                 USING ERRCODE = 'OB091',
-                      HINT = 'The audit trail of archived days cannot be dropped; keep 0002.';
+                      HINT = 'The audit trail of archived days cannot be dropped; keep this migration applied.';
         END IF;
     END IF;
     FOR part IN
@@ -39,6 +40,7 @@ BEGIN
     LOOP
         EXECUTE format('DROP TRIGGER IF EXISTS _050_archived_read_only ON outbox.%I', part);
         EXECUTE format('DROP TRIGGER IF EXISTS _050_archived_no_truncate ON outbox.%I', part);
+        EXECUTE format('REVOKE SELECT ON outbox.%I FROM pgoutbox_archiver', part);
     END LOOP;
 END;
 $$;
@@ -55,8 +57,6 @@ DROP FUNCTION IF EXISTS inbox.archivable_days(interval, interval);
 DROP FUNCTION IF EXISTS inbox.stream_max_age();
 DROP FUNCTION IF EXISTS inbox.set_stream_max_age(interval);
 DROP FUNCTION IF EXISTS outbox.seal_partition(text, interval, interval, interval);
-DROP FUNCTION IF EXISTS outbox.archive_rows(timestamptz, timestamptz);
-DROP FUNCTION IF EXISTS inbox.archive_rows(timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS outbox.id_range();
 DROP FUNCTION IF EXISTS inbox.received_range();
 DROP FUNCTION IF EXISTS outbox.record_archive(text, date, bigint, numeric, text);

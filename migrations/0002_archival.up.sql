@@ -1,11 +1,11 @@
--- 0002_archival (up): audited archival of outbox.events partitions and
+-- Archival (up): audited archival of outbox.events partitions and
 -- inbox.messages days (outbox.archive_audit, seal/record/drop/purge/void
 -- functions, inbox retention floor, pgoutbox_archiver role).
 --
 -- Apply with `pgoutbox migrate`, or `psql -v ON_ERROR_STOP=1 -f` this file.
 -- Safe to re-run and to run twice at once: one transaction, serialised by an
--- advisory lock, made of idempotent DDL. Runs only on a schema at version 1
--- (or 2: a re-run).
+-- advisory lock, made of idempotent DDL. Runs only on the schema version just
+-- below its own (or on its own: a re-run); the guard names the numbers.
 
 BEGIN;
 
@@ -40,7 +40,8 @@ $$;
 --   eligible  its day ended more than `retention` ago and every row is terminal
 --             (outbox: COMPLETED or DEAD_LETTER; inbox: PROCESSED or DEAD_LETTER)
 --   sealed    (outbox) read-only triggers on the partition: from here on no
---             path through the API can change it (seal_partition)
+--             path through the API can change it; the archiver may read it
+--             (seal_partition)
 --   exported  Parquet written, re-read and its count + checksum computed (Spark)
 --   audited   an archive_audit row, recorded only when the exported figures
 --             equal the live figures computed here (record_archive)
@@ -602,8 +603,8 @@ COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
 -- Seals an eligible partition: checks it under a lock that keeps writers
 -- out, then installs read-only triggers on it, so nothing can change between
 -- the export and the drop (a requeue of one of its dead letters now fails
--- with ARCHIVED_READ_ONLY instead of being lost with the partition).
--- Idempotent. Returns what the export needs.
+-- with ARCHIVED_READ_ONLY instead of being lost with the partition), and
+-- lets pgoutbox_archiver read it. Idempotent. Returns what the export needs.
 CREATE OR REPLACE FUNCTION outbox.seal_partition(
     partition_name text,
     retention interval DEFAULT interval '7 days',
@@ -665,37 +666,15 @@ BEGIN
             'CREATE TRIGGER _050_archived_no_truncate BEFORE TRUNCATE ON outbox.%I'
             ' FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__archived_read_only()', partition_name
         );
+        -- The archiver exports the partition itself, the very relation that
+        -- is verified and dropped; it may read no other partition directly.
+        EXECUTE format('GRANT SELECT ON outbox.%I TO pgoutbox_archiver', partition_name);
     END IF;
     RETURN NEXT;
 END;
 $$;
 COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
 'Checks a day partition is archivable and makes it read-only; returns its range, row count and id bounds.';
-
--- The rows of a range, for the Spark JDBC reader. Plain SQL, STABLE,
--- SECURITY INVOKER and without SET: PostgreSQL inlines it, so the id (or
--- received_at) ranges that Spark appends for its parallel readers reach the
--- indexes and each reader scans only its slice. The caller needs SELECT on
--- the table (pgoutbox_archiver has it).
-CREATE OR REPLACE FUNCTION outbox.archive_rows(range_from timestamptz, range_to timestamptz)
-RETURNS SETOF outbox.events
-LANGUAGE sql STABLE
-AS $$
-    SELECT * FROM outbox.events AS e
-    WHERE e.created_at >= archive_rows.range_from AND e.created_at < archive_rows.range_to;
-$$;
-COMMENT ON FUNCTION outbox.archive_rows(timestamptz, timestamptz) IS
-'Rows of outbox.events created in [range_from, range_to); inlined into the archiver''s parallel reads.';
-
-CREATE OR REPLACE FUNCTION inbox.archive_rows(range_from timestamptz, range_to timestamptz)
-RETURNS SETOF inbox.messages
-LANGUAGE sql STABLE
-AS $$
-    SELECT * FROM inbox.messages AS m
-    WHERE m.received_at >= archive_rows.range_from AND m.received_at < archive_rows.range_to;
-$$;
-COMMENT ON FUNCTION inbox.archive_rows(timestamptz, timestamptz) IS
-'Rows of inbox.messages received in [range_from, range_to); inlined into the archiver''s parallel reads.';
 
 -- Bounds for the report's parallel reads of the live tables (index lookups).
 CREATE OR REPLACE FUNCTION outbox.id_range()
@@ -963,6 +942,7 @@ BEGIN
             format('DROP TRIGGER _050_archived_read_only ON outbox.%I', part), lock_timeout
         );
         EXECUTE format('DROP TRIGGER _050_archived_no_truncate ON outbox.%I', part);
+        EXECUTE format('REVOKE SELECT ON outbox.%I FROM pgoutbox_archiver', part);
     END IF;
     RETURN standing.id;
 END;
@@ -1006,9 +986,9 @@ $$;
 -- ------------------------------------------------------------ roles
 
 -- pgoutbox_archiver: what the archival job and the report need, nothing more.
--- It reads the two tables (its JDBC reads go through the inlined
--- archive_rows functions, which run with its privileges) and calls the
--- archival steps; it cannot write or delete rows, nor void an audit.
+-- It reads the two tables and the partitions it sealed (Spark reads them over
+-- JDBC) and calls the archival steps; it cannot write or delete rows, nor
+-- void an audit.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_archiver') THEN
@@ -1030,8 +1010,6 @@ outbox.archivable_partitions(interval, interval),
 inbox.archivable_days(interval, interval),
 inbox.stream_max_age(),
 outbox.seal_partition(text, interval, interval, interval),
-outbox.archive_rows(timestamptz, timestamptz),
-inbox.archive_rows(timestamptz, timestamptz),
 outbox.id_range(),
 inbox.received_range(),
 outbox.record_archive(text, date, bigint, numeric, text),

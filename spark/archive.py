@@ -31,6 +31,7 @@ import psycopg
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pgoutbox.errors import PgOutboxError
 
@@ -137,24 +138,27 @@ def _archive_locked(
     columns: Sequence[ChecksumColumn],
     hook: Hook,
 ) -> Outcome:
-    range_from, range_to = db.day_range(unit.day)
+    read = dict(fetch_size=options.fetch_size)
     if unit.source == db.OUTBOX:
+        # The partition itself: exactly the relation that is verified and dropped.
         sealed = db.seal(conn, unit.partition, options.retention, options.dead_letter_retention, options.lock_timeout)
         expected_rows = sealed.row_count
-        split = ("id", sealed.min_id, None if sealed.max_id is None else sealed.max_id + 1)
-        function = "outbox.archive_rows"
+        hook("sealed", unit)
+        source_frame = jdbc.read(
+            spark, target, jdbc.relation(conn, "outbox", unit.partition), **read,
+            partition_column="id", lower=sealed.min_id,
+            upper=None if sealed.max_id is None else sealed.max_id + 1,
+            partitions=max(1, min(options.read_partitions, expected_rows)),
+        )
     else:
         expected_rows = unit.row_count
-        split = ("received_at", range_from, range_to)
-        function = "inbox.archive_rows"
-    hook("sealed", unit)
-
-    column, lower, upper = split
-    source_frame = jdbc.read(
-        spark, target, jdbc.rows_of(conn, function, range_from, range_to),
-        fetch_size=options.fetch_size, partition_column=column, lower=lower, upper=upper,
-        partitions=max(1, min(options.read_partitions, expected_rows)),
-    )
+        hook("sealed", unit)
+        range_from, range_to = db.day_range(unit.day)
+        source_frame = jdbc.read(
+            spark, target, jdbc.relation(conn, "inbox", "messages"), **read,
+            partition_column="received_at", lower=range_from, upper=range_to,
+            partitions=max(1, min(options.read_partitions, expected_rows)),
+        ).where((F.col("received_at") >= F.lit(range_from)) & (F.col("received_at") < F.lit(range_to)))
     final = storage.day_uri(options.archive_uri, unit.source, unit.day)
 
     audit = db.standing_audit(conn, unit.source, unit.day)

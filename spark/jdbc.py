@@ -2,9 +2,11 @@
 holds (so OUTBOX_DATABASE_URL and the libpq PG* variables both work), and the
 parallel partitioned reads.
 
-Spark's readers see rows only through the SQL functions outbox.archive_rows()
-and inbox.archive_rows(); PostgreSQL inlines them, so the range each reader
-appends (id, or received_at) reaches the index.
+Spark reads relations by name (a sealed partition, or a table) and appends
+its own range per reader (on id, or received_at) and any filter the job adds
+(pushed down as WHERE): no SQL text is built here. Timestamp literals are
+rendered in the JVM's time zone, which pgjdbc also gives the PostgreSQL
+session, so instants survive whatever that zone is.
 """
 
 from __future__ import annotations
@@ -52,19 +54,9 @@ def from_connection(conn: psycopg.Connection, url: str | None = None) -> JdbcTar
     return JdbcTarget(f"jdbc:postgresql://{host}:{info.port}/{quote(info.dbname)}", props)
 
 
-def rows_of(conn: psycopg.Connection, function: str, range_from: datetime, range_to: datetime) -> str:
-    """The `dbtable` for Spark: the rows of a range, through an archive_rows function."""
-    schema, name = function.split(".")
-    query = sql.SQL("(SELECT * FROM {}.{}({}::timestamptz, {}::timestamptz)) AS rows_of").format(
-        sql.Identifier(schema), sql.Identifier(name), sql.Literal(_text(range_from)), sql.Literal(_text(range_to))
-    )
-    return query.as_string(conn)
-
-
-def _text(value: datetime) -> str:
-    if value.tzinfo is None:
-        raise ValueError("range bounds must be timezone-aware")
-    return value.astimezone(timezone.utc).isoformat()
+def relation(conn: psycopg.Connection, schema: str, name: str) -> str:
+    """A quoted relation name for Spark's `dbtable`."""
+    return sql.Identifier(schema, name).as_string(conn)
 
 
 def spark_bound(value: int | datetime) -> str:

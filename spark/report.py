@@ -29,7 +29,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
-from datetime import date, datetime, timezone
+from datetime import date
 
 import psycopg
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -73,17 +73,17 @@ def rows(
 ) -> DataFrame:
     """All rows of a source: the archived days from Parquet, the rest live."""
     split: tuple[str, object, object]
+    schema, table = source.split(".")
     if source == db.OUTBOX:
-        function, day_column = "outbox.archive_rows", "created_at"
+        day_column = "created_at"
         low, high = db.id_range(conn)
         split = ("id", low, None if high is None else high + 1)
     else:
-        function, day_column = "inbox.archive_rows", "received_at"
+        day_column = "received_at"
         split = ("received_at", *db.received_range(conn))
-    everything = (datetime.min.replace(tzinfo=timezone.utc), datetime.max.replace(tzinfo=timezone.utc))
     column, lower, upper = split
     live = jdbc.read(
-        spark, target, jdbc.rows_of(conn, function, *everything), fetch_size=fetch_size,
+        spark, target, jdbc.relation(conn, schema, table), fetch_size=fetch_size,
         partition_column=column, lower=lower, upper=upper, partitions=read_partitions,
     )
     archived_days = [a for a in db.audits(conn, source) if a.standing]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from pyspark.sql import SparkSession
 
@@ -27,9 +27,14 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def build(master: str, jars: str | None, app_name: str) -> SparkSession:
+def build(
+    master: str, jars: str | None, app_name: str, conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A session; `conf` adds settings (ignored under spark-submit, like master)."""
     builder = SparkSession.builder.appName(app_name)
     if not submitted():
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
         builder = builder.master(master)
         if jars:
             builder = builder.config("spark.jars", jars)

@@ -140,7 +140,7 @@ def test_down_refuses_to_lose_data(database_url):
 
 
 def test_archival_down_refuses_to_lose_the_audit_trail(database_url):
-    """0002's down keeps outbox.archive_audit once it records anything."""
+    """The archival migration's down keeps outbox.archive_audit once it records anything."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("INSERT INTO inbox.messages (message_id, handler, subject, status, received_at, processed_at)"
                      " VALUES (gen_random_uuid(), 'h', 'sea.event.x.v1', 'PROCESSED',"
