@@ -323,7 +323,9 @@ SELECT throws_ok(
 SELECT is(
     (
         SELECT count(*)
-        FROM inbox.messages WHERE received_at >= :'d40'::timestamp AT TIME ZONE 'UTC'
+        FROM inbox.messages
+        WHERE
+            received_at >= :'d40'::timestamp AT TIME ZONE 'UTC'
             AND received_at < (:'d40'::date + 1)::timestamp AT TIME ZONE 'UTC'
     ),
     3::bigint, 'the refused purge deleted nothing'
@@ -343,10 +345,12 @@ SET LOCAL ROLE pgoutbox_archiver;
 SELECT lives_ok($$SELECT * FROM outbox.archivable_partitions()$$, 'the archiver lists partitions');
 SELECT lives_ok($$SELECT count(*) FROM outbox.events$$, 'the archiver reads outbox.events');
 SELECT lives_ok(format('SELECT count(*) FROM outbox.%I', :'p8'), 'the archiver reads a partition it sealed');
-SELECT throws_ok(format('SELECT count(*) FROM outbox.%I', :'p10'), '42501', NULL,
-    'but no partition that is not sealed');
-SELECT throws_ok(format('SELECT count(*) FROM outbox.%I', :'p40'), '42501', NULL,
-    'nor one whose seal was voided');
+SELECT throws_ok(
+    format('SELECT count(*) FROM outbox.%I', :'p10'), '42501', NULL, 'but no partition that is not sealed'
+);
+SELECT throws_ok(
+    format('SELECT count(*) FROM outbox.%I', :'p40'), '42501', NULL, 'nor one whose seal was voided'
+);
 SELECT throws_ok(
     format('SELECT outbox.void_archive(%L, %L, %L)', 'outbox.events', :'d40', 'x'), '42501', NULL,
     'the archiver cannot void an audit'
