@@ -6,8 +6,6 @@ outbox.events is ever deleted one by one."""
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -19,7 +17,7 @@ from pgoutbox_spark import archive, jdbc, storage
 from pgoutbox_spark import database as db
 from pgoutbox_spark.checksum import ChecksumColumn, Figures, figures
 
-from pgoutbox.errors import ArchiveMismatch, SqlState
+from pgoutbox.errors import ArchivalRefused, ArchiveMismatch, SqlState
 
 pytestmark = pytest.mark.spark
 
@@ -70,7 +68,7 @@ def day_path(opts, source, day) -> Path:
 
 
 def test_checksum_golden_vector_matches_postgres_and_python(spark):
-    """The same row and expected value as pgtap/30_archival.sql."""
+    """The same row and expected value as pgtap/70_archival.sql."""
     text = ('00000000-0000-0000-0000-000000000001|h|sea.event.x.v1|\\N|PROCESSED'
             '|978307200500000|978307201500000|1|a\\|b\\\\c|{"k": "v\\|w"}')
     expected = int(hashlib.md5(text.encode()).hexdigest()[:15], 16)
@@ -251,8 +249,25 @@ def test_a_day_with_an_open_row_is_refused_and_left_alone(spark, conn, tmp_path)
     assert not day_path(opts, OUTBOX, day).exists()
     assert db.audits(conn) == []
     # Even asked directly, the database refuses to seal it.
-    from pgoutbox.errors import ArchivalRefused
-
     with pytest.raises(ArchivalRefused) as info:
         db.seal(conn, f"events_p{day:%Y%m%d}", opts.retention, opts.dead_letter_retention, opts.lock_timeout)
     assert info.value.code == SqlState.NOT_CLOSED
+
+
+def test_a_drop_that_cannot_get_its_lock_gives_up_and_the_next_run_finishes(spark, conn, tmp_path):
+    day = today() - timedelta(days=10)
+    events(conn, day, 12)
+    before = live_rows(conn, OUTBOX, day)
+    opts = make_options(tmp_path, sources=(OUTBOX,), lock_timeout=timedelta(milliseconds=500))
+    with psycopg.connect(conn.info.dsn) as long_reader:  # an open transaction that has read outbox.events
+        long_reader.execute("SELECT count(*) FROM outbox.events").fetchone()
+        outcome = by_unit(run(spark, conn, opts))[(OUTBOX, day)]
+        assert outcome.state == "failed" and "[OB059]" in outcome.detail, outcome
+        assert partition_exists(conn, day)
+        (audit,) = db.audits(conn, OUTBOX)
+        assert audit.removed_at is None
+    outcome = by_unit(run(spark, conn, opts))[(OUTBOX, day)]
+    assert outcome.state == "removed"
+    assert archived_rows(spark, storage.day_uri(opts.archive_uri, OUTBOX, day)) == before
+    assert not partition_exists(conn, day)
+    assert [a.id for a in db.audits(conn, OUTBOX)] == [audit.id], "the same audit row, now removed"
