@@ -8,7 +8,8 @@ guarded path (insert policies, then PENDING -> PROCESSING -> COMPLETED), then
 in the same Spark session:
   1. warm-up: a bare JDBC read of 50,000 rows to Parquet (JIT, driver load);
   2. bare: the same partitioned JDBC read of the whole day, written to Parquet
-     partitioned by context: the floor any archiver pays;
+     partitioned by context: the floor any archiver pays (run twice, the
+     faster counts: the machine is shared);
   3. archival: the full pipeline on the same day: seal, export (the same read
      and write, to staging, then rename), re-read and checksum in Spark,
      record (checksum in PostgreSQL), drop (checksum again, DROP TABLE).
@@ -76,6 +77,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--read-partitions", type=int, default=4)
     parser.add_argument("--fetch-size", type=int, default=10_000)
+    parser.add_argument("--bare-runs", type=int, default=2, help="bare reads; the fastest is the floor")
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -115,7 +117,9 @@ def main() -> int:
                     return time.perf_counter() - started
 
                 bare(50_000, work / "warmup")
-                bare_s = bare(None, work / "bare")
+                # The machine is shared: the faster of two bare runs is the floor.
+                bare_runs = [bare(None, work / f"bare{i}") for i in range(args.bare_runs)]
+                bare_s = min(bare_runs)
 
                 steps: list[tuple[str, float]] = []
                 mark = [time.perf_counter()]
@@ -149,7 +153,8 @@ def main() -> int:
     print(f"\nmachine: {os.cpu_count()} cores; load average before {load_before[0]:.2f}, "
           f"after {load_after[0]:.2f} (shared with other work)")
     print(f"rows: {args.rows:,}; read partitions: {args.read_partitions}; fetch size: {args.fetch_size}")
-    print(f"bare JDBC read -> Parquet : {bare_s:7.1f} s  {args.rows / bare_s:10,.0f} rows/s")
+    print(f"bare JDBC read -> Parquet : {bare_s:7.1f} s  {args.rows / bare_s:10,.0f} rows/s"
+          f"  (fastest of {', '.join(f'{s:.1f}' for s in bare_runs)} s)")
     print(f"audited archival          : {archive_s:7.1f} s  {args.rows / archive_s:10,.0f} rows/s")
     print(f"ratio archival / bare     : {(args.rows / archive_s) / (args.rows / bare_s):.2f} of the bare "
           f"throughput ({archive_s / bare_s:.2f}x the time)")

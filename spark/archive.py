@@ -123,64 +123,55 @@ def archive_unit(
     if not db.try_lock(conn, unit):
         return Outcome(unit.source, unit.day, "busy", None, "another archiver is on this day")
     try:
-        return _archive_locked(spark, conn, target, store, unit, options, columns, hook)
+        source_frame, expected_rows = open_unit(spark, conn, target, unit, options)
+        hook("sealed", unit)
+        final = storage.day_uri(options.archive_uri, unit.source, unit.day)
+        audit = db.standing_audit(conn, unit.source, unit.day)
+        archived = None
+        if audit is not None and store.exists(final):
+            archived = readable_figures(spark, final, source_frame, columns)
+            if archived != audit.figures:
+                archived = None  # missing, damaged or different: export again from the live rows
+        if archived is None:
+            archived = export(spark, store, source_frame, unit, options.archive_uri, columns, hook)
+        if archived.row_count != expected_rows:
+            raise ArchiveError(
+                f"{unit.source} {unit.day}: the archive holds {archived.row_count} rows, the day {expected_rows}"
+            )
+        db.record(conn, unit.source, unit.day, archived, final)
+        hook("audited", unit)
+        if not options.drop:
+            return Outcome(unit.source, unit.day, "archived", archived.row_count, final)
+        db.remove(conn, unit, options.lock_timeout)
+        hook("removed", unit)
+        return Outcome(unit.source, unit.day, "removed", archived.row_count, final)
     finally:
         db.unlock(conn, unit)
 
 
-def _archive_locked(
-    spark: SparkSession,
-    conn: psycopg.Connection,
-    target: jdbc.JdbcTarget,
-    store: storage.Storage,
-    unit: db.Unit,
-    options: ArchiveOptions,
-    columns: Sequence[ChecksumColumn],
-    hook: Hook,
-) -> Outcome:
+def open_unit(
+    spark: SparkSession, conn: psycopg.Connection, target: jdbc.JdbcTarget, unit: db.Unit, options: ArchiveOptions
+) -> tuple[DataFrame, int]:
+    """Seals an outbox partition; returns the (lazy) JDBC frame of the unit's
+    rows and how many rows it must hold."""
     read = dict(fetch_size=options.fetch_size)
     if unit.source == db.OUTBOX:
         # The partition itself: exactly the relation that is verified and dropped.
         sealed = db.seal(conn, unit.partition, options.retention, options.dead_letter_retention, options.lock_timeout)
-        expected_rows = sealed.row_count
-        hook("sealed", unit)
-        source_frame = jdbc.read(
+        frame = jdbc.read(
             spark, target, jdbc.relation(conn, "outbox", unit.partition), **read,
             partition_column="id", lower=sealed.min_id,
             upper=None if sealed.max_id is None else sealed.max_id + 1,
-            partitions=max(1, min(options.read_partitions, expected_rows)),
+            partitions=max(1, min(options.read_partitions, sealed.row_count)),
         )
-    else:
-        expected_rows = unit.row_count
-        hook("sealed", unit)
-        range_from, range_to = db.day_range(unit.day)
-        source_frame = jdbc.read(
-            spark, target, jdbc.relation(conn, "inbox", "messages"), **read,
-            partition_column="received_at", lower=range_from, upper=range_to,
-            partitions=max(1, min(options.read_partitions, expected_rows)),
-        ).where((F.col("received_at") >= F.lit(range_from)) & (F.col("received_at") < F.lit(range_to)))
-    final = storage.day_uri(options.archive_uri, unit.source, unit.day)
-
-    audit = db.standing_audit(conn, unit.source, unit.day)
-    archived = None
-    if audit is not None and store.exists(final):
-        archived = readable_figures(spark, final, source_frame, columns)
-        if archived != audit.figures:
-            archived = None  # missing, damaged or different: export again from the live rows
-    if archived is None:
-        archived = export(spark, store, source_frame, unit, options.archive_uri, columns, hook)
-    if archived.row_count != expected_rows:
-        raise ArchiveError(
-            f"{unit.source} {unit.day}: the archive holds {archived.row_count} rows, the day {expected_rows}"
-        )
-
-    db.record(conn, unit.source, unit.day, archived, final)
-    hook("audited", unit)
-    if not options.drop:
-        return Outcome(unit.source, unit.day, "archived", archived.row_count, final)
-    db.remove(conn, unit, options.lock_timeout)
-    hook("removed", unit)
-    return Outcome(unit.source, unit.day, "removed", archived.row_count, final)
+        return frame, sealed.row_count
+    range_from, range_to = db.day_range(unit.day)
+    frame = jdbc.read(
+        spark, target, jdbc.relation(conn, "inbox", "messages"), **read,
+        partition_column="received_at", lower=range_from, upper=range_to,
+        partitions=max(1, min(options.read_partitions, unit.row_count)),
+    ).where((F.col("received_at") >= F.lit(range_from)) & (F.col("received_at") < F.lit(range_to)))
+    return frame, unit.row_count
 
 
 def export(
