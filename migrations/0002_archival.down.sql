@@ -69,7 +69,6 @@ DROP FUNCTION IF EXISTS outbox._standing_audit(text, date);
 DROP FUNCTION IF EXISTS outbox.try_lock_archive(text, date);
 DROP FUNCTION IF EXISTS outbox.unlock_archive(text, date);
 DROP FUNCTION IF EXISTS outbox._archive_lock_key(text, date);
-DROP FUNCTION IF EXISTS outbox._partition_counts(text);
 DROP FUNCTION IF EXISTS outbox._with_lock_timeout(text, interval);
 DROP FUNCTION IF EXISTS outbox._is_sealed(text);
 DROP FUNCTION IF EXISTS outbox._is_partition(text);

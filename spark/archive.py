@@ -153,7 +153,8 @@ def open_unit(
     spark: SparkSession, conn: psycopg.Connection, target: jdbc.JdbcTarget, unit: db.Unit, options: ArchiveOptions
 ) -> tuple[DataFrame, int]:
     """Seals an outbox partition; returns the (lazy) JDBC frame of the unit's
-    rows and how many rows it must hold."""
+    rows and how many rows it must hold (as listed: a sealed partition cannot
+    change, and a row added before the seal shows as a count mismatch)."""
     read = dict(fetch_size=options.fetch_size)
     if unit.source == db.OUTBOX:
         # The partition itself: exactly the relation that is verified and dropped.
@@ -162,9 +163,9 @@ def open_unit(
             spark, target, jdbc.relation(conn, "outbox", unit.partition), **read,
             partition_column="id", lower=sealed.min_id,
             upper=None if sealed.max_id is None else sealed.max_id + 1,
-            partitions=max(1, min(options.read_partitions, sealed.row_count)),
+            partitions=max(1, min(options.read_partitions, unit.row_count)),
         )
-        return frame, sealed.row_count
+        return frame, unit.row_count
     range_from, range_to = db.day_range(unit.day)
     frame = jdbc.read(
         spark, target, jdbc.relation(conn, "inbox", "messages"), **read,

@@ -39,7 +39,6 @@ class Sealed:
     day: date
     range_from: datetime
     range_to: datetime
-    row_count: int
     min_id: int | None
     max_id: int | None
 

@@ -259,23 +259,6 @@ AS $$
     );
 $$;
 
--- Row, open (not terminal) and dead-letter counts and id bounds of a day
--- partition: what eligibility is decided on.
-CREATE OR REPLACE FUNCTION outbox._partition_counts(partition_name text)
-RETURNS TABLE (row_count bigint, open_rows bigint, dead_letters bigint, min_id bigint, max_id bigint)
-LANGUAGE plpgsql STABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY EXECUTE format(
-        'SELECT count(*),'
-        ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
-        ' count(*) FILTER (WHERE status = ''DEAD_LETTER''), min(id), max(id) FROM outbox.%I',
-        partition_name
-    );
-END;
-$$;
-
 -- Serialises the archival steps of one unit across sessions. The Spark job
 -- holds it at session level (try_lock_archive) for a whole unit; the SQL
 -- steps take it per transaction, so an operator's void waits for a run.
@@ -456,8 +439,11 @@ BEGIN
         day := outbox._partition_day(part);
         CONTINUE WHEN outbox._day_from(day + 1) > now() - retention;
         partition_name := part;
-        SELECT c.row_count, c.open_rows, c.dead_letters INTO row_count, open_rows, dead_letters
-        FROM outbox._partition_counts(part) AS c;
+        EXECUTE format(
+            'SELECT count(*),'
+            ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
+            ' count(*) FILTER (WHERE status = ''DEAD_LETTER'') FROM outbox.%I', part
+        ) INTO row_count, open_rows, dead_letters;
         sealed := outbox._is_sealed(part);
         blocked_by := CASE
             WHEN open_rows > 0 THEN 'open rows (PENDING, PROCESSING or FAILED)'
@@ -587,7 +573,6 @@ RETURNS TABLE (
     day date,
     range_from timestamptz,
     range_to timestamptz,
-    row_count bigint,
     min_id bigint,
     max_id bigint
 )
@@ -596,8 +581,8 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    open_rows bigint;
-    dead_letters bigint;
+    has_open boolean;
+    has_dead boolean;
 BEGIN
     day := outbox._partition_day(partition_name);
     range_from := outbox._day_from(day);
@@ -618,15 +603,21 @@ BEGIN
             format('LOCK TABLE outbox.%I IN SHARE ROW EXCLUSIVE MODE', partition_name), lock_timeout
         );
     END IF;
-    SELECT c.row_count, c.open_rows, c.dead_letters, c.min_id, c.max_id
-    INTO row_count, open_rows, dead_letters, min_id, max_id
-    FROM outbox._partition_counts(partition_name) AS c;
-    IF open_rows > 0 THEN
-        RAISE EXCEPTION 'NOT_CLOSED: partition % has % row(s) still PENDING, PROCESSING or FAILED', partition_name, open_rows
+    -- Index lookups only (events_claimable_idx, events_dead_letter_idx, the
+    -- primary key): claims and marks lock every partition, so they wait for
+    -- as long as this transaction holds the lock. No count here.
+    EXECUTE format(
+        'SELECT EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''PENDING'', ''FAILED'', ''PROCESSING'')),'
+        ' EXISTS (SELECT 1 FROM outbox.%1$I WHERE status = ''DEAD_LETTER''),'
+        ' (SELECT min(id) FROM outbox.%1$I), (SELECT max(id) FROM outbox.%1$I)',
+        partition_name
+    ) INTO has_open, has_dead, min_id, max_id;
+    IF has_open THEN
+        RAISE EXCEPTION 'NOT_CLOSED: partition % has rows still PENDING, PROCESSING or FAILED', partition_name
             USING ERRCODE = 'OB051', HINT = 'Only partitions whose rows are all terminal are archived.';
     END IF;
-    IF dead_letters > 0 AND (dead_letter_retention IS NULL OR range_to > now() - dead_letter_retention) THEN
-        RAISE EXCEPTION 'RETENTION_NOT_REACHED: partition % holds % dead letter(s) younger than %', partition_name, dead_letters, dead_letter_retention
+    IF has_dead AND (dead_letter_retention IS NULL OR range_to > now() - dead_letter_retention) THEN
+        RAISE EXCEPTION 'RETENTION_NOT_REACHED: partition % holds dead letters younger than %', partition_name, dead_letter_retention
             USING ERRCODE = 'OB052', HINT = 'Requeue them (outbox.requeue) or wait for dead_letter_retention.';
     END IF;
     IF NOT outbox._is_sealed(partition_name) THEN
@@ -646,7 +637,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
-'Checks a day partition is archivable and makes it read-only; returns its range, row count and id bounds.';
+'Checks a day partition is archivable and makes it read-only; returns its range and id bounds.';
 
 -- Bounds for the report's parallel reads of the live tables (index lookups).
 CREATE OR REPLACE FUNCTION outbox.id_range()
