@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench clean
+.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -47,7 +47,10 @@ bench/consumer: setup ## Consumer throughput vs a bare JetStream fetch-and-ack l
 bench/relay: setup ## Relay drain rate vs raw nats-py publishing, end-to-end latency, RSS (not a test)
 	@$(PY) bench/relay_bench.py
 
-bench: bench/sql bench/consumer bench/relay ## All benchmarks
+bench/archive: setup ## Archival throughput on a 1,000,000-row partition vs a bare JDBC read (Spark)
+	@$(PY) bench/archive_bench.py
+
+bench: bench/sql bench/relay bench/consumer bench/archive ## All benchmarks
 
 clean: ## Remove the demo data folder (stops nothing but what it started)
 	@$(PY) -m pgoutbox.demo --stop 2>/dev/null || true

@@ -25,6 +25,8 @@ COMMAND_MODULES = (
     "pgoutbox.commands.redrive",
     "pgoutbox.commands.replay_switch",
     "pgoutbox.commands.registry",
+    "pgoutbox.commands.archive",
+    "pgoutbox.commands.report",
     "pgoutbox.commands.settings",
 )
 

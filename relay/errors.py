@@ -31,6 +31,18 @@ class SqlState(enum.StrEnum):
     UNKNOWN_MESSAGE = "OB021"
     MESSAGE_NOT_DEAD_LETTER = "OB030"
     MESSAGE_NOT_REPLAYABLE = "OB031"
+    ARCHIVE_UNKNOWN_UNIT = "OB050"
+    NOT_CLOSED = "OB051"
+    RETENTION_NOT_REACHED = "OB052"
+    ARCHIVE_MISMATCH = "OB053"
+    NOT_ARCHIVED = "OB054"
+    ARCHIVE_CONFLICT = "OB055"
+    ARCHIVED_READ_ONLY = "OB056"
+    RETENTION_BELOW_MAX_AGE = "OB057"
+    UNSUPPORTED_COLUMN = "OB058"
+    ARCHIVE_BUSY = "OB059"
+    AUDIT_IMMUTABLE = "OB060"
+    NOT_SEALED = "OB061"
     MIGRATION_OUT_OF_ORDER = "OB090"
     DATA_WOULD_BE_LOST = "OB091"
 
@@ -68,6 +80,16 @@ class UnknownMessage(PgOutboxError):
 
 class NotRedrivable(PgOutboxError):
     """Only dead-lettered inbox messages with a stored envelope can be redriven."""
+class ArchivalRefused(PgOutboxError):
+    """The unit is not (or not yet) archivable: unknown, open, too young, or busy."""
+
+
+class ArchiveMismatch(PgOutboxError):
+    """The archive's row count or checksum differs from the live rows; nothing was removed."""
+
+
+class ArchiveConflict(PgOutboxError):
+    """The day already has a different standing audit, or was removed already."""
 
 
 class MigrationError(PgOutboxError):
@@ -103,6 +125,18 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.UNKNOWN_MESSAGE: UnknownMessage,
     SqlState.MESSAGE_NOT_DEAD_LETTER: NotRedrivable,
     SqlState.MESSAGE_NOT_REPLAYABLE: NotRedrivable,
+    SqlState.ARCHIVE_UNKNOWN_UNIT: ArchivalRefused,
+    SqlState.NOT_CLOSED: ArchivalRefused,
+    SqlState.RETENTION_NOT_REACHED: ArchivalRefused,
+    SqlState.ARCHIVE_MISMATCH: ArchiveMismatch,
+    SqlState.NOT_ARCHIVED: ArchivalRefused,
+    SqlState.ARCHIVE_CONFLICT: ArchiveConflict,
+    SqlState.ARCHIVED_READ_ONLY: IllegalTransition,
+    SqlState.RETENTION_BELOW_MAX_AGE: ConfigError,
+    SqlState.UNSUPPORTED_COLUMN: ArchivalRefused,
+    SqlState.ARCHIVE_BUSY: ArchivalRefused,
+    SqlState.AUDIT_IMMUTABLE: IllegalTransition,
+    SqlState.NOT_SEALED: ArchivalRefused,
     SqlState.MIGRATION_OUT_OF_ORDER: MigrationError,
     SqlState.DATA_WOULD_BE_LOST: MigrationError,
 }

@@ -5,6 +5,7 @@ and a fresh nats-server with JetStream per test that asks for one."""
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -84,3 +85,21 @@ def nats_server(tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole run: starting one takes 10-30 s here."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pgoutbox_spark import session
+
+    # A JVM zone other than UTC: a time-zone slip in the JDBC reads would show
+    # as a count or checksum mismatch in every archival test.
+    s = session.build(
+        "local[2]", "/usr/share/java/postgresql.jar", "pgoutbox-tests",
+        conf={"spark.driver.extraJavaOptions": "-Duser.timezone=America/New_York"},
+    )
+    assert s.sparkContext._jvm.java.util.TimeZone.getDefault().getID() == "America/New_York"
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # no chatter from its finalisers at exit
+    yield s
+    s.stop()

@@ -152,3 +152,18 @@ def test_0002_down_refuses_to_lose_the_redrive_audit(database_url):
             m.migrate(conn, target=1)
         assert info.value.code == SqlState.DATA_WOULD_BE_LOST
         assert m.applied_version(conn) == 2
+
+
+def test_archival_down_refuses_to_lose_the_audit_trail(database_url):
+    """The archival migration's down keeps outbox.archive_audit once it records anything."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO inbox.messages (message_id, handler, subject, status, received_at, processed_at)"
+                     " VALUES (gen_random_uuid(), 'h', 'sea.event.x.v1', 'PROCESSED',"
+                     " '2001-01-01 12:00+00', '2001-01-01 12:00:01+00')")
+        conn.execute("SELECT outbox.record_archive('inbox.messages', '2001-01-01', f.row_count, f.checksum, 'file:/a')"
+                     " FROM outbox.archive_figures('inbox.messages', '2001-01-01') AS f")
+        archival = next(x for x in m.discover() if x.name.endswith("_archival"))
+        with pytest.raises(MigrationError) as info:
+            m.migrate(conn, target=archival.version - 1)
+        assert info.value.code == SqlState.DATA_WOULD_BE_LOST
+        assert m.applied_version(conn) == SCHEMA_VERSION

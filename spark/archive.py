@@ -1,0 +1,217 @@
+"""The archival job: for each eligible day, seal -> export -> verify ->
+audit -> remove (DESIGN §4, seed 001 RULE-000-022).
+
+Every step is idempotent, so a run that dies anywhere is finished by the
+next one, without loss or duplication:
+  * seal: re-sealing a sealed partition is a no-op (and nothing can change
+    a sealed partition, so every later read sees the same rows);
+  * export: a day is written to a fresh staging folder and renamed over its
+    final folder (storage.py), so a crash leaves no half-written day behind
+    and a rewrite replaces rather than appends;
+  * verify: the final folder is read back and its count and checksum are
+    computed here, the same way the database computes them;
+  * audit: record_archive compares them with the live rows and records them
+    once (the same figures again return the same row);
+  * remove: drop/purge compare the live rows with the audit once more, in
+    the removing transaction; already removed returns 0.
+A re-run that finds a standing audit re-verifies the archive against it
+and skips the export when it matches.
+
+`hook(step, unit)` is called after each step (sealed, written, committed,
+verified, audited, removed); the tests make it raise to stand for a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import date, timedelta
+
+import psycopg
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pgoutbox.errors import PgOutboxError
+
+from . import database as db
+from . import jdbc, storage
+from .checksum import ChecksumColumn, Figures, figures
+
+Hook = Callable[[str, db.Unit], None]
+
+
+def no_hook(step: str, unit: db.Unit) -> None:
+    """Default hook: nothing."""
+
+
+class ArchiveError(Exception):
+    """The archive of a day could not be written or verified; nothing was removed."""
+
+
+@dataclass(frozen=True)
+class ArchiveOptions:
+    archive_uri: str
+    retention: timedelta
+    dead_letter_retention: timedelta
+    inbox_retention: timedelta
+    read_partitions: int
+    fetch_size: int
+    drop: bool
+    lock_timeout: timedelta
+    sources: tuple[str, ...] = db.SOURCES
+
+
+@dataclass(frozen=True)
+class Outcome:
+    source: str
+    day: date
+    state: str  # removed | archived | blocked | busy | failed
+    rows: int | None = None
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.state == "failed"
+
+
+def plan(conn: psycopg.Connection, options: ArchiveOptions) -> list[db.Unit]:
+    """Every day old enough to archive, per source, eligible or not."""
+    found: list[db.Unit] = []
+    for source in options.sources:
+        retention = options.retention if source == db.OUTBOX else options.inbox_retention
+        found.extend(db.units(conn, source, retention, options.dead_letter_retention))
+    return found
+
+
+def run(
+    spark: SparkSession,
+    conn: psycopg.Connection,
+    target: jdbc.JdbcTarget,
+    options: ArchiveOptions,
+    hook: Hook = no_hook,
+) -> list[Outcome]:
+    """Archives every eligible day; a day that fails is reported and the run
+    goes on with the next one (nothing of a failed day is removed)."""
+    outcomes: list[Outcome] = []
+    columns = {source: db.checksum_columns(conn, source) for source in options.sources}
+    store = storage.Storage(spark)
+    for unit in plan(conn, options):
+        if not unit.eligible:
+            outcomes.append(Outcome(unit.source, unit.day, "blocked", unit.row_count, unit.blocked_by or ""))
+            continue
+        try:
+            outcomes.append(archive_unit(spark, conn, target, store, unit, options, columns[unit.source], hook))
+        except (PgOutboxError, ArchiveError) as exc:
+            code = getattr(exc, "code", None)
+            detail = f"{type(exc).__name__}{f' [{code}]' if code else ''}: {exc}"
+            outcomes.append(Outcome(unit.source, unit.day, "failed", None, detail))
+    return outcomes
+
+
+def archive_unit(
+    spark: SparkSession,
+    conn: psycopg.Connection,
+    target: jdbc.JdbcTarget,
+    store: storage.Storage,
+    unit: db.Unit,
+    options: ArchiveOptions,
+    columns: Sequence[ChecksumColumn],
+    hook: Hook = no_hook,
+) -> Outcome:
+    if not db.try_lock(conn, unit):
+        return Outcome(unit.source, unit.day, "busy", None, "another archiver is on this day")
+    try:
+        source_frame, expected_rows = open_unit(spark, conn, target, unit, options)
+        hook("sealed", unit)
+        final = storage.day_uri(options.archive_uri, unit.source, unit.day)
+        audit = db.standing_audit(conn, unit.source, unit.day)
+        archived = None
+        if audit is not None and store.exists(final):
+            archived = readable_figures(spark, final, source_frame, columns)
+            if archived != audit.figures:
+                archived = None  # missing, damaged or different: export again from the live rows
+        if archived is None:
+            archived = export(spark, store, source_frame, unit, options.archive_uri, columns, hook)
+        if archived.row_count != expected_rows:
+            raise ArchiveError(
+                f"{unit.source} {unit.day}: the archive holds {archived.row_count} rows, the day {expected_rows}"
+            )
+        db.record(conn, unit.source, unit.day, archived, final)
+        hook("audited", unit)
+        if not options.drop:
+            return Outcome(unit.source, unit.day, "archived", archived.row_count, final)
+        db.remove(conn, unit, options.lock_timeout)
+        hook("removed", unit)
+        return Outcome(unit.source, unit.day, "removed", archived.row_count, final)
+    finally:
+        db.unlock(conn, unit)
+
+
+def open_unit(
+    spark: SparkSession, conn: psycopg.Connection, target: jdbc.JdbcTarget, unit: db.Unit, options: ArchiveOptions
+) -> tuple[DataFrame, int]:
+    """Seals an outbox partition; returns the (lazy) JDBC frame of the unit's
+    rows and how many rows it must hold (as listed: a sealed partition cannot
+    change, and a row added before the seal shows as a count mismatch)."""
+    read = dict(fetch_size=options.fetch_size)
+    if unit.source == db.OUTBOX:
+        # The partition itself: exactly the relation that is verified and dropped.
+        sealed = db.seal(conn, unit.partition, options.retention, options.dead_letter_retention, options.lock_timeout)
+        frame = jdbc.read(
+            spark, target, jdbc.relation(conn, "outbox", unit.partition), **read,
+            partition_column="id", lower=sealed.min_id,
+            upper=None if sealed.max_id is None else sealed.max_id + 1,
+            partitions=max(1, min(options.read_partitions, unit.row_count)),
+        )
+        return frame, unit.row_count
+    range_from, range_to = db.day_range(unit.day)
+    frame = jdbc.read(
+        spark, target, jdbc.relation(conn, "inbox", "messages"), **read,
+        partition_column="received_at", lower=range_from, upper=range_to,
+        partitions=max(1, min(options.read_partitions, unit.row_count)),
+    ).where((F.col("received_at") >= F.lit(range_from)) & (F.col("received_at") < F.lit(range_to)))
+    return frame, unit.row_count
+
+
+def export(
+    spark: SparkSession,
+    store: storage.Storage,
+    source_frame: DataFrame,
+    unit: db.Unit,
+    archive_uri: str,
+    columns: Sequence[ChecksumColumn],
+    hook: Hook = no_hook,
+) -> Figures:
+    """Writes the day (partitioned by context) to staging, renames it into
+    place, reads it back and returns its figures."""
+    leftovers = storage.staging_day_uri(archive_uri, unit.source, unit.day)
+    store.delete(leftovers)  # from runs that died mid-write; the day lock keeps others out
+    staging = storage.fresh_staging_uri(archive_uri, unit.source, unit.day)
+    source_frame.write.mode("errorifexists").partitionBy("context").parquet(staging)
+    hook("written", unit)
+    final = storage.day_uri(archive_uri, unit.source, unit.day)
+    store.replace(staging, final)
+    store.delete(leftovers)
+    hook("committed", unit)
+    archived = readable_figures(spark, final, source_frame, columns)
+    if archived is None:
+        raise ArchiveError(f"{final} cannot be read back")
+    hook("verified", unit)
+    return archived
+
+
+def read_day(spark: SparkSession, uri: str, like: DataFrame) -> DataFrame:
+    """A day folder, with the schema of the live rows (context from the folder names)."""
+    return spark.read.schema(like.schema).parquet(uri)
+
+
+def readable_figures(
+    spark: SparkSession, uri: str, like: DataFrame, columns: Sequence[ChecksumColumn]
+) -> Figures | None:
+    """The figures of an archived day, or None when it cannot be read."""
+    try:
+        return figures(read_day(spark, uri, like), columns)
+    except (Py4JJavaError, PySparkException):
+        return None

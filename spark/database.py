@@ -1,0 +1,164 @@
+"""The SQL steps of archival, as the job calls them. Nothing here but
+`SELECT * FROM schema.function(...)`: every rule is in sql/95_archival.sql."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta, timezone
+from decimal import Decimal
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+
+from pgoutbox.errors import wrap_exceptions
+
+from .checksum import ChecksumColumn, Figures
+
+OUTBOX = "outbox.events"
+INBOX = "inbox.messages"
+SOURCES = (OUTBOX, INBOX)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One day of one source, as the listing functions see it."""
+
+    source: str
+    day: date
+    partition: str | None
+    row_count: int
+    open_rows: int
+    dead_letters: int
+    eligible: bool
+    blocked_by: str | None
+    audit_id: int | None
+
+
+@dataclass(frozen=True)
+class Sealed:
+    day: date
+    range_from: datetime
+    range_to: datetime
+    min_id: int | None
+    max_id: int | None
+
+
+@dataclass(frozen=True)
+class Audit:
+    id: int
+    source: str
+    day: date
+    relation: str | None
+    row_count: int
+    checksum: Decimal
+    archive_uri: str
+    archived_at: datetime
+    archived_by: str
+    removed_at: datetime | None
+    removed_by: str | None
+    voided_at: datetime | None
+    voided_by: str | None
+    void_reason: str | None
+
+    @property
+    def standing(self) -> bool:
+        return self.voided_at is None
+
+    @property
+    def figures(self) -> Figures:
+        return Figures(self.row_count, self.checksum)
+
+
+def units(
+    conn: psycopg.Connection, source: str, retention: timedelta, dead_letter_retention: timedelta
+) -> list[Unit]:
+    """The days of a source old enough to archive, eligible or not (and why)."""
+    query = {
+        OUTBOX: "SELECT * FROM outbox.archivable_partitions(%s, %s)",
+        INBOX: "SELECT * FROM inbox.archivable_days(%s, %s)",
+    }[source]
+    with wrap_exceptions(), conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query, (retention, dead_letter_retention)).fetchall()
+    return [
+        Unit(
+            source=source, day=r["day"], partition=r.get("partition_name"), row_count=r["row_count"],
+            open_rows=r["open_rows"], dead_letters=r["dead_letters"], eligible=r["eligible"],
+            blocked_by=r["blocked_by"], audit_id=r["audit_id"],
+        )
+        for r in rows
+    ]
+
+
+def checksum_columns(conn: psycopg.Connection, source: str) -> list[ChecksumColumn]:
+    with wrap_exceptions():
+        rows = conn.execute(
+            "SELECT column_name, kind FROM outbox.checksum_columns(%s) ORDER BY ordinal", (source,)
+        ).fetchall()
+    return [ChecksumColumn(name, kind) for name, kind in rows]
+
+
+def seal(
+    conn: psycopg.Connection,
+    partition: str,
+    retention: timedelta,
+    dead_letter_retention: timedelta,
+    lock_timeout: timedelta,
+) -> Sealed:
+    with wrap_exceptions(), conn.cursor(row_factory=class_row(Sealed)) as cur:
+        return cur.execute(
+            "SELECT * FROM outbox.seal_partition(%s, %s, %s, %s)",
+            (partition, retention, dead_letter_retention, lock_timeout),
+        ).fetchone()
+
+
+def audits(conn: psycopg.Connection, source: str | None = None) -> list[Audit]:
+    with wrap_exceptions(), conn.cursor(row_factory=class_row(Audit)) as cur:
+        return cur.execute("SELECT * FROM outbox.archive_audits(%s)", (source,)).fetchall()
+
+
+def standing_audit(conn: psycopg.Connection, source: str, day: date) -> Audit | None:
+    return next((a for a in audits(conn, source) if a.day == day and a.standing), None)
+
+
+def record(conn: psycopg.Connection, source: str, day: date, figures: Figures, uri: str) -> int:
+    with wrap_exceptions():
+        return conn.execute(
+            "SELECT outbox.record_archive(%s, %s, %s, %s, %s)",
+            (source, day, figures.row_count, figures.checksum, uri),
+        ).fetchone()[0]
+
+
+def remove(conn: psycopg.Connection, unit: Unit, lock_timeout: timedelta) -> int:
+    """Drops the partition (outbox) or purges the day (inbox); 0 if already gone."""
+    with wrap_exceptions():
+        if unit.source == OUTBOX:
+            return conn.execute(
+                "SELECT outbox.drop_archived(%s, %s)", (unit.partition, lock_timeout)
+            ).fetchone()[0]
+        return conn.execute("SELECT inbox.purge_archived(%s)", (unit.day,)).fetchone()[0]
+
+
+def try_lock(conn: psycopg.Connection, unit: Unit) -> bool:
+    with wrap_exceptions():
+        return conn.execute("SELECT outbox.try_lock_archive(%s, %s)", (unit.source, unit.day)).fetchone()[0]
+
+
+def unlock(conn: psycopg.Connection, unit: Unit) -> None:
+    with wrap_exceptions():
+        conn.execute("SELECT outbox.unlock_archive(%s, %s)", (unit.source, unit.day))
+
+
+def id_range(conn: psycopg.Connection) -> tuple[int | None, int | None]:
+    with wrap_exceptions():
+        return tuple(conn.execute("SELECT * FROM outbox.id_range()").fetchone())
+
+
+def received_range(conn: psycopg.Connection) -> tuple[datetime | None, datetime | None]:
+    with wrap_exceptions():
+        return tuple(conn.execute("SELECT * FROM inbox.received_range()").fetchone())
+
+
+def day_range(day: date) -> tuple[datetime, datetime]:
+    """UTC bounds of a day (as outbox._day_from does)."""
+    start = datetime.combine(day, time(), tzinfo=timezone.utc)
+    return start, start + timedelta(days=1)
