@@ -152,7 +152,11 @@ WHERE status = 'PROCESSING';
 CREATE INDEX IF NOT EXISTS events_dead_letter_idx ON outbox.events (context)
 WHERE status = 'DEAD_LETTER';
 
-CREATE INDEX IF NOT EXISTS events_event_id_idx ON outbox.events (event_id);
+-- Deliberately no index on event_id: every claim and mark would insert a
+-- random UUID into it (scattered page writes, full-page images in the WAL),
+-- which cost a third of the claim + mark throughput when measured. Marks find
+-- rows by claim token, requeue by the DEAD_LETTER index; an operator's lookup
+-- by event_id scans (add a created_at range to prune partitions).
 
 -- DEAD_LETTER -> PENDING audit trail, written by the update guard itself so
 -- that no path around outbox.requeue() escapes it.
@@ -764,19 +768,22 @@ DECLARE
     gap interval := outbox.notify_throttle();
 BEGIN
     FOR ctx IN SELECT DISTINCT n.context FROM new_rows AS n LOOP
-        SELECT w.notified_at INTO last_at
-        FROM outbox.wakeups AS w
-        WHERE w.context = ctx
-        FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            CONTINUE WHEN last_at > clock_timestamp() - gap;
-            UPDATE outbox.wakeups SET notified_at = clock_timestamp() WHERE context = ctx;
-        ELSIF EXISTS (SELECT 1 FROM outbox.wakeups AS w WHERE w.context = ctx) THEN
-            CONTINUE;  -- another writer holds the row and will notify
-        ELSE
+        -- Plain read first: within the interval (the common case under load)
+        -- the trigger neither locks nor writes anything.
+        SELECT w.notified_at INTO last_at FROM outbox.wakeups AS w WHERE w.context = ctx;
+        IF NOT FOUND THEN
             INSERT INTO outbox.wakeups (context, notified_at)
             VALUES (ctx, clock_timestamp())
             ON CONFLICT DO NOTHING;
+            CONTINUE WHEN NOT FOUND;  -- another writer created it and notifies
+        ELSE
+            CONTINUE WHEN last_at > clock_timestamp() - gap;
+            -- Due: one writer takes the row, the others skip instead of waiting.
+            PERFORM 1 FROM outbox.wakeups AS w WHERE w.context = ctx FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            UPDATE outbox.wakeups AS w SET notified_at = clock_timestamp()
+            WHERE w.context = ctx AND w.notified_at <= clock_timestamp() - gap;
+            CONTINUE WHEN NOT FOUND;  -- notified by a writer that committed meanwhile
         END IF;
         PERFORM pg_notify('outbox_v1', ctx);
     END LOOP;
