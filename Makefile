@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench clean
+.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ bench/archive: setup ## Archival throughput on a 1,000,000-row partition vs a ba
 	@$(PY) bench/archive_bench.py
 
 bench: bench/sql bench/relay bench/consumer bench/archive ## All benchmarks
+
+chaos: setup ## Chaos run (PROFILE=short|long, SEED=n): kills, restarts, pauses under load, then a ledger check
+	@$(PY) -m chaos --profile $(or $(PROFILE),short) --seed $(or $(SEED),20261122)
 
 clean: ## Remove the demo data folder (stops nothing but what it started)
 	@$(PY) -m pgoutbox.demo --stop 2>/dev/null || true
