@@ -219,7 +219,10 @@ def write_load(cluster: Cluster, profile: Profile, rng_seed: int, ledger: Ledger
             conn = None  # not committed: the server rolls it back
             continue
         if roll_back:
-            conn.rollback()
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                conn = None  # lost with its connection: rolled back all the same
             with ledger.lock:
                 ledger.rolled_back.add(event_id)
             continue

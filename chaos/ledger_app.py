@@ -27,11 +27,16 @@ CREATE TABLE IF NOT EXISTS chaos.side_effects (
 """
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # a consumer killed mid-request resets its connection: expected here
+
+
 class LedgerApp:
     def __init__(self, database_url: str):
         self.database_url = database_url
         self._local = threading.local()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self.server = _QuietServer(("127.0.0.1", 0), self._handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
