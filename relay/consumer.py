@@ -40,7 +40,8 @@ import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from . import db, dlq
-from .consumer_metrics import ConsumerMetrics, HealthServer
+from .consumer_metrics import ConsumerMetrics
+from .health_server import HealthServer
 from .consumer_settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
 from .errors import ConfigError
 from .handler_client import HandlerClient

@@ -50,7 +50,7 @@ import nats.errors
 
 from . import streams
 from .backoff import RetryPolicy, reconnect_delays
-from .consumer_metrics import HealthServer  # the workers share one /metrics, /healthz, /readyz server
+from .health_server import HealthServer
 from .errors import ConfigError, StaleClaim
 from .outbox_calls import DatabaseUnavailable, OutboxCalls
 from .publisher import Outcome, PublishError, Publisher
