@@ -5,10 +5,11 @@
 --   * create_partitions() creates today and the days ahead, is idempotent,
 --     validates its argument, and routes rows to the day's partition
 --   * a day whose rows sit in the default partition is skipped, not broken
+--   * day partitions and the default partition are vacuumed every 10,000 dead rows
 --   * the schema records its version
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(24);
+SELECT plan(25);
 
 SELECT has_schema('outbox');
 SELECT has_schema('inbox');
@@ -93,6 +94,14 @@ SELECT is(
 SELECT is(
     outbox.schema_version(), (SELECT count(*)::int FROM outbox.schema_migrations),
     'the schema records its version: the highest of versions 1..n, one row each'
+);
+
+SELECT is_empty(
+    $$SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+      WHERE i.inhparent = 'outbox.events'::regclass
+        AND NOT coalesce(c.reloptions, '{}') @> ARRAY['autovacuum_vacuum_scale_factor=0',
+            'autovacuum_vacuum_threshold=10000']$$,
+    'every partition of outbox.events is vacuumed by dead-row count, not by ratio'
 );
 
 SELECT * FROM finish();
