@@ -35,14 +35,16 @@ def pg_server():
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-pg-"))
     server = EmbeddedPostgres(root, settings={"fsync": "off", "synchronous_commit": "off"})
     server.start()
-    with psycopg.connect(server.dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {TEMPLATE}")
-    with psycopg.connect(server.dsn(TEMPLATE), autocommit=True) as conn:
-        migrate_mod.migrate(conn)
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pgtap")
-    yield server
-    server.stop("immediate")
-    shutil.rmtree(root, ignore_errors=True)
+    try:  # a failed migration must not leave the server running
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {TEMPLATE}")
+        with psycopg.connect(server.dsn(TEMPLATE), autocommit=True) as conn:
+            migrate_mod.migrate(conn)
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pgtap")
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def create_database(server: EmbeddedPostgres, template: str = TEMPLATE) -> str:
