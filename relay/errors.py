@@ -21,6 +21,7 @@ class SqlState(enum.StrEnum):
     INVALID_PAYLOAD = "OB004"
     INVALID_SCHEMA_VERSION = "OB005"
     INVALID_ARGUMENT = "OB006"
+    INVALID_SETTING = "OB007"
     ILLEGAL_TRANSITION = "OB010"
     IMMUTABLE_EVENT = "OB011"
     DELETE_FORBIDDEN = "OB012"
@@ -115,6 +116,7 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.INVALID_PAYLOAD: PolicyViolation,
     SqlState.INVALID_SCHEMA_VERSION: PolicyViolation,
     SqlState.INVALID_ARGUMENT: PolicyViolation,
+    SqlState.INVALID_SETTING: ConfigError,
     SqlState.INVALID_MESSAGE: PolicyViolation,
     SqlState.ILLEGAL_TRANSITION: IllegalTransition,
     SqlState.IMMUTABLE_EVENT: IllegalTransition,

@@ -1,33 +1,65 @@
--- Wake-up hints for relays: NOTIFY outbox_v1 with the context as payload.
+-- Wake-up hints for relays: NOTIFY outbox_v1, payload = the context of the
+-- event whose commit sent it.
 --
 -- A transaction that has issued NOTIFY takes a cluster-wide lock while it
 -- commits, which serialises the commits of concurrent writers (measured here:
--- 4 writers fell from ~7,400 to ~2,900 rows/s with a per-row NOTIFY). So:
---   * the trigger is per statement: a bulk insert notifies once per context;
---   * per context, at most one notification per throttle interval
---     (pgoutbox.notify_throttle, default 5 ms), decided on the unlogged
---     outbox.wakeups row; a writer that finds the row locked by another writer
---     skips (SKIP LOCKED) rather than waiting: that writer is about to notify.
--- A skipped hint is covered by the relay, which keeps claiming while work
--- remains, claims again one throttle interval after a wake-up, and polls on a
--- fallback interval. Notifications are hints; the table is the truth.
+-- 4 writers fell from ~7,400 to ~2,900 rows/s with a per-row NOTIFY). So one
+-- wake-up is sent per throttle interval (pgoutbox.notify_throttle, default
+-- 5 ms) for all contexts together: relays claim across contexts, so a wake-up
+-- for one context serves them all. How it is shaped, because emit is the hot
+-- path of every application using pgoutbox:
+--   * the throttle state is one number, the time (µs since the epoch) from
+--     which the next wake-up is due, kept in an unlogged sequence: setval
+--     takes no row lock, writes no WAL and is visible at once, and
+--     pg_sequence_last_value() can be read in the trigger's WHEN clause (which
+--     allows no subquery). Not due, the common case under load, costs one
+--     expression evaluated in C and no function call;
+--   * it is a deferred constraint trigger: WHEN is evaluated at insert, the
+--     function runs at COMMIT and checks again, so the wake-up is decided when
+--     the event becomes visible. A transaction that commits long after its
+--     emit, or rolls back, does not hold back the wake-ups of others;
+--   * per transaction, the first queued row that is still due notifies and
+--     pushes the due time; the others (a bulk insert) return at once;
+--   * two writers committing at the same microsecond may both notify: a
+--     spare hint, never a missing one.
+-- A hint skipped by the throttle is covered by the relay, which keeps
+-- claiming while work remains, claims again one throttle interval after a
+-- wake-up, and polls on a fallback interval. Notifications are hints; the
+-- table is the truth.
 
-CREATE UNLOGGED TABLE IF NOT EXISTS outbox.wakeups (
-    context text PRIMARY KEY,
-    notified_at timestamptz NOT NULL
-);
-COMMENT ON TABLE outbox.wakeups IS
-'Last wake-up NOTIFY per context (throttle state; unlogged, losing it only costs one extra NOTIFY).';
+-- sqlfluff does not parse UNLOGGED sequences (new in PostgreSQL 15), hence the PRS exemption.
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.wakeup_due_at AS bigint;  -- noqa: PRS
+COMMENT ON SEQUENCE outbox.wakeup_due_at IS
+'Time (µs since the epoch) from which the next wake-up NOTIFY is due. Throttle state: unlogged, reset by a crash, which costs one extra NOTIFY.';
 
 CREATE OR REPLACE FUNCTION outbox.notify_throttle()
 RETURNS interval
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
-    SELECT coalesce(nullif(current_setting('pgoutbox.notify_throttle', true), '')::interval, interval '5 milliseconds');
+DECLARE
+    setting text := nullif(current_setting('pgoutbox.notify_throttle', true), '');
+    gap interval;
+BEGIN
+    IF setting IS NULL THEN
+        RETURN interval '5 milliseconds';
+    END IF;
+    BEGIN
+        gap := setting::interval;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+        gap := NULL;
+    END;
+    -- The upper bound is also the WHEN clause's guard against a clock that
+    -- jumped back (see _900_notify): keep the two equal.
+    IF gap IS NULL OR gap < interval '0' OR gap > interval '1 minute' THEN
+        RAISE EXCEPTION 'INVALID_SETTING: pgoutbox.notify_throttle = % is not an interval from 0 to 1 minute', quote_literal(setting)
+            USING ERRCODE = 'OB007';
+    END IF;
+    RETURN gap;
+END;
 $$;
 COMMENT ON FUNCTION outbox.notify_throttle() IS
-'Minimum gap between two wake-ups of one context (setting pgoutbox.notify_throttle, default 5 ms).';
+'Minimum gap between two wake-ups (setting pgoutbox.notify_throttle, default 5 ms, at most 1 minute).';
 
 CREATE OR REPLACE FUNCTION outbox.tg_events__notify()
 RETURNS trigger
@@ -36,35 +68,29 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    ctx text;
-    last_at timestamptz;
-    gap interval := outbox.notify_throttle();
+    now_us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
 BEGIN
-    FOR ctx IN SELECT DISTINCT n.context FROM new_rows AS n LOOP
-        -- Plain read first: within the interval (the common case under load)
-        -- the trigger neither locks nor writes anything.
-        SELECT w.notified_at INTO last_at FROM outbox.wakeups AS w WHERE w.context = ctx;
-        IF NOT FOUND THEN
-            INSERT INTO outbox.wakeups (context, notified_at)
-            VALUES (ctx, clock_timestamp())
-            ON CONFLICT DO NOTHING;
-            CONTINUE WHEN NOT FOUND;  -- another writer created it and notifies
-        ELSE
-            CONTINUE WHEN last_at > clock_timestamp() - gap;
-            -- Due: one writer takes the row, the others skip instead of waiting.
-            PERFORM 1 FROM outbox.wakeups AS w WHERE w.context = ctx FOR UPDATE SKIP LOCKED;
-            CONTINUE WHEN NOT FOUND;
-            UPDATE outbox.wakeups AS w SET notified_at = clock_timestamp()
-            WHERE w.context = ctx AND w.notified_at <= clock_timestamp() - gap;
-            CONTINUE WHEN NOT FOUND;  -- notified by a writer that committed meanwhile
-        END IF;
-        PERFORM pg_notify('outbox_v1', ctx);
-    END LOOP;
+    -- Same test as the WHEN clause, now at commit: another writer may have
+    -- notified since this row was inserted.
+    IF coalesce(pg_sequence_last_value('outbox.wakeup_due_at'), 0) - now_us BETWEEN 1 AND 60000000 THEN
+        RETURN NULL;
+    END IF;
+    PERFORM setval('outbox.wakeup_due_at', now_us + (extract(epoch FROM outbox.notify_throttle()) * 1000000)::bigint);
+    PERFORM pg_notify('outbox_v1', new.context);
     RETURN NULL;
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER _900_notify
+-- Not due when the due time lies ahead, by at most the largest throttle
+-- (1 minute): a clock set back further cannot mute wake-ups for long. A
+-- sequence never set (fresh, or reset by a crash) reads NULL: due.
+DROP TRIGGER IF EXISTS _900_notify ON outbox.events;
+CREATE CONSTRAINT TRIGGER _900_notify
 AFTER INSERT ON outbox.events
-REFERENCING NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__notify();
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW
+WHEN (
+    coalesce(pg_sequence_last_value('outbox.wakeup_due_at'::regclass), 0)
+    - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint NOT BETWEEN 1 AND 60000000
+)
+EXECUTE FUNCTION outbox.tg_events__notify();

@@ -57,4 +57,4 @@ GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_re
 -- Named tables, not ALL TABLES: partitions are read through their parent,
 -- and a re-run must not widen grants to partitions created since.
 GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations,
-outbox.wakeups, inbox.messages, inbox.replay_switches, inbox.redrive_log TO pgoutbox_admin;
+inbox.messages, inbox.replay_switches, inbox.redrive_log TO pgoutbox_admin;

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 import psycopg
 import pytest
 
-from pgoutbox.errors import SqlState, StaleClaim, wrap_exceptions
+from pgoutbox.errors import ConfigError, SqlState, StaleClaim, wrap_exceptions
 
 EMIT = "SELECT outbox.emit('order', %s, 'created', '{\"schema_version\": 1}', context => %s, ordering_key => %s)"
 
@@ -92,7 +92,7 @@ def test_committed_emit_wakes_a_listener_with_its_context(database_url):
         assert drain_notifies(listener, 2) == ["vibespro"]
 
 
-def test_bulk_insert_notifies_once_per_context(database_url):
+def test_bulk_insert_notifies_once(database_url):
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute("LISTEN outbox_v1")
         with psycopg.connect(database_url, autocommit=True) as c:
@@ -101,22 +101,77 @@ def test_bulk_insert_notifies_once_per_context(database_url):
                 " SELECT CASE WHEN g % 2 = 0 THEN 'sea' ELSE 'vibespro' END, 'order', g::text, 'created',"
                 " '{\"schema_version\": 1}' FROM generate_series(1, 1000) AS g"
             )
-        assert sorted(drain_notifies(listener, 1)) == ["sea", "vibespro"]
+        assert drain_notifies(listener, 1) == ["vibespro"], "one wake-up, naming the first row's context"
 
 
-def test_wakeups_are_throttled_per_context(database_url):
-    """Within the throttle interval a second commit does not notify again."""
+def test_wakeups_are_throttled_across_contexts(database_url):
+    """Within the throttle interval further commits do not notify; the first
+    commit after it does."""
     with psycopg.connect(database_url, autocommit=True) as listener, \
             psycopg.connect(database_url, autocommit=True) as writer:
-        writer.execute("SET pgoutbox.notify_throttle = '10 s'")
+        writer.execute("SET pgoutbox.notify_throttle = '1 s'")
         listener.execute("LISTEN outbox_v1")
+        started = time.monotonic()
         for n in range(20):
             writer.execute(EMIT, (str(n), "sea", None))
         writer.execute(EMIT, ("x", "vibespro", None))
-        assert sorted(drain_notifies(listener, 1)) == ["sea", "vibespro"]
-        writer.execute("SET pgoutbox.notify_throttle = '0'")
-        writer.execute(EMIT, ("y", "sea", None))
-        assert drain_notifies(listener, 1) == ["sea"], "past the interval, the next commit notifies"
+        assert time.monotonic() - started < 1, "the emits must fall within one interval for this test"
+        assert drain_notifies(listener, 0.2) == ["sea"]
+        time.sleep(max(0.0, started + 1.05 - time.monotonic()))
+        writer.execute(EMIT, ("y", "vibespro", None))
+        assert drain_notifies(listener, 1) == ["vibespro"], "past the interval, the next commit notifies"
+
+
+def test_an_open_transaction_does_not_hold_back_the_wakeups_of_others(database_url):
+    """The wake-up is decided at commit: an emit whose transaction is still
+    open, or rolls back, does not use up the interval."""
+    with psycopg.connect(database_url, autocommit=True) as listener, \
+            psycopg.connect(database_url) as slow, psycopg.connect(database_url) as fast:
+        for c in (slow, fast):
+            c.execute("SET pgoutbox.notify_throttle = '10 s'")
+            c.commit()
+        listener.execute("LISTEN outbox_v1")
+        slow.execute(EMIT, ("1", "sea", None))
+        fast.execute(EMIT, ("2", "vibespro", None))
+        fast.commit()
+        assert drain_notifies(listener, 1) == ["vibespro"]
+        slow.commit()
+        assert drain_notifies(listener, 0.3) == [], "within the interval of fast's wake-up"
+
+        listener.execute("SELECT setval('outbox.wakeup_due_at', 1)")  # interval over
+        slow.execute(EMIT, ("3", "sea", None))
+        slow.rollback()
+        fast.execute(EMIT, ("4", "vibespro", None))
+        fast.commit()
+        assert drain_notifies(listener, 1) == ["vibespro"], "a rolled-back emit used up nothing"
+
+
+def test_a_clock_set_back_does_not_mute_wakeups(database_url):
+    """A due time further ahead than the largest throttle (1 minute) can only
+    come from a clock that was set back: it counts as due."""
+    with psycopg.connect(database_url, autocommit=True) as listener, \
+            psycopg.connect(database_url, autocommit=True) as writer:
+        listener.execute("LISTEN outbox_v1")
+        writer.execute("SELECT setval('outbox.wakeup_due_at',"
+                       " ((extract(epoch FROM clock_timestamp()) + 3600) * 1000000)::bigint)")
+        writer.execute(EMIT, ("1", "sea", None))
+        assert drain_notifies(listener, 1) == ["sea"]
+
+
+@pytest.mark.parametrize("value", ["soon", "-1 s", "2 minutes"])
+def test_a_bad_throttle_setting_is_refused_with_its_code(database_url, value):
+    with psycopg.connect(database_url) as c:
+        c.execute("SELECT set_config('pgoutbox.notify_throttle', %s, false)", (value,))
+        c.commit()
+        with pytest.raises(ConfigError) as info, wrap_exceptions():
+            c.execute("SELECT outbox.notify_throttle()")
+        assert info.value.code == SqlState.INVALID_SETTING
+        c.rollback()
+        c.execute(EMIT, ("1", "sea", None))
+        with pytest.raises(ConfigError) as info, wrap_exceptions():
+            c.commit()  # the wake-up is decided at commit
+        assert info.value.code == SqlState.INVALID_SETTING
+        assert c.execute("SELECT count(*) FROM outbox.events").fetchone()[0] == 0
 
 
 def test_a_stale_claim_token_cannot_mark(database_url):
