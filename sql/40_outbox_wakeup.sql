@@ -6,26 +6,28 @@
 -- 4 writers fell from ~7,400 to ~2,900 rows/s with a per-row NOTIFY). So one
 -- wake-up is sent per throttle interval (pgoutbox.notify_throttle, default
 -- 5 ms) for all contexts together: relays claim across contexts, so a wake-up
--- for one context serves them all. How it is shaped, because emit is the hot
--- path of every application using pgoutbox:
+-- for one context serves them all. Shaped for emit, the hot path of every
+-- application using pgoutbox:
+--   * a deferred constraint trigger: the wake-up is decided at COMMIT, when
+--     the event becomes visible. A transaction that runs on long after its
+--     emit, or rolls back, neither holds back the wake-ups of others nor has
+--     its own skipped because of what was true at insert time;
 --   * the throttle state is one number, the time (µs since the epoch) from
---     which the next wake-up is due, kept in an unlogged sequence: setval
---     takes no row lock, writes no WAL and is visible at once, and
---     pg_sequence_last_value() can be read in the trigger's WHEN clause (which
---     allows no subquery). Not due, the common case under load, costs one
---     expression evaluated in C and no function call;
---   * it is a deferred constraint trigger: WHEN is evaluated at insert, the
---     function runs at COMMIT and checks again, so the wake-up is decided when
---     the event becomes visible. A transaction that commits long after its
---     emit, or rolls back, does not hold back the wake-ups of others;
---   * per transaction, the first queued row that is still due notifies and
---     pushes the due time; the others (a bulk insert) return at once;
+--     which the next wake-up is due, in an unlogged sequence: setval takes no
+--     row lock, writes no WAL and is visible at once, so reading it is the
+--     whole cost of a commit that does not notify;
+--   * no WHEN clause: PostgreSQL re-reads a trigger's WHEN expression each
+--     time an INSERT starts, which measured dearer than this function call;
+--   * a bulk insert queues one call per row; the first notifies, the others
+--     return at once (about 2 µs a row, at commit), so a transaction notifies
+--     at most once;
 --   * two writers committing at the same microsecond may both notify: a
 --     spare hint, never a missing one.
 -- A hint skipped by the throttle is covered by the relay, which keeps
 -- claiming while work remains, claims again one throttle interval after a
 -- wake-up, and polls on a fallback interval. Notifications are hints; the
--- table is the truth.
+-- table is the truth. (Pending deferred events make PostgreSQL refuse DDL on
+-- outbox.events later in the same transaction; nothing in pgoutbox needs it.)
 
 -- sqlfluff does not parse UNLOGGED sequences (new in PostgreSQL 15), hence the PRS exemption.
 CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.wakeup_due_at AS bigint;  -- noqa: PRS
@@ -49,8 +51,8 @@ BEGIN
     EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
         gap := NULL;
     END;
-    -- The upper bound is also the WHEN clause's guard against a clock that
-    -- jumped back (see _900_notify): keep the two equal.
+    -- The upper bound is also tg_events__notify's guard against a clock
+    -- set back: keep the two equal.
     IF gap IS NULL OR gap < interval '0' OR gap > interval '1 minute' THEN
         RAISE EXCEPTION 'INVALID_SETTING: pgoutbox.notify_throttle = % is not an interval from 0 to 1 minute', quote_literal(setting)
             USING ERRCODE = 'OB007';
@@ -69,10 +71,12 @@ SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
     now_us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    due_us bigint := coalesce(pg_sequence_last_value('outbox.wakeup_due_at'), 0);
 BEGIN
-    -- Same test as the WHEN clause, now at commit: another writer may have
-    -- notified since this row was inserted.
-    IF coalesce(pg_sequence_last_value('outbox.wakeup_due_at'), 0) - now_us BETWEEN 1 AND 60000000 THEN
+    -- Not due while the due time lies ahead, by at most the largest throttle
+    -- (1 minute): a clock set back further cannot mute wake-ups for long. A
+    -- sequence never set (fresh, or reset by a crash) reads NULL: due.
+    IF due_us - now_us BETWEEN 1 AND 60000000 THEN
         RETURN NULL;
     END IF;
     PERFORM setval('outbox.wakeup_due_at', now_us + (extract(epoch FROM outbox.notify_throttle()) * 1000000)::bigint);
@@ -81,16 +85,8 @@ BEGIN
 END;
 $$;
 
--- Not due when the due time lies ahead, by at most the largest throttle
--- (1 minute): a clock set back further cannot mute wake-ups for long. A
--- sequence never set (fresh, or reset by a crash) reads NULL: due.
 DROP TRIGGER IF EXISTS _900_notify ON outbox.events;
 CREATE CONSTRAINT TRIGGER _900_notify
 AFTER INSERT ON outbox.events
 DEFERRABLE INITIALLY DEFERRED
-FOR EACH ROW
-WHEN (
-    coalesce(pg_sequence_last_value('outbox.wakeup_due_at'::regclass), 0)
-    - (extract(epoch FROM clock_timestamp()) * 1000000)::bigint NOT BETWEEN 1 AND 60000000
-)
-EXECUTE FUNCTION outbox.tg_events__notify();
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__notify();

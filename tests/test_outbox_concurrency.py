@@ -138,10 +138,15 @@ def test_an_open_transaction_does_not_hold_back_the_wakeups_of_others(database_u
         slow.commit()
         assert drain_notifies(listener, 0.3) == [], "within the interval of fast's wake-up"
 
-        listener.execute("SELECT setval('outbox.wakeup_due_at', 1)")  # interval over
-        slow.execute(EMIT, ("3", "sea", None))
+        slow.execute(EMIT, ("3", "sea", None))  # inserted within fast's interval...
+        listener.execute("SELECT setval('outbox.wakeup_due_at', 1)")  # (the interval ends)
+        slow.commit()
+        assert drain_notifies(listener, 1) == ["sea"], "...committed after it: notifies"
+
+        listener.execute("SELECT setval('outbox.wakeup_due_at', 1)")
+        slow.execute(EMIT, ("4", "sea", None))
         slow.rollback()
-        fast.execute(EMIT, ("4", "vibespro", None))
+        fast.execute(EMIT, ("5", "vibespro", None))
         fast.commit()
         assert drain_notifies(listener, 1) == ["vibespro"], "a rolled-back emit used up nothing"
 
