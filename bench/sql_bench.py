@@ -122,9 +122,9 @@ def spread(xs: list[float]) -> str:
 def set_wakeup(url: str, variant: str) -> None:
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("DROP TRIGGER IF EXISTS _901_naive_notify ON outbox.events")
-        c.execute("ALTER TABLE outbox.events DISABLE TRIGGER _900_notify")
+        c.execute("ALTER TABLE outbox.events DISABLE TRIGGER _900_wakeup")
         if variant == "throttled":
-            c.execute("ALTER TABLE outbox.events ENABLE TRIGGER _900_notify")
+            c.execute("ALTER TABLE outbox.events ENABLE TRIGGER _900_wakeup")
         elif variant == "per-row NOTIFY":
             c.execute(NAIVE_TRIGGER)
 

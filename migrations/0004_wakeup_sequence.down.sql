@@ -1,5 +1,5 @@
 -- 0004_wakeup_sequence (down): back to the per-context wake-up of 0001
--- (unlogged table outbox.wakeups, per-statement trigger).
+-- (unlogged table outbox.wakeups, per-statement AFTER trigger _900_notify).
 --
 -- What it cannot undo: nothing is lost. The throttle state is a hint and
 -- starts empty either way (the next insert notifies), and a
@@ -22,7 +22,8 @@ BEGIN
 END;
 $$;
 
-DROP TRIGGER IF EXISTS _900_notify ON outbox.events;
+DROP TRIGGER IF EXISTS _900_wakeup ON outbox.events;
+DROP FUNCTION IF EXISTS outbox.tg_events__wakeup();
 DROP SEQUENCE IF EXISTS outbox.wakeup_due_at;
 
 -- ---- from migrations/0001_initial.up.sql ----
@@ -84,6 +85,7 @@ REFERENCING NEW TABLE AS new_rows
 FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__notify();
 
 GRANT SELECT ON outbox.wakeups TO pgoutbox_admin;
+REVOKE ALL ON FUNCTION outbox.tg_events__notify() FROM public;
 
 DELETE FROM outbox.schema_migrations
 WHERE version = 4;

@@ -1,8 +1,8 @@
 """Wake-ups: a dedicated LISTEN connection turns the outbox_v1 notifications
 into an event the claim loop waits on, together with its two timers.
 
-The trigger throttles notifications per context (sql/40_outbox_wakeup.sql): an
-event emitted within one throttle interval after a notification sends none.
+The trigger throttles notifications (sql/40_outbox_wakeup.sql): an event
+emitted within one throttle interval after a notification sends none.
 So after each notification the loop also claims once more one interval later
 (recheck_at), and in any case polls every poll_interval: a notification is a
 hint, the table is the truth. After a reconnection the loop is woken at once,
