@@ -4,18 +4,18 @@ default durability (fsync on, synchronous_commit on) and prints:
   1. emit throughput, one event per business transaction (BEGIN; emit;
      COMMIT), with synchronous_commit on and off (off is where the commit
      serialisation NOTIFY causes shows: commits no longer wait for the disk),
-     with 1 and 4 concurrent writer processes, for three wake-up
-     variants: none (trigger disabled), pgoutbox's throttled commit-time
-     trigger, and a naive per-row NOTIFY trigger for reference;
+     with 1 and 4 concurrent writer processes, for three wake-up variants,
+     each in a database of its own: none (trigger disabled), pgoutbox's
+     throttled trigger, and a naive per-row NOTIFY trigger for reference.
+     Rates are measured with each variant alone; costs with the variant and
+     none running side by side, so that both see the same moment of this
+     shared machine (its hypervisor steals 5-25 % of the CPU time at random,
+     more than the effects measured here);
   2. claim + mark_published draining a backlog, against a bare
-     `UPDATE ... FOR UPDATE SKIP LOCKED` loop on a plain table, same batch.
+     `UPDATE ... FOR UPDATE SKIP LOCKED` loop on a plain table, same batch,
+     one cycle of each in turn, each side timed alone (median of rounds).
 
-Both comparisons run their variants back to back in rounds and report the
-median of each round's own ratio: on a shared 2-core machine, throughput
-drifts by more than the effects measured here, and a round's variants share
-that drift.
-
-Usage: .venv/bin/python bench/sql_bench.py [--rounds 7] [--seconds 2] [--backlog 100000]
+Usage: .venv/bin/python bench/sql_bench.py [--rounds 5] [--seconds 2] [--backlog 100000]
 """
 
 from __future__ import annotations
@@ -71,19 +71,21 @@ def _writer(url: str, seconds: float, start_at: float, out: mp.Queue) -> None:
     out.put((n, cpu))
 
 
-def emit_rate(url: str, writers: int, seconds: float) -> tuple[float, float]:
-    """(committed transactions/s, CPU µs per transaction: writer processes plus
-    their PostgreSQL backends, during the timed window)."""
-    out: mp.Queue = mp.Queue()
+def emit_together(urls: dict[str, str], writers: int, seconds: float) -> dict[str, tuple[float, float]]:
+    """Runs `writers` writer processes against each database at once, over the
+    same window; returns {name: (committed transactions/s, CPU µs per
+    transaction: writer processes plus their backends)}."""
+    out: dict[str, mp.Queue] = {name: mp.Queue() for name in urls}
     start_at = time.time() + 0.5
-    procs = [mp.Process(target=_writer, args=(url, seconds, start_at, out)) for _ in range(writers)]
+    procs = [mp.Process(target=_writer, args=(url, seconds, start_at, out[name]))
+             for name, url in urls.items() for _ in range(writers)]
     for p in procs:
         p.start()
-    results = [out.get() for _ in procs]
+    results = {name: [out[name].get() for _ in range(writers)] for name in urls}
     for p in procs:
         p.join()
-    n = sum(r[0] for r in results)
-    return n / seconds, sum(r[1] for r in results) / n * 1e6
+    return {name: (sum(r[0] for r in rs) / seconds, sum(r[1] for r in rs) / sum(r[0] for r in rs) * 1e6)
+            for name, rs in results.items()}
 
 
 def steal_ticks() -> tuple[int, int]:
@@ -92,26 +94,27 @@ def steal_ticks() -> tuple[int, int]:
     return fields[7], sum(fields)
 
 
-def emit_rounds(url: str, writers: int, rounds: int, seconds: float) -> tuple[dict, dict, dict]:
-    """Each round runs the three variants back to back, in rotating order, and
-    yields its own cost ratios: a neighbour's load or table growth then
-    weighs on a round's variants alike instead of on one variant's runs.
-    Costs are measured twice: as lost throughput, and as extra CPU per
-    transaction (which the hypervisor's steal time does not distort)."""
+def alone_rounds(dbs: dict[str, str], writers: int, rounds: int, seconds: float) -> dict[str, float]:
+    """Median rows/s of each variant run alone, the variants back to back in
+    rotating order."""
     rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    costs: dict[str, list[float]] = {v: [] for v in VARIANTS[1:]}
-    cpu_costs: dict[str, list[float]] = {v: [] for v in VARIANTS[1:]}
     for r in range(rounds):
-        got = {}
-        for variant in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
-            set_wakeup(url, variant)
-            got[variant] = emit_rate(url, writers, seconds)
-        for v in VARIANTS:
-            rates[v].append(got[v][0])
+        for v in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+            rates[v].append(emit_together({v: dbs[v]}, writers, seconds)[v][0])
+    return {v: statistics.median(x) for v, x in rates.items()}
+
+
+def paired_costs(dbs: dict[str, str], writers: int, rounds: int, seconds: float) -> dict[str, tuple]:
+    """Each variant's cost against none, both running at once (`writers` each),
+    so that the hypervisor's steal and any neighbour weigh on both alike:
+    {variant: (lost throughput per round, extra CPU per transaction per round)}."""
+    costs: dict[str, tuple[list, list]] = {v: ([], []) for v in VARIANTS[1:]}
+    for _ in range(rounds):
         for v in VARIANTS[1:]:
-            costs[v].append(1 - got[v][0] / got["none"][0])
-            cpu_costs[v].append(got[v][1] / got["none"][1] - 1)
-    return rates, costs, cpu_costs
+            got = emit_together({"none": dbs["none"], v: dbs[v]}, writers, seconds)
+            costs[v][0].append(1 - got[v][0] / got["none"][0])
+            costs[v][1].append(got[v][1] / got["none"][1] - 1)
+    return costs
 
 
 def spread(xs: list[float]) -> str:
@@ -119,29 +122,72 @@ def spread(xs: list[float]) -> str:
     return f"{median:+.1%} [{q1:+.0%}, {q3:+.0%}]"
 
 
-def set_wakeup(url: str, variant: str) -> None:
+def create_variant(server_url: str, variant: str) -> str:
+    """A database of its own per variant, migrated, with its wake-up set up."""
+    name = "bench_" + variant.replace("-", "_").replace(" ", "_").lower()
+    with psycopg.connect(server_url, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
     with psycopg.connect(url, autocommit=True) as c:
-        c.execute("DROP TRIGGER IF EXISTS _901_naive_notify ON outbox.events")
-        c.execute("ALTER TABLE outbox.events DISABLE TRIGGER _900_wakeup")
-        if variant == "throttled":
-            c.execute("ALTER TABLE outbox.events ENABLE TRIGGER _900_wakeup")
-        elif variant == "per-row NOTIFY":
+        migrate.migrate(c)
+        if variant != "throttled":
+            c.execute("ALTER TABLE outbox.events DISABLE TRIGGER _900_wakeup")
+        if variant == "per-row NOTIFY":
             c.execute(NAIVE_TRIGGER)
+    return url
 
 
-def drain_outbox(url: str, batch: int) -> float:
+def outbox_cycle(c: psycopg.Connection, batch: int) -> int:
+    """One claim + mark_published; returns how many events it moved."""
+    rows = c.execute("SELECT event_id, claim_token FROM outbox.claim('bench', %s, '1 minute')", (batch,)).fetchall()
+    if rows:
+        c.execute("SELECT outbox.mark_published(%s, %s)", (rows[0][1], [r[0] for r in rows]))
+    return len(rows)
+
+
+def bare_cycle(c: psycopg.Connection, batch: int) -> int:
+    """The same on a plain job table: claim with SKIP LOCKED, then mark done."""
+    rows = c.execute(
+        "WITH c AS (SELECT id FROM public.jobs WHERE status = 'PENDING' ORDER BY id LIMIT %s"
+        " FOR UPDATE SKIP LOCKED)"
+        " UPDATE public.jobs AS j SET status = 'PROCESSING', claimed_at = now()"
+        " FROM c WHERE j.id = c.id RETURNING j.*",
+        (batch,),
+    ).fetchall()
+    if rows:
+        c.execute("UPDATE public.jobs SET status = 'DONE', done_at = now() WHERE id = ANY(%s)",
+                  ([r[0] for r in rows],))
+    return len(rows)
+
+
+def drain_interleaved(urls: dict[str, str], batch: int) -> dict[str, float]:
+    """Drains both backlogs one cycle of each in turn, timing each side's
+    cycles only: the two loops never compete for the CPU, and a moment of
+    host noise lands on both alike. Returns events/s per side."""
+    cycles = {"bare": bare_cycle, "outbox": outbox_cycle}
+    conns = {side: psycopg.connect(url, autocommit=True) for side, url in urls.items()}
+    spent = dict.fromkeys(urls, 0.0)
+    moved = dict.fromkeys(urls, 0)
+    try:
+        active = list(urls)
+        while active:
+            for side in list(active):
+                t0 = time.perf_counter()
+                k = cycles[side](conns[side], batch)
+                spent[side] += time.perf_counter() - t0
+                moved[side] += k
+                if k == 0:
+                    active.remove(side)
+    finally:
+        for c in conns.values():
+            c.close()
+    return {side: moved[side] / spent[side] for side in urls}
+
+
+def drain_outbox(url: str, batch: int) -> None:
     with psycopg.connect(url, autocommit=True) as c:
-        n = 0
-        t0 = time.perf_counter()
-        while True:
-            rows = c.execute(
-                "SELECT event_id, claim_token FROM outbox.claim('bench', %s, '1 minute')", (batch,)
-            ).fetchall()
-            if not rows:
-                break
-            c.execute("SELECT outbox.mark_published(%s, %s)", (rows[0][1], [r[0] for r in rows]))
-            n += len(rows)
-        return n / (time.perf_counter() - t0)
+        while outbox_cycle(c, batch):
+            pass
 
 
 def setup_bare(c: psycopg.Connection, rows: int) -> None:
@@ -156,32 +202,11 @@ def setup_bare(c: psycopg.Connection, rows: int) -> None:
     c.execute("VACUUM ANALYZE public.jobs")
 
 
-def drain_bare(url: str, batch: int) -> float:
-    with psycopg.connect(url, autocommit=True) as c:
-        n = 0
-        t0 = time.perf_counter()
-        while True:
-            rows = c.execute(
-                "WITH c AS (SELECT id FROM public.jobs WHERE status = 'PENDING' ORDER BY id LIMIT %s"
-                " FOR UPDATE SKIP LOCKED)"
-                " UPDATE public.jobs AS j SET status = 'PROCESSING', claimed_at = now()"
-                " FROM c WHERE j.id = c.id RETURNING j.*",
-                (batch,),
-            ).fetchall()
-            if not rows:
-                break
-            c.execute(
-                "UPDATE public.jobs SET status = 'DONE', done_at = now() WHERE id = ANY(%s)",
-                ([r[0] for r in rows],),
-            )
-            n += len(rows)
-        return n / (time.perf_counter() - t0)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=2.0, help="per emit measurement")
-    ap.add_argument("--rounds", type=int, default=7, help="emit rounds (all variants back to back)")
+    ap.add_argument("--rounds", type=int, default=7, help="side-by-side emit rounds per variant")
+    ap.add_argument("--rounds-alone", type=int, default=3, help="emit rounds of each variant alone")
     ap.add_argument("--backlog", type=int, default=100_000, help="events to drain per round")
     ap.add_argument("--drain-rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
@@ -191,12 +216,13 @@ def main() -> None:
     pg = EmbeddedPostgres(root, settings={"shared_buffers": "256MB", "max_wal_size": "4GB"})
     url = pg.start()
     try:
-        with psycopg.connect(url, autocommit=True) as c:
-            migrate.migrate(c)
-        print(f"PostgreSQL 15, fsync on; emit: {args.rounds} rounds of the three variants back to back"
-              f" ({args.seconds:g} s each, order rotating); cost = median of the rounds' own ratios")
-        print("\n1. emit throughput (one event per transaction), rows/s; cost of each wake-up variant as")
-        print("   lost throughput and as extra CPU per transaction (writers + their backends)")
+        dbs = {v: create_variant(url, v) for v in VARIANTS}
+        url = dbs["throttled"]
+        print(f"PostgreSQL 15, fsync on, one database per variant; runs of {args.seconds:g} s")
+        print("\n1. emit, one event per transaction (BEGIN; emit; COMMIT)")
+        print(f"   rows/s: each variant alone, median of {args.rounds_alone} rounds (variants back to back);")
+        print(f"   cost: the variant and none side by side (as many writers each), median of {args.rounds} rounds")
+        print("   [middle half], as lost throughput and as extra CPU per transaction (writers + backends)")
         steal0 = steal_ticks()
         for sync in ("on", "off"):
             with psycopg.connect(url, autocommit=True) as c:
@@ -206,37 +232,36 @@ def main() -> None:
             print(f"   {'writers':<9}{'none':>8}{'throttled':>11}{'per-row':>9}"
                   f"{'throttled: throughput':>26}{'CPU':>20}{'per-row: throughput':>26}{'CPU':>20}")
             for w in (1, 4):
-                rates, costs, cpu_costs = emit_rounds(url, w, args.rounds, args.seconds)
-                print(f"   {w:<9}" + "".join(f"{statistics.median(rates[v]):>{n},.0f}"
-                                           for v, n in zip(VARIANTS, (8, 11, 9)))
-                      + "".join(f"{spread(x[v]):>{n}}" for v in VARIANTS[1:]
-                                for x, n in ((costs, 26), (cpu_costs, 20))))
+                alone = alone_rounds(dbs, w, args.rounds_alone, args.seconds)
+                costs = paired_costs(dbs, w, args.rounds, args.seconds)
+                print(f"   {w:<9}" + "".join(f"{alone[v]:>{n},.0f}" for v, n in zip(VARIANTS, (8, 11, 9)))
+                      + "".join(f"{spread(costs[v][k]):>{n}}" for v in VARIANTS[1:]
+                                for k, n in ((0, 26), (1, 20))))
         steal1 = steal_ticks()
-        print("   (median of the rounds, and in brackets their middle half; target <= 10 % at 4 writers)")
+        print("   target: the throttled wake-up costs <= 10 % at 4 writers")
         print(f"   hypervisor steal during the emit runs: "
               f"{(steal1[0] - steal0[0]) / max(1, steal1[1] - steal0[1]):.1%} of this machine's CPU time")
-        set_wakeup(url, "throttled")
         with psycopg.connect(url, autocommit=True) as c:
             c.execute("ALTER SYSTEM RESET synchronous_commit")
             c.execute("SELECT pg_reload_conf()")
 
-        print(f"\n2. drain a {args.backlog:,}-event backlog, batch {args.batch}, events/s"
-              f" ({args.drain_rounds} rounds, order alternating)")
+        print(f"\n2. drain a {args.backlog:,}-event backlog, batch {args.batch}, events/s: one cycle of each")
+        print(f"   in turn, each side timed alone; median of {args.drain_rounds} rounds")
         drained: dict[str, list[float]] = {"bare": [], "outbox": []}
-        for r in range(args.drain_rounds):
+        for _ in range(args.drain_rounds):
             with psycopg.connect(url, autocommit=True) as c:
-                # Start both sides equal: publish what earlier runs left, so
-                # that only this round's backlog is pending.
-                drain_outbox(url, 1000)
+                drain_outbox(url, 1000)  # what the emit runs left
                 c.execute(
                     "SELECT outbox.emit('order', g::text, 'order_created', %s::jsonb, context => 'sea')"
                     " FROM generate_series(1, %s) AS g",
                     (PAYLOAD, args.backlog),
                 )
                 c.execute("VACUUM ANALYZE outbox.events")
+            with psycopg.connect(dbs["none"], autocommit=True) as c:
                 setup_bare(c, args.backlog)
-            for side in (("bare", "outbox") if r % 2 == 0 else ("outbox", "bare")):
-                drained[side].append((drain_bare if side == "bare" else drain_outbox)(url, args.batch))
+            got = drain_interleaved({"bare": dbs["none"], "outbox": url}, args.batch)
+            for side, rate in got.items():
+                drained[side].append(rate)
         ratios = [o / b for o, b in zip(drained["outbox"], drained["bare"])]
         print(f"   bare UPDATE ... SKIP LOCKED loop : {statistics.median(drained['bare']):>10,.0f}")
         print(f"   outbox.claim + mark_published   : {statistics.median(drained['outbox']):>10,.0f}")
