@@ -5,7 +5,9 @@ the same time (claiming batch n+1 while n is being published and n-1 marked):
 
     claim loop ──► publish loop ──► mark loop
     (outbox.claim)  (Nats-Msg-Id =    (mark_published / mark_failed,
-                     event_id)          one call each per batch)
+                     event_id; up to    one call each per batch)
+                     publish_batches
+                     batches at once)
 
 Safety comes from the database and JetStream, not from this process:
   * a claim is a lease; a relay that dies (kill -9) leaves PROCESSING rows
@@ -111,7 +113,7 @@ class OutboxRelay:
                 return
             start.result()
             claimed: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
-            published: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
+            published: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=self.cfg.publish_batches)
             pipeline = [
                 asyncio.create_task(self._claim_loop(claimed), name="claim"),
                 asyncio.create_task(self._publish_loop(claimed, published), name="publish"),
@@ -230,7 +232,28 @@ class OutboxRelay:
         await out.put(None)
 
     async def _publish_loop(self, inp: asyncio.Queue, out: asyncio.Queue) -> None:
-        while (batch := await inp.get()) is not None:
+        """Publishes up to publish_batches claimed batches at once. They are
+        independent: a claim never hands out an event while an earlier one of
+        its key is unfinished, so no two batches in flight share a key. Without
+        this, a batch claimed while the previous one awaits its acks would
+        wait for them too (the tail of the latency at high rates)."""
+        slots = asyncio.Semaphore(self.cfg.publish_batches)
+        in_flight: set[asyncio.Task] = set()
+        try:
+            while (batch := await inp.get()) is not None:
+                await slots.acquire()
+                task = asyncio.create_task(self._publish(batch, out, slots))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            await asyncio.gather(*in_flight)
+        except asyncio.CancelledError:
+            for task in in_flight:
+                task.cancel()
+            raise
+        await out.put(None)
+
+    async def _publish(self, batch: Batch, out: asyncio.Queue, slots: asyncio.Semaphore) -> None:
+        try:
             if self.stopping.is_set() and not self.publisher.connected:
                 batch.handed_back = True
                 batch.outcomes = [
@@ -243,7 +266,8 @@ class OutboxRelay:
                 batch.outcomes = await self.publisher.publish_batch(batch.rows)
                 self.metrics.publish_seconds.observe(time.monotonic() - started)
             await out.put(batch)
-        await out.put(None)
+        finally:
+            slots.release()
 
     async def _mark_loop(self, inp: asyncio.Queue) -> None:
         while (batch := await inp.get()) is not None:
