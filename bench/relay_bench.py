@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import httpx
+import machine
 import nats
 import psycopg
 from nats.js.api import DeliverPolicy, StreamConfig
@@ -90,11 +91,6 @@ def postgres_cpu_seconds(pg: EmbeddedPostgres) -> float:
         with contextlib.suppress(FileNotFoundError):
             total += cpu_seconds(int(child))
     return total
-
-
-def machine_load() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.2f} (1 min) / {five:.2f} (5 min) on {os.cpu_count()} cores"
 
 
 @contextlib.contextmanager
@@ -311,7 +307,8 @@ def main() -> int:
     root.chmod(0o755)  # PostgreSQL runs as another user below
     pg = EmbeddedPostgres(root / "pg", settings={"max_wal_size": "4GB"})
     ns = EmbeddedNats(root / "nats")
-    print(f"relay bench: {machine_load()} (shared machine: figures are noisy)")
+    print(f"relay bench: {machine.load()} (shared machine: figures are noisy)")
+    ticks = machine.cpu_ticks()
     try:
         pg.start()
         ns.start()
@@ -380,7 +377,7 @@ def main() -> int:
                         print(f"    relay exited with {code} on SIGTERM (expected 0)")
         print(f"(d) relay peak RSS (VmHWM): drain {rss:.0f} MB, max over all runs {peak:.0f} MB; "
               "target <= 150 MB")
-        print(f"done: {machine_load()}")
+        print(f"done: {machine.load()}; {machine.steal_since(ticks)}")
     finally:
         ns.stop()
         pg.stop("immediate")

@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import machine
 import psycopg
 
 from pgoutbox import migrate
@@ -86,12 +87,6 @@ def emit_together(urls: dict[str, str], writers: int, seconds: float) -> dict[st
         p.join()
     return {name: (sum(r[0] for r in rs) / seconds, sum(r[1] for r in rs) / sum(r[0] for r in rs) * 1e6)
             for name, rs in results.items()}
-
-
-def steal_ticks() -> tuple[int, int]:
-    """(steal, total) jiffies of this (virtual) machine so far, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[7], sum(fields)
 
 
 def alone_rounds(dbs: dict[str, str], writers: int, rounds: int, seconds: float) -> dict[str, float]:
@@ -223,7 +218,7 @@ def main() -> None:
         print(f"   rows/s: each variant alone, median of {args.rounds_alone} rounds (variants back to back);")
         print(f"   cost: the variant and none side by side (as many writers each), median of {args.rounds} rounds")
         print("   [middle half], as lost throughput and as extra CPU per transaction (writers + backends)")
-        steal0 = steal_ticks()
+        steal0 = machine.cpu_ticks()
         for sync in ("on", "off"):
             with psycopg.connect(url, autocommit=True) as c:
                 c.execute(f"ALTER SYSTEM SET synchronous_commit = {sync}")
@@ -237,10 +232,8 @@ def main() -> None:
                 print(f"   {w:<9}" + "".join(f"{alone[v]:>{n},.0f}" for v, n in zip(VARIANTS, (8, 11, 9)))
                       + "".join(f"{spread(costs[v][k]):>{n}}" for v in VARIANTS[1:]
                                 for k, n in ((0, 26), (1, 20))))
-        steal1 = steal_ticks()
         print("   target: the throttled wake-up costs <= 10 % at 4 writers")
-        print(f"   hypervisor steal during the emit runs: "
-              f"{(steal1[0] - steal0[0]) / max(1, steal1[1] - steal0[1]):.1%} of this machine's CPU time")
+        print(f"   during the emit runs: {machine.steal_since(steal0)}")
         with psycopg.connect(url, autocommit=True) as c:
             c.execute("ALTER SYSTEM RESET synchronous_commit")
             c.execute("SELECT pg_reload_conf()")

@@ -1,0 +1,24 @@
+"""What the benchmarks report about the machine they ran on: a shared 2-core
+VM whose hypervisor steals CPU time at random, which no figure can hide."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min) / {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) jiffies of this machine so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7], sum(fields)
+
+
+def steal_since(start: tuple[int, int]) -> str:
+    steal, total = cpu_ticks()
+    share = (steal - start[0]) / max(1, total - start[1])
+    return f"hypervisor steal {share:.1%} of this machine's CPU time"
