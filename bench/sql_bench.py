@@ -206,6 +206,7 @@ def main() -> None:
     ap.add_argument("--backlog", type=int, default=100_000, help="events to drain per round")
     ap.add_argument("--drain-rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--parts", default="emit,drain", help="comma-separated: emit, drain")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-bench-"))
@@ -214,63 +215,65 @@ def main() -> None:
     try:
         dbs = {v: create_variant(url, v) for v in VARIANTS}
         url = dbs["throttled"]
-        print(f"PostgreSQL 15, fsync on, one database per variant; runs of {args.seconds:g} s")
-        print("\n1. emit, one event per transaction (BEGIN; emit; COMMIT)")
-        print(f"   rows/s: each variant alone, median of {args.rounds_alone} rounds (variants back to back);")
-        print(f"   cost: the variant and none side by side (as many writers each), median of {args.rounds} rounds")
-        print("   [middle half], as lost throughput and as extra CPU per transaction (writers + backends)")
-        steal0 = machine.cpu_ticks()
-        for sync in ("on", "off"):
-            with psycopg.connect(url, autocommit=True) as c:
-                c.execute(f"ALTER SYSTEM SET synchronous_commit = {sync}")
-                c.execute("SELECT pg_reload_conf()")
-            print(f"   synchronous_commit = {sync}")
-            print(f"   {'writers':<9}{'none':>8}{'throttled':>11}{'per-row':>9}"
-                  f"{'throttled: throughput':>26}{'CPU':>20}{'per-row: throughput':>26}{'CPU':>20}")
-            for w in (1, 4):
-                alone = alone_rounds(dbs, w, args.rounds_alone, args.seconds)
-                costs = paired_costs(dbs, w, args.rounds, args.seconds)
-                print(f"   {w:<9}" + "".join(f"{alone[v]:>{n},.0f}" for v, n in zip(VARIANTS, (8, 11, 9)))
-                      + "".join(f"{spread(costs[v][k]):>{n}}" for v in VARIANTS[1:]
-                                for k, n in ((0, 26), (1, 20))))
-        print("   target: the throttled wake-up costs <= 10 % at 4 writers")
-        print(f"   during the emit runs: {machine.steal_since(steal0)}")
-        with psycopg.connect(url, autocommit=True) as c:
-            c.execute("ALTER SYSTEM RESET synchronous_commit")
-            c.execute("SELECT pg_reload_conf()")
-
-        print(f"\n2. drain a {args.backlog:,}-event backlog, batch {args.batch}, events/s; median of"
-              f" {args.drain_rounds} rounds [each round's ratio]")
-        methods = {
-            # The comparison the target is set for: each loop on its own, a
-            # whole drain each, order alternating between rounds.
-            "whole drains, one after the other": lambda r: dict(
-                (side, drain_interleaved({side: dbs["none"] if side == "bare" else url}, args.batch)[side])
-                for side in (("bare", "outbox") if r % 2 == 0 else ("outbox", "bare"))),
-            # Less sensitive to the machine drifting, but the two loops evict
-            # each other's caches at every turn.
-            "one cycle of each in turn": lambda r: drain_interleaved(
-                {"bare": dbs["none"], "outbox": url}, args.batch),
-        }
-        for method, run in methods.items():
-            drained: dict[str, list[float]] = {"bare": [], "outbox": []}
-            for r in range(args.drain_rounds):
+        parts = args.parts.split(",")
+        if "emit" in parts:
+            print(f"PostgreSQL 15, fsync on, one database per variant; runs of {args.seconds:g} s")
+            print("\n1. emit, one event per transaction (BEGIN; emit; COMMIT)")
+            print(f"   rows/s: each variant alone, median of {args.rounds_alone} rounds (variants back to back);")
+            print(f"   cost: the variant and none side by side (as many writers each), median of {args.rounds} rounds")
+            print("   [middle half], as lost throughput and as extra CPU per transaction (writers + backends)")
+            steal0 = machine.cpu_ticks()
+            for sync in ("on", "off"):
                 with psycopg.connect(url, autocommit=True) as c:
-                    drain_outbox(url, 1000)  # what earlier runs left
-                    c.execute(
-                        "SELECT outbox.emit('order', g::text, 'order_created', %s::jsonb, context => 'sea')"
-                        " FROM generate_series(1, %s) AS g",
-                        (PAYLOAD, args.backlog),
-                    )
-                    c.execute("VACUUM ANALYZE outbox.events")
-                with psycopg.connect(dbs["none"], autocommit=True) as c:
-                    setup_bare(c, args.backlog)
-                for side, rate in run(r).items():
-                    drained[side].append(rate)
-            ratios = [o / b for o, b in zip(drained["outbox"], drained["bare"])]
-            print(f"   {method}: bare {statistics.median(drained['bare']):,.0f}, claim + mark"
-                  f" {statistics.median(drained['outbox']):,.0f}, ratio {statistics.median(ratios):.2f}"
-                  f" {[round(x, 2) for x in ratios]} (target >= 0.8)")
+                    c.execute(f"ALTER SYSTEM SET synchronous_commit = {sync}")
+                    c.execute("SELECT pg_reload_conf()")
+                print(f"   synchronous_commit = {sync}")
+                print(f"   {'writers':<9}{'none':>8}{'throttled':>11}{'per-row':>9}"
+                      f"{'throttled: throughput':>26}{'CPU':>20}{'per-row: throughput':>26}{'CPU':>20}")
+                for w in (1, 4):
+                    alone = alone_rounds(dbs, w, args.rounds_alone, args.seconds)
+                    costs = paired_costs(dbs, w, args.rounds, args.seconds)
+                    print(f"   {w:<9}" + "".join(f"{alone[v]:>{n},.0f}" for v, n in zip(VARIANTS, (8, 11, 9)))
+                          + "".join(f"{spread(costs[v][k]):>{n}}" for v in VARIANTS[1:]
+                                    for k, n in ((0, 26), (1, 20))))
+            print("   target: the throttled wake-up costs <= 10 % at 4 writers")
+            print(f"   during the emit runs: {machine.steal_since(steal0)}")
+            with psycopg.connect(url, autocommit=True) as c:
+                c.execute("ALTER SYSTEM RESET synchronous_commit")
+                c.execute("SELECT pg_reload_conf()")
+        if "drain" in parts:
+            print(f"\n2. drain a {args.backlog:,}-event backlog, batch {args.batch}, events/s; median of"
+                  f" {args.drain_rounds} rounds [each round's ratio]")
+            methods = {
+                # The comparison the target is set for: each loop on its own, a
+                # whole drain each, order alternating between rounds.
+                "whole drains, one after the other": lambda r: dict(
+                    (side, drain_interleaved({side: dbs["none"] if side == "bare" else url}, args.batch)[side])
+                    for side in (("bare", "outbox") if r % 2 == 0 else ("outbox", "bare"))),
+                # Less sensitive to the machine drifting, but the two loops evict
+                # each other's caches at every turn.
+                "one cycle of each in turn": lambda r: drain_interleaved(
+                    {"bare": dbs["none"], "outbox": url}, args.batch),
+            }
+            for method, run in methods.items():
+                drained: dict[str, list[float]] = {"bare": [], "outbox": []}
+                for r in range(args.drain_rounds):
+                    with psycopg.connect(url, autocommit=True) as c:
+                        drain_outbox(url, 1000)  # what earlier runs left
+                        c.execute(
+                            "SELECT outbox.emit('order', g::text, 'order_created', %s::jsonb, context => 'sea')"
+                            " FROM generate_series(1, %s) AS g",
+                            (PAYLOAD, args.backlog),
+                        )
+                        c.execute("VACUUM ANALYZE outbox.events")
+                    with psycopg.connect(dbs["none"], autocommit=True) as c:
+                        setup_bare(c, args.backlog)
+                    for side, rate in run(r).items():
+                        drained[side].append(rate)
+                ratios = [o / b for o, b in zip(drained["outbox"], drained["bare"])]
+                print(f"   {method}: bare {statistics.median(drained['bare']):,.0f}, claim + mark"
+                      f" {statistics.median(drained['outbox']):,.0f}, ratio {statistics.median(ratios):.2f}"
+                      f" {[round(x, 2) for x in ratios]} (target >= 0.8)")
     finally:
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)

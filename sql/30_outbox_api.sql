@@ -64,12 +64,10 @@ COMMENT ON FUNCTION outbox.emit(
 --   * plans are generic (planned once per session): planning an UPDATE over
 --     every partition costs more than executing it. The locked keys reach
 --     the UPDATE as arrays (= ANY) so that the generic plan probes the
---     primary key instead of hash-joining the whole table;
---   * enable_seqscan is off for claim and mark_*: a generic plan made while a
---     partition is young (no statistics yet) scanned the whole partition for
---     the UPDATE and kept doing so as it filled (measured: 9 ms per claim of
---     ten events a few seconds into a new day, p99 emit-to-JetStream 60+ ms at
---     1,400 events/s). Every path they need has an index.
+--     primary key instead of hash-joining the whole table. Known limit: a
+--     generic plan made while a partition is young (before autovacuum has
+--     analyzed it) may scan the partition in the UPDATE until the next
+--     ANALYZE re-plans it (docs/relay.md, "For the SQL core").
 CREATE OR REPLACE FUNCTION outbox.claim(
     worker text,
     batch_size integer,
@@ -80,7 +78,6 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET plan_cache_mode TO force_generic_plan
-SET enable_seqscan TO off
 AS $$
 DECLARE
     token uuid := gen_random_uuid();
@@ -143,7 +140,6 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET plan_cache_mode TO force_generic_plan
-SET enable_seqscan TO off
 AS $$
 DECLARE
     marked integer;
@@ -179,7 +175,6 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET plan_cache_mode TO force_generic_plan
-SET enable_seqscan TO off
 AS $$
 DECLARE
     marked integer;

@@ -1,6 +1,5 @@
--- 0004_hot_paths (down): claim and mark_* plan with enable_seqscan again, and
--- back to the per-context wake-up of 0001 (unlogged table outbox.wakeups,
--- per-statement AFTER trigger _900_notify).
+-- 0004_wakeup_sequence (down): back to the per-context wake-up of 0001
+-- (unlogged table outbox.wakeups, per-statement AFTER trigger _900_notify).
 --
 -- What it cannot undo: nothing is lost. The throttle state is a hint and
 -- starts empty either way (the next insert notifies), and a
@@ -22,10 +21,6 @@ BEGIN
     END IF;
 END;
 $$;
-
-ALTER FUNCTION outbox.claim(text, integer, interval) RESET enable_seqscan;
-ALTER FUNCTION outbox.mark_published(uuid, uuid[]) RESET enable_seqscan;
-ALTER FUNCTION outbox.mark_failed(uuid, uuid[], text[], timestamptz[]) RESET enable_seqscan;
 
 DROP TRIGGER IF EXISTS _900_wakeup ON outbox.events;
 DROP FUNCTION IF EXISTS outbox.tg_events__wakeup();

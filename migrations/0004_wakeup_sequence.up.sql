@@ -1,8 +1,5 @@
--- 0004_hot_paths (up): cheaper emit and claim paths.
+-- 0004_wakeup_sequence (up): a cheaper wake-up.
 --
---   * claim, mark_published and mark_failed plan with enable_seqscan off: a
---     generic plan made while a partition had no statistics scanned the whole
---     partition in the claim's UPDATE, and kept doing so as the day filled;
 --   * the throttle state moves from the unlogged table outbox.wakeups (read
 --     by a per-statement plpgsql AFTER trigger with a transition table on
 --     every insert) to the unlogged sequence outbox.wakeup_due_at, read by a
@@ -130,16 +127,11 @@ CREATE OR REPLACE TRIGGER _900_wakeup
 BEFORE INSERT ON outbox.events
 FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__wakeup();
 
--- ---- from sql/30_outbox_api.sql (as of this migration): SET clauses only ----
-ALTER FUNCTION outbox.claim(text, integer, interval) SET enable_seqscan TO off;
-ALTER FUNCTION outbox.mark_published(uuid, uuid[]) SET enable_seqscan TO off;
-ALTER FUNCTION outbox.mark_failed(uuid, uuid[], text[], timestamptz[]) SET enable_seqscan TO off;
-
 -- As sql/90_roles.sql does for every function: nothing to PUBLIC.
 REVOKE ALL ON FUNCTION outbox.tg_events__wakeup() FROM public;
 
 INSERT INTO outbox.schema_migrations (version, name)
-VALUES (4, '0004_hot_paths')
+VALUES (4, '0004_wakeup_sequence')
 ON CONFLICT (version) DO NOTHING;
 
 COMMIT;
