@@ -22,3 +22,12 @@ def steal_since(start: tuple[int, int]) -> str:
     steal, total = cpu_ticks()
     share = (steal - start[0]) / max(1, total - start[1])
     return f"hypervisor steal {share:.1%} of this machine's CPU time"
+
+
+def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
+    """User + system CPU time of a process so far (plus its reaped children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")

@@ -73,23 +73,14 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
-    """User + system CPU time of a process so far (plus its reaped children's)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])
-    if reaped_children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def postgres_cpu_seconds(pg: EmbeddedPostgres) -> float:
     """CPU of the whole PostgreSQL server: the postmaster, its live children and
     the backends it has reaped."""
     postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
-    total = cpu_seconds(postmaster, reaped_children=True)
+    total = machine.cpu_seconds(postmaster, reaped_children=True)
     for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
         with contextlib.suppress(FileNotFoundError):
-            total += cpu_seconds(int(child))
+            total += machine.cpu_seconds(int(child))
     return total
 
 
@@ -201,7 +192,7 @@ async def raw_publish_rate(ns_url: str, rows: list[dict], window: int) -> dict[s
 def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, float, float]:
     """(events/s between the first and last published_at, wall seconds, peak RSS MB,
     relay CPU microseconds per event)."""
-    pg_cpu, nats_cpu = postgres_cpu_seconds(pg), cpu_seconds(ns.process.pid)
+    pg_cpu, nats_cpu = postgres_cpu_seconds(pg), machine.cpu_seconds(ns.process.pid)
     with psycopg.connect(pg.url, autocommit=True) as conn:
         started = time.perf_counter()
         with relay_process(root, pg, ns, "drain", batch_size=str(batch_size)) as proc:
@@ -215,7 +206,7 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
                 time.sleep(0.05)
             wall = time.perf_counter() - started
             rss = peak_rss_mb(proc.pid)
-            cpu = cpu_seconds(proc.pid) / n * 1e6
+            cpu = machine.cpu_seconds(proc.pid) / n * 1e6
             print(f"    relay stages during the drain: {stage_times(relay_http_port(root, 'drain'))}")
         first, last, done = conn.execute(
             "SELECT min(published_at), max(published_at), count(*) FILTER (WHERE status = 'COMPLETED')"
@@ -224,7 +215,7 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
         raise RuntimeError(f"only {done} of {n} events COMPLETED")
     time.sleep(0.5)  # the relay's backends exit and are reaped
     print(f"    CPU per event during the drain: PostgreSQL {(postgres_cpu_seconds(pg) - pg_cpu) / n * 1e6:.0f} us,"
-          f" nats-server {(cpu_seconds(ns.process.pid) - nats_cpu) / n * 1e6:.0f} us (and the relay, below)")
+          f" nats-server {(machine.cpu_seconds(ns.process.pid) - nats_cpu) / n * 1e6:.0f} us (and the relay, below)")
     return n / (last - first).total_seconds(), wall, rss, cpu
 
 
@@ -332,9 +323,9 @@ def main() -> int:
                 cur = conn.cursor(row_factory=psycopg.rows.dict_row)
                 rows = cur.execute(f"SELECT {CLAIMED_COLUMNS.replace('claim_token, ', '')} "
                                    "FROM outbox.events ORDER BY id").fetchall()
-            nats_cpu = cpu_seconds(ns.process.pid)
+            nats_cpu = machine.cpu_seconds(ns.process.pid)
             raw = asyncio.run(raw_publish_rate(ns.url, rows, args.batch_size))
-            nats_cpu = (cpu_seconds(ns.process.pid) - nats_cpu) / (1.5 * len(rows)) * 1e6
+            nats_cpu = (machine.cpu_seconds(ns.process.pid) - nats_cpu) / (1.5 * len(rows)) * 1e6
             raw_cpu = raw.pop("cpu_us")
             best = max(raw.values())
             del rows

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import shutil
 import statistics
 import tempfile
@@ -49,18 +48,13 @@ FOR EACH ROW EXECUTE FUNCTION public.naive_notify();
 """
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _writer(url: str, seconds: float, start_at: float, out: mp.Queue) -> None:
     with psycopg.connect(url) as conn:
         backend = conn.info.backend_pid
         n = 0
         while time.time() < start_at:
             time.sleep(0.001)
-        cpu = time.process_time() + _cpu_seconds(backend)
+        cpu = time.process_time() + machine.cpu_seconds(backend)
         deadline = start_at + seconds
         while time.time() < deadline:
             conn.execute(
@@ -69,7 +63,7 @@ def _writer(url: str, seconds: float, start_at: float, out: mp.Queue) -> None:
             )
             conn.commit()
             n += 1
-        cpu = time.process_time() + _cpu_seconds(backend) - cpu
+        cpu = time.process_time() + machine.cpu_seconds(backend) - cpu
     out.put((n, cpu))
 
 
@@ -244,17 +238,19 @@ def main() -> None:
         if "drain" in parts:
             print(f"\n2. drain a {args.backlog:,}-event backlog, batch {args.batch}, events/s; median of"
                   f" {args.drain_rounds} rounds [each round's ratio]")
-            methods = {
-                # The comparison the target is set for: each loop on its own, a
-                # whole drain each, order alternating between rounds.
-                "whole drains, one after the other": lambda r: dict(
-                    (side, drain_interleaved({side: dbs["none"] if side == "bare" else url}, args.batch)[side])
-                    for side in (("bare", "outbox") if r % 2 == 0 else ("outbox", "bare"))),
-                # Less sensitive to the machine drifting, but the two loops evict
-                # each other's caches at every turn.
-                "one cycle of each in turn": lambda r: drain_interleaved(
-                    {"bare": dbs["none"], "outbox": url}, args.batch),
-            }
+            def whole_drains(r: int) -> dict[str, float]:
+                """The comparison the target is set for: each loop on its own, a
+                whole drain each, order alternating between rounds."""
+                order = ("bare", "outbox") if r % 2 == 0 else ("outbox", "bare")
+                return {side: drain_interleaved({side: dbs["none"] if side == "bare" else url}, args.batch)[side]
+                        for side in order}
+
+            def interleaved(r: int) -> dict[str, float]:
+                """Less sensitive to the machine drifting, but the two loops
+                evict each other's caches at every turn."""
+                return drain_interleaved({"bare": dbs["none"], "outbox": url}, args.batch)
+
+            methods = {"whole drains, one after the other": whole_drains, "one cycle of each in turn": interleaved}
             for method, run in methods.items():
                 drained: dict[str, list[float]] = {"bare": [], "outbox": []}
                 for r in range(args.drain_rounds):
