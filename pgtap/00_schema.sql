@@ -6,10 +6,11 @@
 --     validates its argument, and routes rows to the day's partition
 --   * a day whose rows sit in the default partition is skipped, not broken
 --   * day partitions and the default partition are vacuumed every 10,000 dead rows
+--     and leave half of each page for the claim's and the mark's row versions
 --   * the schema records its version
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(25);
+SELECT plan(26);
 
 SELECT has_schema('outbox');
 SELECT has_schema('inbox');
@@ -102,6 +103,13 @@ SELECT is_empty(
         AND NOT coalesce(c.reloptions, '{}') @> ARRAY['autovacuum_vacuum_scale_factor=0',
             'autovacuum_vacuum_threshold=10000']$$,
     'every partition of outbox.events is vacuumed by dead-row count, not by ratio'
+);
+
+SELECT is_empty(
+    $$SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+      WHERE i.inhparent = 'outbox.events'::regclass
+        AND NOT coalesce(c.reloptions, '{}') @> ARRAY['fillfactor=50']$$,
+    'every partition of outbox.events is filled to half at insert (fillfactor 50)'
 );
 
 SELECT * FROM finish();

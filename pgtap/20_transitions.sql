@@ -6,11 +6,13 @@
 --   * guarded legal moves: re-claim before the lease expired, retry before it
 --     is due, or finishing with another claim's token are refused (OB010)
 --   * DEAD_LETTER -> PENDING needs a reason (OB014) and is written to requeue_log
---   * the event itself is immutable (OB011); a no-op UPDATE is not a move
+--   * the event itself is immutable (OB011), also together with a legal move
+--     and for the subject (a plain column since version 5); rewriting a
+--     content column with its own value is allowed; a no-op UPDATE is not a move
 --   * DELETE and TRUNCATE are refused (OB012)
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(35);
+SELECT plan(38);
 \ir fixtures/events.sql
 
 -- The 7 legal moves.
@@ -118,6 +120,22 @@ SELECT throws_ok(
 SELECT throws_ok(
     format($$UPDATE outbox.events SET ordering_key = 'k' WHERE event_id = %L$$, fixture.event('FAILED')),
     'OB011', NULL, 'the ordering key cannot be rewritten'
+);
+SELECT throws_ok(
+    format($$UPDATE outbox.events SET subject = 'sea.event.other.v1' WHERE event_id = %L$$, fixture.event('PENDING')),
+    'OB011', NULL, 'the subject cannot be rewritten'
+);
+SELECT throws_ok(
+    format($$UPDATE outbox.events SET status = 'PROCESSING', attempts = 1, claim_token = gen_random_uuid(),
+        claimed_at = now(), claimed_by = 't', available_at = now() + interval '1 minute',
+        aggregate_id = 'other' WHERE event_id = %L$$, fixture.event('PENDING')),
+    'OB011', NULL, 'a legal move cannot carry a content change'
+);
+SELECT lives_ok(
+    format($$UPDATE outbox.events SET payload = payload, subject = subject, status = 'PROCESSING', attempts = 1,
+        claim_token = gen_random_uuid(), claimed_at = now(), claimed_by = 't',
+        available_at = now() + interval '1 minute' WHERE event_id = %L$$, fixture.event('PENDING')),
+    'a legal move that sets content columns to their own values passes'
 );
 SELECT lives_ok(
     format($$UPDATE outbox.events SET status = status WHERE event_id = %L$$, fixture.event('COMPLETED')),

@@ -3,7 +3,8 @@
 -- Trigger names carry their firing order (_100 before _900).
 
 -- Policies (seed 000), checked once per row at INSERT whoever inserts, and
--- raised with the codes of the README's error table.
+-- raised with the codes of the README's error table; then the subject is
+-- derived from the parts just checked.
 CREATE OR REPLACE FUNCTION outbox.tg_events__check_policies()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -55,12 +56,25 @@ BEGIN
         RAISE EXCEPTION 'ILLEGAL_TRANSITION: an event is born PENDING with no attempts and no claim'
             USING ERRCODE = 'OB010';
     END IF;
+    NEW.subject := NEW.context || '.event.' || NEW.event_type || '.v' || NEW.event_version::text;
     RETURN NEW;
 END;
 $$;
 
--- Everything the trigger's WHEN clause (below) lets through: the event's
--- content changing, a no-op, an operator requeue, or an illegal move.
+-- Raised by _100_guard_content, whose WHEN clause has found a content change.
+CREATE OR REPLACE FUNCTION outbox.tg_events__forbid_content_change()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'IMMUTABLE_EVENT: event % is immutable once emitted; only its delivery state changes', OLD.event_id
+        USING ERRCODE = 'OB011';
+END;
+$$;
+
+-- Every status move the trigger's WHEN clause (below) lets through: a no-op,
+-- an operator requeue, or an illegal move.
 CREATE OR REPLACE FUNCTION outbox.tg_events__guard_update()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -69,21 +83,7 @@ AS $$
 DECLARE
     reason text;
 BEGIN
-    IF (NEW.id, NEW.event_id, NEW.context, NEW.aggregate_type, NEW.aggregate_id,
-        NEW.event_type, NEW.event_version, NEW.payload, NEW.headers,
-        NEW.correlation_id, NEW.causation_id, NEW.tenant_id, NEW.ordering_key,
-        NEW.occurred_at, NEW.created_at)
-        IS DISTINCT FROM
-       (OLD.id, OLD.event_id, OLD.context, OLD.aggregate_type, OLD.aggregate_id,
-        OLD.event_type, OLD.event_version, OLD.payload, OLD.headers,
-        OLD.correlation_id, OLD.causation_id, OLD.tenant_id, OLD.ordering_key,
-        OLD.occurred_at, OLD.created_at) THEN
-        RAISE EXCEPTION 'IMMUTABLE_EVENT: event % is immutable once emitted; only its delivery state changes', OLD.event_id
-            USING ERRCODE = 'OB011';
-    END IF;
-
-    -- A no-op update is not a move. (Compared column by column: generated
-    -- columns such as subject are still NULL in NEW in a BEFORE trigger.)
+    -- A no-op update is not a move.
     IF (NEW.status, NEW.attempts, NEW.last_error, NEW.available_at, NEW.claimed_at,
         NEW.claimed_by, NEW.claim_token, NEW.published_at)
         IS NOT DISTINCT FROM
@@ -126,13 +126,39 @@ CREATE OR REPLACE TRIGGER _100_check_policies
 BEFORE INSERT ON outbox.events
 FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__check_policies();
 
+-- The event's content never changes. A trigger limited to UPDATEs that name
+-- a content column (UPDATE OF), so that claim and mark, which set only
+-- delivery columns, neither fire it nor pay for comparing 16 columns.
+CREATE OR REPLACE TRIGGER _100_guard_content
+BEFORE UPDATE OF
+id, event_id, context, aggregate_type, aggregate_id, event_type, event_version, subject,
+payload, headers, correlation_id, causation_id, tenant_id, ordering_key, occurred_at, created_at
+ON outbox.events
+FOR EACH ROW
+WHEN (
+    (
+        new.id, new.event_id, new.context, new.aggregate_type, new.aggregate_id,
+        new.event_type, new.event_version, new.subject, new.payload, new.headers,
+        new.correlation_id, new.causation_id, new.tenant_id, new.ordering_key,
+        new.occurred_at, new.created_at
+    )
+    IS DISTINCT FROM
+    (
+        old.id, old.event_id, old.context, old.aggregate_type, old.aggregate_id,
+        old.event_type, old.event_version, old.subject, old.payload, old.headers,
+        old.correlation_id, old.causation_id, old.tenant_id, old.ordering_key,
+        old.occurred_at, old.created_at
+    )
+)
+EXECUTE FUNCTION outbox.tg_events__forbid_content_change();
+
 -- The legal moves made by claim and mark_* (thousands a second) are told
 -- apart here, in the WHEN clause, which runs without entering PL/pgSQL:
 --   PENDING | FAILED -> PROCESSING   once due (available_at <= now())
 --   PROCESSING -> PROCESSING         once the lease expired, under a new token
 --   PROCESSING -> COMPLETED | FAILED | DEAD_LETTER   under the same token
--- with the event's content unchanged. Every other UPDATE goes to the function
--- (DEAD_LETTER -> PENDING with a reason is the one other legal move).
+-- Every other UPDATE goes to the function (DEAD_LETTER -> PENDING with a
+-- reason is the one other legal move).
 CREATE OR REPLACE TRIGGER _100_guard_update
 BEFORE UPDATE ON outbox.events
 FOR EACH ROW
@@ -151,19 +177,6 @@ WHEN (
             old.status = 'PROCESSING' AND new.status IN ('COMPLETED', 'FAILED', 'DEAD_LETTER')
             AND new.claim_token IS NOT DISTINCT FROM old.claim_token
         )
-    )
-    OR (
-        new.id, new.event_id, new.context, new.aggregate_type, new.aggregate_id,
-        new.event_type, new.event_version, new.payload, new.headers,
-        new.correlation_id, new.causation_id, new.tenant_id, new.ordering_key,
-        new.occurred_at, new.created_at
-    )
-    IS DISTINCT FROM
-    (
-        old.id, old.event_id, old.context, old.aggregate_type, old.aggregate_id,
-        old.event_type, old.event_version, old.payload, old.headers,
-        old.correlation_id, old.causation_id, old.tenant_id, old.ordering_key,
-        old.occurred_at, old.created_at
     )
 )
 EXECUTE FUNCTION outbox.tg_events__guard_update();

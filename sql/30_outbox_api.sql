@@ -64,10 +64,15 @@ COMMENT ON FUNCTION outbox.emit(
 --   * plans are generic (planned once per session): planning an UPDATE over
 --     every partition costs more than executing it. The locked keys reach
 --     the UPDATE as arrays (= ANY) so that the generic plan probes the
---     primary key instead of hash-joining the whole table. Known limit: a
---     generic plan made while a partition is young (before autovacuum has
---     analyzed it) may scan the partition in the UPDATE until the next
---     ANALYZE re-plans it (docs/relay.md, "For the SQL core").
+--     primary key instead of hash-joining the whole table;
+--   * enable_seqscan is off because a generic plan lives as long as the
+--     relay's session: made while tomorrow's partition is empty, a plan
+--     with a sequential scan of it would scan the whole growing partition
+--     at every claim of the next day (until an ANALYZE re-plans). The
+--     created_at range of the locked rows lets the executor skip (prune)
+--     the partitions that hold none of them, which array conditions
+--     cannot do; without it every empty partition's primary key would be
+--     probed once per id.
 CREATE OR REPLACE FUNCTION outbox.claim(
     worker text,
     batch_size integer,
@@ -78,6 +83,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
 AS $$
 DECLARE
     token uuid := gen_random_uuid();
@@ -122,6 +128,8 @@ BEGIN
         available_at = now() + lease
     WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
         AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
+        AND e.created_at >= (SELECT min(c.created_at) FROM candidates AS c)
+        AND e.created_at <= (SELECT max(c.created_at) FROM candidates AS c)
     RETURNING e.*;
 END;
 $$;
@@ -131,6 +139,8 @@ COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
 -- Marks the claim's events COMPLETED. Rows no longer held by claim_token (the
 -- lease expired and another relay took them) are left alone: fencing. Returns
 -- how many were marked; raises STALE_CLAIM when it could mark none of them.
+-- (enable_seqscan off: see claim; the token's index probe in an empty
+-- partition costs next to nothing.)
 CREATE OR REPLACE FUNCTION outbox.mark_published(
     claim_token uuid,
     event_ids uuid[]
@@ -140,6 +150,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
 AS $$
 DECLARE
     marked integer;
@@ -175,6 +186,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
 AS $$
 DECLARE
     marked integer;

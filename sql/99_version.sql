@@ -1,7 +1,9 @@
 -- The migration this canonical definition corresponds to, and the partitions
 -- a fresh database starts with. Add a row here with every new migration.
 INSERT INTO outbox.schema_migrations (version, name)
-VALUES (1, '0001_initial'), (2, '0002_inbox_replay'), (3, '0003_archival'), (4, '0004_wakeup_sequence')
+VALUES
+(1, '0001_initial'), (2, '0002_inbox_replay'), (3, '0003_archival'), (4, '0004_wakeup_sequence'),
+(5, '0005_claim_mark_path')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

@@ -35,6 +35,28 @@ def catalog(url: str) -> str:
     return "\n".join(line for line in dump.splitlines() if not line.startswith(("\\restrict", "\\unrestrict")))
 
 
+# Downs that, as their header says, cannot restore a column's position:
+# their step down is compared with each table's columns in any order.
+COLUMN_POSITION_NOT_RESTORED = {5}
+
+
+def columns_in_any_order(dump: str) -> str:
+    """The dump with the column lines of every CREATE TABLE sorted."""
+    out, columns = [], None
+    for line in dump.splitlines():
+        if columns is None:
+            out.append(line)
+            if line.startswith("CREATE TABLE ") and line.endswith("("):
+                columns = []
+        elif line.startswith(")"):
+            out.extend(sorted(c.rstrip(",") for c in columns))
+            out.append(line)
+            columns = None
+        else:
+            columns.append(line)
+    return "\n".join(out)
+
+
 def versions(url: str) -> list[tuple[int, str]]:
     with psycopg.connect(url) as conn:
         return conn.execute("SELECT version, name FROM outbox.schema_migrations ORDER BY 1").fetchall()
@@ -74,13 +96,19 @@ def test_up_down_up_round_trip(empty_database_url):
     step up after that rebuilds the same catalog again."""
     found = m.discover()
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        catalogs = {}
+        catalogs, moved_columns = {}, False
         for x in found:
             assert m.migrate(conn, target=x.version) == [f"up {x.name}"]
             catalogs[x.version] = catalog(empty_database_url)
         for x in reversed(found):
             assert m.migrate(conn, target=x.version - 1) == [f"down {x.name}"]
-            if x.version > 1:
+            if x.version in COLUMN_POSITION_NOT_RESTORED:
+                assert catalog(empty_database_url) != catalogs[x.version - 1], "the exception is not needed"
+                moved_columns = True
+            if x.version > 1 and moved_columns:
+                assert (columns_in_any_order(catalog(empty_database_url))
+                        == columns_in_any_order(catalogs[x.version - 1])), f"down {x.name}"
+            elif x.version > 1:
                 assert catalog(empty_database_url) == catalogs[x.version - 1], f"down {x.name}"
         assert conn.execute("SELECT to_regnamespace('outbox')").fetchone()[0] is None
         assert m.migrate(conn) == [f"up {x.name}" for x in found]

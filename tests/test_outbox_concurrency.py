@@ -267,3 +267,31 @@ def test_per_key_order_holds_with_concurrent_claimers_and_failures(database_url)
             expected[key].append(row_id)
         assert c.execute("SELECT count(*) FROM outbox.events WHERE status <> 'COMPLETED'").fetchone()[0] == 0
     assert dict(published) == dict(expected), "each key published once per event, in emit order"
+
+
+def test_plans_made_over_an_empty_partition_never_scan_it_once_it_fills(database_url):
+    """A relay plans claim and mark once per session. Made while the day's
+    partition was empty (tomorrow's, at midnight), those plans must not scan
+    the partition row by row once it has filled: that was a whole-partition
+    scan at every claim (sql/30_outbox_api.sql, claim)."""
+    with psycopg.connect(database_url, autocommit=True) as relay:
+        # The session's plans, made over empty partitions.
+        assert relay.execute("SELECT count(*) FROM outbox.claim('r', 100, '1 minute')").fetchone()[0] == 0
+        relay.execute("SELECT outbox.mark_published(gen_random_uuid(), '{}')")
+        relay.execute("SELECT outbox.mark_failed(gen_random_uuid(), '{}', '{}', '{}')")
+        emit_many(database_url, 5000)
+        with relay.transaction():
+            rows = relay.execute("SELECT event_id, claim_token FROM outbox.claim('r', 100, '1 minute')").fetchall()
+            token, ids = rows[0][1], [r[0] for r in rows]
+            relay.execute("SELECT outbox.mark_published(%s, %s)", (token, ids[:50]))
+            relay.execute("SELECT outbox.mark_failed(%s, %s, %s, %s)",
+                          (token, ids[50:], ["nats down"] * 50, [datetime.now(timezone.utc)] * 50))
+            scans = dict(relay.execute(
+                "SELECT relid::regclass::text, (seq_scan, idx_scan) FROM pg_stat_xact_user_tables"
+                " WHERE schemaname = 'outbox'").fetchall())
+        day = relay.execute("SELECT DISTINCT tableoid::regclass::text FROM outbox.events WHERE event_id = ANY(%s)",
+                            (ids,)).fetchall()
+    assert len(rows) == 100 and len(day) == 1
+    seq_scans, index_scans = (int(x) for x in scans[day[0][0]])
+    assert seq_scans == 0, f"{seq_scans} sequential scans of {day[0][0]}"
+    assert index_scans > 0
