@@ -195,3 +195,23 @@ def test_archival_down_refuses_to_lose_the_audit_trail(database_url):
             m.migrate(conn, target=archival.version - 1)
         assert info.value.code == SqlState.DATA_WOULD_BE_LOST
         assert m.applied_version(conn) == archival.version, "the newer migrations went down, archival stayed"
+
+
+def test_0005_keeps_every_subject_across_up_and_down(empty_database_url):
+    """0005 turns the generated subject into a plain column written at INSERT
+    (no rewrite), and its down makes it generated again: rows emitted under
+    either version keep the subject they were emitted with."""
+    emit = "SELECT outbox.emit('order', %s, 'order_created', '{\"schema_version\": 1}', context => 'sea', event_version => %s)"
+    subjects = "SELECT aggregate_id, subject FROM outbox.events ORDER BY id"
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        m.migrate(conn, target=4)
+        conn.execute(emit, ("before", 1))
+        claimed = conn.execute("SELECT event_id, claim_token FROM outbox.claim('w', 1, '1 minute')").fetchone()
+        m.migrate(conn, target=5)
+        conn.execute(emit, ("after", 2))
+        conn.execute("SELECT outbox.mark_published(%s, %s)", (claimed[1], [claimed[0]]))
+        expected = [("before", "sea.event.order_created.v1"), ("after", "sea.event.order_created.v2")]
+        assert conn.execute(subjects).fetchall() == expected
+        m.migrate(conn, target=4)
+        assert conn.execute(subjects).fetchall() == expected
+        assert conn.execute("SELECT count(*) FROM outbox.events WHERE status = 'COMPLETED'").fetchone()[0] == 1
