@@ -163,6 +163,7 @@ BEGIN
             -- row; with room on its page it stays there, logged as a diff
             -- against the old one (a third less WAL, and a quarter less heap
             -- after the drain, measured), and pruning frees the dead ones.
+            -- The price: a backlog waiting unclaimed takes twice the pages.
             || ' WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,'
             || ' autovacuum_vacuum_cost_delay = 0, fillfactor = 50)',
             part, lo, hi
