@@ -15,7 +15,7 @@ synchronous_commit on) and nats-server (file storage) started on free ports
 under a temporary folder, and stopped (by PID) at the end. The relay runs as
 a real subprocess (`python -m pgoutbox.cli relay`), as in production.
 
-    .venv/bin/python bench/relay_bench.py [--events 100000] [--rates 500,2000]
+    .venv/bin/python bench/relay_bench.py [--events 100000] [--rates 500,2000] [--notify-throttle 2ms]
 """
 
 from __future__ import annotations
@@ -292,6 +292,7 @@ def main() -> int:
     ap.add_argument("--emit-sync", choices=("on", "off"), default="on",
                     help="synchronous_commit of the latency runs' emitting sessions")
     ap.add_argument("--parts", default="abcd", help="a+b: publish and drain rates; c: latency; d always")
+    ap.add_argument("--notify-throttle", help="pgoutbox.notify_throttle for the run (default: the schema's, 5ms)")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-bench-"))
@@ -305,6 +306,9 @@ def main() -> int:
         ns.start()
         with psycopg.connect(pg.url, autocommit=True) as conn:
             migrate.migrate(conn)
+            if args.notify_throttle:  # read by the emitters' trigger and by the relay at start-up
+                conn.execute(f"ALTER DATABASE postgres SET pgoutbox.notify_throttle = '{args.notify_throttle}'")
+                print(f"pgoutbox.notify_throttle = {args.notify_throttle}")
         specs = [streams.StreamSpec(CONTEXT, "BENCH_EVENTS", (f"{CONTEXT}.event.>",), "limits", "file",
                                     1, 0, -1, 120)]
 
