@@ -307,7 +307,8 @@ def main() -> int:
         with psycopg.connect(pg.url, autocommit=True) as conn:
             migrate.migrate(conn)
             if args.notify_throttle:  # read by the emitters' trigger and by the relay at start-up
-                conn.execute(f"ALTER DATABASE postgres SET pgoutbox.notify_throttle = '{args.notify_throttle}'")
+                conn.execute(psycopg.sql.SQL("ALTER DATABASE postgres SET pgoutbox.notify_throttle = {}").format(
+                    psycopg.sql.Literal(args.notify_throttle)))
                 print(f"pgoutbox.notify_throttle = {args.notify_throttle}")
         specs = [streams.StreamSpec(CONTEXT, "BENCH_EVENTS", (f"{CONTEXT}.event.>",), "limits", "file",
                                     1, 0, -1, 120)]

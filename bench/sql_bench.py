@@ -114,14 +114,22 @@ def spread(xs: list[float]) -> str:
     return f"{median:+.1%} [{q1:+.0%}, {q3:+.0%}]"
 
 
+def new_database(server_url: str, name: str, template: str = "template1", migrated: bool = False) -> str:
+    """(Re)creates database `name` from `template`; returns its URL."""
+    with psycopg.connect(server_url, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name}")
+        c.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    if migrated:
+        with psycopg.connect(url, autocommit=True) as c:
+            migrate.migrate(c)
+    return url
+
+
 def create_variant(server_url: str, variant: str) -> str:
     """A database of its own per variant, migrated, with its wake-up set up."""
-    name = "bench_" + variant.replace("-", "_").replace(" ", "_").lower()
-    with psycopg.connect(server_url, autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {name}")
-    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    url = new_database(server_url, "bench_" + variant.replace("-", "_").replace(" ", "_").lower(), migrated=True)
     with psycopg.connect(url, autocommit=True) as c:
-        migrate.migrate(c)
         if variant != "throttled":
             c.execute("ALTER TABLE outbox.events DISABLE TRIGGER _900_wakeup")
         if variant == "per-row NOTIFY":
@@ -192,12 +200,8 @@ def fresh_drain_databases(server_url: str, backlog: int) -> dict[str, str]:
     """Both sides of a drain round start alike: a database of their own,
     created for the round, holding exactly the backlog (the outbox's from
     the migrated template drain_template)."""
-    urls = {}
-    for side, template in (("bare", "template1"), ("outbox", "drain_template")):
-        with psycopg.connect(server_url, autocommit=True) as c:
-            c.execute(f"DROP DATABASE IF EXISTS drain_{side}")
-            c.execute(f"CREATE DATABASE drain_{side} TEMPLATE {template}")
-        urls[side] = psycopg.conninfo.make_conninfo(server_url, dbname=f"drain_{side}")
+    urls = {side: new_database(server_url, f"drain_{side}", template)
+            for side, template in (("bare", "template1"), ("outbox", "drain_template"))}
     with psycopg.connect(urls["outbox"], autocommit=True) as c:
         c.execute(
             "SELECT outbox.emit('order', g::text, 'order_created', %s::jsonb, context => 'sea')"
@@ -256,11 +260,7 @@ def main() -> None:
         if "drain" in parts:
             print(f"\n2. drain a {args.backlog:,}-event backlog, batch {args.batch}, events/s; median of"
                   f" {args.drain_rounds} rounds [each round's ratio]")
-            with psycopg.connect(server, autocommit=True) as c:
-                c.execute("CREATE DATABASE drain_template")
-            with psycopg.connect(psycopg.conninfo.make_conninfo(server, dbname="drain_template"),
-                                 autocommit=True) as c:
-                migrate.migrate(c)
+            new_database(server, "drain_template", migrated=True)
 
             def whole_drains(r: int, urls: dict[str, str]) -> dict[str, float]:
                 """The comparison the target is set for: each loop on its own, a

@@ -286,12 +286,12 @@ def test_plans_made_over_an_empty_partition_never_scan_it_once_it_fills(database
             relay.execute("SELECT outbox.mark_published(%s, %s)", (token, ids[:50]))
             relay.execute("SELECT outbox.mark_failed(%s, %s, %s, %s)",
                           (token, ids[50:], ["nats down"] * 50, [datetime.now(timezone.utc)] * 50))
-            scans = dict(relay.execute(
-                "SELECT relid::regclass::text, (seq_scan, idx_scan) FROM pg_stat_xact_user_tables"
-                " WHERE schemaname = 'outbox'").fetchall())
+            scans = {name: (seq, idx) for name, seq, idx in relay.execute(
+                "SELECT relid::regclass::text, seq_scan, idx_scan FROM pg_stat_xact_user_tables"
+                " WHERE schemaname = 'outbox'")}
         day = relay.execute("SELECT DISTINCT tableoid::regclass::text FROM outbox.events WHERE event_id = ANY(%s)",
                             (ids,)).fetchall()
     assert len(rows) == 100 and len(day) == 1
-    seq_scans, index_scans = (int(x) for x in scans[day[0][0]])
+    seq_scans, index_scans = scans[day[0][0]]
     assert seq_scans == 0, f"{seq_scans} sequential scans of {day[0][0]}"
     assert index_scans > 0
