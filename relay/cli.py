@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgOutboxError as exc:
         code = f" [{exc.code}]" if exc.code else ""
         print(f"pgoutbox {mod.COMMAND}: {type(exc).__name__}{code}: {exc}", file=sys.stderr)
-        return 2
+        return int(exc.exit_code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -48,10 +48,21 @@ class SqlState(enum.StrEnum):
     DATA_WOULD_BE_LOST = "OB091"
 
 
+class ExitCode(enum.IntEnum):
+    """What every `pgoutbox` command exits with (the README lists them)."""
+
+    OK = 0
+    FAILED = 1  # the command ran and reports a failure of what it was asked to do
+    USAGE = 2  # a bad flag, setting or argument, or a request the database refused
+    DATABASE = 3  # PostgreSQL unreachable, login refused, database missing, schema version not supported
+    BROKER = 4  # NATS unreachable or refused the connection
+
+
 class PgOutboxError(Exception):
     """pgoutbox error."""
 
     code: SqlState | None = None
+    exit_code: ExitCode = ExitCode.USAGE
 
     def __init__(self, message: str | None = None, *, code: SqlState | None = None):
         super().__init__(message or self.__doc__)
@@ -100,13 +111,23 @@ class MigrationError(PgOutboxError):
 class SchemaMismatch(PgOutboxError):
     """The database schema is not the version this code was built for."""
 
+    exit_code = ExitCode.DATABASE
+
+
+class DatabaseUnavailable(PgOutboxError):
+    """PostgreSQL could not be reached or refused the connection; may be retried after a pause."""
+
+    exit_code = ExitCode.DATABASE
+
 
 class ConfigError(PgOutboxError):
     """The configuration is invalid."""
 
 
 class BrokerUnavailable(PgOutboxError):
-    """NATS could not be reached."""
+    """NATS could not be reached or refused the connection."""
+
+    exit_code = ExitCode.BROKER
 
 
 _CLASSES: dict[SqlState, type[PgOutboxError]] = {

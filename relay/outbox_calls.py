@@ -18,7 +18,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.string import TextLoader
 
 from . import db
-from .errors import wrap_exceptions
+from .errors import DatabaseUnavailable, wrap_exceptions
 
 log = logging.getLogger("pgoutbox.db")
 
@@ -38,10 +38,6 @@ def _log_warning(diag) -> None:
     """PostgreSQL's RAISE WARNING (e.g. from create_partitions) into our logs."""
     if diag.severity_nonlocalized == "WARNING":
         log.warning("PostgreSQL: %s", diag.message_primary, extra={"action": "db_warning", "hint": diag.message_hint})
-
-
-class DatabaseUnavailable(Exception):
-    """PostgreSQL could not be reached; the call may be retried after a pause."""
 
 
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)

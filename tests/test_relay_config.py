@@ -191,7 +191,7 @@ def test_streams_command_applies_the_file(nats_server, tmp_path, capsys):
     assert cli.main(["streams", "--nats-url", nats_server.url]) == 2
     assert "OUTBOX_STREAMS_FILE (or --streams-file) is required" in capsys.readouterr().err
     port = free_port()
-    assert cli.main(["streams", "--streams-file", str(path), "--nats-url", f"nats://127.0.0.1:{port}"]) == 2
+    assert cli.main(["streams", "--streams-file", str(path), "--nats-url", f"nats://127.0.0.1:{port}"]) == 4  # ExitCode.BROKER
     assert "BrokerUnavailable" in capsys.readouterr().err
 
 
@@ -216,7 +216,7 @@ def test_relay_refuses_an_unknown_schema_version(database_url, nats_server, caps
         conn.execute("INSERT INTO outbox.schema_migrations (version, name) VALUES (99, '0099_future')")
     code = cli.main(["relay", "--database-url", database_url, "--nats-url", nats_server.url,
                      "--http-port", "0"])
-    assert code == 2
+    assert code == 3  # ExitCode.DATABASE
     assert "SchemaMismatch: database schema is at version 99" in capsys.readouterr().err
 
 
