@@ -6,11 +6,32 @@ from __future__ import annotations
 import psycopg
 
 from . import SCHEMA_VERSION
-from .errors import SchemaMismatch
+from .errors import DatabaseUnavailable, SchemaMismatch
 
 
 def conninfo(database_url: str | None) -> str:
     return database_url or ""
+
+
+def describe(database_url: str | None) -> str:
+    """Where a conninfo points, for messages: host, port and database, never the password."""
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(conninfo(database_url))
+    except psycopg.ProgrammingError:
+        return "(unparsable OUTBOX_DATABASE_URL)"
+    where = f"{parts.get('host') or '(libpq default host)'}:{parts.get('port') or '(default port)'}"
+    return f"{where} database {parts.get('dbname') or '(default)'}"
+
+
+def unavailable(exc: psycopg.Error, database_url: str | None) -> DatabaseUnavailable:
+    """One line for a connection that failed: where, which setting, and libpq's reason.
+
+    libpq gives connection failures no SQLSTATE, so the reason is shown, never matched on."""
+    reason = " / ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    reason = reason.removeprefix("connection failed: ")
+    return DatabaseUnavailable(
+        f"cannot connect to PostgreSQL at {describe(database_url)} (OUTBOX_DATABASE_URL or PG*): {reason}"
+    )
 
 
 def connect(database_url: str | None, *, autocommit: bool = True, **kwargs) -> psycopg.Connection:
