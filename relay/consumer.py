@@ -88,8 +88,9 @@ def nats_servers(url: str) -> list[str]:
 
 
 def nats_where(url: str) -> str:
-    """The servers of OUTBOX_NATS_URL for messages, without credentials."""
-    return ",".join(s.rpartition("@")[2] for s in nats_servers(url))
+    """The servers of OUTBOX_NATS_URL for messages: host:port, never credentials."""
+    return ",".join(s.partition("://")[2].rpartition("@")[2] if "://" in s else s.rpartition("@")[2]
+                    for s in nats_servers(url))
 
 
 async def until_stopped(aw, stopping: asyncio.Event) -> bool:
@@ -132,7 +133,9 @@ async def connect_nats(url: str, name: str, *, retry: bool = True, closed_cb=Non
     try:
         nc = await nats.connect(
             servers=nats_servers(url), name=name,
-            max_reconnect_attempts=-1 if retry else 0,  # -1 also retries the first connect
+            # -1 also retries the first connect; nats-py's 0 would too (it only drops a
+            # server after more than max_reconnect_attempts failures): 1 is two attempts.
+            max_reconnect_attempts=-1 if retry else 1,
             allow_reconnect=retry, reconnect_time_wait=1, connect_timeout=2,
             error_cb=error, disconnected_cb=disconnected, reconnected_cb=reconnected, closed_cb=closed_cb,
         )

@@ -43,7 +43,7 @@ from .backoff import Backoff
 from .consumer_metrics import ConsumerMetrics
 from .consumer_settings import HandlerRuntime
 from .envelope import InvalidMessage
-from .errors import PolicyViolation, SqlState
+from .errors import IllegalTransition, PolicyViolation, SqlState
 from .publisher import PublishError
 from .handler_client import HandlerAnswer, HandlerClient
 from .handler_contract import Action, decide
@@ -95,6 +95,18 @@ def _consumed_by(envelope: dict[str, Any], h: HandlerRuntime) -> None:
     subjects are taken (the event durable's filter guarantees it for the rest)."""
     if envelope["subject"] not in h.spec.subjects:
         raise InvalidMessage(f"subject {envelope['subject']!r} is not one handler {h.name} consumes")
+
+
+async def _settles(call) -> bool:
+    """Awaits an inbox move; False when the row was no longer RECEIVED/FAILED
+    (ILLEGAL_TRANSITION): another delivery of the same message settled it."""
+    try:
+        await call
+    except IllegalTransition as exc:
+        if exc.code is not SqlState.ILLEGAL_TRANSITION:
+            raise
+        return False
+    return True
 
 
 class MessageFlow:
@@ -157,8 +169,8 @@ class MessageFlow:
         reason = f"max_deliver ({deliveries}) reached without an outcome (consumer stopped or lost PostgreSQL/NATS)"
         if row["last_error"]:
             reason += f"; last error: {row['last_error']}"
-        await self._dead_letter(None, h, envelope, row, reason, True, _origin(raw))
-        return "dead_lettered"
+        return "dead_lettered" if await self._dead_letter(None, h, envelope, row, reason, True, _origin(raw)) \
+            else "duplicate"
 
     async def _process(self, msg, h: HandlerRuntime, envelope: dict[str, Any], delivery: int) -> str:
         message_id = envelope["message_id"]
@@ -176,12 +188,14 @@ class MessageFlow:
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         action = decide(answer)
         if action is Action.PROCESSED:
-            await self.inbox.mark_processed(message_id, h.name)
+            if not await _settles(self.inbox.mark_processed(message_id, h.name)):
+                return await self._settled_elsewhere(msg, h, message_id)
             await msg.ack()
             return "processed"
         last = delivery >= h.max_deliver
         if action is Action.RETRY and not last:
-            await self.inbox.record_error(message_id, h.name, answer.summary)
+            if not await _settles(self.inbox.record_error(message_id, h.name, answer.summary)):
+                return await self._settled_elsewhere(msg, h, message_id)
             delay = self._retry_delay(answer, delivery)
             await msg.nak(delay=delay)
             log.info("handler failed; redelivery scheduled", extra={
@@ -192,8 +206,18 @@ class MessageFlow:
         reason = answer.summary if action is Action.DEAD_LETTER else (
             f"max_deliver ({h.max_deliver}) reached; last answer: {answer.summary}"
         )
-        await self._dead_letter(msg, h, envelope, row, reason, last, _origin(msg))
+        if not await self._dead_letter(msg, h, envelope, row, reason, last, _origin(msg)):
+            return await self._settled_elsewhere(msg, h, message_id)
         return "dead_lettered"
+
+    async def _settled_elsewhere(self, msg, h: HandlerRuntime, message_id: str) -> str:
+        """Another delivery of the same message id (a redelivery while this one
+        ran, or the same id published twice) settled the row first: its outcome stands."""
+        await msg.ack()
+        log.warning("another delivery settled this message first; its outcome stands", extra={
+            "handler": h.name, "message_id": message_id,
+        })
+        return "duplicate"
 
     def _retry_delay(self, answer: HandlerAnswer, delivery: int) -> float:
         if answer.retry_after is not None:
@@ -203,7 +227,9 @@ class MessageFlow:
     async def _dead_letter(
         self, msg, h: HandlerRuntime, envelope: dict[str, Any], row: dict[str, Any], reason: str, last: bool,
         origin: tuple[str | None, int | None],
-    ) -> None:
+    ) -> bool:
+        """Publishes the notice, records the dead letter, acks; False when
+        another delivery settled the row first (nothing recorded or acked)."""
         meta = row["dlq_metadata"] or {}
         replays = int(meta.get("replay_attempts") or 0)
         replay_after = self.replay_backoff.delay(replays + 1) if replays < h.replay_max_attempts else None
@@ -221,13 +247,16 @@ class MessageFlow:
 
         subject, problem = await self._publish_notice(build, persist=last)
         recorded = reason if problem is None else f"{UNPUBLISHABLE}: {problem}; {reason}"
-        await self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after)
+        if not await _settles(self.inbox.record_error(message_id, h.name, recorded, dead=True,
+                                                      replay_after=replay_after)):
+            return False
         if msg is not None:
             await msg.ack()
         log.warning("dead-lettered", extra={
             "handler": h.name, "message_id": message_id, "reason": recorded, "dlq_subject": subject,
             "replay_in": None if replay_after is None else round(replay_after, 3),
         })
+        return True
 
     async def _publish_notice(self, build, *, persist: bool) -> tuple[str | None, str | None]:
         """Publishes the notice build(copy) makes: the original copied when it
