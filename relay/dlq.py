@@ -3,8 +3,9 @@
 stream captures them) holding two kinds of messages:
 
     {context}.dlq.dead.{handler}.{event_type}.v{n}   MessageDeadLettered notices
-    {context}.dlq.dead.{handler}.invalid             unreadable messages (no usable
-                                                     Nats-Msg-Id, body not JSON)
+    {context}.dlq.dead.{handler}.invalid             messages refused before the inbox
+                                                     (envelope.InvalidMessage: id, subject,
+                                                     header or body at fault)
     {context}.dlq.replay.{handler}                   replays of a dead letter to its
                                                      one handler (its own durable)
 
@@ -12,6 +13,11 @@ Notices are deduplicated by message id: Nats-Msg-Id is
 `{message_id}:dead:{handler}:{n}` with n the dead-letter count, so a consumer
 that dies after publishing and before recording the dead letter publishes
 the same notice again, and JetStream drops it.
+
+Every notice fits under the server's max_payload: when copying the original
+(envelope, or raw message) would not, the notice carries only its stream
+and stream sequence. publish() tells a refusal that can never clear
+(DlqRefused) from one that may.
 
 A replay carries the original event exactly as the relay published it (see
 envelope.py), except the subject and `Nats-Msg-Id =
