@@ -29,8 +29,8 @@ from consumer_helpers import (
     FakeHandler, GatedProxy, add_stream, consumer_config, dlq_messages, event, inbox_row, jetstream, publish,
     running_consumer, until, write_registry,
 )
+from pgoutbox import cli, migrate
 from pgoutbox import envelope as wire
-from pgoutbox import migrate
 from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from pgoutbox.publisher import message_size
 
@@ -125,7 +125,6 @@ async def test_a_422_for_a_payload_just_under_max_payload_gets_a_notice_that_fit
             original = await js.get_msg("SEA_EVENTS", 1)
             # An operator's redrive is refused the same way, with the same code.
             db = ["--database-url", database_url]
-            from pgoutbox import cli
             assert await asyncio.to_thread(cli.main, ["redrive", H, big["event_id"], "--reason", "try", *db]) == 0
             await until(lambda: (_row(database_url, big["event_id"])["dlq_metadata"] or {}).get("redrives") == 1
                         and _row(database_url, big["event_id"])["status"] == "DEAD_LETTER", 10)
@@ -354,7 +353,8 @@ async def test_a_replay_whose_original_subject_does_not_parse_or_is_not_the_hand
                     headers["Pgoutbox-Original-Subject"] = original
                 await js.publish(f"sea.dlq.replay.{H}", b'{"n": 1}', headers=headers)
             await until(lambda: consumer.metrics.value(H, "invalid") == len(originals), 10)
-            reasons = [json.loads(m.data)["reason"] for m in await dlq_messages(js, subject=f"sea.dlq.dead.{H}.invalid")]
+            notices = await dlq_messages(js, subject=f"sea.dlq.dead.{H}.invalid")
+    reasons = [json.loads(m.data)["reason"] for m in notices]
     assert handler.calls == []
     assert reasons == [
         "INVALID_MESSAGE [OB020]: subject 'sea.event.order created.v1' is not {context}.event.{event_type}.v{version}",
