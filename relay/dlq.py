@@ -3,8 +3,9 @@
 stream captures them) holding two kinds of messages:
 
     {context}.dlq.dead.{handler}.{event_type}.v{n}   MessageDeadLettered notices
-    {context}.dlq.dead.{handler}.invalid             unreadable messages (no usable
-                                                     Nats-Msg-Id, body not JSON)
+    {context}.dlq.dead.{handler}.invalid             messages refused before the inbox
+                                                     (envelope.InvalidMessage: id, subject,
+                                                     header or body at fault)
     {context}.dlq.replay.{handler}                   replays of a dead letter to its
                                                      one handler (its own durable)
 
@@ -12,6 +13,11 @@ Notices are deduplicated by message id: Nats-Msg-Id is
 `{message_id}:dead:{handler}:{n}` with n the dead-letter count, so a consumer
 that dies after publishing and before recording the dead letter publishes
 the same notice again, and JetStream drops it.
+
+Every notice fits under the server's max_payload: when copying the original
+(envelope, or raw message) would not, the notice carries only its stream
+and stream sequence. publish() tells a refusal that can never clear
+(DlqRefused) from one that may.
 
 A replay carries the original event exactly as the relay published it (see
 envelope.py), except the subject and `Nats-Msg-Id =
@@ -29,14 +35,18 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from . import envelope as wire
+from .publisher import PublishError, message_size
 from .errors import ConfigError
 
 ORIGINAL_SUBJECT = "Pgoutbox-Original-Subject"
 HANDLER = "Pgoutbox-Handler"
+# Of a notice that could not copy the original: the reason is ours, but may quote a handler.
+_REASON_KEPT = 2000
 _REPLAY = re.compile(r"^[A-Za-z0-9_-]+\.dlq\.replay\.[A-Za-z0-9_-]+$")
 
 
@@ -66,10 +76,23 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+class NoticeTooLarge(Exception):
+    """Not even the reference-only notice fits under the server's max_payload."""
+
+
+def _fits(body: bytes, headers: Mapping[str, str], max_payload: int | None) -> bool:
+    return max_payload is None or message_size(body, headers) <= max_payload
+
+
 def _notice(
     *, context: str, handler: str, msg_id: str, original_subject: str, reason: str,
-    envelope: Mapping[str, Any] | None, fields: dict[str, Any],
+    envelope: Mapping[str, Any] | None, fields: dict[str, Any], copied: str, max_payload: int | None,
+    copy: bool,
 ) -> tuple[str, bytes, dict[str, str]]:
+    """The notice with the original copied into field `copied` when asked and
+    it fits under max_payload, else the same notice with `copied` null and a
+    `{copied}_omitted` note: stream and stream_sequence then are the way to
+    the original. NoticeTooLarge when not even that fits."""
     body = {
         "type": "MessageDeadLettered",
         "handler": handler,
@@ -79,8 +102,27 @@ def _notice(
         **fields,
     }
     headers = {wire.MSG_ID: msg_id, HANDLER: handler, ORIGINAL_SUBJECT: original_subject}
-    headers.update({k: v for k, v in ((envelope or {}).get("trace") or {}).items() if isinstance(v, str)})
-    return dead_subject(context, handler, envelope), json.dumps(body, default=str).encode(), headers
+    subject = dead_subject(context, handler, envelope)
+    full_headers = {**headers, **{k: v for k, v in ((envelope or {}).get("trace") or {}).items()
+                                  if isinstance(v, str)}}
+    data = json.dumps(body, default=str).encode()
+    if copy and _fits(data, full_headers, max_payload):
+        return subject, data, full_headers
+    why = (f"the notice would take {message_size(data, full_headers)} bytes, over the server's max_payload of "
+           f"{max_payload}" if copy else "JetStream refused the notice that copied it as too large")
+    body[copied] = None
+    body[f"{copied}_omitted"] = (
+        f"{copied} not copied: {why}; read the original at stream_sequence {body.get('stream_sequence')} "
+        f"of stream {body.get('stream')}"
+    )
+    body["reason"] = reason[:_REASON_KEPT]
+    data = json.dumps(body, default=str).encode()
+    if _fits(data, headers, max_payload):
+        return subject, data, headers
+    raise NoticeTooLarge(
+        f"even the reference-only notice takes {message_size(data, headers)} bytes, over the server's "
+        f"max_payload of {max_payload}"
+    )
 
 
 def notice(
@@ -95,17 +137,26 @@ def notice(
     replay_attempts: int,
     next_replay_in: float | None,
     envelope: Mapping[str, Any] | None,
+    stream: str | None = None,
+    stream_sequence: int | None = None,
+    max_payload: int | None = None,
+    copy: bool = True,
 ) -> tuple[str, bytes, dict[str, str]]:
-    """A MessageDeadLettered notice (subject, body, headers)."""
+    """A MessageDeadLettered notice (subject, body, headers) that fits under
+    max_payload: with the envelope, or referencing the original by stream and
+    stream sequence when the envelope does not fit."""
     return _notice(
         context=context, handler=handler, msg_id=f"{message_id}:dead:{handler}:{dead_letters}",
-        original_subject=original_subject, reason=reason, envelope=envelope,
+        original_subject=original_subject, reason=reason, envelope=envelope, copied="envelope",
+        max_payload=max_payload, copy=copy,
         fields={
             "message_id": message_id,
             "attempts": attempts,
             "dead_letters": dead_letters,
             "replay_attempts": replay_attempts,
             "next_replay_in_seconds": next_replay_in,
+            "stream": stream,
+            "stream_sequence": stream_sequence,
             "envelope": dict(envelope) if envelope is not None else None,
         },
     )
@@ -113,17 +164,19 @@ def notice(
 
 def unreadable_notice(
     *, context: str, handler: str, stream: str, sequence: int, subject: str,
-    body: bytes, headers: Mapping[str, str] | None, reason: str,
+    body: bytes, headers: Mapping[str, str] | None, reason: str, max_payload: int | None = None,
+    copy: bool = True,
 ) -> tuple[str, bytes, dict[str, str]]:
-    """A notice for a message that cannot enter the inbox, with its raw content."""
+    """A notice for a message that cannot enter the inbox, with its raw
+    content when that fits under max_payload."""
     return _notice(
         context=context, handler=handler, msg_id=f"invalid:{stream}:{sequence}:{handler}",
-        original_subject=subject, reason=reason, envelope=None,
+        original_subject=subject, reason=reason, envelope=None, copied="raw", max_payload=max_payload, copy=copy,
         fields={
             "message_id": None,
             "stream": stream,
             "stream_sequence": sequence,
-            "raw": {"headers": dict(headers or {}), "body": body.decode("utf-8", errors="replace")},
+            "raw": {"headers": dict(headers or {}), "body": bytes(body).decode("utf-8", errors="replace")},
         },
     )
 
@@ -142,16 +195,50 @@ def replay_message(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
 
 
 def envelope_from(subject: str, body: bytes, headers: Mapping[str, str] | None) -> dict[str, Any]:
-    """The REQ-058 envelope of a delivered message, original or replay.
-    ValueError when it has no usable Nats-Msg-Id or its body is not JSON."""
+    """The REQ-058 envelope of a delivered message, original or replay;
+    envelope.InvalidMessage naming the header, subject or body at fault."""
     if not is_replay(subject):
         return wire.from_nats(subject, body, headers)
     headers = dict(headers or {})
     original = headers.get(ORIGINAL_SUBJECT)
     if not original:
-        raise ValueError(f"replay message has no {ORIGINAL_SUBJECT} header")
+        raise wire.InvalidMessage(f"header {ORIGINAL_SUBJECT} is missing on a replay")
     headers[wire.MSG_ID] = (headers.get(wire.MSG_ID) or "").split(":", 1)[0]
     return wire.from_nats(original, body, headers)
+
+
+class DlqRefused(Exception):
+    """A DLQ publish that can never succeed: retrying it would only repeat the refusal."""
+
+    def __init__(self, code: PublishError, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+
+
+# JetStream refusals that do not clear by themselves: the message exceeds the
+# stream's max_msg_size; the stream is gone.
+_PERMANENT_JS_ERRORS = frozenset({10054, 10059})
+
+
+async def publish(js, subject: str, body: bytes, headers: dict[str, str]) -> None:
+    """Publishes one DLQ message; DlqRefused when the refusal is permanent
+    (too large, no stream captures the subject, a permanent JetStream error),
+    anything else (timeouts, lost connection) propagates as it is."""
+    try:
+        await js.publish(subject, body, headers=headers)
+    except nats.errors.MaxPayloadError:
+        raise DlqRefused(PublishError.MAX_PAYLOAD, f"{len(body)} bytes exceed the server's max_payload") from None
+    except nats.js.errors.NoStreamResponseError:
+        try:  # a JetStream that is starting answers no-responders too: ask it
+            await js.find_stream_name_by_subject(subject)
+        except nats.js.errors.NotFoundError:
+            raise DlqRefused(PublishError.NO_STREAM, f"no JetStream stream captures {subject}") from None
+        raise
+    except nats.js.errors.APIError as exc:
+        if exc.err_code in _PERMANENT_JS_ERRORS:
+            code = PublishError.MAX_PAYLOAD if exc.err_code == 10054 else PublishError.NO_STREAM
+            raise DlqRefused(code, f"JetStream [{exc.err_code}] {exc.description}") from None
+        raise
 
 
 async def ensure_stream(js, context: str, *, max_age: float, duplicate_window: float) -> str:

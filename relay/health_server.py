@@ -2,6 +2,9 @@
 
     GET /metrics   Prometheus text format (the worker's own CollectorRegistry)
     GET /healthz   200 while the event loop is alive (it ticks every second)
+                   and the worker's liveness check, if any, reports no problem
+                   (the consumer: its NATS connection is not closed and its
+                   fetch loops run); 503 with the reasons otherwise
     GET /readyz    200 when the worker's readiness check reports no problem;
                    503 with the reasons otherwise
 """
@@ -22,9 +25,11 @@ class HealthServer:
     """/metrics, /healthz, /readyz on a daemon thread (port 0: any free port)."""
 
     def __init__(self, host: str, port: int, metrics,
-                 readiness: Callable[[], list[str]], liveness_timeout: float = 30.0):
+                 readiness: Callable[[], list[str]], liveness_timeout: float = 30.0,
+                 liveness: Callable[[], list[str]] | None = None):
         self.metrics = metrics
         self.readiness = readiness
+        self.liveness = liveness
         self.liveness_timeout = liveness_timeout
         self.last_tick = time.monotonic()
         server_self = self
@@ -35,8 +40,11 @@ class HealthServer:
                     self._send(200, generate_latest(server_self.metrics.registry), CONTENT_TYPE_LATEST)
                 elif self.path == "/healthz":
                     age = time.monotonic() - server_self.last_tick
-                    ok = age < server_self.liveness_timeout
-                    self._json(200 if ok else 503, {"alive": ok, "loop_tick_age_seconds": round(age, 3)})
+                    problems = [] if age < server_self.liveness_timeout else [f"event loop stalled for {age:.0f}s"]
+                    problems += server_self.liveness() if server_self.liveness else []
+                    self._json(200 if not problems else 503, {
+                        "alive": not problems, "loop_tick_age_seconds": round(age, 3), "problems": problems,
+                    })
                 elif self.path == "/readyz":
                     problems = server_self.readiness()
                     self._json(503 if problems else 200, {"ready": not problems, "problems": problems})

@@ -19,6 +19,22 @@ from . import db
 from .errors import wrap_exceptions
 
 
+CONNECT_TIMEOUT = 5  # seconds
+
+
+class ClaimedReplays(list):
+    """The rows inbox.claim_replays() moved to RECEIVED, and the connection of
+    the transaction that claimed them (to park a row that cannot be replayed)."""
+
+    def __init__(self, rows: list[dict[str, Any]], conn: psycopg.AsyncConnection):
+        super().__init__(rows)
+        self.conn = conn
+
+    async def park(self, row: dict[str, Any], error: str) -> None:
+        """Back to DEAD_LETTER, without a next replay, in the claiming transaction."""
+        await record_error(self.conn, str(row["message_id"]), row["handler"], error, dead=True)
+
+
 class ConnectionPool:
     """A fixed number of async connections, opened lazily; a broken one is
     dropped and replaced on the next use, so a database restart costs the
@@ -36,7 +52,8 @@ class ConnectionPool:
         conn = await self._idle.get()
         try:
             if conn is None or conn.closed or conn.broken:
-                conn = await db.aconnect(self._url)
+                # A bounded connect: an unreachable host must fail the call, not hang it.
+                conn = await db.aconnect(self._url, connect_timeout=CONNECT_TIMEOUT)
                 self._open.add(conn)
             yield conn
         except BaseException:
@@ -112,7 +129,7 @@ class Inbox:
             return (await _one(conn, "SELECT outbox.schema_version() AS v", ()))["v"]
 
     @contextlib.asynccontextmanager
-    async def claimed_replays(self, worker: str, batch_size: int) -> AsyncIterator[list[dict[str, Any]]]:
+    async def claimed_replays(self, worker: str, batch_size: int) -> AsyncIterator[ClaimedReplays]:
         """Due replays, moved to RECEIVED in a transaction that commits when
         the block exits normally (after the caller re-published them) and
         rolls back otherwise (see inbox.claim_replays)."""
@@ -121,4 +138,4 @@ class Inbox:
                 with wrap_exceptions():
                     await cur.execute("SELECT * FROM inbox.claim_replays(%s, %s)", (worker, batch_size))
                     rows = await cur.fetchall()
-                yield rows
+                yield ClaimedReplays(rows, conn)

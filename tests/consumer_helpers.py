@@ -220,3 +220,50 @@ async def dlq_messages(js, context: str = "sea", subject: str | None = None) -> 
         if subject is None or msg.subject.startswith(subject):
             found.append(msg)
     return found
+
+
+class GatedProxy:
+    """A TCP proxy in front of nats-server whose gate can be shut: existing
+    connections keep flowing, new ones are closed at once (a server that
+    cannot be reached for a while, without touching the connections in use)."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.open = threading.Event()
+        self.open.set()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self.open.is_set():
+                client.close()
+                continue
+            server = socket.create_connection(self.upstream)
+            self._sockets += [client, server]
+            for source, target in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, target):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._listener.close()
+        for s in self._sockets:
+            s.close()

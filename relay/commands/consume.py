@@ -18,13 +18,18 @@ SETTINGS = (
 )
 
 
-async def serve(consumer: Consumer) -> None:
-    """Runs until SIGTERM or SIGINT, then drains (see consumer.py)."""
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set, from now on (start-up included)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await consumer.run(stop)
+    return stop
+
+
+async def serve(consumer: Consumer) -> None:
+    """Runs until SIGTERM or SIGINT, then drains (see consumer.py)."""
+    await consumer.run(stop_on_signals())
 
 
 def run(cfg, args) -> int:

@@ -1,17 +1,20 @@
-"""pgoutbox replay: run the replayer on its own (the consumer also runs it)."""
+"""pgoutbox replay: run the replayer on its own (the consumer also runs it).
+
+Like `consume`, it waits for NATS and PostgreSQL when they are unreachable
+and stops on SIGTERM/SIGINT at any moment; with --once (a cron job) an
+unreachable server is one line and exit code 3 (PostgreSQL) or 4 (NATS)."""
 
 from __future__ import annotations
 
 import asyncio
-import signal
-
-import nats
 
 from .. import consumer_settings as cs
-from .. import db, json_logs, settings
+from .. import json_logs, settings
+from ..consumer import check_schema, connect_nats, until_stopped
 from ..consumer_metrics import ConsumerMetrics
 from ..inbox_store import ConnectionPool, Inbox
 from ..replayer import Replayer
+from .consume import stop_on_signals
 
 COMMAND = "replay"
 HELP = ("Re-publish due dead letters to their handler's replay subject (automated replay and "
@@ -25,30 +28,39 @@ def add_arguments(parser) -> None:
     parser.add_argument("--once", action="store_true", help="one pass, print how many were re-published, exit")
 
 
-async def _main(cfg, once: bool) -> int:
-    nc = await nats.connect(servers=[u.strip() for u in cfg.nats_url.split(",")], name="pgoutbox-replayer")
-    pool = ConnectionPool(cfg.database_url, 1)
-    try:
-        inbox = Inbox(pool)
-        db.check_schema_version(await inbox.schema_version())
-        replayer = Replayer(
-            inbox=inbox, js=nc.jetstream(), metrics=ConsumerMetrics(), worker=cs.worker_name(cfg),
-            batch_size=cfg.replay_batch_size, poll_interval=cfg.replay_poll_interval,
-            dlq_max_age=cfg.dlq_max_age, dlq_duplicate_window=cfg.dlq_duplicate_window,
-        )
-        if once:
-            total = 0
-            while (done := await replayer.run_once()) > 0:
-                total += done
-            print(f"re-published {total} dead letter(s)")
-            return 0
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await replayer.run(stop)
+async def _replay(cfg, once: bool, stop: asyncio.Event, pool: ConnectionPool, opened: list) -> int:
+    nc = await connect_nats(cfg.nats_url, "pgoutbox-replayer", retry=not once)
+    opened.append(nc)
+    inbox = Inbox(pool)
+    await check_schema(inbox, cfg.database_url, retry=not once)
+    replayer = Replayer(
+        inbox=inbox, js=nc.jetstream(), nc=nc, metrics=ConsumerMetrics(), worker=cs.worker_name(cfg),
+        batch_size=cfg.replay_batch_size, poll_interval=cfg.replay_poll_interval,
+        dlq_max_age=cfg.dlq_max_age, dlq_duplicate_window=cfg.dlq_duplicate_window,
+    )
+    if once:
+        total = 0
+        while (done := await replayer.run_once()) > 0:
+            total += done
+        print(f"re-published {total} dead letter(s)")
         return 0
+    await replayer.run(stop)
+    return 0
+
+
+async def _main(cfg, once: bool) -> int:
+    stop = stop_on_signals()
+    pool = ConnectionPool(cfg.database_url, 1)
+    opened: list = []
+    try:
+        work = asyncio.ensure_future(_replay(cfg, once, stop, pool, opened))
+        if not await until_stopped(work, stop):
+            return 0  # stopped before or during start-up
+        return work.result()
     finally:
-        await nc.close()
+        for nc in opened:
+            if not nc.is_closed:
+                await nc.close()
         await pool.close()
 
 
