@@ -132,7 +132,7 @@ RETURNS text
 LANGUAGE sql IMMUTABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN length(error) > 4000 THEN left(error, 3986) || ' (truncated)' ELSE error END;
+    SELECT CASE WHEN length(error) > 4000 THEN left(error, 3988) || ' (truncated)' ELSE error END;
 $$;
 
 -- The emitter's headers become NATS headers next to pgoutbox's own. Names
