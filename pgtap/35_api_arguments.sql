@@ -101,7 +101,7 @@ SELECT is(
 );
 SELECT is(
     (
-        SELECT length(last_error) || ' ' || right(last_error, 12) FROM outbox.events
+        SELECT length(last_error) || right(last_error, 12) FROM outbox.events
         WHERE event_id = :'e1'
     ),
     '4000 (truncated)', 'mark_failed: ... it is kept truncated to 4,000 characters, and says so'
