@@ -24,7 +24,12 @@ BEGIN
 END;
 $$;
 
-DROP EVENT TRIGGER IF EXISTS pgoutbox_guard_partitions;
+-- (In a DO block: sqlfluff does not parse DROP EVENT TRIGGER.)
+DO $$
+BEGIN
+    DROP EVENT TRIGGER IF EXISTS pgoutbox_guard_partitions;
+END;
+$$;
 DROP FUNCTION IF EXISTS outbox.tg_events__guard_partitions();
 
 -- Version 5 guarded TRUNCATE on the parent only.

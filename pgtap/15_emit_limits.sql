@@ -99,7 +99,8 @@ SELECT throws_ok(
 
 -- Header values.
 SELECT throws_ok(
-    $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea', headers => '{"a": "x\r\ny"}')$$,
+    $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
+        headers => '{"a": "x\r\ny"}')$$,
     'OB017', NULL, 'CR LF in a header value is refused'
 );
 SELECT throws_ok(
@@ -147,11 +148,13 @@ SELECT throws_ok(
     'OB009', NULL, 'aggregate_id over 1024 characters is refused'
 );
 SELECT throws_ok(
-    $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea', tenant_id => repeat('t', 256))$$,
+    $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
+        tenant_id => repeat('t', 256))$$,
     'OB009', NULL, 'tenant_id over 255 characters is refused'
 );
 SELECT throws_ok(
-    $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea', ordering_key => repeat('k', 3000))$$,
+    $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
+        ordering_key => repeat('k', 3000))$$,
     'OB009', NULL, 'a 3,000-character ordering_key is refused with a code, not 54000 from the index'
 );
 SELECT lives_ok(

@@ -17,7 +17,9 @@ BEGIN;
 SELECT plan(33);
 
 -- claim
-SELECT throws_ok($$SELECT * FROM outbox.claim(NULL, 10, '1 minute')$$, 'OB006', NULL, 'claim: a NULL worker is refused');
+SELECT throws_ok(
+    $$SELECT * FROM outbox.claim(NULL, 10, '1 minute')$$, 'OB006', NULL, 'claim: a NULL worker is refused'
+);
 SELECT throws_ok(
     $$SELECT * FROM outbox.claim(repeat('w', 257), 10, '1 minute')$$, 'OB009', NULL,
     'claim: a worker name over 256 characters is refused'
@@ -109,9 +111,13 @@ SELECT is(
 
 -- requeue
 SELECT throws_ok($$SELECT outbox.requeue(NULL, 'r')$$, 'OB006', NULL, 'requeue: NULL event_ids are refused');
-SELECT throws_ok($$SELECT outbox.requeue(ARRAY[]::uuid[], 'r')$$, 'OB006', NULL, 'requeue: empty event_ids are refused');
 SELECT throws_ok(
-    $$SELECT outbox.requeue(ARRAY['00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000001']::uuid[], 'r')$$,
+    $$SELECT outbox.requeue(ARRAY[]::uuid[], 'r')$$, 'OB006', NULL, 'requeue: empty event_ids are refused'
+);
+SELECT throws_ok(
+    $$SELECT outbox.requeue(
+        ARRAY['00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000001']::uuid[], 'r'
+    )$$,
     'OB006', NULL, 'requeue: a duplicate id is refused'
 );
 SELECT throws_ok(
@@ -125,7 +131,8 @@ SELECT throws_ok(
     $$SELECT * FROM outbox.backlog(repeat('c', 65))$$, 'OB006', NULL, 'backlog: a context over 64 characters is refused'
 );
 SELECT throws_ok(
-    $$SELECT * FROM outbox.dead_letters('sea', NULL)$$, 'OB006', NULL, 'dead_letters: NULL max_rows is refused (no LIMIT ALL)'
+    $$SELECT * FROM outbox.dead_letters('sea', NULL)$$, 'OB006', NULL,
+    'dead_letters: NULL max_rows is refused (no LIMIT ALL)'
 );
 SELECT throws_ok($$SELECT * FROM outbox.dead_letters('sea', 0)$$, 'OB006', NULL, 'dead_letters: max_rows 0 is refused');
 SELECT throws_ok(

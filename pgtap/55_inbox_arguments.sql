@@ -56,7 +56,8 @@ SELECT throws_ok(
     'record_error: dead NULL is refused'
 );
 SELECT throws_ok(
-    $$SELECT * FROM inbox.record_error('00000000-0000-0000-0000-000000000001', 'h', 'x', TRUE, '367 days')$$, 'OB006', NULL,
+    $$SELECT * FROM inbox.record_error('00000000-0000-0000-0000-000000000001', 'h', 'x', TRUE, '367 days')$$,
+    'OB006', NULL,
     'record_error: replay_after over 366 days is refused'
 );
 SELECT is(
@@ -80,7 +81,9 @@ SELECT throws_ok(
     $$SELECT inbox.redrive('h', ARRAY[NULL]::uuid[], 'r')$$, 'OB006', NULL, 'redrive: a NULL element is refused'
 );
 SELECT throws_ok(
-    $$SELECT inbox.redrive('h', ARRAY['00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000001']::uuid[], 'r')$$,
+    $$SELECT inbox.redrive(
+        'h', ARRAY['00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-000000000001']::uuid[], 'r'
+    )$$,
     'OB006', NULL, 'redrive: a duplicate id is refused'
 );
 SELECT throws_ok(

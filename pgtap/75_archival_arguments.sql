@@ -47,7 +47,8 @@ SELECT throws_ok(
     'archivable_days: a NULL dead_letter_retention is refused'
 );
 SELECT throws_ok(
-    $$SELECT outbox.drop_archived('events_p20010101', NULL)$$, 'OB006', NULL, 'drop_archived: a NULL lock_timeout is refused'
+    $$SELECT outbox.drop_archived('events_p20010101', NULL)$$, 'OB006', NULL,
+    'drop_archived: a NULL lock_timeout is refused'
 );
 SELECT throws_ok(
     $$SELECT outbox.drop_archived('events_p20010101', '2 hours')$$, 'OB006', NULL,
@@ -69,7 +70,8 @@ SELECT throws_ok(
     'record_archive: a fractional checksum is refused by code'
 );
 SELECT throws_ok(
-    $$SELECT outbox.record_archive('inbox.messages', '2001-01-01', 0, 0, 'file:/' || repeat('a', 2048))$$, 'OB009', NULL,
+    $$SELECT outbox.record_archive('inbox.messages', '2001-01-01', 0, 0, 'file:/' || repeat('a', 2048))$$,
+    'OB009', NULL,
     'record_archive: an archive_uri over 2,048 characters is refused'
 );
 SELECT throws_ok(

@@ -6,7 +6,7 @@
 -- PostgreSQL's own error classes. The helpers below are shared with inbox.
 
 -- An array of ids: given, one-dimensional, 1 to 10,000 distinct ids, no NULL.
-CREATE OR REPLACE FUNCTION outbox._check_ids(ids uuid [], what text)
+CREATE OR REPLACE FUNCTION outbox._check_ids(ids uuid[], what text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path TO pg_catalog, pg_temp
