@@ -274,8 +274,11 @@ def test_plans_made_over_an_empty_partition_never_scan_it_once_it_fills(database
     with psycopg.connect(database_url, autocommit=True) as relay:
         # The session's plans, made over empty partitions.
         assert relay.execute("SELECT count(*) FROM outbox.claim('r', 100, '1 minute')").fetchone()[0] == 0
-        relay.execute("SELECT outbox.mark_published(gen_random_uuid(), '{}')")
-        relay.execute("SELECT outbox.mark_failed(gen_random_uuid(), '{}', '{}', '{}')")
+        for mark in ("SELECT outbox.mark_published(gen_random_uuid(), ARRAY[gen_random_uuid()])",
+                     "SELECT outbox.mark_failed(gen_random_uuid(), ARRAY[gen_random_uuid()], ARRAY['x'],"
+                     " ARRAY[NULL::timestamptz])"):
+            with pytest.raises(StaleClaim), wrap_exceptions():  # planned and run: a token that holds nothing
+                relay.execute(mark)
         emit_many(database_url, 5000)
         with relay.transaction():
             rows = relay.execute("SELECT event_id, claim_token FROM outbox.claim('r', 100, '1 minute')").fetchall()
