@@ -147,38 +147,37 @@ LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    bad text;
+    reserved text;
+    bad_name text;
+    bad_value text;
+    twice boolean;
 BEGIN
     IF octet_length(headers::text) > 16384 THEN
         RAISE EXCEPTION 'VALUE_TOO_LARGE: headers are % bytes of JSON, more than 16384 (16 KiB)', octet_length(headers::text)
             USING ERRCODE = 'OB009';
     END IF;
-    SELECT h.key INTO bad FROM jsonb_object_keys(headers) AS h (key)
-    WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%'
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-* and Pgoutbox-*, in any letter case)', quote_literal(bad)
+    -- One pass (emit's hot path): the first offender of each kind.
+    SELECT
+        min(h.key) FILTER (WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%'),
+        min(h.key) FILTER (WHERE h.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' OR length(h.key) > 256),
+        min(h.key) FILTER (WHERE jsonb_typeof(h.value) = 'string' AND (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'),
+        count(DISTINCT lower(h.key)) < count(*)
+    INTO reserved, bad_name, bad_value, twice
+    FROM jsonb_each(headers) AS h (key, value);
+    IF reserved IS NOT NULL THEN
+        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-* and Pgoutbox-*, in any letter case)', quote_literal(reserved)
             USING ERRCODE = 'OB016';
     END IF;
-    SELECT h.key INTO bad FROM jsonb_object_keys(headers) AS h (key)
-    WHERE h.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' OR length(h.key) > 256
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'INVALID_HEADER: header name % is not a token of 1-256 letters, digits and !#$%%&''*+-.^_`|~', quote_literal(left(bad, 64))
+    IF bad_name IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_HEADER: header name % is not a token of 1-256 letters, digits and !#$%%&''*+-.^_`|~', quote_literal(left(bad_name, 64))
             USING ERRCODE = 'OB017', HINT = 'No colon, white space, control or non-ASCII character.';
     END IF;
-    SELECT lower(h.key) INTO bad FROM jsonb_object_keys(headers) AS h (key)
-    GROUP BY lower(h.key) HAVING count(*) > 1
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'INVALID_HEADER: header % is given twice (names are compared in any letter case)', quote_literal(bad)
+    IF twice THEN
+        RAISE EXCEPTION 'INVALID_HEADER: a header name is given twice (names are compared in any letter case)'
             USING ERRCODE = 'OB017';
     END IF;
-    SELECT h.key INTO bad FROM jsonb_each(headers) AS h (key, value)
-    WHERE jsonb_typeof(h.value) = 'string' AND (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'INVALID_HEADER: the value of header % has a line break or starts or ends with white space', quote_literal(bad)
+    IF bad_value IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_HEADER: the value of header % has a line break or starts or ends with white space', quote_literal(bad_value)
             USING ERRCODE = 'OB017';
     END IF;
 END;
