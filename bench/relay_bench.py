@@ -292,7 +292,7 @@ def main() -> int:
     ap.add_argument("--emit-sync", choices=("on", "off"), default="on",
                     help="synchronous_commit of the latency runs' emitting sessions")
     ap.add_argument("--parts", default="abcd", help="a+b: publish and drain rates; c: latency; d always")
-    ap.add_argument("--notify-throttle", help="pgoutbox.notify_throttle for the run (default: the schema's, 5ms)")
+    ap.add_argument("--notify-throttle", help="outbox.set_notify_throttle() for the run (default: the schema's, 5ms)")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-bench-"))
@@ -307,9 +307,8 @@ def main() -> int:
         with psycopg.connect(pg.url, autocommit=True) as conn:
             migrate.migrate(conn)
             if args.notify_throttle:  # read by the emitters' trigger and by the relay at start-up
-                conn.execute(psycopg.sql.SQL("ALTER DATABASE postgres SET pgoutbox.notify_throttle = {}").format(
-                    psycopg.sql.Literal(args.notify_throttle)))
-                print(f"pgoutbox.notify_throttle = {args.notify_throttle}")
+                conn.execute("SELECT outbox.set_notify_throttle(%s::interval)", (args.notify_throttle,))
+                print(f"outbox.set_notify_throttle('{args.notify_throttle}')")
         specs = [streams.StreamSpec(CONTEXT, "BENCH_EVENTS", (f"{CONTEXT}.event.>",), "limits", "file",
                                     1, 0, -1, 120)]
 

@@ -145,8 +145,9 @@ SELECT throws_ok(
     ),
     'OB006', NULL, 'a failure without an error text is refused'
 );
-SELECT is(
-    outbox.mark_published(gen_random_uuid(), ARRAY[]::uuid[]), 0, 'marking nothing is a no-op'
+SELECT throws_ok(
+    $$SELECT outbox.mark_published(gen_random_uuid(), ARRAY[]::uuid[])$$,
+    'OB006', NULL, 'marking an empty list is refused, not a silent no-op'
 );
 
 -- Requeue.

@@ -7,4 +7,4 @@ workers around it: migrations, the relay, the inbox consumer and replayer.
 __version__ = "0.1.0"
 
 # The highest migration this code understands; workers refuse other schemas.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6

@@ -22,12 +22,16 @@ class SqlState(enum.StrEnum):
     INVALID_SCHEMA_VERSION = "OB005"
     INVALID_ARGUMENT = "OB006"
     INVALID_SETTING = "OB007"
+    TIMESTAMP_OUT_OF_RANGE = "OB008"
+    VALUE_TOO_LARGE = "OB009"
     ILLEGAL_TRANSITION = "OB010"
     IMMUTABLE_EVENT = "OB011"
     DELETE_FORBIDDEN = "OB012"
     STALE_CLAIM = "OB013"
     REASON_REQUIRED = "OB014"
     NOT_DEAD_LETTER = "OB015"
+    RESERVED_HEADER = "OB016"
+    INVALID_HEADER = "OB017"
     INVALID_MESSAGE = "OB020"
     UNKNOWN_MESSAGE = "OB021"
     MESSAGE_NOT_DEAD_LETTER = "OB030"
@@ -138,6 +142,10 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.INVALID_SCHEMA_VERSION: PolicyViolation,
     SqlState.INVALID_ARGUMENT: PolicyViolation,
     SqlState.INVALID_SETTING: ConfigError,
+    SqlState.TIMESTAMP_OUT_OF_RANGE: PolicyViolation,
+    SqlState.VALUE_TOO_LARGE: PolicyViolation,
+    SqlState.RESERVED_HEADER: PolicyViolation,
+    SqlState.INVALID_HEADER: PolicyViolation,
     SqlState.INVALID_MESSAGE: PolicyViolation,
     SqlState.ILLEGAL_TRANSITION: IllegalTransition,
     SqlState.IMMUTABLE_EVENT: IllegalTransition,

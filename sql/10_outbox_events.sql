@@ -136,8 +136,13 @@ DECLARE
     hi timestamptz;
 BEGIN
     IF days_ahead IS NULL OR days_ahead < 0 OR days_ahead > 366 THEN
-        RAISE EXCEPTION 'days_ahead must be between 0 and 366, got %', days_ahead
+        RAISE EXCEPTION 'INVALID_ARGUMENT: days_ahead must be between 0 and 366, got %', days_ahead
             USING ERRCODE = 'OB006';
+    END IF;
+    -- Partition names carry a four-digit year.
+    IF from_day IS NULL OR NOT (from_day >= '1900-01-01' AND from_day + days_ahead <= '9999-12-30') THEN
+        RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: from_day must be a day from 1900-01-01 to 9999-12-30 - days_ahead, got %', from_day
+            USING ERRCODE = 'OB008';
     END IF;
     -- Two callers at once would race on CREATE TABLE.
     PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.create_partitions', 0));
@@ -167,6 +172,11 @@ BEGIN
             || ' WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,'
             || ' autovacuum_vacuum_cost_delay = 0, fillfactor = 50)',
             part, lo, hi
+        );
+        -- TRUNCATE of a partition by name fires only its own triggers.
+        EXECUTE format(
+            'CREATE OR REPLACE TRIGGER _100_forbid_truncate BEFORE TRUNCATE ON outbox.%I'
+            ' FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__forbid_delete()', part
         );
         RETURN NEXT part;
     END LOOP;

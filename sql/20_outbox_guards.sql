@@ -4,12 +4,19 @@
 
 -- Policies (seed 000), checked once per row at INSERT whoever inserts, and
 -- raised with the codes of the README's error table; then the subject is
--- derived from the parts just checked.
+-- derived from the parts just checked. Besides the content rules, they refuse
+-- what no relay could deliver (README "Limits"): times the wire format cannot
+-- express, values a NATS header cannot carry, sizes over the maximums, which
+-- keep the payload and every header together well under NATS's default
+-- max_payload (1 MiB). Limits live here, not in CHECK constraints: rows
+-- written before them must stay valid, and CHECKs would run at every UPDATE.
 CREATE OR REPLACE FUNCTION outbox.tg_events__check_policies()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
+DECLARE
+    field text;
 BEGIN
     IF nullif(btrim(NEW.context), '') IS NULL
         OR nullif(btrim(NEW.aggregate_type), '') IS NULL
@@ -20,36 +27,75 @@ BEGIN
             USING ERRCODE = 'OB001',
                   HINT = 'Pass context => ... or set pgoutbox.context for the database or role.';
     END IF;
+    -- Finite and within what ISO 8601 and every client's date type carry.
+    IF NOT (NEW.occurred_at >= '1900-01-01 00:00:00+00' AND NEW.occurred_at < '10000-01-01 00:00:00+00'
+        AND NEW.created_at >= '1900-01-01 00:00:00+00' AND NEW.created_at < '10000-01-01 00:00:00+00'
+        AND NEW.available_at >= '1900-01-01 00:00:00+00' AND NEW.available_at < '10000-01-01 00:00:00+00') THEN
+        RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: occurred_at, created_at and available_at must be finite times from 1900 to 9999 (UTC)'
+            USING ERRCODE = 'OB008',
+                  DETAIL = format('occurred_at=%s, created_at=%s, available_at=%s',
+                      NEW.occurred_at, NEW.created_at, NEW.available_at);
+    END IF;
     IF NEW.occurred_at > now() + interval '1 minute' THEN
         RAISE EXCEPTION 'FUTURE_EVENT: occurred_at % is more than a minute ahead of the database clock', NEW.occurred_at
             USING ERRCODE = 'OB002';
     END IF;
     IF NEW.context !~ '^[A-Za-z0-9_-]{1,64}$' THEN
-        RAISE EXCEPTION 'INVALID_SUBJECT_PART: context % is not a subject token ([A-Za-z0-9_-], 1-64 chars)', quote_literal(NEW.context)
+        RAISE EXCEPTION 'INVALID_SUBJECT_PART: context % is not a subject token ([A-Za-z0-9_-], 1-64 chars)', quote_literal(left(NEW.context, 100))
             USING ERRCODE = 'OB003';
     END IF;
     IF NEW.event_type !~ '^[A-Za-z0-9_-]{1,128}$' THEN
-        RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_type % is not a subject token ([A-Za-z0-9_-], 1-128 chars)', quote_literal(NEW.event_type)
+        RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_type % is not a subject token ([A-Za-z0-9_-], 1-128 chars)', quote_literal(left(NEW.event_type, 150))
             USING ERRCODE = 'OB003';
     END IF;
     IF NEW.event_version IS NULL OR NEW.event_version < 1 THEN
         RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_version must be a positive integer, got %', NEW.event_version
             USING ERRCODE = 'OB003';
     END IF;
+    -- The metadata travels as NATS header values (Pgoutbox-*): no line
+    -- breaks, and no leading or trailing white space (clients trim it).
+    field := CASE
+        WHEN length(NEW.aggregate_type) > 255 THEN 'aggregate_type (255)'
+        WHEN length(NEW.aggregate_id) > 1024 THEN 'aggregate_id (1024)'
+        WHEN length(NEW.tenant_id) > 255 THEN 'tenant_id (255)'
+        WHEN length(NEW.ordering_key) > 512 THEN 'ordering_key (512)'
+    END;
+    IF field IS NOT NULL THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: % is longer than its maximum (characters)', field
+            USING ERRCODE = 'OB009';
+    END IF;
+    field := CASE
+        WHEN NEW.aggregate_type ~ '[\r\n]|^\s|\s$' THEN 'aggregate_type'
+        WHEN NEW.aggregate_id ~ '[\r\n]|^\s|\s$' THEN 'aggregate_id'
+        WHEN NEW.tenant_id ~ '[\r\n]|^\s|\s$|^$' THEN 'tenant_id'
+        WHEN NEW.ordering_key ~ '[\r\n]|^\s|\s$|^$' THEN 'ordering_key'
+    END;
+    IF field IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % is empty, has a line break, or starts or ends with white space', field
+            USING ERRCODE = 'OB006', HINT = 'It travels as a NATS header value, which cannot carry these.';
+    END IF;
     IF NEW.payload IS NULL OR jsonb_typeof(NEW.payload) <> 'object' THEN
         RAISE EXCEPTION 'INVALID_PAYLOAD: payload must be a JSON object, got %', coalesce(jsonb_typeof(NEW.payload), 'NULL')
             USING ERRCODE = 'OB004';
     END IF;
+    -- Its digits, not its value: 1.0 or 1e0 would reach consumers as a float.
     IF jsonb_typeof(NEW.payload -> 'schema_version') IS DISTINCT FROM 'number'
-        OR (NEW.payload ->> 'schema_version')::numeric < 1
-        OR (NEW.payload ->> 'schema_version')::numeric
-        <> trunc((NEW.payload ->> 'schema_version')::numeric) THEN
-        RAISE EXCEPTION 'INVALID_SCHEMA_VERSION: payload.schema_version must be an integer >= 1, got %', coalesce(NEW.payload -> 'schema_version', 'null'::jsonb)
+        OR (NEW.payload -> 'schema_version')::text !~ '^[1-9][0-9]{0,9}$'
+        OR (NEW.payload -> 'schema_version')::text::bigint > 2147483647 THEN
+        RAISE EXCEPTION 'INVALID_SCHEMA_VERSION: payload.schema_version must be an integer from 1 to 2147483647, got %', left(coalesce(NEW.payload -> 'schema_version', 'null'::jsonb)::text, 100)
             USING ERRCODE = 'OB005';
+    END IF;
+    -- The payload is the message body, as this very text.
+    IF octet_length(NEW.payload::text) > 524288 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: payload is % bytes of JSON, more than 524288 (512 KiB)', octet_length(NEW.payload::text)
+            USING ERRCODE = 'OB009';
     END IF;
     IF NEW.headers IS NULL OR jsonb_typeof(NEW.headers) <> 'object' THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: headers must be a JSON object'
             USING ERRCODE = 'OB006';
+    END IF;
+    IF NEW.headers <> '{}'::jsonb THEN
+        PERFORM outbox._check_headers(NEW.headers);
     END IF;
     IF NEW.status <> 'PENDING' OR NEW.attempts <> 0 OR NEW.claim_token IS NOT NULL
         OR NEW.published_at IS NOT NULL THEN
@@ -58,6 +104,54 @@ BEGIN
     END IF;
     NEW.subject := NEW.context || '.event.' || NEW.event_type || '.v' || NEW.event_version::text;
     RETURN NEW;
+END;
+$$;
+
+-- The emitter's headers become NATS headers next to pgoutbox's own. Names
+-- are HTTP tokens, compared in any letter case (as NATS and HTTP do): none
+-- may claim a name NATS or JetStream interpret (Nats-*) or pgoutbox writes
+-- (Pgoutbox-*), nor appear twice. String values are sent as they are (no
+-- line break, no white space at either end: clients trim it); other JSON
+-- values as their JSON text; null ones not at all.
+CREATE OR REPLACE FUNCTION outbox._check_headers(headers jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    reserved text;
+    bad_name text;
+    bad_value text;
+    twice boolean;
+BEGIN
+    IF octet_length(headers::text) > 16384 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: headers are % bytes of JSON, more than 16384 (16 KiB)', octet_length(headers::text)
+            USING ERRCODE = 'OB009';
+    END IF;
+    -- One pass (emit's hot path): the first offender of each kind.
+    SELECT
+        min(h.key) FILTER (WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%'),
+        min(h.key) FILTER (WHERE h.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' OR length(h.key) > 256),
+        min(h.key) FILTER (WHERE jsonb_typeof(h.value) = 'string' AND (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'),
+        count(DISTINCT lower(h.key)) < count(*)
+    INTO reserved, bad_name, bad_value, twice
+    FROM jsonb_each(headers) AS h (key, value);
+    IF reserved IS NOT NULL THEN
+        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-* and Pgoutbox-*, in any letter case)', quote_literal(reserved)
+            USING ERRCODE = 'OB016';
+    END IF;
+    IF bad_name IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_HEADER: header name % is not a token of 1-256 letters, digits and !#$%%&''*+-.^_`|~', quote_literal(left(bad_name, 64))
+            USING ERRCODE = 'OB017', HINT = 'No colon, white space, control or non-ASCII character.';
+    END IF;
+    IF twice THEN
+        RAISE EXCEPTION 'INVALID_HEADER: a header name is given twice (names are compared in any letter case)'
+            USING ERRCODE = 'OB017';
+    END IF;
+    IF bad_value IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_HEADER: the value of header % has a line break or starts or ends with white space', quote_literal(bad_value)
+            USING ERRCODE = 'OB017';
+    END IF;
 END;
 $$;
 
@@ -188,3 +282,71 @@ FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__forbid_delete();
 CREATE OR REPLACE TRIGGER _100_forbid_truncate
 BEFORE TRUNCATE ON outbox.events
 FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__forbid_delete();
+
+-- PostgreSQL clones row triggers to partitions, not statement ones: TRUNCATE
+-- of a partition by name fires only that partition's triggers. So every
+-- partition carries its own guard (create_partitions adds it to each new day).
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON outbox.events_default
+FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__forbid_delete();
+
+-- Rows leave outbox.events only with a whole archived partition, dropped by
+-- outbox.drop_archived. DETACH PARTITION would take a day of events out of
+-- every relay's sight with no audit, so it is refused, for the owner too:
+-- the end of every ALTER TABLE in the schema checks that no table carrying
+-- the partitions' TRUNCATE guard has left outbox.events. Partitions created
+-- or attached by hand get that guard here. (DETACH ... CONCURRENTLY cannot
+-- run at all while outbox.events has its default partition.)
+CREATE OR REPLACE FUNCTION outbox.tg_events__guard_partitions()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part regclass;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() AS c WHERE c.schema_name = 'outbox') THEN
+        RETURN;
+    END IF;
+    SELECT c.oid::regclass INTO part
+    FROM pg_trigger AS t
+    INNER JOIN pg_class AS c ON t.tgrelid = c.oid
+    WHERE t.tgname = '_100_forbid_truncate'
+        AND t.tgfoid = 'outbox.tg_events__forbid_delete()'::regprocedure
+        AND c.oid <> 'outbox.events'::regclass
+        AND NOT c.relispartition
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: partition % may not be detached from outbox.events', part
+            USING ERRCODE = 'OB012',
+                  HINT = 'Rows leave outbox.events only by audited archival (outbox.drop_archived).';
+    END IF;
+    FOR part IN
+        SELECT i.inhrelid::regclass FROM pg_inherits AS i
+        WHERE i.inhparent = 'outbox.events'::regclass
+            AND NOT EXISTS (
+                SELECT 1 FROM pg_trigger AS t WHERE t.tgrelid = i.inhrelid AND t.tgname = '_100_forbid_truncate'
+            )
+    LOOP
+        EXECUTE format(
+            'CREATE TRIGGER _100_forbid_truncate BEFORE TRUNCATE ON %s'
+            ' FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__forbid_delete()', part
+        );
+    END LOOP;
+END;
+$$;
+
+-- Only a superuser may create an event trigger (and disable it). Installed by
+-- anyone else, the schema works without it: DETACH is then not refused.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'pgoutbox_guard_partitions') THEN
+        CREATE EVENT TRIGGER pgoutbox_guard_partitions ON ddl_command_end
+        WHEN TAG IN ('ALTER TABLE', 'CREATE TABLE')
+        EXECUTE FUNCTION outbox.tg_events__guard_partitions();
+    END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE WARNING 'outbox: installed without the DETACH PARTITION guard (creating an event trigger needs a superuser)'
+        USING HINT = 'Have a superuser run this migration again to install it.';
+END;
+$$;

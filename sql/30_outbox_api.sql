@@ -1,5 +1,97 @@
 -- The outbox API: emit (apps), claim / mark_published / mark_failed (relays),
 -- requeue (operators), backlog (everyone who watches).
+--
+-- Every function checks all its arguments before it acts and refuses bad
+-- ones with a code (README "Error codes" and "Limits"), never with one of
+-- PostgreSQL's own error classes. The helpers below are shared with inbox.
+
+-- An array of ids: given, one-dimensional, 1 to 10,000 distinct ids, no NULL.
+CREATE OR REPLACE FUNCTION outbox._check_ids(ids uuid[], what text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF ids IS NULL OR cardinality(ids) = 0 OR array_ndims(ids) > 1 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % must be a non-empty, one-dimensional array', what
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF cardinality(ids) > 10000 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: % has % elements, more than 10000', what, cardinality(ids)
+            USING ERRCODE = 'OB009';
+    END IF;
+    IF array_position(ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % has a NULL element', what
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF (SELECT count(DISTINCT x.id) FROM unnest(ids) AS x (id)) <> cardinality(ids) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % names an id more than once', what
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
+-- A name or reason: given, not blank, at most max_chars characters. A missing
+-- reason is REASON_REQUIRED, anything else missing INVALID_ARGUMENT.
+CREATE OR REPLACE FUNCTION outbox._check_text(
+    value text, what text, max_chars integer, is_reason boolean DEFAULT FALSE
+)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF nullif(btrim(value), '') IS NULL THEN
+        IF is_reason THEN
+            RAISE EXCEPTION 'REASON_REQUIRED: % is required', what USING ERRCODE = 'OB014';
+        END IF;
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % is required and may not be blank', what USING ERRCODE = 'OB006';
+    END IF;
+    IF length(value) > max_chars THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: % is % characters, more than %', what, length(value), max_chars
+            USING ERRCODE = 'OB009';
+    END IF;
+END;
+$$;
+
+-- An optional filter on a context: NULL (all) or a subject token.
+CREATE OR REPLACE FUNCTION outbox._check_context(context text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF context !~ '^[A-Za-z0-9_-]{1,64}$' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: context % is not a subject token ([A-Za-z0-9_-], 1-64 chars)', quote_literal(left(context, 100))
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
+-- A listing's row limit.
+CREATE OR REPLACE FUNCTION outbox._check_max_rows(max_rows integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: max_rows must be between 1 and 10000, got %', max_rows
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
+-- Error texts are kept, not refused, when too long: they come from libraries
+-- and brokers, and a refused mark would leave its whole batch PROCESSING
+-- until the lease expires, to be refused again. Their start says what failed.
+CREATE OR REPLACE FUNCTION outbox._clip_error(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN length(error) > 4000 THEN left(error, 3988) || ' (truncated)' ELSE error END;
+$$;
 
 -- Emits one event inside the caller's transaction and returns its event_id.
 -- Rolled back with the business change, it never existed (REQ-050).
@@ -88,15 +180,13 @@ AS $$
 DECLARE
     token uuid := gen_random_uuid();
 BEGIN
-    IF nullif(btrim(worker), '') IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: worker must be named' USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_text(worker, 'worker', 256);
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > 10000 THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: batch_size must be between 1 and 10000, got %', batch_size
             USING ERRCODE = 'OB006';
     END IF;
-    IF lease IS NULL OR lease <= interval '0' THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: lease must be positive, got %', lease
+    IF lease IS NULL OR lease <= interval '0' OR lease > interval '1 day' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: lease must be positive and at most 1 day, got %', lease
             USING ERRCODE = 'OB006';
     END IF;
     RETURN QUERY
@@ -155,13 +245,17 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
     UPDATE outbox.events AS e
     SET status = 'COMPLETED', published_at = now(), last_error = NULL
     WHERE e.claim_token = mark_published.claim_token
         AND e.status = 'PROCESSING'
         AND e.event_id = ANY(mark_published.event_ids);
     GET DIAGNOSTICS marked = ROW_COUNT;
-    IF marked = 0 AND cardinality(event_ids) > 0 THEN
+    IF marked = 0 THEN
         RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
             USING ERRCODE = 'OB013',
                   HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
@@ -174,7 +268,8 @@ COMMENT ON FUNCTION outbox.mark_published(uuid, uuid[]) IS
 
 -- Records failed publishes. Parallel arrays: event_ids[i] failed with
 -- errors[i]; it becomes FAILED, due again at retry_at[i], or DEAD_LETTER when
--- retry_at[i] is NULL (the relay's retry policy decided to give up).
+-- retry_at[i] is NULL (the relay's retry policy decided to give up). A retry
+-- time lies at most 30 days ahead: further is a parked event nobody sees.
 CREATE OR REPLACE FUNCTION outbox.mark_failed(
     claim_token uuid,
     event_ids uuid[],
@@ -191,25 +286,37 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
     IF cardinality(event_ids) IS DISTINCT FROM cardinality(errors)
-        OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at) THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: event_ids, errors and retry_at must have the same length'
+        OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at)
+        OR array_ndims(errors) > 1 OR array_ndims(retry_at) > 1 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: event_ids, errors and retry_at must be one-dimensional and of the same length'
             USING ERRCODE = 'OB006';
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(errors) AS x (err) WHERE nullif(btrim(x.err), '') IS NULL) THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: every failure needs an error text'
             USING ERRCODE = 'OB006';
     END IF;
+    IF EXISTS (
+        SELECT 1 FROM unnest(retry_at) AS r (at)
+        WHERE NOT (r.at >= '1900-01-01 00:00:00+00' AND r.at <= now() + interval '30 days')
+    ) THEN
+        RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: every retry_at must be NULL (dead letter) or a finite time at most 30 days ahead'
+            USING ERRCODE = 'OB008';
+    END IF;
     UPDATE outbox.events AS e
     SET status = CASE WHEN f.retry_at IS NULL THEN 'DEAD_LETTER' ELSE 'FAILED' END,
-        last_error = f.error,
+        last_error = outbox._clip_error(f.error),
         available_at = coalesce(f.retry_at, e.available_at)
     FROM unnest(event_ids, errors, retry_at) AS f (event_id, error, retry_at)
     WHERE e.claim_token = mark_failed.claim_token
         AND e.status = 'PROCESSING'
         AND e.event_id = f.event_id;
     GET DIAGNOSTICS marked = ROW_COUNT;
-    IF marked = 0 AND cardinality(event_ids) > 0 THEN
+    IF marked = 0 THEN
         RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
             USING ERRCODE = 'OB013';
     END IF;
@@ -234,9 +341,8 @@ DECLARE
     bad uuid [];
     moved integer;
 BEGIN
-    IF nullif(btrim(reason), '') IS NULL THEN
-        RAISE EXCEPTION 'REASON_REQUIRED: a requeue needs a reason' USING ERRCODE = 'OB014';
-    END IF;
+    PERFORM outbox._check_text(reason, 'a requeue''s reason', 1000, TRUE);
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
     SELECT array_agg(x.id) INTO bad
     FROM unnest(event_ids) AS x (id)
     WHERE NOT EXISTS (
@@ -277,6 +383,7 @@ LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
+    SELECT outbox._check_context(backlog.context);
     -- Two branches so that each is served by its own partial index.
     WITH unfinished AS (
         SELECT e.context, e.status, e.created_at, e.available_at
@@ -329,6 +436,7 @@ LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
+    SELECT outbox._check_context(dead_letters.context), outbox._check_max_rows(dead_letters.max_rows);
     SELECT e.event_id, e.context, e.subject, e.ordering_key, e.attempts, e.last_error, e.created_at
     FROM outbox.events AS e
     WHERE e.status = 'DEAD_LETTER'

@@ -4,7 +4,7 @@
 -- A transaction that has issued NOTIFY takes a cluster-wide lock while it
 -- commits, which serialises the commits of concurrent writers (measured here:
 -- 4 writers fell from ~7,400 to ~2,900 rows/s with a per-row NOTIFY). So one
--- wake-up is sent per throttle interval (pgoutbox.notify_throttle, default
+-- wake-up is sent per throttle interval (outbox.notify_throttle(), default
 -- 5 ms) for all contexts together: relays claim across contexts, so a wake-up
 -- for one context serves them all. Shaped for emit, the hot path of every
 -- application using pgoutbox (bench/sql_bench.py):
@@ -34,34 +34,57 @@ CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.wakeup_due_at AS bigint;  -- noqa:
 COMMENT ON SEQUENCE outbox.wakeup_due_at IS
 'Time (µs since the epoch) from which the next wake-up NOTIFY is due. Throttle state: unlogged, reset by a crash, which costs one extra NOTIFY.';
 
+-- The throttle is shared by every writer, so no writer may set it for the
+-- others (a session setting would let one silence everyone's wake-ups): one
+-- row, changed only through outbox.set_notify_throttle (admins), whose CHECK
+-- makes an invalid value impossible. Read once per wake-up, not per insert.
+CREATE TABLE IF NOT EXISTS outbox.wakeup_policy (
+    singleton boolean PRIMARY KEY DEFAULT TRUE,
+    notify_throttle interval NOT NULL DEFAULT interval '5 milliseconds',
+    changed_at timestamptz NOT NULL DEFAULT now(),
+    changed_by text NOT NULL DEFAULT session_user,
+    CONSTRAINT one_row_only CHECK (singleton),
+    -- The upper bound is also tg_events__wakeup's guard against a clock set
+    -- back: keep the two equal.
+    CONSTRAINT notify_throttle_is_in_range CHECK (
+        notify_throttle >= interval '0' AND notify_throttle <= interval '1 minute'
+    )
+);
+COMMENT ON TABLE outbox.wakeup_policy IS
+'Minimum gap between two wake-up NOTIFYs, for all writers; changed with outbox.set_notify_throttle().';
+INSERT INTO outbox.wakeup_policy (singleton) VALUES (TRUE) ON CONFLICT DO NOTHING;
+
 CREATE OR REPLACE FUNCTION outbox.notify_throttle()
 RETURNS interval
-LANGUAGE plpgsql STABLE
+LANGUAGE sql STABLE
+SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-DECLARE
-    setting text := nullif(current_setting('pgoutbox.notify_throttle', true), '');
-    gap interval;
-BEGIN
-    IF setting IS NULL THEN
-        RETURN interval '5 milliseconds';
-    END IF;
-    BEGIN
-        gap := setting::interval;
-    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
-        gap := NULL;
-    END;
-    -- The upper bound is also tg_events__wakeup's guard against a clock
-    -- set back: keep the two equal.
-    IF gap IS NULL OR gap < interval '0' OR gap > interval '1 minute' THEN
-        RAISE EXCEPTION 'INVALID_SETTING: pgoutbox.notify_throttle = % is not an interval from 0 to 1 minute', quote_literal(setting)
-            USING ERRCODE = 'OB007';
-    END IF;
-    RETURN gap;
-END;
+    SELECT coalesce((SELECT p.notify_throttle FROM outbox.wakeup_policy AS p), interval '5 milliseconds');
 $$;
 COMMENT ON FUNCTION outbox.notify_throttle() IS
-'Minimum gap between two wake-ups (setting pgoutbox.notify_throttle, default 5 ms, at most 1 minute).';
+'Minimum gap between two wake-ups (outbox.wakeup_policy, default 5 ms, at most 1 minute).';
+
+CREATE OR REPLACE FUNCTION outbox.set_notify_throttle(throttle interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF throttle IS NULL OR throttle < interval '0' OR throttle > interval '1 minute' THEN
+        RAISE EXCEPTION 'INVALID_SETTING: notify_throttle % is not an interval from 0 to 1 minute', coalesce(throttle::text, 'NULL')
+            USING ERRCODE = 'OB007';
+    END IF;
+    INSERT INTO outbox.wakeup_policy AS p (singleton, notify_throttle)
+    VALUES (TRUE, throttle)
+    ON CONFLICT (singleton) DO UPDATE
+    SET notify_throttle = excluded.notify_throttle, changed_at = now(), changed_by = session_user;
+    RETURN throttle;
+END;
+$$;
+COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS
+'Sets the minimum gap between two wake-ups for every writer (admins); relays read it at start-up.';
 
 CREATE OR REPLACE FUNCTION outbox.tg_events__wakeup()
 RETURNS trigger

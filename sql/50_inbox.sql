@@ -87,6 +87,25 @@ CREATE OR REPLACE TRIGGER _100_guard_update
 BEFORE UPDATE ON inbox.messages
 FOR EACH ROW EXECUTE FUNCTION inbox.tg_messages__guard_update();
 
+-- The message a call is about: an id and a well-formed handler name (the
+-- table's own rule, refused here with a code rather than by the CHECK).
+CREATE OR REPLACE FUNCTION inbox._check_message(message_id uuid, handler text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF message_id IS NULL OR handler IS NULL THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: message_id and handler are required'
+            USING ERRCODE = 'OB020';
+    END IF;
+    IF handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: handler % is not a name of 1-128 letters, digits, _ . -', quote_literal(left(handler, 150))
+            USING ERRCODE = 'OB020';
+    END IF;
+END;
+$$;
+
 -- Records a delivery and returns the row as it now stands. Process the
 -- message only when the returned status is RECEIVED or FAILED; PROCESSED
 -- means a duplicate (skip and ack), DEAD_LETTER means it is parked.
@@ -108,6 +127,22 @@ BEGIN
         OR nullif(btrim(receive.subject), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_MESSAGE: message_id, handler and subject are required'
             USING ERRCODE = 'OB020';
+    END IF;
+    PERFORM inbox._check_message(receive.message_id, receive.handler);
+    -- A NATS subject: no white space; 1,024 characters is far beyond any
+    -- subject pgoutbox writes.
+    IF receive.subject ~ '\s' OR length(receive.subject) > 1024 THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: subject % is not a NATS subject of at most 1024 characters', quote_literal(left(receive.subject, 150))
+            USING ERRCODE = 'OB020';
+    END IF;
+    IF jsonb_typeof(receive.envelope) IS DISTINCT FROM 'object' AND receive.envelope IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: envelope must be a JSON object or NULL, got %', jsonb_typeof(receive.envelope)
+            USING ERRCODE = 'OB020';
+    END IF;
+    -- 64 MiB: the largest message a NATS server can be configured to carry.
+    IF octet_length(receive.envelope::text) > 67108864 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: envelope is % bytes of JSON, more than 67108864 (64 MiB)', octet_length(receive.envelope::text)
+            USING ERRCODE = 'OB009';
     END IF;
     INSERT INTO inbox.messages AS m (message_id, handler, subject, envelope)
     VALUES (receive.message_id, receive.handler, receive.subject, receive.envelope)
@@ -155,6 +190,7 @@ AS $$
 DECLARE
     row inbox.messages;
 BEGIN
+    PERFORM inbox._check_message(message_id, handler);
     UPDATE inbox.messages AS m
     SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL
     WHERE m.message_id = mark_processed.message_id AND m.handler = mark_processed.handler
@@ -191,16 +227,21 @@ AS $$
 DECLARE
     row inbox.messages;
 BEGIN
+    PERFORM inbox._check_message(message_id, handler);
     IF nullif(btrim(error), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
     END IF;
-    IF replay_after IS NOT NULL AND (NOT dead OR replay_after < interval '0') THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: replay_after needs dead => true and a non-negative interval, got %', replay_after
+    IF dead IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: dead must be true or false' USING ERRCODE = 'OB006';
+    END IF;
+    IF replay_after IS NOT NULL
+        AND (NOT dead OR replay_after < interval '0' OR replay_after > interval '366 days') THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: replay_after needs dead => true and an interval from 0 to 366 days, got %', replay_after
             USING ERRCODE = 'OB006';
     END IF;
     UPDATE inbox.messages AS m
     SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
-        last_error = record_error.error,
+        last_error = outbox._clip_error(record_error.error),
         dlq_metadata = CASE WHEN NOT dead THEN m.dlq_metadata ELSE
             m.dlq_metadata || jsonb_build_object(
                 'dead_lettered_at', now(),
@@ -235,6 +276,7 @@ LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
+    SELECT outbox._check_context(backlog.context);
     SELECT
         m.context,
         m.handler,

@@ -74,9 +74,7 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF nullif(btrim(worker), '') IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: worker must be named' USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_text(worker, 'worker', 256);
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > 10000 THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: batch_size must be between 1 and 10000, got %', batch_size
             USING ERRCODE = 'OB006';
@@ -142,11 +140,14 @@ DECLARE
     bad uuid [];
     moved integer;
 BEGIN
-    IF nullif(btrim(reason), '') IS NULL THEN
-        RAISE EXCEPTION 'REASON_REQUIRED: a redrive needs a reason' USING ERRCODE = 'OB014';
+    PERFORM outbox._check_text(reason, 'a redrive''s reason', 1000, TRUE);
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a handler name ([A-Za-z0-9_.-], 1-128 chars) is required'
+            USING ERRCODE = 'OB006';
     END IF;
-    IF nullif(btrim(handler), '') IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: handler must be named' USING ERRCODE = 'OB006';
+    -- NULL means every dead letter of the handler; an array names some.
+    IF message_ids IS NOT NULL THEN
+        PERFORM outbox._check_ids(message_ids, 'message_ids');
     END IF;
     -- Lock first, so that the checks below still hold when the rows move.
     PERFORM 1 FROM inbox.messages AS m
@@ -210,9 +211,7 @@ AS $$
 DECLARE
     row inbox.replay_switches;
 BEGIN
-    IF nullif(btrim(reason), '') IS NULL THEN
-        RAISE EXCEPTION 'REASON_REQUIRED: switching replay needs a reason' USING ERRCODE = 'OB014';
-    END IF;
+    PERFORM outbox._check_text(reason, 'switching replay''s reason', 1000, TRUE);
     IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' OR enabled IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: a handler name ([A-Za-z0-9_.-], 1-128 chars) and on/off are required'
             USING ERRCODE = 'OB006';
@@ -250,6 +249,8 @@ LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
+    SELECT outbox._check_max_rows(dead_letters.max_rows);
+    SELECT outbox._check_text(dead_letters.handler, 'handler', 128) WHERE dead_letters.handler IS NOT NULL;
     SELECT
         m.message_id,
         m.handler,

@@ -42,6 +42,8 @@ TO pgoutbox_consumer;
 GRANT EXECUTE ON FUNCTION
 outbox.requeue(uuid[], text),
 outbox.create_partitions(integer, date),
+outbox.set_notify_throttle(interval),
+outbox.notify_throttle(),
 inbox.redrive(text, uuid[], text),
 inbox.set_replay(text, boolean, text)
 TO pgoutbox_admin;
@@ -56,5 +58,5 @@ GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_re
 
 -- Named tables, not ALL TABLES: partitions are read through their parent,
 -- and a re-run must not widen grants to partitions created since.
-GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations,
+GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations, outbox.wakeup_policy,
 inbox.messages, inbox.replay_switches, inbox.redrive_log TO pgoutbox_admin;

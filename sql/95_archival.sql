@@ -260,6 +260,52 @@ AS $$
     );
 $$;
 
+-- A unit's day: given, and a day whose partition name has a four-digit year.
+CREATE OR REPLACE FUNCTION outbox._check_day(day date)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF day IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: day is required' USING ERRCODE = 'OB006';
+    END IF;
+    IF NOT (day >= '1900-01-01' AND day <= '9999-12-30') THEN
+        RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: day % is not from 1900-01-01 to 9999-12-30', day
+            USING ERRCODE = 'OB008';
+    END IF;
+END;
+$$;
+
+-- Retentions: from 0 to 100 years (now() - retention must stay a time).
+CREATE OR REPLACE FUNCTION outbox._check_retention(retention interval, what text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retention IS NULL OR retention < interval '0' OR retention > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % must be an interval from 0 to 100 years, got %', what, retention
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
+-- A lock_timeout argument: from 1 ms (PostgreSQL reads 0 as "wait for ever")
+-- to 1 hour.
+CREATE OR REPLACE FUNCTION outbox._check_lock_timeout(lock_timeout interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lock_timeout IS NULL OR lock_timeout < interval '1 millisecond' OR lock_timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: lock_timeout must be an interval from 1 ms to 1 hour, got %', lock_timeout
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
 -- Serialises the archival steps of one unit across sessions. The Spark job
 -- holds it at session level (try_lock_archive) for a whole unit; the SQL
 -- steps take it per transaction, so an operator's void waits for a run.
@@ -281,6 +327,7 @@ AS $$
 DECLARE
     saved text := current_setting('lock_timeout');
 BEGIN
+    PERFORM outbox._check_lock_timeout(lock_timeout);
     PERFORM set_config('lock_timeout', (extract(epoch FROM lock_timeout) * 1000)::bigint::text, true);
     BEGIN
         EXECUTE statement;
@@ -378,6 +425,7 @@ DECLARE
     part text := outbox._partition_name(day);
 BEGIN
     PERFORM outbox._archive_source(source);
+    PERFORM outbox._check_day(day);
     IF source = 'outbox.events' THEN
         IF NOT outbox._is_partition(part) THEN
             RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', part
@@ -427,11 +475,8 @@ AS $$
 DECLARE
     part text;
 BEGIN
-    IF retention IS NULL OR retention < interval '0'
-        OR dead_letter_retention IS NULL OR dead_letter_retention < interval '0' THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: retention and dead_letter_retention must be >= 0'
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_retention(retention, 'retention');
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
     FOR part IN
         SELECT c.relname::text
         FROM pg_inherits AS i
@@ -483,9 +528,9 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF dead_letter_retention IS NULL OR dead_letter_retention < interval '0' THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: dead_letter_retention must be >= 0'
-            USING ERRCODE = 'OB006';
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
+    IF retention > interval '100 years' THEN
+        PERFORM outbox._check_retention(retention, 'retention');
     END IF;
     IF retention IS NULL OR retention < inbox.stream_max_age() THEN
         RAISE EXCEPTION 'RETENTION_BELOW_MAX_AGE: inbox retention % is shorter than the streams'' max_age %', retention, inbox.stream_max_age()
@@ -546,8 +591,9 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF max_age IS NULL OR max_age <= interval '0' THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: max_age must be positive' USING ERRCODE = 'OB006';
+    IF max_age IS NULL OR max_age <= interval '0' OR max_age > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: max_age must be positive and at most 100 years, got %', max_age
+            USING ERRCODE = 'OB006';
     END IF;
     INSERT INTO inbox.retention_policy AS p (singleton, stream_max_age)
     VALUES (TRUE, max_age)
@@ -588,6 +634,9 @@ DECLARE
     has_dead boolean;
 BEGIN
     day := outbox._partition_day(partition_name);
+    PERFORM outbox._check_retention(retention, 'retention');
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
+    PERFORM outbox._check_lock_timeout(lock_timeout);
     range_from := outbox._day_from(day);
     range_to := outbox._day_from(day + 1);
     PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', day));
@@ -595,7 +644,7 @@ BEGIN
         RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', partition_name
             USING ERRCODE = 'OB050';
     END IF;
-    IF retention IS NULL OR range_to > now() - retention THEN
+    IF range_to > now() - retention THEN
         RAISE EXCEPTION 'RETENTION_NOT_REACHED: partition % (day %) is younger than the retention %', partition_name, day, retention
             USING ERRCODE = 'OB052';
     END IF;
@@ -619,7 +668,7 @@ BEGIN
         RAISE EXCEPTION 'NOT_CLOSED: partition % has rows still PENDING, PROCESSING or FAILED', partition_name
             USING ERRCODE = 'OB051', HINT = 'Only partitions whose rows are all terminal are archived.';
     END IF;
-    IF has_dead AND (dead_letter_retention IS NULL OR range_to > now() - dead_letter_retention) THEN
+    IF has_dead AND range_to > now() - dead_letter_retention THEN
         RAISE EXCEPTION 'RETENTION_NOT_REACHED: partition % holds dead letters younger than %', partition_name, dead_letter_retention
             USING ERRCODE = 'OB052', HINT = 'Requeue them (outbox.requeue) or wait for dead_letter_retention.';
     END IF;
@@ -685,6 +734,12 @@ BEGIN
     PERFORM outbox._archive_source(source);
     IF day IS NULL OR row_count IS NULL OR checksum IS NULL OR nullif(btrim(archive_uri), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: day, row_count, checksum and archive_uri are required'
+            USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_day(day);
+    PERFORM outbox._check_text(archive_uri, 'archive_uri', 2048);
+    IF row_count < 0 OR checksum < 0 OR checksum <> trunc(checksum) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: row_count and checksum must be non-negative integers, got % and %', row_count, checksum
             USING ERRCODE = 'OB006';
     END IF;
     PERFORM pg_advisory_xact_lock(outbox._archive_lock_key(source, day));
@@ -797,6 +852,7 @@ DECLARE
     part_day date := outbox._partition_day(partition_name);
     standing outbox.archive_audit;
 BEGIN
+    PERFORM outbox._check_lock_timeout(lock_timeout);
     PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', part_day));
     IF NOT outbox._is_partition(partition_name) THEN
         IF EXISTS (
@@ -840,6 +896,7 @@ DECLARE
     n bigint;
     sum_hash numeric;
 BEGIN
+    PERFORM outbox._check_day(day);
     PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('inbox.messages', day));
     standing := outbox._standing_audit('inbox.messages', day);
     IF standing.removed_at IS NOT NULL THEN
@@ -888,9 +945,9 @@ DECLARE
     part text := outbox._partition_name(day);
 BEGIN
     PERFORM outbox._archive_source(source);
-    IF nullif(btrim(reason), '') IS NULL THEN
-        RAISE EXCEPTION 'REASON_REQUIRED: voiding an archive needs a reason' USING ERRCODE = 'OB014';
-    END IF;
+    PERFORM outbox._check_day(day);
+    PERFORM outbox._check_text(reason, 'voiding an archive''s reason', 1000, TRUE);
+    PERFORM outbox._check_lock_timeout(lock_timeout);
     PERFORM pg_advisory_xact_lock(outbox._archive_lock_key(source, day));
     SELECT * INTO standing FROM outbox.archive_audit AS a
     WHERE a.source = void_archive.source AND a.day = void_archive.day AND a.voided_at IS NULL;
@@ -922,6 +979,7 @@ LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
+    SELECT outbox._archive_source(archive_audits.source) WHERE archive_audits.source IS NOT NULL;
     SELECT * FROM outbox.archive_audit AS a
     WHERE archive_audits.source IS NULL OR a.source = archive_audits.source
     ORDER BY a.source, a.day, a.id;
@@ -937,6 +995,7 @@ LANGUAGE sql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
+    SELECT outbox._archive_source(source), outbox._check_day(day);
     SELECT pg_try_advisory_lock(outbox._archive_lock_key(source, day));
 $$;
 
@@ -946,6 +1005,7 @@ LANGUAGE sql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
+    SELECT outbox._archive_source(source), outbox._check_day(day);
     SELECT pg_advisory_unlock(outbox._archive_lock_key(source, day));
 $$;
 

@@ -15,7 +15,7 @@ import pytest
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox import migrate as m
 from pgoutbox.embedded import PG_BIN
-from pgoutbox.errors import MigrationError, SqlState
+from pgoutbox.errors import MigrationError, PolicyViolation, SqlState, wrap_exceptions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,3 +215,48 @@ def test_0005_keeps_every_subject_across_up_and_down(empty_database_url):
         m.migrate(conn, target=4)
         assert conn.execute(subjects).fetchall() == expected
         assert conn.execute("SELECT count(*) FROM outbox.events WHERE status = 'COMPLETED'").fetchone()[0] == 1
+
+
+def test_0006_migrates_a_database_holding_what_it_now_refuses(empty_database_url):
+    """The new limits live in emit's trigger, not in CHECK constraints: rows
+    accepted by version 5 stay, the migration succeeds over them (up, down,
+    up), and they can still be claimed and dead-lettered."""
+    poison = [
+        "occurred_at => '-infinity'",
+        "headers => '{\"Nats-Msg-Id\": \"forged\", \"x-a\": \"1\", \"X-A\": \"2\"}'",
+        "ordering_key => repeat('k', 2000)",
+        "tenant_id => E'line\\nbreak'",
+    ]
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        m.migrate(conn, target=5)
+        for extra in poison:
+            conn.execute("SELECT outbox.emit('order', '1', 'created', '{\"schema_version\": 1.0}',"
+                         f" context => 'sea', {extra})")
+        conn.execute("SELECT outbox.emit('order', '1', 'created',"
+                     " jsonb_build_object('schema_version', 1, 'x', repeat('a', 600000)), context => 'sea')")
+        assert m.migrate(conn) == ["up 0006_poison_proof"]
+        assert m.migrate(conn, target=5) == ["down 0006_poison_proof"]
+        assert m.migrate(conn) == ["up 0006_poison_proof"]
+        for extra in poison:
+            with pytest.raises(PolicyViolation):
+                with wrap_exceptions():
+                    conn.execute("SELECT outbox.emit('order', '1', 'created', '{\"schema_version\": 1}',"
+                                 f" context => 'sea', {extra})")
+        claimed = conn.execute("SELECT event_id, claim_token FROM outbox.claim('w', 100, '1 minute')").fetchall()
+        assert len(claimed) == 5, "ordering keys are distinct or absent: every stored row is claimable"
+        ids = [r[0] for r in claimed]
+        marked = conn.execute("SELECT outbox.mark_failed(%s, %s, %s, %s)",
+                              (claimed[0][1], ids, ["poison"] * len(ids), [None] * len(ids))).fetchone()[0]
+        assert marked == 5
+        assert conn.execute("SELECT count(*) FROM outbox.events WHERE status = 'DEAD_LETTER'").fetchone()[0] == 5
+
+
+def test_0006_keeps_a_valid_throttle_set_for_the_database(empty_database_url):
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        m.migrate(conn, target=5)
+        dbname = conn.info.dbname
+        conn.execute(f"ALTER DATABASE {dbname} SET pgoutbox.notify_throttle = '50ms'")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:  # a session that sees it
+        m.migrate(conn)
+        conn.execute("SET pgoutbox.notify_throttle = '1 min'")  # read no more
+        assert conn.execute("SELECT outbox.notify_throttle()").fetchone()[0].total_seconds() == 0.05
