@@ -19,7 +19,7 @@ import enum
 import itertools
 import json
 import logging
-import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +29,8 @@ import nats.errors
 import nats.js.errors
 
 from . import envelope
+from .backoff import Every
+from .errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger("pgoutbox.publisher")
 
@@ -179,25 +181,33 @@ class Publisher:
             self._connected.set()
             log.info("NATS reconnected", extra={"action": "nats_reconnected"})
 
-        last_logged = [float("-inf")]
+        lines = Every()
 
         async def error(exc):
             # nats-py retries every 250 ms while NATS is away: one line per 5 s is enough.
-            now = time.monotonic()
-            if now - last_logged[0] >= 5:
-                last_logged[0] = now
-                log.warning("NATS: %s", exc or type(exc).__name__, extra={"action": "nats_error"})
+            if not lines():
+                return
+            reason = str(exc) or type(exc).__name__
+            if self._connected.is_set():
+                log.warning("NATS: %s", reason, extra={"action": "nats_error"})
+            else:
+                log.warning("%s (attempt %d); retrying", BrokerUnavailable(
+                    f"cannot connect to NATS at {where(self.url)} (OUTBOX_NATS_URL): {reason}"), lines.attempts,
+                    extra={"action": "nats_error"})
 
-        self.nc = await nats.connect(
-            self.url.split(","),
-            name=self.name,
-            max_reconnect_attempts=-1,  # also retries the first connect
-            reconnect_time_wait=0.25,
-            connect_timeout=2,
-            disconnected_cb=disconnected,
-            reconnected_cb=reconnected,
-            error_cb=error,
-        )
+        try:
+            self.nc = await nats.connect(
+                self.url.split(","),
+                name=self.name,
+                max_reconnect_attempts=-1,  # also retries the first connect
+                reconnect_time_wait=0.25,
+                connect_timeout=2,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
+                error_cb=error,
+            )
+        except nats.errors.Error as exc:  # raised at once only for what no retry can fix, e.g. a malformed URL
+            raise ConfigError(f"OUTBOX_NATS_URL {where(self.url)}: {exc}") from exc
         self._inbox = self.nc.new_inbox()
         await self.nc.subscribe(self._inbox + ".*", cb=self._on_reply)
         self._connected.set()
@@ -300,6 +310,18 @@ class Publisher:
                            detail=f"JetStream did not answer for {subject!r}: {type(exc).__name__}")
         return Outcome(None, code=PublishError.JETSTREAM_ERROR,
                        detail=f"stream {stream} did not respond for {subject!r}")
+
+
+def where(url: str) -> str:
+    """The servers of a NATS URL list, for messages: without user or password."""
+    out = []
+    for one in url.split(","):
+        try:
+            parts = urllib.parse.urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
+            out.append(f"{parts.hostname or '?'}:{parts.port or 4222}")
+        except ValueError:
+            out.append("(unparsable URL)")
+    return ",".join(out)
 
 
 def _classify_send_error(event_id, exc: Exception) -> Outcome:
