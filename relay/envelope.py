@@ -96,6 +96,9 @@ _RESERVED_NAMES = frozenset({"status", "description"})  # status replies (e.g. "
 # A subject NATS can publish to: dot-separated, non-empty tokens without
 # wildcards, whitespace or control characters.
 _SUBJECT = re.compile(r"[^\s\x00-\x1f\x7f.*>]+(?:\.[^\s\x00-\x1f\x7f.*>]+)*")
+# The server closes a connection whose PUB line exceeds max_control_line
+# (4 KiB by default); 512 characters stay below it even at 4 bytes each.
+MAX_SUBJECT = 512
 
 
 def _emitter_headers(extra: Any) -> dict[str, str]:
@@ -143,8 +146,9 @@ def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
     raises WireError, whose code names the fault.
     """
     subject = event["subject"]
-    if not isinstance(subject, str) or not _SUBJECT.fullmatch(subject):
-        raise WireError("BAD_SUBJECT", f"subject {_show(str(subject))} is not a NATS subject one can publish to")
+    if not isinstance(subject, str) or len(subject) > MAX_SUBJECT or not _SUBJECT.fullmatch(subject):
+        raise WireError("BAD_SUBJECT", f"subject {_show(str(subject))} is not a NATS subject one can publish to "
+                        f"(dot-separated tokens without whitespace or wildcards, at most {MAX_SUBJECT} characters)")
     headers = _emitter_headers(event.get("headers") or {})
     for header, field in _FIELDS.items():
         value = event.get(field)

@@ -328,7 +328,7 @@ class OutboxRelay:
                     error += f" (gave up after {row['attempts']} attempts)"
                 log.error("dead-lettered %s: %s", outcome.event_id, error, extra={
                     "action": "dead_letter", "event_id": str(outcome.event_id),
-                    "subject": row["subject"], "code": outcome.code})
+                    "subject": str(row["subject"])[:300], "code": outcome.code})
             failed_ids.append(outcome.event_id)
             errors.append(error)
             retry_at.append(None if delay is None else now + timedelta(seconds=delay))

@@ -83,9 +83,9 @@ class Outcome:
 
     @property
     def error(self) -> str:
-        detail = self.detail.replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL
-        if len(detail) > MAX_DETAIL:
-            detail = detail[:MAX_DETAIL] + "..."
+        detail = self.detail[:MAX_DETAIL] + ("..." if len(self.detail) > MAX_DETAIL else "")
+        # PostgreSQL text holds neither NUL nor lone surrogates.
+        detail = detail.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
         return f"{self.code}: {detail}"
 
 
