@@ -89,10 +89,11 @@ def _show(text: str, limit: int = 60) -> str:
 
 # A header name NATS accepts (an HTTP token; nats-py refuses others).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-# Names NATS, JetStream or nats-py interpret, or pgoutbox sets itself, in any
-# letter case: an emitter's copy would override or duplicate them.
-_RESERVED_PREFIXES = ("nats-", PREFIX.lower())
-_RESERVED_NAMES = frozenset({"status", "description"})  # status replies (e.g. "Status: 404" ends a fetch)
+# A token that is not reserved. Reserved, in any letter case: the names NATS,
+# JetStream or nats-py interpret or pgoutbox sets itself, which an emitter's
+# copy would override or duplicate (Status and Description mark status
+# replies: a "Status: 404" message ends a fetch).
+_FREE_NAME = re.compile(r"(?!(?i:nats-|pgoutbox-|(?:status|description)\Z))[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # A subject NATS can publish to: dot-separated, non-empty tokens without
 # wildcards, whitespace or control characters.
 _SUBJECT = re.compile(r"[^\s\x00-\x1f\x7f.*>]+(?:\.[^\s\x00-\x1f\x7f.*>]+)*")
@@ -114,14 +115,13 @@ def _emitter_headers(extra: Any) -> dict[str, str]:
     for name, value in extra.items():
         if value is None:
             continue  # null: the header is absent
-        if not _HEADER_NAME.fullmatch(name):
-            raise WireError("BAD_HEADER", f"header name {_show(name)} is not a token NATS can carry "
-                            "(letters, digits and !#$%&'*+-.^_`|~ only)")
-        folded = name.lower()
-        if folded.startswith(_RESERVED_PREFIXES) or folded in _RESERVED_NAMES:
+        if not _FREE_NAME.fullmatch(name):
+            if not _HEADER_NAME.fullmatch(name):
+                raise WireError("BAD_HEADER", f"header name {_show(name)} is not a token NATS can carry "
+                                "(letters, digits and !#$%&'*+-.^_`|~ only)")
             raise WireError("BAD_HEADER", f"header name {_show(name)} is reserved (Nats-*, Pgoutbox-*, "
                             "Status and Description, in any letter case)")
-        if not isinstance(value, str):
+        if type(value) is not str:
             raise WireError("BAD_HEADER", f"header {_show(name)} has a JSON {type(value).__name__} value; "
                             "header values must be strings")
         headers[name] = value
@@ -149,15 +149,15 @@ def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
     if not isinstance(subject, str) or len(subject) > MAX_SUBJECT or not _SUBJECT.fullmatch(subject):
         raise WireError("BAD_SUBJECT", f"subject {_show(str(subject))} is not a NATS subject one can publish to "
                         f"(dot-separated tokens without whitespace or wildcards, at most {MAX_SUBJECT} characters)")
+    occurred = event.get("occurred_at")
+    if isinstance(occurred, Unrepresentable):  # the one timestamp on the wire
+        raise WireError("BAD_TIMESTAMP", f"occurred_at {_show(occurred.text)} cannot be expressed on the wire "
+                        "(RFC 3339, years 0001-9999)")
     headers = _emitter_headers(event.get("headers") or {})
     for header, field in _FIELDS.items():
         value = event.get(field)
-        if value is None:
-            continue
-        if isinstance(value, Unrepresentable):
-            raise WireError("BAD_TIMESTAMP", f"{field} {_show(value.text)} cannot be expressed on the wire "
-                            "(RFC 3339, years 0001-9999)")
-        headers[header] = _text(value)
+        if value is not None:
+            headers[header] = value if type(value) is str else _text(value)
     headers[MSG_ID] = str(event["event_id"])
     _check_values(headers)
     payload = event["payload"]
