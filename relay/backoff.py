@@ -13,6 +13,7 @@ messages dead-lettered together still spread out.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -83,3 +84,21 @@ def reconnect_delays(base: float = 0.1, cap: float = 5.0) -> Iterator[float]:
     while True:
         attempt += 1
         yield backoff.delay(attempt)
+
+
+class Every:
+    """True at most once per `seconds`: one log line per attempt of a retry
+    loop, without a line for each of the quick first attempts."""
+
+    def __init__(self, seconds: float = 5.0):
+        self.seconds = seconds
+        self.attempts = 0
+        self._last = float("-inf")
+
+    def __call__(self) -> bool:
+        self.attempts += 1
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True

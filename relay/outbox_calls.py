@@ -5,6 +5,11 @@ rules live in the database.
 A call that fails because the server is unreachable raises DatabaseUnavailable
 (the caller decides whether to retry); every (re)connection re-checks the
 schema version, so a relay never runs against a schema it does not know.
+
+Claimed rows are read so that no value can fail the fetch: ids, payload and
+headers as text, and timestamps as the wire text built from PostgreSQL's own
+rendering (envelope.wire_time), or a marker for values that have none
+(±infinity, BC, years past 9999, which psycopg cannot load as datetimes).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.adapt import Loader
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.string import TextLoader
 
-from . import db
-from .errors import DatabaseUnavailable, wrap_exceptions
+from . import db, envelope
+from .errors import ConfigError, DatabaseUnavailable, SchemaMismatch, wrap_exceptions
 
 log = logging.getLogger("pgoutbox.db")
 
@@ -43,33 +49,66 @@ def _log_warning(diag) -> None:
 _CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
+class WireTimeLoader(Loader):
+    """timestamptz -> wire text or envelope.Unrepresentable; never raises (a
+    value Python's datetime cannot hold would otherwise fail the whole fetch)."""
+
+    def load(self, data) -> str | envelope.Unrepresentable:
+        return envelope.wire_time(bytes(data).decode())
+
+
 async def open_connection(
-    database_url: str | None, *, synchronous_commit: bool = True, **kwargs
+    database_url: str | None, *, synchronous_commit: bool = True, wire_times: bool = False, **kwargs
 ) -> psycopg.AsyncConnection:
-    """An autocommit connection to a schema this code understands."""
+    """An autocommit connection to a schema this code understands.
+
+    Login refused, database missing and server unreachable all raise
+    DatabaseUnavailable: libpq gives them no SQLSTATE to tell them apart."""
+    options = []
     if not synchronous_commit:
-        kwargs["options"] = "-c synchronous_commit=off"
+        options.append("-c synchronous_commit=off")
+    if wire_times:  # the rendering WireTimeLoader's fast path expects
+        options.append("-c TimeZone=UTC -c DateStyle=ISO")
+    if options:
+        kwargs["options"] = " ".join(options)
     try:
         conn = await db.aconnect(database_url, connect_timeout=5, **kwargs)
     except _CONNECTION_ERRORS as exc:
-        raise DatabaseUnavailable(str(exc).strip()) from exc
+        raise db.unavailable(exc, database_url) from exc
     try:
         cur = conn.cursor(row_factory=tuple_row)
         await cur.execute("SELECT outbox.schema_version()")
         db.check_schema_version((await cur.fetchone())[0])
+    except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName) as exc:
+        await conn.close()
+        raise SchemaMismatch(f"no pgoutbox schema in {db.describe(database_url)}: run `pgoutbox migrate`") from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        await conn.close()
+        raise ConfigError(f"the role of OUTBOX_DATABASE_URL may not use the outbox schema in "
+                          f"{db.describe(database_url)}: grant it pgoutbox_relay") from exc
     except BaseException:
         await conn.close()
         raise
+    if wire_times:
+        conn.adapters.register_loader("timestamptz", WireTimeLoader)
     return conn
+
+
+def _lost(exc: Exception) -> DatabaseUnavailable:
+    """One line for a connection lost during a call (libpq's text can span lines)."""
+    reason = " / ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return DatabaseUnavailable(f"PostgreSQL connection lost: {reason or type(exc).__name__}")
 
 
 class OutboxCalls:
     """One lazily (re)opened connection and the relay's SQL calls on it."""
 
-    def __init__(self, database_url: str | None, purpose: str, *, synchronous_commit: bool = True):
+    def __init__(self, database_url: str | None, purpose: str, *, synchronous_commit: bool = True,
+                 wire_times: bool = False):
         self.database_url = database_url
         self.purpose = purpose
         self.synchronous_commit = synchronous_commit
+        self.wire_times = wire_times
         self._conn: psycopg.AsyncConnection | None = None
 
     @property
@@ -84,7 +123,8 @@ class OutboxCalls:
     async def _run(self, query: str, params: tuple = (), *, rows: bool = False) -> Any:
         if not self.connected:
             self._conn = await open_connection(
-                self.database_url, synchronous_commit=self.synchronous_commit, row_factory=dict_row
+                self.database_url, synchronous_commit=self.synchronous_commit, wire_times=self.wire_times,
+                row_factory=dict_row,
             )
             # Ids only travel from a claim to the wire and back to a mark:
             # text avoids building (and re-formatting) a UUID object per id.
@@ -97,7 +137,7 @@ class OutboxCalls:
                 return await cur.fetchall() if rows else (await cur.fetchone())
         except _CONNECTION_ERRORS as exc:
             await self.close()
-            raise DatabaseUnavailable(str(exc).strip()) from exc
+            raise _lost(exc) from exc
 
     async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict]:
         return await self._run(

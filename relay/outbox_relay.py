@@ -26,9 +26,12 @@ due); a short one took everything due, so the loop waits for a wake-up
 fallback poll. Housekeeping: outbox.create_partitions() every
 partitions_every, and the backlog gauges every backlog_interval.
 
-Failures: a permanent publish error (MAX_PAYLOAD, NO_STREAM, BAD_HEADER) is
-dead-lettered at once; others are retried with full-jitter backoff until
-max_attempts. While NATS is unreachable nothing is claimed (claiming would
+Failures belong to one event, never to its batch or the process: rows are
+read so that no value can fail the fetch (outbox_calls), and whatever an
+event carries that cannot be published (a timestamp RFC 3339 cannot express,
+a header NATS cannot carry, an oversize message: publisher.PERMANENT) is
+dead-lettered at once with its code; other errors are retried with
+full-jitter backoff until max_attempts. While NATS is unreachable nothing is claimed (claiming would
 only burn attempts). When PostgreSQL goes away, calls are retried after a
 reconnection; a published batch keeps trying to mark until its lease ends.
 
@@ -49,11 +52,12 @@ from types import SimpleNamespace
 from typing import TypeVar
 
 import nats.errors
+import psycopg
 
 from . import streams
-from .backoff import RetryPolicy, reconnect_delays
+from .backoff import Every, RetryPolicy, reconnect_delays
 from .health_server import HealthServer
-from .errors import ConfigError, StaleClaim
+from .errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim
 from .outbox_calls import DatabaseUnavailable, OutboxCalls
 from .publisher import Outcome, PublishError, Publisher
 from .relay_metrics import RelayMetrics
@@ -87,9 +91,9 @@ class OutboxRelay:
         # PostgreSQL crash reverts to a state the lease and Nats-Msg-Id
         # deduplication already recover from (re-claim, re-publish, dup ack).
         sync = cfg.synchronous_commit
-        self.claims = OutboxCalls(cfg.database_url, "claim", synchronous_commit=sync)
+        self.claims = OutboxCalls(cfg.database_url, "claim", synchronous_commit=sync, wire_times=True)
         self.marks = OutboxCalls(cfg.database_url, "mark", synchronous_commit=sync)
-        self.monitor = OutboxCalls(cfg.database_url, "backlog")
+        self.monitor = OutboxCalls(cfg.database_url, "backlog", wire_times=True)
         self.wakeups = Wakeups(cfg.poll_interval)
         self.stopping = asyncio.Event()
         self.started = asyncio.Event()
@@ -109,6 +113,7 @@ class OutboxRelay:
             await asyncio.wait({start, stop_task}, return_when=asyncio.FIRST_COMPLETED)
             if not start.done():
                 start.cancel()
+                await asyncio.wait({start}, timeout=5)  # e.g. a connection attempt being abandoned
                 log.info("stopped before start-up completed", extra={"action": "stopped"})
                 return
             start.result()
@@ -199,7 +204,7 @@ class OutboxRelay:
 
     async def _claim_loop(self, out: asyncio.Queue) -> None:
         cfg = self.cfg
-        delays = reconnect_delays()
+        delays, lines = reconnect_delays(), Every()
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
@@ -212,10 +217,21 @@ class OutboxRelay:
                 rows = await self.claims.claim(cfg.relay_name, cfg.batch_size, cfg.lease)
             except DatabaseUnavailable as exc:
                 self.metrics.database_up.set(0)
-                log.warning("claim failed, PostgreSQL unavailable: %s", exc, extra={"action": "db_retry"})
+                if lines():
+                    log.warning("claim failed (attempt %d), PostgreSQL unavailable: %s", lines.attempts, exc,
+                                extra={"action": "db_retry"})
                 await self._unless_stopping(asyncio.sleep(next(delays)))
                 continue
-            delays = reconnect_delays()
+            except psycopg.Error as exc:
+                # Not expected (rows are read so that none can fail the fetch),
+                # but a worker retries rather than exits; claimed rows, if
+                # any, come back when their lease ends.
+                if lines():
+                    log.error("claim failed (attempt %d): %s [%s]", lines.attempts, _one_line(exc), exc.sqlstate,
+                              extra={"action": "claim_error", "sqlstate": exc.sqlstate})
+                await self._unless_stopping(asyncio.sleep(next(delays)))
+                continue
+            delays, lines = reconnect_delays(), Every()
             self.metrics.database_up.set(1)
             self.metrics.claim_seconds.observe(time.monotonic() - started)
             if rows:
@@ -263,11 +279,21 @@ class OutboxRelay:
                 ]
             else:
                 started = time.monotonic()
-                batch.outcomes = await self.publisher.publish_batch(batch.rows)
+                batch.outcomes = await self._publish_rows(batch.rows)
                 self.metrics.publish_seconds.observe(time.monotonic() - started)
             await out.put(batch)
         finally:
             slots.release()
+
+    async def _publish_rows(self, rows: list[dict]) -> list[Outcome]:
+        """Each row's outcome; an unexpected failure of the whole call is every
+        row's transient failure (retried, then dead-lettered), not the relay's."""
+        try:
+            return await self.publisher.publish_batch(rows)
+        except Exception as exc:  # noqa: BLE001 - the process must outlive it
+            log.exception("publishing a batch failed", extra={"action": "publish_error"})
+            return [Outcome(r["event_id"], code=PublishError.JETSTREAM_ERROR,
+                            detail=f"publishing the batch failed: {type(exc).__name__}: {exc}") for r in rows]
 
     async def _mark_loop(self, inp: asyncio.Queue) -> None:
         while (batch := await inp.get()) is not None:
@@ -302,7 +328,7 @@ class OutboxRelay:
                     error += f" (gave up after {row['attempts']} attempts)"
                 log.error("dead-lettered %s: %s", outcome.event_id, error, extra={
                     "action": "dead_letter", "event_id": str(outcome.event_id),
-                    "subject": row["subject"], "code": outcome.code})
+                    "subject": str(row["subject"])[:300], "code": outcome.code})
             failed_ids.append(outcome.event_id)
             errors.append(error)
             retry_at.append(None if delay is None else now + timedelta(seconds=delay))
@@ -330,21 +356,32 @@ class OutboxRelay:
 
     async def _mark_call(self, call: Callable[[], Awaitable[int]], deadline: float, expected: int) -> int:
         """Runs one mark call, retrying across reconnections until the lease ends."""
-        delays = reconnect_delays()
+        delays, lines = reconnect_delays(), Every()
         while True:
             try:
                 marked = await call()
             except StaleClaim:
                 marked = 0
-            except DatabaseUnavailable as exc:
+            except (DatabaseUnavailable, psycopg.Error) as exc:
                 if time.monotonic() > deadline:
                     log.error("could not mark a batch before its lease ended (%s); it will be re-claimed "
-                              "and re-published, deduplicated by Nats-Msg-Id", exc,
+                              "and re-published, deduplicated by Nats-Msg-Id", _one_line(exc),
                               extra={"action": "mark_abandoned"})
                     return 0
-                log.warning("mark failed, PostgreSQL unavailable: %s", exc, extra={"action": "db_retry"})
+                if lines():
+                    log.warning("mark failed (attempt %d): %s", lines.attempts, _one_line(exc),
+                                extra={"action": "db_retry"})
                 await asyncio.sleep(next(delays))
                 continue
+            except (SchemaMismatch, ConfigError):
+                raise  # e.g. the schema changed under the relay: stop with its one line
+            except PgOutboxError as exc:
+                # The database refused the call itself: retrying cannot help,
+                # and the process must not die of it; the lease hands the
+                # events to the next claim.
+                log.error("the database refused to mark %d event(s): %s [%s]", expected, exc, exc.code,
+                          extra={"action": "mark_refused", "code": exc.code})
+                return 0
             if marked < expected:
                 # The lease expired and another relay re-claimed these (or a
                 # retried call had already committed): their state is theirs.
@@ -356,6 +393,7 @@ class OutboxRelay:
     # -- monitoring ----------------------------------------------------------
 
     async def _backlog_loop(self) -> None:
+        lines = Every(60)
         while True:
             try:
                 rows = await self.monitor.backlog()
@@ -363,6 +401,10 @@ class OutboxRelay:
                 self._due = sum(r["due"] for r in rows)
             except DatabaseUnavailable:
                 pass  # the claim loop reports it; readiness shows it
+            except psycopg.Error as exc:  # e.g. a row's infinite timestamp: the gauges wait, delivery does not
+                if lines():
+                    log.error("backlog metrics unavailable: %s [%s]", _one_line(exc), exc.sqlstate,
+                              extra={"action": "backlog_error", "sqlstate": exc.sqlstate})
             self.problems()
             await asyncio.sleep(self.cfg.backlog_interval)
 
@@ -376,6 +418,10 @@ class OutboxRelay:
                     log.info("created partitions %s", ", ".join(created), extra={"action": "partitions"})
             except DatabaseUnavailable:
                 pass  # next round
+            except (SchemaMismatch, ConfigError):
+                raise
+            except (psycopg.Error, PgOutboxError) as exc:  # housekeeping must not stop delivery
+                log.error("creating partitions failed: %s", _one_line(exc), extra={"action": "partitions_error"})
             await asyncio.sleep(self.cfg.partitions_every)
 
     async def _tick_loop(self) -> None:
@@ -406,12 +452,14 @@ class OutboxRelay:
         return problems
 
     async def _retry_db(self, call: Callable[[], Awaitable[T]], what: str) -> T:
-        delays = reconnect_delays()
+        delays, lines = reconnect_delays(), Every()
         while True:
             try:
                 return await call()
             except DatabaseUnavailable as exc:
-                log.warning("%s: PostgreSQL unavailable: %s", what, exc, extra={"action": "db_retry"})
+                if lines():
+                    log.warning("%s (attempt %d): %s; retrying", what, lines.attempts, exc,
+                                extra={"action": "db_retry"})
                 await asyncio.sleep(next(delays))
 
     async def _unless_stopping(self, aw: Awaitable) -> None:
@@ -421,3 +469,7 @@ class OutboxRelay:
         await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
         for t in (task, stop):
             t.cancel()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " / ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__

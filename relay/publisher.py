@@ -19,7 +19,7 @@ import enum
 import itertools
 import json
 import logging
-import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +29,8 @@ import nats.errors
 import nats.js.errors
 
 from . import envelope
+from .backoff import Every
+from .errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger("pgoutbox.publisher")
 
@@ -45,13 +47,23 @@ class PublishError(enum.StrEnum):
 
     MAX_PAYLOAD = "MAX_PAYLOAD"  # message larger than the server or stream allows
     NO_STREAM = "NO_STREAM"  # no JetStream stream captures the subject
-    BAD_HEADER = "BAD_HEADER"  # an emitter-supplied header NATS cannot carry
+    BAD_HEADER = "BAD_HEADER"  # a header NATS cannot carry unaltered, or posing as a reserved one
+    BAD_SUBJECT = "BAD_SUBJECT"  # not a publishable subject, or not {context}.event.{event_type}.v{version}
+    BAD_PAYLOAD = "BAD_PAYLOAD"  # the payload is not a JSON object
+    BAD_TIMESTAMP = "BAD_TIMESTAMP"  # a timestamp RFC 3339 cannot express (±infinity, BC, years > 9999)
+    ENCODE_FAILED = "ENCODE_FAILED"  # anything else that failed while building this event's message
     PUBLISH_TIMEOUT = "PUBLISH_TIMEOUT"  # no ack in time (maybe stored: a retry is deduplicated)
     NATS_UNAVAILABLE = "NATS_UNAVAILABLE"  # not connected to NATS
     JETSTREAM_ERROR = "JETSTREAM_ERROR"  # a JetStream error that may clear
 
 
-PERMANENT = frozenset({PublishError.MAX_PAYLOAD, PublishError.NO_STREAM, PublishError.BAD_HEADER})
+# What an event carries fails the same way on every attempt: dead-lettered at once.
+PERMANENT = frozenset({
+    PublishError.MAX_PAYLOAD, PublishError.NO_STREAM, PublishError.BAD_HEADER, PublishError.BAD_SUBJECT,
+    PublishError.BAD_PAYLOAD, PublishError.BAD_TIMESTAMP, PublishError.ENCODE_FAILED,
+})
+# last_error holds the code and a bounded detail (it quotes the event's own values).
+MAX_DETAIL = 500
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,10 @@ class Outcome:
 
     @property
     def error(self) -> str:
-        return f"{self.code}: {self.detail}"
+        detail = self.detail[:MAX_DETAIL] + ("..." if len(self.detail) > MAX_DETAIL else "")
+        # PostgreSQL text holds neither NUL nor lone surrogates.
+        detail = detail.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
+        return f"{self.code}: {detail}"
 
 
 class _Rejected(Exception):
@@ -84,6 +99,32 @@ class _Rejected(Exception):
 
 class _NoResponders(Exception):
     """Nothing listens on the subject: no stream captures it."""
+
+
+def encode(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
+    """envelope.to_nats, plus what a claimed row must satisfy that a replayed
+    envelope need not: the subject the INSERT trigger derives from the row's
+    parts, and an object payload (rows written around emit can lack both)."""
+    subject, body, headers = envelope.to_nats(row)
+    if subject != f"{row['context']}.event.{row['event_type']}.v{row['event_version']}":
+        raise envelope.WireError(
+            PublishError.BAD_SUBJECT,
+            f"subject {subject!r} is not {{context}}.event.{{event_type}}.v{{event_version}} of this event")
+    if body[:1] != b"{":  # jsonb renders an object with "{" first
+        raise envelope.WireError(PublishError.BAD_PAYLOAD, f"payload is not a JSON object: {body[:40]!r}")
+    return subject, body, headers
+
+
+def encode_outcome(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]] | Outcome:
+    """The message for a row, or the row's permanent failure: nothing an event
+    carries may fail its batch."""
+    try:
+        return encode(row)
+    except envelope.WireError as exc:
+        code = PublishError._value2member_map_.get(exc.code, PublishError.ENCODE_FAILED)
+        return Outcome(row["event_id"], code=code, detail=exc.detail)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - e.g. unreadable headers JSON; this event's failure alone
+        return Outcome(row["event_id"], code=PublishError.ENCODE_FAILED, detail=f"{type(exc).__name__}: {exc}")
 
 
 def message_size(body: bytes, headers: Mapping[str, str]) -> int:
@@ -140,25 +181,33 @@ class Publisher:
             self._connected.set()
             log.info("NATS reconnected", extra={"action": "nats_reconnected"})
 
-        last_logged = [float("-inf")]
+        lines = Every()
 
         async def error(exc):
             # nats-py retries every 250 ms while NATS is away: one line per 5 s is enough.
-            now = time.monotonic()
-            if now - last_logged[0] >= 5:
-                last_logged[0] = now
-                log.warning("NATS: %s", exc or type(exc).__name__, extra={"action": "nats_error"})
+            if not lines():
+                return
+            reason = str(exc) or type(exc).__name__
+            if self._connected.is_set():
+                log.warning("NATS: %s", reason, extra={"action": "nats_error"})
+            else:
+                log.warning("%s (attempt %d); retrying", BrokerUnavailable(
+                    f"cannot connect to NATS at {where(self.url)} (OUTBOX_NATS_URL): {reason}"), lines.attempts,
+                    extra={"action": "nats_error"})
 
-        self.nc = await nats.connect(
-            self.url.split(","),
-            name=self.name,
-            max_reconnect_attempts=-1,  # also retries the first connect
-            reconnect_time_wait=0.25,
-            connect_timeout=2,
-            disconnected_cb=disconnected,
-            reconnected_cb=reconnected,
-            error_cb=error,
-        )
+        try:
+            self.nc = await nats.connect(
+                self.url.split(","),
+                name=self.name,
+                max_reconnect_attempts=-1,  # also retries the first connect
+                reconnect_time_wait=0.25,
+                connect_timeout=2,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
+                error_cb=error,
+            )
+        except nats.errors.Error as exc:  # raised at once only for what no retry can fix, e.g. a malformed URL
+            raise ConfigError(f"OUTBOX_NATS_URL {where(self.url)}: {exc}") from exc
         self._inbox = self.nc.new_inbox()
         await self.nc.subscribe(self._inbox + ".*", cb=self._on_reply)
         self._connected.set()
@@ -200,7 +249,11 @@ class Publisher:
         max_payload = self.nc.max_payload
         loop = asyncio.get_running_loop()
         for i, row in enumerate(rows):
-            subject, body, headers = envelope.to_nats(row)
+            message = encode_outcome(row)
+            if isinstance(message, Outcome):
+                outcomes[i] = message
+                continue
+            subject, body, headers = message
             if _may_exceed(body, headers, max_payload):
                 # The server would answer with -ERR and drop the connection.
                 outcomes[i] = Outcome(
@@ -259,9 +312,25 @@ class Publisher:
                        detail=f"stream {stream} did not respond for {subject!r}")
 
 
+def where(url: str) -> str:
+    """The servers of a NATS URL list, for messages: without user or password."""
+    out = []
+    for one in url.split(","):
+        try:
+            parts = urllib.parse.urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
+            out.append(f"{parts.hostname or '?'}:{parts.port or 4222}")
+        except ValueError:
+            out.append("(unparsable URL)")
+    return ",".join(out)
+
+
 def _classify_send_error(event_id, exc: Exception) -> Outcome:
     if isinstance(exc, nats.errors.MaxPayloadError):
         return Outcome(event_id, code=PublishError.MAX_PAYLOAD, detail="payload exceeds max_payload")
     if isinstance(exc, nats.errors.BadHeaderError):
         return Outcome(event_id, code=PublishError.BAD_HEADER, detail=str(exc))
+    if isinstance(exc, nats.errors.BadSubjectError):
+        return Outcome(event_id, code=PublishError.BAD_SUBJECT, detail="nats-py refused the subject")
+    if isinstance(exc, (UnicodeError, TypeError, ValueError)):  # the message itself, not the connection
+        return Outcome(event_id, code=PublishError.ENCODE_FAILED, detail=f"{type(exc).__name__}: {exc}")
     return Outcome(event_id, code=PublishError.NATS_UNAVAILABLE, detail=f"{type(exc).__name__}: {exc}")

@@ -17,7 +17,7 @@ import heapq
 import logging
 import time
 
-from .backoff import reconnect_delays
+from .backoff import Every, reconnect_delays
 from .outbox_calls import WAKEUP_CHANNEL, DatabaseUnavailable, open_connection
 
 log = logging.getLogger("pgoutbox.wakeups")
@@ -62,17 +62,19 @@ class Wakeups:
 
     async def listen(self, database_url: str | None) -> None:
         """LISTEN forever (cancel to stop), reconnecting after connection loss."""
-        delays = reconnect_delays()
+        delays, lines = reconnect_delays(), Every()
         while True:
             try:
                 conn = await open_connection(database_url)
             except DatabaseUnavailable as exc:
-                log.warning("LISTEN connection failed: %s", exc, extra={"action": "listen_retry"})
+                if lines():
+                    log.warning("LISTEN connection failed (attempt %d): %s", lines.attempts, exc,
+                                extra={"action": "listen_retry"})
                 await asyncio.sleep(next(delays))
                 continue
             try:
                 await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
-                delays = reconnect_delays()
+                delays, lines = reconnect_delays(), Every()
                 self.wake()
                 log.info("listening", extra={"action": "listen", "channel": WAKEUP_CHANNEL})
                 while True:
@@ -82,7 +84,9 @@ class Wakeups:
                         self.notified()
                     await conn.execute("SELECT outbox.schema_version()")
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect
-                log.warning("LISTEN connection lost: %s", exc, extra={"action": "listen_lost"})
+                if lines():
+                    log.warning("LISTEN connection lost: %s", " / ".join(str(exc).split("\n")).strip() or
+                                type(exc).__name__, extra={"action": "listen_lost"})
                 await asyncio.sleep(next(delays))
             finally:
                 await conn.close()

@@ -258,9 +258,12 @@ async def test_startup_check_reads_the_fsync_policy_from_the_monitoring_endpoint
 def test_envelope_passes_jsonb_text_through_and_still_compacts_objects():
     row = {"event_id": "5b0c4bd5-bd35-4ef4-8a8c-1a1d0d1f1f00", "subject": "sea.event.x.v1",
            "payload": '{"n": 1.10, "big": 123456789012345678901234567890.5}',
-           "headers": '{"traceparent": "00-abc-def-01", "Nats-Msg-Id": "forged"}', "context": "sea"}
+           "headers": '{"traceparent": "00-abc-def-01"}', "context": "sea"}
     subject, body, headers = envelope.to_nats(row)
     assert body == b'{"n": 1.10, "big": 123456789012345678901234567890.5}'
     assert headers["Nats-Msg-Id"] == row["event_id"] and headers["traceparent"] == "00-abc-def-01"
+    # A forged reserved header is refused (the event's BAD_HEADER), never sent or silently dropped.
+    with pytest.raises(envelope.WireError, match="BAD_HEADER: header name 'Nats-Msg-Id' is reserved"):
+        envelope.to_nats({**row, "headers": '{"Nats-Msg-Id": "forged"}'})
     assert envelope.to_nats({**row, "payload": {"a": [1, 2]}, "headers": {}})[1] == b'{"a":[1,2]}'
     assert message_size(b"12345", {"A": "bc"}) == 5 + len(b"NATS/1.0\r\nA: bc\r\n\r\n")

@@ -20,10 +20,19 @@ SETTINGS = relay_settings.RELAY
 
 
 def run(cfg, args) -> int:
-    relay_settings.validate(cfg)
-    json_logs.setup(cfg.log_level)
-    _warn_unknown_variables()
-    return asyncio.run(_main(cfg))
+    # A signal before the event loop takes them over stops the relay too
+    # (exit 0 at once), rather than killing it or printing a traceback.
+    early: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: early.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        relay_settings.validate(cfg)
+        json_logs.setup(cfg.log_level)
+        _warn_unknown_variables()
+        return asyncio.run(_main(cfg, early))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _warn_unknown_variables() -> None:
@@ -38,10 +47,12 @@ def _warn_unknown_variables() -> None:
                     extra={"action": "unknown_setting", "variable": name})
 
 
-async def _main(cfg) -> int:
+async def _main(cfg, early: list[int]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if early:
+        stop.set()
     await OutboxRelay(cfg).run(stop)
     return 0
