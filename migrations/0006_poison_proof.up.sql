@@ -137,8 +137,9 @@ $$;
 
 -- The emitter's headers become NATS headers next to pgoutbox's own. Names
 -- are HTTP tokens, compared in any letter case (as NATS and HTTP do): none
--- may claim a name NATS or JetStream interpret (Nats-*) or pgoutbox writes
--- (Pgoutbox-*), nor appear twice. String values are sent as they are (no
+-- may claim a name NATS or JetStream interpret (Nats-*; Status and
+-- Description mark a status reply, and a "Status: 404" message would end a
+-- consumer's fetch) or pgoutbox writes (Pgoutbox-*), nor appear twice. String values are sent as they are (no
 -- line break, no white space at either end: clients trim it); other JSON
 -- values as their JSON text; null ones not at all.
 CREATE OR REPLACE FUNCTION outbox._check_headers(headers jsonb)
@@ -158,14 +159,16 @@ BEGIN
     END IF;
     -- One pass (emit's hot path): the first offender of each kind.
     SELECT
-        min(h.key) FILTER (WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%'),
+        min(h.key) FILTER (
+            WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%' OR lower(h.key) IN ('status', 'description')
+        ),
         min(h.key) FILTER (WHERE h.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' OR length(h.key) > 256),
         min(h.key) FILTER (WHERE jsonb_typeof(h.value) = 'string' AND (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'),
         count(DISTINCT lower(h.key)) < count(*)
     INTO reserved, bad_name, bad_value, twice
     FROM jsonb_each(headers) AS h (key, value);
     IF reserved IS NOT NULL THEN
-        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-* and Pgoutbox-*, in any letter case)', quote_literal(reserved)
+        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-*, Pgoutbox-*, Status and Description, in any letter case)', quote_literal(reserved)
             USING ERRCODE = 'OB016';
     END IF;
     IF bad_name IS NOT NULL THEN
@@ -749,7 +752,12 @@ AS $$
         count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
         min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
         count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
-        now() - min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+        -- greatest(): a row stored by an older version with available_at
+        -- -infinity is due and very old, not an error (interval has no infinity).
+        now() - greatest(
+            min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+            timestamptz '0001-01-01 00:00:00+00'
+        ),
         count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
         count(u.status) FILTER (WHERE u.status = 'FAILED'),
         count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')

@@ -3,7 +3,8 @@
 -- Scenarios:
 --   * TIMESTAMP_OUT_OF_RANGE (OB008): occurred_at -infinity, infinity, before
 --     1900; a direct INSERT with a non-finite created_at or available_at
---   * RESERVED_HEADER (OB016): Nats-* and Pgoutbox-* header names, any letter case
+--   * RESERVED_HEADER (OB016): Nats-*, Pgoutbox-*, Status and Description header
+--     names, any letter case
 --   * INVALID_HEADER (OB017): empty name, colon, space, non-ASCII, over 256
 --     characters; a value with CR or LF or white space at either end; a name
 --     given twice in different letter case
@@ -17,7 +18,7 @@
 --   * exactly at each limit is accepted, and non-string header values too
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(42);
+SELECT plan(43);
 
 -- Times.
 SELECT throws_ok(
@@ -69,6 +70,11 @@ SELECT throws_ok(
     $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
         headers => '{"PGOUTBOX-CONTEXT": "other"}')$$,
     'OB016', NULL, 'Pgoutbox-* names, in upper case, are reserved'
+);
+SELECT throws_ok(
+    $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
+        headers => '{"status": "404"}')$$,
+    'OB016', NULL, 'Status (a status reply''s header, which would end a fetch) is reserved'
 );
 SELECT throws_ok(
     $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea', headers => '{"": "x"}')$$,

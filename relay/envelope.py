@@ -122,10 +122,8 @@ def _emitter_headers(extra: Any) -> dict[str, str]:
                                 "(letters, digits and !#$%&'*+-.^_`|~ only)")
             raise WireError("BAD_HEADER", f"header name {_show(name)} is reserved (Nats-*, Pgoutbox-*, "
                             "Status and Description, in any letter case)")
-        if type(value) is not str:
-            raise WireError("BAD_HEADER", f"header {_show(name)} has a JSON {type(value).__name__} value; "
-                            "header values must be strings")
-        headers[name] = value
+        # Other JSON values travel as their compact JSON text (what emit documents).
+        headers[name] = value if type(value) is str else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return headers
 
 

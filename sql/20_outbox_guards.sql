@@ -109,8 +109,9 @@ $$;
 
 -- The emitter's headers become NATS headers next to pgoutbox's own. Names
 -- are HTTP tokens, compared in any letter case (as NATS and HTTP do): none
--- may claim a name NATS or JetStream interpret (Nats-*) or pgoutbox writes
--- (Pgoutbox-*), nor appear twice. String values are sent as they are (no
+-- may claim a name NATS or JetStream interpret (Nats-*; Status and
+-- Description mark a status reply, and a "Status: 404" message would end a
+-- consumer's fetch) or pgoutbox writes (Pgoutbox-*), nor appear twice. String values are sent as they are (no
 -- line break, no white space at either end: clients trim it); other JSON
 -- values as their JSON text; null ones not at all.
 CREATE OR REPLACE FUNCTION outbox._check_headers(headers jsonb)
@@ -130,14 +131,16 @@ BEGIN
     END IF;
     -- One pass (emit's hot path): the first offender of each kind.
     SELECT
-        min(h.key) FILTER (WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%'),
+        min(h.key) FILTER (
+            WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%' OR lower(h.key) IN ('status', 'description')
+        ),
         min(h.key) FILTER (WHERE h.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' OR length(h.key) > 256),
         min(h.key) FILTER (WHERE jsonb_typeof(h.value) = 'string' AND (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'),
         count(DISTINCT lower(h.key)) < count(*)
     INTO reserved, bad_name, bad_value, twice
     FROM jsonb_each(headers) AS h (key, value);
     IF reserved IS NOT NULL THEN
-        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-* and Pgoutbox-*, in any letter case)', quote_literal(reserved)
+        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-*, Pgoutbox-*, Status and Description, in any letter case)', quote_literal(reserved)
             USING ERRCODE = 'OB016';
     END IF;
     IF bad_name IS NOT NULL THEN

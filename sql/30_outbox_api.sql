@@ -406,7 +406,12 @@ AS $$
         count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
         min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
         count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
-        now() - min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+        -- greatest(): a row stored by an older version with available_at
+        -- -infinity is due and very old, not an error (interval has no infinity).
+        now() - greatest(
+            min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+            timestamptz '0001-01-01 00:00:00+00'
+        ),
         count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
         count(u.status) FILTER (WHERE u.status = 'FAILED'),
         count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')

@@ -56,8 +56,6 @@ POISON = {
     "occurred_at infinity": ({"occurred_at": "infinity"}, "BAD_TIMESTAMP"),
     "occurred_at year 10000": ({"occurred_at": "10000-01-01 00:00:00+00"}, "BAD_TIMESTAMP"),
     "occurred_at BC": ({"occurred_at": "0044-03-15 12:00:00+00 BC"}, "BAD_TIMESTAMP"),
-    "header with a number value": ({"headers": Jsonb({"retries": 5})}, "BAD_HEADER"),
-    "header with an object value": ({"headers": Jsonb({"meta": {"a": 1}})}, "BAD_HEADER"),
     "header value injecting a header": ({"headers": Jsonb({"x": "a\r\nNats-Rollup: all"})}, "BAD_HEADER"),
     "header value with LF": ({"headers": Jsonb({"x": "a\nb"})}, "BAD_HEADER"),
     "header value with edge spaces": ({"headers": Jsonb({"x": " padded "})}, "BAD_HEADER"),
@@ -243,7 +241,7 @@ def test_wire_time_marks_what_rfc_3339_cannot_express(text):
 
 def test_every_poison_class_has_a_permanent_code_from_the_encoder():
     cases = {
-        "BAD_HEADER": [row(headers='{"n": 1}'), row(headers='{"x": "a\\r\\nb"}'), row(headers='{"Nats-TTL": "1s"}'),
+        "BAD_HEADER": [row(headers='{"x": "a\\r\\nb"}'), row(headers='{"Nats-TTL": "1s"}'),
                        row(headers='{"PGOUTBOX-context": "y"}'), row(headers="[]"), row(aggregate_id="x\n"),
                        row(headers=json.dumps({"a b" * 5_000: "v"}))],
         "BAD_SUBJECT": [row(subject=None), row(subject="sea.event..v1"), row(subject="sea.event.x.v2"),
@@ -258,8 +256,10 @@ def test_every_poison_class_has_a_permanent_code_from_the_encoder():
             assert isinstance(outcome, Outcome), r
             assert (outcome.code, outcome.permanent) == (code, True), (r, outcome)
             assert outcome.error.startswith(f"{code}: ") and len(outcome.error) <= len(code) + 2 + MAX_DETAIL + 3
-    subject, body, headers = encode_outcome(row(headers=json.dumps({"traceparent": TRACEPARENT, "gone": None})))
+    subject, body, headers = encode_outcome(row(headers=json.dumps(
+        {"traceparent": TRACEPARENT, "gone": None, "retries": 5, "meta": {"a": "b c"}})))
     assert headers["traceparent"] == TRACEPARENT and "gone" not in headers
+    assert headers["retries"] == "5" and headers["meta"] == '{"a":"b c"}'  # other JSON values as compact JSON text
 
 
 def test_error_texts_are_bounded_and_free_of_nul():
@@ -280,3 +280,11 @@ def test_poison_inserts_bypass_the_policy_trigger(database_url):
         # ...and that the default loaders cannot read (the fetch that used to kill the relay).
         with pytest.raises(psycopg.DataError):
             conn.execute("SELECT occurred_at FROM outbox.events WHERE event_id = %s", (event_id,)).fetchone()
+
+
+def test_backlog_counts_a_stored_row_whose_available_at_is_minus_infinity(database_url):
+    """Interval has no infinity: the age of such a row is bounded, not an error (22008 before)."""
+    insert_raw(database_url, available_at="-infinity")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT due, oldest_due_age > interval '100 years' FROM outbox.backlog('sea')").fetchone()
+    assert row == (1, True)
