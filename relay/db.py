@@ -7,6 +7,8 @@ command and worker reports it the same way."""
 
 from __future__ import annotations
 
+import os
+
 import psycopg
 import psycopg.errors
 
@@ -31,8 +33,10 @@ def describe(database_url: str | None) -> str:
         parts = psycopg.conninfo.conninfo_to_dict(conninfo(database_url))
     except psycopg.ProgrammingError:
         return "(unparsable OUTBOX_DATABASE_URL)"
-    where = f"{parts.get('host') or '(libpq default host)'}:{parts.get('port') or '(default port)'}"
-    return f"{where} database {parts.get('dbname') or '(default)'}"
+    host = parts.get("host") or os.environ.get("PGHOST") or "(libpq default host)"
+    port = parts.get("port") or os.environ.get("PGPORT") or "5432"
+    dbname = parts.get("dbname") or os.environ.get("PGDATABASE") or "(default)"
+    return f"{host}:{port} database {dbname}"
 
 
 def is_connection_error(exc: BaseException) -> bool:
