@@ -93,6 +93,14 @@ def test_a_closed_port_is_one_line_with_exit_3(command, capsys):
 
 
 @pytest.mark.parametrize("command", DATABASE_COMMANDS)
+def test_an_unknown_host_is_one_line_with_exit_3(command, capsys):
+    url = "postgresql://postgres@no-such-host.invalid:5432/shop"
+    assert_one_line(capsys, [command, *DATABASE_COMMANDS[command], "--database-url", url], ExitCode.DATABASE,
+                    "DatabaseUnavailable", "no-such-host.invalid:5432 database shop",
+                    "OUTBOX_DATABASE_URL or --database-url", "failed to resolve host")
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS)
 def test_a_missing_database_is_one_line_with_exit_3(command, pg_server, capsys):
     url = pg_server.dsn("no_such_db")
     assert_one_line(capsys, [command, *DATABASE_COMMANDS[command], "--database-url", url], ExitCode.DATABASE,
