@@ -7,7 +7,9 @@ A duplicate delivery, whenever it comes, changes nothing.
         python examples/in_database_handler.py [--idle-exit SECONDS]
 
 It reads `sea.event.order_created.v1` from the SEA_EVENTS stream through its
-own durable `order_totals`, and prints one JSON line per delivery.
+own durable `order_totals`, and prints one JSON line per delivery. With
+--idle-exit N it exits (code 0) once N seconds have passed without a message;
+without it, it runs until interrupted.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 import nats
 import nats.errors
@@ -63,14 +66,12 @@ async def main(idle_exit: float | None) -> int:
         max_deliver=MAX_DELIVER, ack_wait=30,
     ))
     sub = await js.pull_subscribe_bind(HANDLER, STREAM)
-    idle = 0.0
-    while idle_exit is None or idle < idle_exit:
+    last_message = time.monotonic()
+    while (left := _idle_left(idle_exit, last_message)) > 0:
         try:
-            msgs = await sub.fetch(10, timeout=0.5)
+            msgs = await sub.fetch(10, timeout=min(0.5, max(left, 0.05)))
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
-            idle += 0.5
             continue
-        idle = 0.0
         for msg in msgs:
             envelope = wire.from_nats(msg.subject, msg.data, msg.headers)
             delivery = msg.metadata.num_delivered
@@ -87,12 +88,27 @@ async def main(idle_exit: float | None) -> int:
                     await msg.nak(delay=RETRY_DELAY)
             print(json.dumps({"message_id": envelope["message_id"], "delivery": delivery, "outcome": outcome}),
                   flush=True)
+        last_message = time.monotonic()  # idle time counts from the end of the last delivery handled
     await nc.close()
     await conn.close()
     return 0
 
 
+def _idle_left(idle_exit: float | None, last_message: float) -> float:
+    """Seconds until --idle-exit is due (always positive without it). Wall-clock time, so a
+    slow fetch does not stretch N."""
+    return 1.0 if idle_exit is None else idle_exit - (time.monotonic() - last_message)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--idle-exit", type=float, help="exit after this many seconds without messages")
+    parser.add_argument("--idle-exit", type=_seconds, metavar="N",
+                        help="exit (code 0) after N seconds without a message")
     sys.exit(asyncio.run(main(parser.parse_args().idle_exit)))

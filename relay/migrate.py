@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 
+from . import db
 from .errors import MigrationError, wrap_exceptions
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -53,11 +54,7 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return migrations
 
 
-def applied_version(conn: psycopg.Connection) -> int:
-    exists = conn.execute("SELECT to_regclass('outbox.schema_migrations') IS NOT NULL").fetchone()[0]
-    if not exists:
-        return 0
-    return int(conn.execute("SELECT outbox.schema_version()").fetchone()[0])
+applied_version = db.applied_version
 
 
 def _run_file(conn: psycopg.Connection, path: Path) -> None:

@@ -148,7 +148,7 @@ def read_manifests(directory: Path) -> list[HandlerSpec]:
     """Every handler of every *.toml under directory, sorted by name."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise RegistryError(f"manifest directory {directory} does not exist")
+        raise RegistryError(f"manifest directory {directory} (OUTBOX_MANIFEST_DIR or --manifest-dir) does not exist")
     handlers: dict[str, tuple[HandlerSpec, str]] = {}
     for path in sorted(directory.rglob("*.toml")):
         rel = path.relative_to(directory).as_posix()
@@ -190,21 +190,38 @@ def render(handlers: list[HandlerSpec]) -> str:
     return json.dumps(document, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
+_REGISTRY_SETTING = "OUTBOX_REGISTRY_FILE or --registry-file"
+
+
 def generate(manifest_dir: Path, registry_file: Path) -> list[HandlerSpec]:
     handlers = read_manifests(manifest_dir)
     registry_file = Path(registry_file)
-    registry_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = registry_file.with_name(registry_file.name + ".tmp")
-    tmp.write_text(render(handlers), encoding="utf-8")
-    tmp.replace(registry_file)  # readers never see half a file
+    try:
+        registry_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = registry_file.with_name(registry_file.name + ".tmp")
+        tmp.write_text(render(handlers), encoding="utf-8")
+        tmp.replace(registry_file)  # readers never see half a file
+    except OSError as exc:
+        raise RegistryError(f"cannot write {registry_file} ({_REGISTRY_SETTING}): {exc.strerror}") from exc
     return handlers
+
+
+def _read(registry_file: Path) -> str:
+    try:
+        return registry_file.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise RegistryError(
+            f"{registry_file} ({_REGISTRY_SETTING}) not found; run `pgoutbox registry generate`"
+        ) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RegistryError(f"cannot read {registry_file} ({_REGISTRY_SETTING}): {exc}") from exc
 
 
 def check(manifest_dir: Path, registry_file: Path) -> None:
     """Raises RegistryStale (with a diff) unless the file is what generate() writes."""
     expected = render(read_manifests(manifest_dir))
     registry_file = Path(registry_file)
-    actual = registry_file.read_text(encoding="utf-8") if registry_file.exists() else ""
+    actual = _read(registry_file) if registry_file.exists() else ""
     if actual != expected:
         diff = "".join(difflib.unified_diff(
             actual.splitlines(keepends=True), expected.splitlines(keepends=True),
@@ -217,9 +234,7 @@ def load(registry_file: Path) -> list[HandlerSpec]:
     """The handlers of a generated registry; refuses a hand-edited one."""
     registry_file = Path(registry_file)
     try:
-        document = json.loads(registry_file.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise RegistryError(f"{registry_file} not found; run `pgoutbox registry generate`") from exc
+        document = json.loads(_read(registry_file))
     except json.JSONDecodeError as exc:
         raise RegistryError(f"{registry_file}: not JSON: {exc}") from exc
     if not isinstance(document, dict) or document.get("format") != FORMAT:

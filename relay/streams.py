@@ -139,7 +139,9 @@ def load(path: str | Path) -> list[StreamSpec]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"streams file {path} cannot be read: {exc.strerror}") from exc
+        raise ConfigError(
+            f"streams file {path} (OUTBOX_STREAMS_FILE or --streams-file) cannot be read: {exc.strerror}"
+        ) from exc
     return loads(text, str(path))
 
 

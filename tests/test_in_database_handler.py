@@ -9,8 +9,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import nats.js.errors
 import psycopg
 
 from consumer_helpers import add_stream, event, inbox_row, jetstream, publish
@@ -82,3 +84,70 @@ async def test_a_concurrent_second_delivery_waits_then_sees_the_first_one_commit
     assert results == ["processed", "duplicate"]
     assert done == ["first", "second"]  # the second waited for the first's commit
     assert applied == [envelope["message_id"]]  # the business change ran once
+
+
+def _start_example(database_url: str, nats_url: str, *args: str) -> subprocess.Popen:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))},
+           "OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": nats_url}
+    return subprocess.Popen([sys.executable, str(ROOT / "examples" / "in_database_handler.py"), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def _bound(js) -> None:
+    """Until the example has created its durable (it counts idle time from then on)."""
+    for _ in range(300):
+        try:
+            await js.consumer_info("SEA_EVENTS", H)
+            return
+        except nats.js.errors.NotFoundError:
+            await asyncio.sleep(0.02)
+    raise AssertionError("the example never bound its durable")
+
+
+async def test_idle_exit_ends_the_example_n_seconds_after_the_last_message(database_url, nats_server):
+    idle = 1.5
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        proc = _start_example(database_url, nats_server.url, "--idle-exit", str(idle))
+        try:
+            await _bound(js)
+            # Messages 1 s apart keep it running past N seconds from the start...
+            for _ in range(3):
+                await asyncio.sleep(1.0)
+                await publish(js, event({"customer": "A", "total": 1}))
+            last = time.monotonic()
+            code = await asyncio.to_thread(proc.wait, 30)
+            ended = time.monotonic()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out, err = proc.communicate()
+    assert code == 0, err
+    assert len(out.splitlines()) == 3, out
+    # ... and it ends N seconds after the last one (not sooner; not much later).
+    assert idle - 0.1 <= ended - last <= idle + 2.0, ended - last
+
+
+async def test_idle_exit_without_any_message_exits_zero_after_n_seconds(database_url, nats_server):
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        proc = _start_example(database_url, nats_server.url, "--idle-exit", "1")
+        try:
+            await _bound(js)
+            bound = time.monotonic()
+            code = await asyncio.to_thread(proc.wait, 30)
+            waited = time.monotonic() - bound
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert code == 0, proc.communicate()[1]
+    assert 0.9 <= waited <= 3.0, waited
+
+
+def test_idle_exit_refuses_a_value_that_is_not_a_positive_number():
+    for value in ("0", "-2", "soon"):
+        out = subprocess.run([sys.executable, str(ROOT / "examples" / "in_database_handler.py"), "--idle-exit", value],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--idle-exit" in out.stderr and "Traceback" not in out.stderr, out.stderr

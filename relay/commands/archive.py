@@ -122,7 +122,7 @@ def run(cfg, args) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(f"pgoutbox archive needs the spark extra (pip install 'pgoutbox[spark]'): {exc}") from exc
     opts = options(cfg)
-    with db.connect(cfg.database_url) as conn:
+    with db.connect(cfg.database_url, check_schema=True) as conn:
         if cfg.dry_run:
             _print_plan(archive.plan(conn, opts))
             return 0

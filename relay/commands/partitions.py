@@ -16,7 +16,7 @@ SETTINGS = settings.DATABASE + (
 
 
 def run(cfg, args) -> int:
-    with db.connect(cfg.database_url) as conn, wrap_exceptions():
+    with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         created = [r[0] for r in conn.execute(
             "SELECT * FROM outbox.create_partitions(%s)", (cfg.days_ahead,)
         )]

@@ -25,7 +25,7 @@ def add_arguments(parser) -> None:
 
 
 def run(cfg, args) -> int:
-    with db.connect(cfg.database_url) as conn, wrap_exceptions():
+    with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         if args.list:
             cur = conn.execute("SELECT * FROM inbox.dead_letters(%s, 1000)", (args.handler,))
             names = [c.name for c in cur.description]

@@ -18,7 +18,7 @@ def add_arguments(parser) -> None:
 
 
 def run(cfg, args) -> int:
-    with db.connect(cfg.database_url) as conn, wrap_exceptions():
+    with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         enabled = conn.execute(
             "SELECT enabled FROM inbox.set_replay(%s, %s, %s)", (args.handler, args.state == "on", cfg.reason)
         ).fetchone()[0]

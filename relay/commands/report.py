@@ -26,7 +26,7 @@ def run(cfg, args) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(f"pgoutbox report needs the spark extra (pip install 'pgoutbox[spark]'): {exc}") from exc
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    with db.connect(cfg.database_url) as conn:
+    with db.connect(cfg.database_url, check_schema=True) as conn:
         target = jdbc.from_connection(conn, cfg.jdbc_url)
         with session.spark_session(cfg.spark_master, cfg.spark_jars, "pgoutbox-report") as spark:
             table = report.build(

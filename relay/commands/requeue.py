@@ -23,7 +23,7 @@ def run(cfg, args) -> int:
         ids = [uuid.UUID(x) for x in args.event_ids]
     except ValueError as exc:
         raise ConfigError(f"not an event id: {exc}") from exc
-    with db.connect(cfg.database_url) as conn, wrap_exceptions():
+    with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         moved = conn.execute("SELECT outbox.requeue(%s, %s)", (ids, cfg.reason)).fetchone()[0]
     print(f"requeued {moved} event(s)")
     return 0

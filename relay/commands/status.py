@@ -25,7 +25,7 @@ def _rows(conn, query: str, params) -> list[dict]:
 
 
 def run(cfg, args) -> int:
-    with db.connect(cfg.database_url) as conn, wrap_exceptions():
+    with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         report = {
             "outbox": _rows(conn, "SELECT * FROM outbox.backlog(%s)", (cfg.context,)),
             "inbox": _rows(conn, "SELECT * FROM inbox.backlog(%s)", (cfg.context,)),

@@ -7,9 +7,10 @@ import asyncio
 import dataclasses
 
 import nats
+import nats.errors
+import nats.js.errors
 
 from .. import relay_settings, settings, streams
-from ..errors import BrokerUnavailable
 
 COMMAND = "streams"
 HELP = ("Apply the streams file (one JetStream stream per bounded context): create or update, "
@@ -48,10 +49,10 @@ async def _apply(url: str, specs) -> list[tuple[str, str]]:
         nc = await nats.connect(url.split(","), connect_timeout=5, allow_reconnect=False,
                                 max_reconnect_attempts=1, reconnect_time_wait=0.1, error_cb=note)
     except Exception as exc:  # noqa: BLE001 - any connect failure is reported the same way
-        raise BrokerUnavailable(
-            f"cannot reach NATS at {url}: {errors[-1] if errors else exc or type(exc).__name__}"
-        ) from exc
+        raise settings.broker_unavailable(url, errors[-1] if errors else str(exc) or type(exc).__name__) from exc
     try:
         return await streams.apply(nc.jetstream(), specs)
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
+        raise settings.broker_unavailable(url, "start nats-server with -js", "JetStream is not enabled") from exc
     finally:
         await nc.close()
