@@ -156,11 +156,12 @@ async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = 
     while True:
         try:
             version = await inbox.schema_version()
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, DatabaseUnavailable) as exc:
+            down = exc if isinstance(exc, DatabaseUnavailable) else db.unavailable(exc, database_url)
             if not retry:
-                raise db.unavailable(exc, database_url) from None
+                raise down from None
             if every.due():
-                log.warning("%s; retrying", db.unavailable(exc, database_url), extra={"action": "db_retry"})
+                log.warning("%s; retrying", down, extra={"action": "db_retry"})
             await asyncio.sleep(next(delays))
             continue
         except psycopg.Error as exc:
@@ -231,8 +232,9 @@ class Consumer:
         cfg = self.cfg
         if cfg.http_port is not None:
             # First: /healthz and /readyz answer while start-up waits for the servers.
-            self.health = HealthServer(cfg.http_host, cfg.http_port, self.metrics, self.problems,
-                                       liveness=self.liveness_problems)
+            self.health = HealthServer(
+                cfg.http_host, cfg.http_port, self.metrics, self.problems, liveness=self.liveness_problems,
+                setting="OUTBOX_CONSUMER_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port")
             self.health.start()
             self._background.append(asyncio.create_task(self._tick_loop()))
         await self._connect()

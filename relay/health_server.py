@@ -20,13 +20,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .errors import ConfigError
+
 
 class HealthServer:
     """/metrics, /healthz, /readyz on a daemon thread (port 0: any free port)."""
 
     def __init__(self, host: str, port: int, metrics,
                  readiness: Callable[[], list[str]], liveness_timeout: float = 30.0,
-                 liveness: Callable[[], list[str]] | None = None):
+                 liveness: Callable[[], list[str]] | None = None, setting: str = "the HTTP port setting"):
         self.metrics = metrics
         self.readiness = readiness
         self.liveness = liveness
@@ -64,7 +66,10 @@ class HealthServer:
             def log_message(self, *args):  # quiet: scrapes are not events
                 pass
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:  # a port in use (another worker on this host?) or an address not ours
+            raise ConfigError(f"cannot serve /metrics on {host}:{port} ({setting}): {exc.strerror}") from exc
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="pgoutbox-health", daemon=True)

@@ -171,10 +171,8 @@ class OutboxRelay:
         refusals = findings.errors + (findings.durability if cfg.durability_strict else [])
         if refusals:
             raise ConfigError("refusing to start: " + " | ".join(refusals))
-        try:
-            self.http = HealthServer(cfg.http_host, cfg.http_port, self.metrics, self.problems)
-        except OSError as exc:
-            raise ConfigError(f"cannot serve /metrics on {cfg.http_host}:{cfg.http_port}: {exc.strerror}") from exc
+        self.http = HealthServer(cfg.http_host, cfg.http_port, self.metrics, self.problems,
+                                 setting="OUTBOX_RELAY_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port")
         self.http.start()
 
     async def _drain(self, pipeline: list[asyncio.Task]) -> None:

@@ -41,7 +41,7 @@ def assert_one_line(capsys, argv: list[str], exit_code: ExitCode, *expected: str
     """Runs `pgoutbox argv`; the one stderr line it prints, checked."""
     code = cli.main(argv)
     err = capsys.readouterr().err
-    lines = err.splitlines()
+    lines = [ln for ln in err.splitlines() if not ln.startswith('{"ts": ')]  # a worker's JSON log lines aside
     assert code == exit_code, err
     assert len(lines) == 1, err
     assert "Traceback" not in err
@@ -324,3 +324,22 @@ def test_an_unexpected_exception_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(status, "run", broken)
     with pytest.raises(KeyError):
         cli.main(["status"])
+
+
+@pytest.mark.parametrize("command", ["relay", "consume"])
+def test_a_metrics_port_in_use_is_one_line_naming_the_setting(command, database_url, nats_server, capsys):
+    """Two workers on one host with the same OUTBOX_*_HTTP_PORT: the second says which setting to change."""
+    import asyncio
+    import socket
+
+    from relay_support import apply_streams
+
+    asyncio.run(apply_streams(nats_server.url))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        argv = [command, "--database-url", database_url, "--nats-url", nats_server.url, "--http-port", port]
+        if command == "consume":
+            argv += ["--registry-file", str(Path(__file__).resolve().parents[1] / "examples/handlers.registry.json")]
+        assert_one_line(capsys, argv, ExitCode.USAGE, f"cannot serve /metrics on 127.0.0.1:{port}", "--http-port")

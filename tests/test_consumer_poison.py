@@ -402,7 +402,7 @@ def test_a_signal_during_start_up_with_a_server_unreachable_stops_promptly(
     proc = _command([command], env, log_path)
     try:
         expected = (f"NATS unavailable at 127.0.0.1:{nowhere} (OUTBOX_NATS_URL)" if down == "nats" else
-                    f"cannot connect to PostgreSQL at 127.0.0.1:{nowhere} database app (OUTBOX_DATABASE_URL or PG*)")
+                    f"cannot connect to PostgreSQL at 127.0.0.1:{nowhere} database app (OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset)")
         _wait_for_text(log_path, expected, 20)
         time.sleep(3)  # several attempts
         sent = time.monotonic()

@@ -118,7 +118,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
     assert 1 <= len(lines) <= 2, lines  # rate-limited: one line per 5 s, not one per quick attempt
     name = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
     assert lines[0].startswith(f"start-up (attempt 1): cannot connect to PostgreSQL at 127.0.0.1:{port} "
-                               f"database {name} (OUTBOX_DATABASE_URL or PG*): ")
+                               f"database {name} (OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset): ")
     assert "\n" not in lines[0]
     forwarder = PortForwarder(port, int(upstream))
     forwarder.start()
@@ -146,7 +146,7 @@ def test_a_missing_database_is_waited_for_like_an_unreachable_server(database_ur
     relay = relays("relay-no-db", with_dbname(database_url, "no_such_db"), nats_server.url)
     wait_for(lambda: retry_lines(relay, "db_retry"), 20, "a PostgreSQL retry line")
     [line] = retry_lines(relay, "db_retry")[:1]
-    assert "database no_such_db (OUTBOX_DATABASE_URL or PG*)" in line and 'database "no_such_db" does not exist' in line
+    assert "database no_such_db (OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset)" in line and 'database "no_such_db" does not exist' in line
     assert relay.proc.poll() is None
     assert_clean_stop(relay)
 
@@ -185,7 +185,7 @@ def test_a_bad_setting_ends_the_relay_with_one_line_and_exit_2(database_url, nat
     assert "OUTBOX_RELAY_LEASE" in result.stderr
     result = run_relay({"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": "nats://127.0.0.1:99999",
                         "OUTBOX_RELAY_HTTP_PORT": "0"})
-    assert_one_line(result, ExitCode.USAGE, "pgoutbox relay: ConfigError: OUTBOX_NATS_URL ")
+    assert_one_line(result, ExitCode.USAGE, "pgoutbox relay: ConfigError: OUTBOX_NATS_URL=")
 
 
 def test_an_unsupported_or_missing_schema_ends_the_relay_with_one_line_and_exit_3(
