@@ -67,7 +67,7 @@ from hypothesis import strategies as st
 from conftest import create_database, drop_database
 from consumer_helpers import write_registry
 from pgoutbox.embedded import EmbeddedNats
-from poison import CLASSES, CONTEXT, EVENT_TYPE, SUBJECTS, EmitCase, ForeignCase
+from poison import CLASSES, CONTEXT, EVENT_TYPE, SUBJECTS, EmitCase, ForeignCase, refusal_problem
 from relay_support import apply_streams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +81,7 @@ CODED = re.compile(r"^[A-Z][A-Z0-9_]+: ")
 
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=list(HealthCheck))
-settings.register_profile("ci", max_examples=int(os.environ.get("PGOUTBOX_POISON_EXAMPLES", "12")), **_COMMON)
+settings.register_profile("ci", max_examples=int(os.environ.get("PGOUTBOX_POISON_EXAMPLES", "25")), **_COMMON)
 settings.register_profile("long", max_examples=int(os.environ.get("PGOUTBOX_POISON_EXAMPLES", "200")), **_COMMON)
 PROFILE = settings.get_profile(os.environ.get("PGOUTBOX_HYPOTHESIS_PROFILE", "ci"))
 
@@ -462,18 +462,6 @@ class World:
         return problems
 
 
-def refusal_problem(case: EmitCase, exc: psycopg.Error) -> str | None:
-    state = exc.sqlstate
-    if state and state.startswith("OB"):
-        return None
-    if state is None and isinstance(exc, psycopg.DataError) and case.has_nul_text():
-        return None  # psycopg refused the NUL; nothing reached the database
-    if state == "22P05" and case.has_nul_json():
-        return None  # jsonb's input refused \u0000 before emit ran
-    first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-    return f"emit refused with SQLSTATE {state} ({type(exc).__name__}), not an OB code: {first}"
-
-
 def envelope_problems(call: Call, message_id: str, subject: str) -> list[str]:
     env = call.envelope
     if not isinstance(env, dict):
@@ -499,6 +487,40 @@ def value_problems(call: Call, case: EmitCase) -> list[str]:
             f"(got {[str(env.get(k))[:60] for k in bad]})"] if bad else []
 
 
+class PipelineProblem(AssertionError):
+    """One kind per class below, so that Hypothesis reports (and shrinks)
+    each kind of failure separately instead of the first one only."""
+
+
+class WorkerExited(PipelineProblem): ...
+class OrdinaryEventDelayed(PipelineProblem): ...
+class NoOutcome(PipelineProblem): ...
+class UncodedRefusal(PipelineProblem): ...
+class UncodedDeadLetter(PipelineProblem): ...
+class MalformedEnvelope(PipelineProblem): ...
+class ValuesAltered(PipelineProblem): ...
+
+
+# In order of precedence: the first kind found names the failure.
+KINDS = (
+    (WorkerExited, "process exited with code"),
+    (OrdinaryEventDelayed, "the ordinary event"),
+    (NoOutcome, " after "),
+    (UncodedRefusal, "emit refused with SQLSTATE"),
+    (UncodedDeadLetter, "DEAD_LETTER without a code"),
+    (MalformedEnvelope, "envelope"),
+    (MalformedEnvelope, "handler got a body"),
+    (ValuesAltered, "values altered"),
+)
+
+
+def raise_problems(case, problems: list[str]) -> None:
+    if not problems:
+        return
+    kind = next((k for k, marker in KINDS if any(marker in p for p in problems)), PipelineProblem)
+    raise kind(f"{case.short()}:\n  - " + "\n  - ".join(problems))
+
+
 @pytest.fixture(scope="module")
 def world(pg_server):
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-poison-"))
@@ -517,6 +539,5 @@ def test_poison_never_stops_the_pipeline(world: World, klass: str, data):
     case = data.draw(CLASSES[klass](), label="case")
     world.ensure_healthy()
     problems = world.run_emit(case) if isinstance(case, EmitCase) else world.run_foreign(case)
-    if problems:
-        world.dirty = True
-    assert not problems, f"{case.short()}:\n  - " + "\n  - ".join(problems)
+    world.dirty = bool(problems)
+    raise_problems(case, problems)
