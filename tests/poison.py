@@ -106,20 +106,29 @@ class EmitCase:
 class ForeignCase:
     """One message published straight to the event stream. msg_id None: no
     Nats-Msg-Id header; "{uuid}" in it is replaced by a fresh UUID per run
-    (JetStream would deduplicate a repeated id)."""
+    (JetStream would deduplicate a repeated id). relay_headers: also send
+    the Pgoutbox-Context/-Event-Type/-Event-Version headers the relay would
+    (agreeing with the subject), so that a class other than foreign_headers
+    is not judged on their absence; `headers` come after them."""
 
     klass: str
     subject: str = SUBJECTS[0]
     msg_id: str | None = "{uuid}"
     body: bytes = b'{"schema_version":1}'
     headers: dict[str, str] = field(default_factory=dict)
+    relay_headers: bool = True
 
     def materialise(self) -> tuple[str | None, dict[str, str]]:
         """(the Nats-Msg-Id sent, all headers), with a fresh UUID."""
         fresh = uuid.uuid4()
         msg_id = None if self.msg_id is None else self.msg_id.format(
             uuid=str(fresh), UUID=str(fresh).upper(), hex=fresh.hex, HEX=fresh.hex.upper())
-        headers = dict(self.headers)
+        headers: dict[str, str] = {}
+        if self.relay_headers:
+            context, _, event_type, version = self.subject.split(".")
+            headers.update({"Pgoutbox-Context": context, "Pgoutbox-Event-Type": event_type,
+                            "Pgoutbox-Event-Version": version[1:]})
+        headers.update(self.headers)
         if msg_id is not None:
             headers["Nats-Msg-Id"] = msg_id
         return msg_id, headers
@@ -249,18 +258,27 @@ def emit_times() -> st.SearchStrategy[EmitCase]:
                      payload=payload_object())
 
 
-def emit_sizes() -> st.SearchStrategy[EmitCase]:
+def emit_max_payload() -> st.SearchStrategy[EmitCase]:
+    """Messages around the server's max_payload, answered 200 or 422 (a DLQ
+    notice then carries the payload too)."""
     big_payload = st.builds(padded, sizes_around_max_payload, st.sampled_from(ANSWERS))
+    big_header = st.builds(lambda v: {"x-big": v}, huge_text(10_000, 2 * MAX_PAYLOAD))
+    return st.one_of(
+        st.builds(EmitCase, klass=st.just("max_payload"), payload=big_payload),
+        st.builds(EmitCase, klass=st.just("max_payload"), headers=big_header,
+                  payload=st.builds(lambda a: {"schema_version": 1, "answer": a}, st.sampled_from(ANSWERS))),
+    )
+
+
+def emit_sizes() -> st.SearchStrategy[EmitCase]:
+    """Huge and empty text arguments, many headers."""
     many_headers = st.integers(50, 3000).map(lambda n: {f"x-h{i}": "v" * 10 for i in range(n)})
     return st.one_of(
-        st.builds(EmitCase, klass=st.just("sizes"), payload=big_payload),
         st.builds(EmitCase, klass=st.just("sizes"), payload=payload_object(), headers=many_headers),
         st.builds(EmitCase, klass=st.just("sizes"), payload=payload_object(),
                   aggregate_id=huge_text(), aggregate_type=st.one_of(st.just("order"), huge_text())),
         st.builds(EmitCase, klass=st.just("sizes"), payload=payload_object(), tenant_id=huge_text()),
         st.builds(EmitCase, klass=st.just("sizes"), payload=payload_object(), ordering_key=huge_text()),
-        st.builds(EmitCase, klass=st.just("sizes"), payload=payload_object(),
-                  headers=st.builds(lambda v: {"x-big": v}, huge_text(10_000, 2 * MAX_PAYLOAD))),
         st.builds(EmitCase, klass=st.just("sizes"), payload=st.just({"schema_version": 1}),
                   aggregate_id=st.just(""), aggregate_type=st.just(""), tenant_id=st.just("")),
     )
@@ -316,9 +334,7 @@ MSG_IDS = ["{uuid}", "{UUID}", "{{{uuid}}}", "urn:uuid:{uuid}", "{hex}", "{HEX}"
 def foreign_ids() -> st.SearchStrategy[ForeignCase]:
     return st.builds(ForeignCase, klass=st.just("foreign_ids"),
                      msg_id=st.one_of(st.sampled_from(MSG_IDS), st.none()),
-                     body=st.builds(lambda p: json.dumps(p).encode(), payload_object()),
-                     headers=st.sampled_from([{}, {"Pgoutbox-Context": CONTEXT, "Pgoutbox-Event-Type": EVENT_TYPE,
-                                                   "Pgoutbox-Event-Version": "1"}]))
+                     body=st.builds(lambda p: json.dumps(p).encode(), payload_object()))
 
 
 def foreign_bodies() -> st.SearchStrategy[ForeignCase]:
@@ -329,10 +345,14 @@ def foreign_bodies() -> st.SearchStrategy[ForeignCase]:
         st.builds(lambda p: json.dumps(p).encode(), payload_object()),
         st.builds(lambda p: json.dumps(p, ensure_ascii=False).encode(),
                   payload_object(st.fixed_dictionaries({"text": control_text}))),
-        st.builds(lambda size, answer: json.dumps(padded(size, answer)).encode(),
-                  sizes_around_max_payload, st.sampled_from(ANSWERS)),
     )
     return st.builds(ForeignCase, klass=st.just("foreign_bodies"), body=body)
+
+
+def foreign_max_payload() -> st.SearchStrategy[ForeignCase]:
+    body = st.builds(lambda size, answer: json.dumps(padded(size, answer)).encode(),
+                     sizes_around_max_payload, st.sampled_from(ANSWERS))
+    return st.builds(ForeignCase, klass=st.just("foreign_max_payload"), body=body)
 
 
 def foreign_headers() -> st.SearchStrategy[ForeignCase]:
@@ -347,7 +367,7 @@ def foreign_headers() -> st.SearchStrategy[ForeignCase]:
     controls = st.dictionaries(control_header_name, control_header_value, max_size=2)
     return st.builds(
         ForeignCase, klass=st.just("foreign_headers"), subject=st.sampled_from(SUBJECTS),
-        headers=st.builds(lambda a, b: {**a, **b}, contradicting, controls),
+        headers=st.builds(lambda a, b: {**a, **b}, contradicting, controls), relay_headers=st.booleans(),
         body=st.builds(lambda p: json.dumps(p).encode(), payload_object()),
     )
 
@@ -355,14 +375,16 @@ def foreign_headers() -> st.SearchStrategy[ForeignCase]:
 CLASSES = {
     "times": emit_times,
     "sizes": emit_sizes,
+    "max_payload": emit_max_payload,
     "text": emit_text,
     "headers": emit_headers,
     "schema": emit_schema,
     "foreign_ids": foreign_ids,
     "foreign_bodies": foreign_bodies,
+    "foreign_max_payload": foreign_max_payload,
     "foreign_headers": foreign_headers,
 }
-EMIT_CLASSES = ("times", "sizes", "text", "headers", "schema")
+EMIT_CLASSES = ("times", "sizes", "max_payload", "text", "headers", "schema")
 
 
 def any_emit() -> st.SearchStrategy[EmitCase]:

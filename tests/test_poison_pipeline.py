@@ -28,10 +28,17 @@ A failed example marks the world dirty; the next one first probes it and
 rebuilds it (fresh database, nats-server and processes) when it is broken, so
 that each example is judged on its own and shrinking stays meaningful.
 
-Profiles (PGOUTBOX_HYPOTHESIS_PROFILE): "ci" (default, bounded: the whole
-module in about two minutes, part of `make test`) and "long" (`make
-test/poison`, many more examples per class). Select classes with -k, e.g.
-`pytest tests/test_poison_pipeline.py -k times`.
+Each kind of failure raises its own AssertionError subclass (WorkerExited,
+OrdinaryEventDelayed, NoOutcome, UncodedRefusal, UncodedDeadLetter,
+MalformedEnvelope, ValuesAltered), so that Hypothesis reports and shrinks each
+kind separately rather than only the first it met.
+
+Profiles (PGOUTBOX_HYPOTHESIS_PROFILE): "ci" (default, bounded: 25 examples
+per class, the whole module in about two minutes when nothing fails, part of
+`make test`) and "long" (`make test/poison`, 200 per class);
+PGOUTBOX_POISON_EXAMPLES overrides the count of either. Select classes with
+-k, e.g. `pytest tests/test_poison_pipeline.py -k "[times]"`. A failure
+prints @reproduce_failure(...) to replay it.
 
 Two refusals happen before any pgoutbox code runs and are accepted as such:
 a NUL in a text argument (psycopg refuses to send it: PostgreSQL text cannot
@@ -242,7 +249,10 @@ class World:
                 **common, "OUTBOX_RELAY_NAME": "fuzz-relay", "OUTBOX_RELAY_HTTP_PORT": "0",
                 "OUTBOX_RELAY_LEASE": "5s", "OUTBOX_RELAY_PUBLISH_TIMEOUT": "2s",
                 "OUTBOX_RELAY_POLL_INTERVAL": "200ms", "OUTBOX_RELAY_RETRY_BASE": "100ms",
-                "OUTBOX_RELAY_RETRY_CAP": "500ms", "OUTBOX_RELAY_MAX_ATTEMPTS": "3",
+                "OUTBOX_RELAY_RETRY_CAP": "500ms",
+                # A content failure taken for a transient one never ends: it must be
+                # recognised as permanent (dead-lettered at once), not outlived.
+                "OUTBOX_RELAY_MAX_ATTEMPTS": "1000",
                 "OUTBOX_RELAY_BACKLOG_INTERVAL": "1s",
             }, '"action": "started"'),
             Worker("consume", here / "consumer.log", {
@@ -400,7 +410,7 @@ class World:
         problems += self.await_ordinary(self.emit_ordinary())
         if event_id:
             problems += self.check_event(case, event_id)
-        return problems + self.await_settled() + self.died()
+        return problems + self.await_settled(SETTLE if not problems else 2) + self.died()
 
     def check_event(self, case: EmitCase, event_id: str) -> list[str]:
         row = self.poll(lambda: (r := self.outbox_row(event_id)) and r["status"] in ("COMPLETED", "DEAD_LETTER") and r,
@@ -439,7 +449,7 @@ class World:
         problems += self.await_ordinary(self.emit_ordinary())
         if ack is not None and not ack.duplicate:
             problems += self.check_foreign(case, msg_id, ack.seq)
-        return problems + self.await_settled() + self.died()
+        return problems + self.await_settled(SETTLE if not problems else 2) + self.died()
 
     def check_foreign(self, case: ForeignCase, msg_id: str | None, seq: int) -> list[str]:
         mid = canonical(msg_id)
