@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
+.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ test: setup ## Run the whole test suite (pgTAP, lint, pytest) on real PostgreSQL
 
 test/quick: setup ## The suite without slow and Spark tests
 	@$(PYTEST) -q -m "not slow and not spark"
+
+test/poison: setup ## The poison pipeline test, long Hypothesis profile (EXAMPLES=n per class, default 200)
+	@PGOUTBOX_HYPOTHESIS_PROFILE=long PGOUTBOX_POISON_EXAMPLES=$(or $(EXAMPLES),200) $(PYTEST) -q -p no:cacheprovider tests/test_poison_pipeline.py
 
 test/sql: setup ## pgTAP files only (through pg_prove)
 	@$(PYTEST) -q tests/test_pgtap.py
@@ -52,8 +55,8 @@ bench/archive: setup ## Archival throughput on a 1,000,000-row partition vs a ba
 
 bench: bench/sql bench/relay bench/consumer bench/archive ## All benchmarks
 
-chaos: setup ## Chaos run (PROFILE=short|long, SEED=n): kills, restarts, pauses under load, then a ledger check
-	@$(PY) -m chaos --profile $(or $(PROFILE),short) --seed $(or $(SEED),20261122)
+chaos: setup ## Chaos run (PROFILE=short|long, SEED=n, POISON_SHARE=p): kills, restarts, pauses under load, then a ledger check
+	@$(PY) -m chaos --profile $(or $(PROFILE),short) --seed $(or $(SEED),20261122) $(if $(POISON_SHARE),--poison-share $(POISON_SHARE))
 
 clean: ## Remove the demo data folder (stops nothing but what it started)
 	@$(PY) -m pgoutbox.demo --stop 2>/dev/null || true

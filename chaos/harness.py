@@ -13,6 +13,11 @@ anywhere, that every event has exactly one side effect (none for poison),
 that nothing is left PROCESSING, due or unacked, that the DLQ holds exactly
 the injected poison events, and that events of one ordering key reached the
 stream in emit order. It prints the figures and exits 1 on any violation.
+
+A share of the emits (hostile_share, --poison-share) is hostile input drawn
+from the poison pipeline test's strategies (chaos/poison_writer.py): each
+must be refused with a code and leave nothing behind, or be accepted and end
+COMPLETED or DEAD_LETTER with a code, never lost.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import psycopg
 from pgoutbox import migrate
 from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres
 
+from . import poison_writer
 from .ledger_app import SCHEMA, LedgerApp
 
 CONTEXT = "chaos"
@@ -55,7 +61,8 @@ class Profile:
     writers: int
     faults: int  # at least one of each kind
     rollback_fraction: float = 0.1
-    poison_fraction: float = 0.005
+    poison_fraction: float = 0.005  # events the ledger app answers with 422
+    hostile_share: float = 0.01  # emits drawn from tests/poison.py (the poison writer)
     keys: int = 50  # ordering keys used by half of the events
     quiesce_timeout: float = 180.0
 
@@ -74,6 +81,7 @@ class Ledger:
     poison: set[uuid.UUID] = field(default_factory=set)
     keyed: dict[uuid.UUID, str] = field(default_factory=dict)
     writer_errors: int = 0
+    hostile: poison_writer.HostileLedger = field(default_factory=poison_writer.HostileLedger)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -191,8 +199,10 @@ class Cluster:
         return out
 
 
-def write_load(cluster: Cluster, profile: Profile, rng_seed: int, ledger: Ledger, stop: threading.Event) -> None:
-    """One writer thread: business transactions at a steady pace."""
+def write_load(cluster: Cluster, profile: Profile, rng_seed: int, ledger: Ledger, stop: threading.Event,
+               hostile: list | None = None) -> None:
+    """One writer thread: business transactions at a steady pace, a share
+    of them hostile (drawn from `hostile`)."""
     rng = random.Random(rng_seed)
     interval = profile.writers / profile.rate
     conn: psycopg.Connection | None = None
@@ -200,6 +210,17 @@ def write_load(cluster: Cluster, profile: Profile, rng_seed: int, ledger: Ledger
     while not stop.is_set():
         next_at += interval
         time.sleep(max(0.0, next_at - time.monotonic()))
+        if hostile and rng.random() < profile.hostile_share:
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(cluster.pg.url, connect_timeout=3)
+                conn = poison_writer.emit(conn, hostile[rng.randrange(len(hostile))], ledger.hostile)
+            except psycopg.Error:
+                conn = None
+            if conn is None:
+                with ledger.lock:
+                    ledger.writer_errors += 1
+            continue
         roll_back = rng.random() < profile.rollback_fraction
         poison = not roll_back and rng.random() < profile.poison_fraction
         key = f"k{rng.randrange(profile.keys)}" if rng.random() < 0.5 else None
@@ -353,6 +374,7 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
         if event_id in status:
             committed[event_id] = float("nan")
     expected_effects = set(committed) - ledger.poison
+    hostile_ids = set(ledger.hostile.accepted) | set(ledger.hostile.uncertain)
 
     not_completed = [e for e in committed if status.get(e) != "COMPLETED"]
     ghosts = [e for e in ledger.rolled_back if e in status]
@@ -364,19 +386,30 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
     effect_count = {r[0]: r[1] for r in effects}
     no_effect = [e for e in expected_effects if effect_count.get(e, 0) == 0]
     dup_effects = [e for e, n in effect_count.items() if n > 1]
-    wrong_effects = [e for e in effect_count if e not in expected_effects]
+    wrong_effects = [e for e in effect_count if e not in expected_effects and e not in hostile_ids]
     dlq = asyncio.run(read_stream(cluster.nats.url, f"{CONTEXT.upper()}_DLQ"))
     dlq_ids = Counter()
+    unreadable = 0
     for _, subject, data, _ in dlq:
         if ".dlq.dead." in subject:
-            dlq_ids[uuid.UUID(json.loads(data)["message_id"])] += 1
+            message_id = json.loads(data).get("message_id")
+            if message_id is None:
+                unreadable += 1  # an emitted event the consumer could not read
+            elif uuid.UUID(message_id) not in hostile_ids:
+                dlq_ids[uuid.UUID(message_id)] += 1
+    if unreadable:
+        problems.append(f"{unreadable} .invalid DLQ notices: the consumer could not read emitted events")
     poison = {e for e in ledger.poison if e in committed}
     if set(dlq_ids) != poison:
         problems.append(f"DLQ holds {sorted(map(str, set(dlq_ids) ^ poison))[:5]}... unlike the injected poison")
     if any(n > 1 for n in dlq_ids.values()):
         problems.append("a poison event has several DLQ notices")
-    if dead_inbox != poison:
-        problems.append(f"inbox DEAD_LETTER rows {len(dead_inbox)} != poison events {len(poison)}")
+    if dead_inbox - hostile_ids != poison:
+        problems.append(f"inbox DEAD_LETTER rows {len(dead_inbox - hostile_ids)} != poison events {len(poison)}")
+    with psycopg.connect(cluster.pg.url, autocommit=True) as c:
+        hostile_figures, hostile_problems = poison_writer.check(
+            c, ledger.hostile, copies, effect_count, dead_inbox, f"{CONTEXT}.event.ledger_entry.v1")
+    problems += hostile_problems
 
     # Per-key order: within a key, stream order must be emit order (outbox id).
     with psycopg.connect(cluster.pg.url, autocommit=True) as c:
@@ -416,6 +449,7 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
         "e2e_p50_ms": round(1000 * latencies[len(latencies) // 2], 1) if latencies else None,
         "e2e_p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 1) if latencies else None,
         "e2e_max_ms": round(1000 * latencies[-1], 1) if latencies else None,
+        **hostile_figures,
     }
     return figures, problems
 
@@ -431,8 +465,14 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
     fault_log: list[str] = []
     t_start = time.monotonic()
     try:
+        hostile = None
+        if profile.hostile_share > 0:
+            expected = profile.seconds * profile.rate * profile.hostile_share
+            hostile = poison_writer.draw_cases(seed, min(400, int(2 * expected) + 20), CONTEXT, "ledger_entry")
+            print(f"poison writer: {len(hostile)} hostile cases drawn, share {profile.hostile_share}", flush=True)
         cluster.start([])
-        writers = [threading.Thread(target=write_load, args=(cluster, profile, rng.getrandbits(32), ledger, stop_writers))
+        writers = [threading.Thread(target=write_load, args=(cluster, profile, rng.getrandbits(32), ledger,
+                                                             stop_writers, hostile))
                    for _ in range(profile.writers)]
         injector = threading.Thread(target=inject_faults, args=(cluster, profile, random.Random(rng.getrandbits(32)),
                                                                  stop_faults, faults, fault_log))

@@ -24,6 +24,12 @@ CREATE TABLE IF NOT EXISTS chaos.side_effects (
     event_id uuid NOT NULL,
     handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- The poison writer's business change: committed with an accepted hostile
+-- emit, rolled back with a refused one.
+CREATE TABLE IF NOT EXISTS chaos.business (
+    marker uuid PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 """
 
 
@@ -60,7 +66,8 @@ class LedgerApp:
 
     def apply(self, envelope: dict) -> int:
         """The side effect and the inbox marker, committed together."""
-        if (envelope.get("payload") or {}).get("poison"):
+        payload = envelope.get("payload")
+        if isinstance(payload, dict) and payload.get("poison"):
             return 422
         try:
             conn = self._conn()
