@@ -93,6 +93,11 @@ settings.register_profile("long", max_examples=int(os.environ.get("PGOUTBOX_POIS
 PROFILE = settings.get_profile(os.environ.get("PGOUTBOX_HYPOTHESIS_PROFILE", "ci"))
 
 
+def as_sent(value: str | None) -> str | None:
+    """A header value as it reaches a consumer: nats-py strips it and turns CR/LF into spaces."""
+    return value.strip().translate(str.maketrans({"\r": " ", "\n": " "})).strip() if value else value
+
+
 def canonical(text: str | None) -> str | None:
     """The canonical UUID text of a message id Python can read as a UUID."""
     try:
@@ -466,7 +471,7 @@ class World:
         return problems + self.await_settled(SETTLE if not problems else 2) + self.died()
 
     def check_foreign(self, case: ForeignCase, msg_id: str | None, seq: int) -> list[str]:
-        mid = canonical(msg_id)
+        mid = canonical(as_sent(msg_id))
 
         def ended():
             if mid and (r := self.inbox_row(mid)) and r["status"] in ("PROCESSED", "DEAD_LETTER"):
