@@ -15,7 +15,7 @@ setup: ## Install Debian packages (if missing) and the .venv (if stale)
 	@bash scripts/bootstrap.sh
 
 demo: setup ## Run the demo on an embedded PostgreSQL + NATS under .data/
-	@$(PY) -m pgoutbox.demo
+	@$(PY) -m pgoutbox.dev.demo
 
 test: setup ## Run the whole test suite (pgTAP, lint, pytest) on real PostgreSQL and NATS
 	@$(PYTEST) -q
@@ -24,16 +24,16 @@ test/quick: setup ## The suite without slow and Spark tests
 	@$(PYTEST) -q -m "not slow and not spark"
 
 test/poison: setup ## The poison pipeline test, long Hypothesis profile (EXAMPLES=n per class, default 200)
-	@PGOUTBOX_HYPOTHESIS_PROFILE=long PGOUTBOX_POISON_EXAMPLES=$(or $(EXAMPLES),200) $(PYTEST) -q -p no:cacheprovider tests/test_poison_pipeline.py
+	@PGOUTBOX_HYPOTHESIS_PROFILE=long PGOUTBOX_POISON_EXAMPLES=$(or $(EXAMPLES),200) $(PYTEST) -q -p no:cacheprovider tests/chaos/test_poison_pipeline.py
 
 test/sql: setup ## pgTAP files only (through pg_prove)
-	@$(PYTEST) -q tests/test_pgtap.py
+	@$(PYTEST) -q tests/schema/test_pgtap.py
 
 verify/schema: setup ## sql/ and migrations/ build the same catalog; round trip
-	@$(PYTEST) -q tests/test_migrations.py
+	@$(PYTEST) -q tests/schema/test_migrations.py
 
 verify/readme: setup ## README tables (settings, error codes) match the code
-	@$(PYTEST) -q tests/test_readme.py
+	@$(PYTEST) -q tests/cli/test_readme.py
 
 readme/tables: setup ## Regenerate the README settings table from the code
 	@$(PY) scripts/readme_tables.py
@@ -59,5 +59,5 @@ chaos: setup ## Chaos run (PROFILE=short|long, SEED=n, POISON_SHARE=p): kills, r
 	@$(PY) -m chaos --profile $(or $(PROFILE),short) --seed $(or $(SEED),20261122) $(if $(POISON_SHARE),--poison-share $(POISON_SHARE))
 
 clean: ## Remove the demo data folder (stops nothing but what it started)
-	@$(PY) -m pgoutbox.demo --stop 2>/dev/null || true
+	@$(PY) -m pgoutbox.dev.demo --stop 2>/dev/null || true
 	rm -rf .data

@@ -24,20 +24,20 @@ import os
 import shutil
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 
-from pgoutbox import migrate
-from pgoutbox.embedded import EmbeddedPostgres
+from pgoutbox.core import migrate
+from pgoutbox.dev.embedded import EmbeddedPostgres
 
 JAR = "/usr/share/java/postgresql.jar"
 
 
 def generate(conn: psycopg.Connection, day, rows: int) -> float:
     started = time.perf_counter()
-    start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
     conn.execute("SELECT outbox.create_partitions(0, %s)", (day,))
     conn.execute(
         """
@@ -91,11 +91,12 @@ def main() -> int:
     try:
         with psycopg.connect(server.dsn(), autocommit=True) as conn:
             migrate.migrate(conn)
-            day = datetime.now(timezone.utc).date() - timedelta(days=10)
+            day = datetime.now(UTC).date() - timedelta(days=10)
             print(f"generating {args.rows:,} events for {day} through the guarded path ...", flush=True)
             gen = generate(conn, day, args.rows)
-            size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size(%s))",
-                                (f"outbox.events_p{day:%Y%m%d}",)).fetchone()[0]
+            size = conn.execute(
+                "SELECT pg_size_pretty(pg_total_relation_size(%s))", (f"outbox.events_p{day:%Y%m%d}",)
+            ).fetchone()[0]
             print(f"  {gen:.1f} s; partition {size}")
 
             target = jdbc.from_connection(conn)
@@ -103,13 +104,21 @@ def main() -> int:
             sealed_bounds = conn.execute(f"SELECT min(id), max(id) FROM outbox.{partition}").fetchone()
             load_before = os.getloadavg()
             with session.spark_session("local[*]", JAR, "pgoutbox-archive-bench") as spark:
+
                 def bare(limit_rows: int | None, out: Path) -> float:
                     low, high = sealed_bounds[0], sealed_bounds[1] + 1
                     if limit_rows:
                         high = low + limit_rows
-                    frame = jdbc.read(spark, target, jdbc.relation(conn, "outbox", partition),
-                                      fetch_size=args.fetch_size, partition_column="id", lower=low, upper=high,
-                                      partitions=args.read_partitions)
+                    frame = jdbc.read(
+                        spark,
+                        target,
+                        jdbc.relation(conn, "outbox", partition),
+                        fetch_size=args.fetch_size,
+                        partition_column="id",
+                        lower=low,
+                        upper=high,
+                        partitions=args.read_partitions,
+                    )
                     if limit_rows:
                         frame = frame.where(frame.id < high)
                     started = time.perf_counter()
@@ -130,10 +139,15 @@ def main() -> int:
                     mark[0] = now
 
                 opts = archive.ArchiveOptions(
-                    archive_uri=storage.normalise_uri(str(work / "archive")), retention=timedelta(days=7),
-                    dead_letter_retention=timedelta(days=30), inbox_retention=timedelta(days=14),
-                    read_partitions=args.read_partitions, fetch_size=args.fetch_size, drop=True,
-                    lock_timeout=timedelta(seconds=5), sources=(db.OUTBOX,),
+                    archive_uri=storage.normalise_uri(str(work / "archive")),
+                    retention=timedelta(days=7),
+                    dead_letter_retention=timedelta(days=30),
+                    inbox_retention=timedelta(days=14),
+                    read_partitions=args.read_partitions,
+                    fetch_size=args.fetch_size,
+                    drop=True,
+                    lock_timeout=timedelta(seconds=5),
+                    sources=(db.OUTBOX,),
                 )
                 started = time.perf_counter()
                 mark[0] = started
@@ -147,17 +161,28 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(pg_root, ignore_errors=True)
 
-    names = {"sealed": "seal (checks, triggers)", "written": "export: JDBC read + Parquet write",
-             "committed": "commit (rename)", "verified": "verify: re-read + checksum in Spark",
-             "audited": "record: checksum in PostgreSQL", "removed": "drop: checksum again + DROP TABLE"}
-    print(f"\nmachine: {os.cpu_count()} cores; load average before {load_before[0]:.2f}, "
-          f"after {load_after[0]:.2f} (shared with other work)")
+    names = {
+        "sealed": "seal (checks, triggers)",
+        "written": "export: JDBC read + Parquet write",
+        "committed": "commit (rename)",
+        "verified": "verify: re-read + checksum in Spark",
+        "audited": "record: checksum in PostgreSQL",
+        "removed": "drop: checksum again + DROP TABLE",
+    }
+    print(
+        f"\nmachine: {os.cpu_count()} cores; load average before {load_before[0]:.2f}, "
+        f"after {load_after[0]:.2f} (shared with other work)"
+    )
     print(f"rows: {args.rows:,}; read partitions: {args.read_partitions}; fetch size: {args.fetch_size}")
-    print(f"bare JDBC read -> Parquet : {bare_s:7.1f} s  {args.rows / bare_s:10,.0f} rows/s"
-          f"  (fastest of {', '.join(f'{s:.1f}' for s in bare_runs)} s)")
+    print(
+        f"bare JDBC read -> Parquet : {bare_s:7.1f} s  {args.rows / bare_s:10,.0f} rows/s"
+        f"  (fastest of {', '.join(f'{s:.1f}' for s in bare_runs)} s)"
+    )
     print(f"audited archival          : {archive_s:7.1f} s  {args.rows / archive_s:10,.0f} rows/s")
-    print(f"ratio archival / bare     : {(args.rows / archive_s) / (args.rows / bare_s):.2f} of the bare "
-          f"throughput ({archive_s / bare_s:.2f}x the time)")
+    print(
+        f"ratio archival / bare     : {(args.rows / archive_s) / (args.rows / bare_s):.2f} of the bare "
+        f"throughput ({archive_s / bare_s:.2f}x the time)"
+    )
     print("where the archival time went:")
     for step, seconds in steps:
         print(f"  {names[step]:40} {seconds:6.1f} s")

@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 NOOP_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"
 
@@ -56,7 +56,7 @@ async def _serve_noop(port: int) -> None:
 
 
 def _start_noop_handler() -> tuple[subprocess.Popen, str]:
-    from pgoutbox.embedded import free_port
+    from pgoutbox.dev.embedded import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve-noop", str(port)], stdout=subprocess.PIPE, text=True)
@@ -65,16 +65,24 @@ def _start_noop_handler() -> tuple[subprocess.Popen, str]:
 
 
 async def _publish(js, n: int) -> None:
-    from pgoutbox import envelope as wire
+    from pgoutbox.core import wire
 
     for start in range(0, n, 1000):
         batch = []
         for i in range(start, min(n, start + 1000)):
-            subject, body, headers = wire.to_nats({
-                "event_id": str(uuid.uuid4()), "subject": "bench.event.tick.v1", "context": "bench",
-                "event_type": "tick", "event_version": 1, "aggregate_type": "counter", "aggregate_id": str(i),
-                "payload": {"schema_version": 1, "n": i, "pad": "x" * 200}, "headers": {},
-            })
+            subject, body, headers = wire.to_nats(
+                {
+                    "event_id": str(uuid.uuid4()),
+                    "subject": "bench.event.tick.v1",
+                    "context": "bench",
+                    "event_type": "tick",
+                    "event_version": 1,
+                    "aggregate_type": "counter",
+                    "aggregate_id": str(i),
+                    "payload": {"schema_version": 1, "n": i, "pad": "x" * 200},
+                    "headers": {},
+                }
+            )
             batch.append(js.publish(subject, body, headers=headers))
         await asyncio.gather(*batch)
 
@@ -84,17 +92,23 @@ async def _bare_loop(js, n: int, batch: int) -> float:
     import nats.errors
     from nats.js.api import AckPolicy, ConsumerConfig
 
-    await js.add_consumer("BENCH_EVENTS", ConsumerConfig(
-        durable_name="bare", ack_policy=AckPolicy.EXPLICIT, max_ack_pending=10_000, ack_wait=60,
-        filter_subject="bench.event.tick.v1",
-    ))
+    await js.add_consumer(
+        "BENCH_EVENTS",
+        ConsumerConfig(
+            durable_name="bare",
+            ack_policy=AckPolicy.EXPLICIT,
+            max_ack_pending=10_000,
+            ack_wait=60,
+            filter_subject="bench.event.tick.v1",
+        ),
+    )
     sub = await js.pull_subscribe_bind("bare", "BENCH_EVENTS")
     done = 0
     started = time.perf_counter()
     while done < n:
         try:
             msgs = await sub.fetch(batch, timeout=2)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             continue
         for msg in msgs:
             await msg.ack()
@@ -103,12 +117,14 @@ async def _bare_loop(js, n: int, batch: int) -> float:
     return time.perf_counter() - started
 
 
-async def _consumer(database_url: str, nats_url: str, handler_url: str, n: int, concurrency: int,
-                    batch: int, workdir: Path) -> tuple[float, dict]:
-    from pgoutbox import consumer_settings as cs
-    from pgoutbox import registry, settings
-    from pgoutbox.commands import consume
-    from pgoutbox.consumer import Consumer
+async def _consumer(
+    database_url: str, nats_url: str, handler_url: str, n: int, concurrency: int, batch: int, workdir: Path
+) -> tuple[float, dict]:
+    from pgoutbox.cli import consume
+    from pgoutbox.core import settings
+    from pgoutbox.inbox import registry
+    from pgoutbox.inbox import settings as cs
+    from pgoutbox.inbox.consumer import Consumer
 
     manifests = workdir / "manifests"
     manifests.mkdir()
@@ -116,12 +132,22 @@ async def _consumer(database_url: str, nats_url: str, handler_url: str, n: int, 
         f'[[handler]]\nname = "noop"\nurl = "{handler_url}"\nsubjects = ["bench.event.tick.v1"]\n'
     )
     registry.generate(manifests, workdir / "registry.json")
-    cfg = settings.load(consume.SETTINGS, environ={}, overrides={
-        "database_url": database_url, "nats_url": nats_url, "registry_file": str(workdir / "registry.json"),
-        "concurrency": str(concurrency), "batch_size": str(batch), "max_ack_pending": "10000",
-        "db_pool_size": str(min(concurrency, 32)), "run_replayer": "false", "fetch_timeout": "500ms",
-        "log_level": "WARNING",
-    })
+    cfg = settings.load(
+        consume.SETTINGS,
+        environ={},
+        overrides={
+            "database_url": database_url,
+            "nats_url": nats_url,
+            "registry_file": str(workdir / "registry.json"),
+            "concurrency": str(concurrency),
+            "batch_size": str(batch),
+            "max_ack_pending": "10000",
+            "db_pool_size": str(min(concurrency, 32)),
+            "run_replayer": "false",
+            "fetch_timeout": "500ms",
+            "log_level": "WARNING",
+        },
+    )
     cfg.http_port = None
     consumer = Consumer(cs.load_handlers(cfg), cfg)
     await consumer.start()
@@ -138,8 +164,8 @@ async def main(args) -> None:
     import nats
     import psycopg
 
-    from pgoutbox import migrate
-    from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres
+    from pgoutbox.core import migrate
+    from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 
     workdir = Path(tempfile.mkdtemp(prefix="pgoutbox-consumer-bench-"))
     pg = nats_server = handler = None
@@ -147,8 +173,10 @@ async def main(args) -> None:
         database_url = os.environ.get("OUTBOX_DATABASE_URL")
         if not database_url:
             # Its own temporary folder: the postgres user must be able to enter it.
-            pg = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="pgoutbox-bench-pg-")),
-                                  settings={"synchronous_commit": args.synchronous_commit})
+            pg = EmbeddedPostgres(
+                Path(tempfile.mkdtemp(prefix="pgoutbox-bench-pg-")),
+                settings={"synchronous_commit": args.synchronous_commit},
+            )
             pg.start()
             database_url = pg.url
         nats_url = os.environ.get("OUTBOX_NATS_URL")
@@ -166,24 +194,30 @@ async def main(args) -> None:
         await _publish(js, args.messages)
         publish_s = time.perf_counter() - t
         bare_s = await _bare_loop(js, args.messages, args.batch)
-        consumer_s, outcomes = await _consumer(database_url, nats_url, handler_url, args.messages,
-                                               args.concurrency, args.batch, workdir)
+        consumer_s, outcomes = await _consumer(
+            database_url, nats_url, handler_url, args.messages, args.concurrency, args.batch, workdir
+        )
         load_after = os.getloadavg()
         await nc.close()
         bare_rate, consumer_rate = args.messages / bare_s, args.messages / consumer_s
-        print(json.dumps({
-            "messages": args.messages,
-            "concurrency": args.concurrency,
-            "fetch_batch": args.batch,
-            "synchronous_commit": args.synchronous_commit if pg else "(external database)",
-            "publish_msgs_per_s": round(args.messages / publish_s),
-            "bare_fetch_ack_msgs_per_s": round(bare_rate),
-            "consumer_msgs_per_s": round(consumer_rate),
-            "consumer_to_bare_ratio": round(consumer_rate / bare_rate, 3),
-            "consumer_outcomes": outcomes,
-            "cpus": os.cpu_count(),
-            "load_average_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "messages": args.messages,
+                    "concurrency": args.concurrency,
+                    "fetch_batch": args.batch,
+                    "synchronous_commit": args.synchronous_commit if pg else "(external database)",
+                    "publish_msgs_per_s": round(args.messages / publish_s),
+                    "bare_fetch_ack_msgs_per_s": round(bare_rate),
+                    "consumer_msgs_per_s": round(consumer_rate),
+                    "consumer_to_bare_ratio": round(consumer_rate / bare_rate, 3),
+                    "consumer_outcomes": outcomes,
+                    "cpus": os.cpu_count(),
+                    "load_average_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
+                },
+                indent=2,
+            )
+        )
     finally:
         if handler:
             handler.kill()
@@ -204,6 +238,10 @@ if __name__ == "__main__":
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=64, help="consumer slots (OUTBOX_CONSUMER_CONCURRENCY)")
     parser.add_argument("--batch", type=int, default=64, help="fetch batch, both loops")
-    parser.add_argument("--synchronous-commit", default="on", choices=("on", "off"),
-                        help="of the embedded PostgreSQL (on: every inbox commit waits for its WAL flush)")
+    parser.add_argument(
+        "--synchronous-commit",
+        default="on",
+        choices=("on", "off"),
+        help="of the embedded PostgreSQL (on: every inbox commit waits for its WAL flush)",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -1,7 +1,7 @@
 """Relay benchmark (not a test): prints, in one run on this machine,
 
   (a) the raw nats-py JetStream publish rate for the same messages (subject,
-      body, headers built by pgoutbox.envelope from the very rows the relay
+      body, headers built by pgoutbox.core.wire from the very rows the relay
       will drain), pipelined in windows of the relay's batch size;
   (b) the relay's drain rate for a backlog of --events events, as events/s
       and as a ratio to (a);
@@ -13,7 +13,7 @@
 Everything runs on a private PostgreSQL 15 (default durability: fsync on,
 synchronous_commit on) and nats-server (file storage) started on free ports
 under a temporary folder, and stopped (by PID) at the end. The relay runs as
-a real subprocess (`python -m pgoutbox.cli relay`), as in production.
+a real subprocess (`python -m pgoutbox.cli.main relay`), as in production.
 
     .venv/bin/python bench/relay_bench.py [--events 100000] [--rates 500,2000] [--notify-throttle 2ms]
 """
@@ -35,14 +35,16 @@ import time
 from pathlib import Path
 
 import httpx
-import machine
 import nats
 import psycopg
 from nats.js.api import DeliverPolicy, StreamConfig
 
-from pgoutbox import envelope, migrate, streams
-from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres
-from pgoutbox.outbox_calls import CLAIMED_COLUMNS
+import machine
+from pgoutbox.core import migrate
+from pgoutbox.core import wire as envelope
+from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
+from pgoutbox.outbox import streams
+from pgoutbox.outbox.calls import CLAIMED_COLUMNS
 
 CONTEXT = "bench"
 EMIT_CHUNK = 10_000
@@ -63,7 +65,8 @@ SELECT count(outbox.emit(
 )) FROM generate_series(%(lo)s::int, %(hi)s::int) AS i
 """
 ONE_EMIT_SQL = EMIT_SQL.replace("count(outbox.emit(", "(outbox.emit(").replace(
-    "FROM generate_series(%(lo)s::int, %(hi)s::int) AS i", "FROM (SELECT %(lo)s::int AS i) AS x")
+    "FROM generate_series(%(lo)s::int, %(hi)s::int) AS i", "FROM (SELECT %(lo)s::int AS i) AS x"
+)
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -87,14 +90,20 @@ def postgres_cpu_seconds(pg: EmbeddedPostgres) -> float:
 @contextlib.contextmanager
 def relay_process(root: Path, pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, **settings: str):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
-    env.update({
-        "OUTBOX_DATABASE_URL": pg.url, "OUTBOX_NATS_URL": ns.url, "OUTBOX_RELAY_NAME": name,
-        "OUTBOX_RELAY_HTTP_PORT": "0", "OUTBOX_LOG_LEVEL": "INFO",
-    })
+    env.update(
+        {
+            "OUTBOX_DATABASE_URL": pg.url,
+            "OUTBOX_NATS_URL": ns.url,
+            "OUTBOX_RELAY_NAME": name,
+            "OUTBOX_RELAY_HTTP_PORT": "0",
+            "OUTBOX_LOG_LEVEL": "INFO",
+        }
+    )
     env.update({f"OUTBOX_RELAY_{k.upper()}": v for k, v in settings.items()})
     log = (root / f"{name}.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "pgoutbox.cli", "relay"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgoutbox.cli.main", "relay"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         yield proc
     finally:
@@ -131,9 +140,11 @@ def stage_times(port: int) -> str:
     def mean(metric: str) -> float:
         return value[f"{metric}_sum"] / max(1.0, value[f"{metric}_count"])
 
-    return (f"claim {mean('outbox_relay_claim_seconds') * 1000:.1f} ms, publish "
-            f"{mean('outbox_relay_publish_seconds') * 1000:.1f} ms, {mean('outbox_relay_batch_size'):.1f} "
-            f"events per batch")
+    return (
+        f"claim {mean('outbox_relay_claim_seconds') * 1000:.1f} ms, publish "
+        f"{mean('outbox_relay_publish_seconds') * 1000:.1f} ms, {mean('outbox_relay_batch_size'):.1f} "
+        f"events per batch"
+    )
 
 
 def small_claim_ms(url: str, rounds: int = 15) -> float:
@@ -171,7 +182,7 @@ async def raw_publish_rate(ns_url: str, rows: list[dict], window: int) -> dict[s
         # js.publish_async: nats-py's pipelined publish (futures, one reply inbox).
         started, cpu = time.perf_counter(), time.process_time()
         for i in range(0, len(messages), window):
-            futures = [await js.publish_async(s, b, headers=dict(h)) for s, b, h in messages[i:i + window]]
+            futures = [await js.publish_async(s, b, headers=dict(h)) for s, b, h in messages[i : i + window]]
             await asyncio.gather(*futures)
         rates["publish_async"] = len(messages) / (time.perf_counter() - started)
         rates["cpu_us"] = (time.process_time() - cpu) / len(messages) * 1e6
@@ -180,8 +191,12 @@ async def raw_publish_rate(ns_url: str, rows: list[dict], window: int) -> dict[s
         sample = messages[: len(messages) // 2]
         started = time.perf_counter()
         for i in range(0, len(sample), window):
-            await asyncio.gather(*(js.publish(s, b, headers=dict(h) | {"Nats-Msg-Id": h["Nats-Msg-Id"] + "-2"})
-                                   for s, b, h in sample[i:i + window]))
+            await asyncio.gather(
+                *(
+                    js.publish(s, b, headers=dict(h) | {"Nats-Msg-Id": h["Nats-Msg-Id"] + "-2"})
+                    for s, b, h in sample[i : i + window]
+                )
+            )
         rates["publish+gather"] = len(sample) / (time.perf_counter() - started)
     finally:
         await js.delete_stream("RAW")
@@ -197,8 +212,9 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
         started = time.perf_counter()
         with relay_process(root, pg, ns, "drain", batch_size=str(batch_size)) as proc:
             while True:
-                left = conn.execute("SELECT coalesce(sum(unpublished), 0) FROM outbox.backlog(%s)",
-                                    (CONTEXT,)).fetchone()[0]
+                left = conn.execute(
+                    "SELECT coalesce(sum(unpublished), 0) FROM outbox.backlog(%s)", (CONTEXT,)
+                ).fetchone()[0]
                 if left == 0:
                     break
                 if proc.poll() is not None:
@@ -210,12 +226,16 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
             print(f"    relay stages during the drain: {stage_times(relay_http_port(root, 'drain'))}")
         first, last, done = conn.execute(
             "SELECT min(published_at), max(published_at), count(*) FILTER (WHERE status = 'COMPLETED')"
-            " FROM outbox.events WHERE context = %s", (CONTEXT,)).fetchone()
+            " FROM outbox.events WHERE context = %s",
+            (CONTEXT,),
+        ).fetchone()
     if done != n:
         raise RuntimeError(f"only {done} of {n} events COMPLETED")
     time.sleep(0.5)  # the relay's backends exit and are reaped
-    print(f"    CPU per event during the drain: PostgreSQL {(postgres_cpu_seconds(pg) - pg_cpu) / n * 1e6:.0f} us,"
-          f" nats-server {(machine.cpu_seconds(ns.process.pid) - nats_cpu) / n * 1e6:.0f} us (and the relay, below)")
+    print(
+        f"    CPU per event during the drain: PostgreSQL {(postgres_cpu_seconds(pg) - pg_cpu) / n * 1e6:.0f} us,"
+        f" nats-server {(machine.cpu_seconds(ns.process.pid) - nats_cpu) / n * 1e6:.0f} us (and the relay, below)"
+    )
     return n / (last - first).total_seconds(), wall, rss, cpu
 
 
@@ -226,8 +246,7 @@ async def emit_at_rate(pg_url: str, rate: int, seconds: float, emit_sync: bool, 
     total = int(rate * seconds)
     writers = 8
     options = "" if emit_sync else "-c synchronous_commit=off"
-    conns = [await psycopg.AsyncConnection.connect(pg_url, autocommit=True, options=options)
-             for _ in range(writers)]
+    conns = [await psycopg.AsyncConnection.connect(pg_url, autocommit=True, options=options) for _ in range(writers)]
     started = time.perf_counter() + 0.2
 
     async def writer(k: int) -> None:
@@ -256,11 +275,18 @@ async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float, emit_
     async def on_msg(msg):
         received[msg.headers[envelope.MSG_ID]] = time.perf_counter()
 
-    sub = await js.subscribe(f"{CONTEXT}.event.>", cb=on_msg, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.NEW)
+    sub = await js.subscribe(f"{CONTEXT}.event.>", cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
     emitter = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--emitter", pg_url, str(rate), str(seconds),
-        "on" if emit_sync else "off", str(10_000_000 + rate * 1000), stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        __file__,
+        "--emitter",
+        pg_url,
+        str(rate),
+        str(seconds),
+        "on" if emit_sync else "off",
+        str(10_000_000 + rate * 1000),
+        stdout=asyncio.subprocess.PIPE,
+    )
     out, _ = await emitter.communicate()
     run = json.loads(out)
     committed = run["committed"]
@@ -274,8 +300,14 @@ async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float, emit_
     lat = sorted((received[e] - t) * 1000 for e, t in committed.items() if e in received and t >= warm)
     missing = len(set(committed) - set(received))
     q = statistics.quantiles(lat, n=100)
-    return {"achieved_rate": run["total"] / (run["finished"] - run["started"]), "p50": q[49], "p99": q[98],
-            "max": lat[-1], "samples": len(lat), "missing": missing}
+    return {
+        "achieved_rate": run["total"] / (run["finished"] - run["started"]),
+        "p50": q[49],
+        "p99": q[98],
+        "max": lat[-1],
+        "samples": len(lat),
+        "missing": missing,
+    }
 
 
 def main() -> int:
@@ -289,8 +321,12 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--rates", default="500,2000")
     ap.add_argument("--seconds", type=float, default=6.0, help="emit duration per latency run")
-    ap.add_argument("--emit-sync", choices=("on", "off"), default="on",
-                    help="synchronous_commit of the latency runs' emitting sessions")
+    ap.add_argument(
+        "--emit-sync",
+        choices=("on", "off"),
+        default="on",
+        help="synchronous_commit of the latency runs' emitting sessions",
+    )
     ap.add_argument("--parts", default="abcd", help="a+b: publish and drain rates; c: latency; d always")
     ap.add_argument("--notify-throttle", help="outbox.set_notify_throttle() for the run (default: the schema's, 5ms)")
     args = ap.parse_args()
@@ -309,8 +345,7 @@ def main() -> int:
             if args.notify_throttle:  # read by the emitters' trigger and by the relay at start-up
                 conn.execute("SELECT outbox.set_notify_throttle(%s::interval)", (args.notify_throttle,))
                 print(f"outbox.set_notify_throttle('{args.notify_throttle}')")
-        specs = [streams.StreamSpec(CONTEXT, "BENCH_EVENTS", (f"{CONTEXT}.event.>",), "limits", "file",
-                                    1, 0, -1, 120)]
+        specs = [streams.StreamSpec(CONTEXT, "BENCH_EVENTS", (f"{CONTEXT}.event.>",), "limits", "file", 1, 0, -1, 120)]
 
         async def setup_stream():
             nc = await nats.connect(ns.url)
@@ -325,23 +360,28 @@ def main() -> int:
             print(f"backlog: {args.events} events emitted in {took:.1f}s")
             with psycopg.connect(pg.url, autocommit=True) as conn:
                 cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-                rows = cur.execute(f"SELECT {CLAIMED_COLUMNS.replace('claim_token, ', '')} "
-                                   "FROM outbox.events ORDER BY id").fetchall()
+                rows = cur.execute(
+                    f"SELECT {CLAIMED_COLUMNS.replace('claim_token, ', '')} FROM outbox.events ORDER BY id"
+                ).fetchall()
             nats_cpu = machine.cpu_seconds(ns.process.pid)
             raw = asyncio.run(raw_publish_rate(ns.url, rows, args.batch_size))
             nats_cpu = (machine.cpu_seconds(ns.process.pid) - nats_cpu) / (1.5 * len(rows)) * 1e6
             raw_cpu = raw.pop("cpu_us")
             best = max(raw.values())
             del rows
-            print(f"(a) raw nats-py JetStream publish, windows of {args.batch_size}, {args.events} msgs: "
-                  + ", ".join(f"{k} {v:,.0f} msg/s" for k, v in raw.items())
-                  + f" (publish_async: {raw_cpu:.0f} us of client CPU per message; nats-server"
-                  f" {nats_cpu:.0f} us per message over both runs)")
+            print(
+                f"(a) raw nats-py JetStream publish, windows of {args.batch_size}, {args.events} msgs: "
+                + ", ".join(f"{k} {v:,.0f} msg/s" for k, v in raw.items())
+                + f" (publish_async: {raw_cpu:.0f} us of client CPU per message; nats-server"
+                f" {nats_cpu:.0f} us per message over both runs)"
+            )
             rate, wall, rss, cpu = drain(root, pg, ns, args.events, args.batch_size)
-            print(f"(b) relay drain of {args.events}: {rate:,.0f} events/s (first to last published_at; "
-                  f"{wall:.1f}s wall incl. start-up) = {rate / best:.2f} x (a) best "
-                  f"[{max(raw, key=raw.get)}]; target >= 0.70; relay process CPU {cpu:.0f} us per event "
-                  "(PostgreSQL's claim/mark work runs beside it on the same 2 cores)")
+            print(
+                f"(b) relay drain of {args.events}: {rate:,.0f} events/s (first to last published_at; "
+                f"{wall:.1f}s wall incl. start-up) = {rate / best:.2f} x (a) best "
+                f"[{max(raw, key=raw.get)}]; target >= 0.70; relay process CPU {cpu:.0f} us per event "
+                "(PostgreSQL's claim/mark work runs beside it on the same 2 cores)"
+            )
             peak = rss
         if "c" in args.parts:
             # Each event leaves dead entries in the claim index until a vacuum;
@@ -349,20 +389,28 @@ def main() -> int:
             before = small_claim_ms(pg.url)
             with psycopg.connect(pg.url, autocommit=True) as conn:
                 conn.execute("VACUUM outbox.events")
-            print(f"claim of 5 events: {before:.1f} ms after the drain's churn, {small_claim_ms(pg.url):.1f} ms "
-                  "after VACUUM outbox.events (the latency runs start from the vacuumed table)")
-            print("(c) end-to-end latency, emit commit -> JetStream subscriber (8 emitting sessions, "
-                  f"synchronous_commit={args.emit_sync}):")
-            for mode, settings in (("LISTEN/NOTIFY", {"wakeups": "true"}),
-                                   ("poll-only 1s", {"wakeups": "false", "poll_interval": "1s"})):
+            print(
+                f"claim of 5 events: {before:.1f} ms after the drain's churn, {small_claim_ms(pg.url):.1f} ms "
+                "after VACUUM outbox.events (the latency runs start from the vacuumed table)"
+            )
+            print(
+                "(c) end-to-end latency, emit commit -> JetStream subscriber (8 emitting sessions, "
+                f"synchronous_commit={args.emit_sync}):"
+            )
+            for mode, settings in (
+                ("LISTEN/NOTIFY", {"wakeups": "true"}),
+                ("poll-only 1s", {"wakeups": "false", "poll_interval": "1s"}),
+            ):
                 name = f"latency-{mode[:4].lower()}"
                 with relay_process(root, pg, ns, name, **settings) as proc:
                     port = relay_http_port(root, name)
                     for r in (int(x) for x in args.rates.split(",")):
                         res = asyncio.run(latency_run(pg.url, ns.url, r, args.seconds, args.emit_sync == "on"))
-                        print(f"    {mode:14s} @ {r:5d}/s (achieved {res['achieved_rate']:,.0f}/s): "
-                              f"p50 {res['p50']:7.2f} ms  p99 {res['p99']:7.2f} ms  max {res['max']:7.2f} ms  "
-                              f"({res['samples']} samples, {res['missing']} missing)")
+                        print(
+                            f"    {mode:14s} @ {r:5d}/s (achieved {res['achieved_rate']:,.0f}/s): "
+                            f"p50 {res['p50']:7.2f} ms  p99 {res['p99']:7.2f} ms  max {res['max']:7.2f} ms  "
+                            f"({res['samples']} samples, {res['missing']} missing)"
+                        )
                     print(f"    {'':14s}   relay stages over both rates: {stage_times(port)}")
                     peak = max(peak, peak_rss_mb(proc.pid))
                     code = None
@@ -370,8 +418,7 @@ def main() -> int:
                     code = proc.wait(30)
                     if code != 0:
                         print(f"    relay exited with {code} on SIGTERM (expected 0)")
-        print(f"(d) relay peak RSS (VmHWM): drain {rss:.0f} MB, max over all runs {peak:.0f} MB; "
-              "target <= 150 MB")
+        print(f"(d) relay peak RSS (VmHWM): drain {rss:.0f} MB, max over all runs {peak:.0f} MB; target <= 150 MB")
         print(f"done: {machine.load()}; {machine.steal_since(ticks)}")
     finally:
         ns.stop()

@@ -32,11 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import machine
 import psycopg
 
-from pgoutbox import migrate
-from pgoutbox.embedded import EmbeddedPostgres
+import machine
+from pgoutbox.core import migrate
+from pgoutbox.dev.embedded import EmbeddedPostgres
 
 PAYLOAD = json.dumps({"schema_version": 1, "order_id": "abc-123", "total": 99.99, "lines": [1, 2, 3]})
 
@@ -75,15 +75,20 @@ def emit_together(urls: dict[str, str], writers: int, seconds: float) -> dict[st
     transaction: writer processes plus their backends)}."""
     out: dict[str, mp.Queue] = {name: mp.Queue() for name in urls}
     start_at = time.time() + 0.5
-    procs = [mp.Process(target=_writer, args=(url, seconds, start_at, out[name]))
-             for name, url in urls.items() for _ in range(writers)]
+    procs = [
+        mp.Process(target=_writer, args=(url, seconds, start_at, out[name]))
+        for name, url in urls.items()
+        for _ in range(writers)
+    ]
     for p in procs:
         p.start()
     results = {name: [out[name].get() for _ in range(writers)] for name in urls}
     for p in procs:
         p.join()
-    return {name: (sum(r[0] for r in rs) / seconds, sum(r[1] for r in rs) / sum(r[0] for r in rs) * 1e6)
-            for name, rs in results.items()}
+    return {
+        name: (sum(r[0] for r in rs) / seconds, sum(r[1] for r in rs) / sum(r[0] for r in rs) * 1e6)
+        for name, rs in results.items()
+    }
 
 
 def alone_rounds(dbs: dict[str, str], writers: int, rounds: int, seconds: float) -> dict[str, float]:
@@ -91,7 +96,7 @@ def alone_rounds(dbs: dict[str, str], writers: int, rounds: int, seconds: float)
     rotating order."""
     rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
-        for v in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+        for v in VARIANTS[r % 3 :] + VARIANTS[: r % 3]:
             rates[v].append(emit_together({v: dbs[v]}, writers, seconds)[v][0])
     return {v: statistics.median(x) for v, x in rates.items()}
 
@@ -155,8 +160,7 @@ def bare_cycle(c: psycopg.Connection, batch: int) -> int:
         (batch,),
     ).fetchall()
     if rows:
-        c.execute("UPDATE public.jobs SET status = 'DONE', done_at = now() WHERE id = ANY(%s)",
-                  ([r[0] for r in rows],))
+        c.execute("UPDATE public.jobs SET status = 'DONE', done_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
     return len(rows)
 
 
@@ -200,8 +204,10 @@ def fresh_drain_databases(server_url: str, backlog: int) -> dict[str, str]:
     """Both sides of a drain round start alike: a database of their own,
     created for the round, holding exactly the backlog (the outbox's from
     the migrated template drain_template)."""
-    urls = {side: new_database(server_url, f"drain_{side}", template)
-            for side, template in (("bare", "template1"), ("outbox", "drain_template"))}
+    urls = {
+        side: new_database(server_url, f"drain_{side}", template)
+        for side, template in (("bare", "template1"), ("outbox", "drain_template"))
+    }
     with psycopg.connect(urls["outbox"], autocommit=True) as c:
         c.execute(
             "SELECT outbox.emit('order', g::text, 'order_created', %s::jsonb, context => 'sea')"
@@ -244,22 +250,28 @@ def main() -> None:
                     c.execute(f"ALTER SYSTEM SET synchronous_commit = {sync}")
                     c.execute("SELECT pg_reload_conf()")
                 print(f"   synchronous_commit = {sync}")
-                print(f"   {'writers':<9}{'none':>8}{'throttled':>11}{'per-row':>9}"
-                      f"{'throttled: throughput':>26}{'CPU':>20}{'per-row: throughput':>26}{'CPU':>20}")
+                print(
+                    f"   {'writers':<9}{'none':>8}{'throttled':>11}{'per-row':>9}"
+                    f"{'throttled: throughput':>26}{'CPU':>20}{'per-row: throughput':>26}{'CPU':>20}"
+                )
                 for w in (1, 4):
                     alone = alone_rounds(dbs, w, args.rounds_alone, args.seconds)
                     costs = paired_costs(dbs, w, args.rounds, args.seconds)
-                    print(f"   {w:<9}" + "".join(f"{alone[v]:>{n},.0f}" for v, n in zip(VARIANTS, (8, 11, 9)))
-                          + "".join(f"{spread(costs[v][k]):>{n}}" for v in VARIANTS[1:]
-                                    for k, n in ((0, 26), (1, 20))))
+                    print(
+                        f"   {w:<9}"
+                        + "".join(f"{alone[v]:>{n},.0f}" for v, n in zip(VARIANTS, (8, 11, 9)))
+                        + "".join(f"{spread(costs[v][k]):>{n}}" for v in VARIANTS[1:] for k, n in ((0, 26), (1, 20)))
+                    )
             print("   target: the throttled wake-up costs <= 10 % at 4 writers")
             print(f"   during the emit runs: {machine.steal_since(steal0)}")
             with psycopg.connect(url, autocommit=True) as c:
                 c.execute("ALTER SYSTEM RESET synchronous_commit")
                 c.execute("SELECT pg_reload_conf()")
         if "drain" in parts:
-            print(f"\n2. drain a {args.backlog:,}-event backlog, batch {args.batch}, events/s; median of"
-                  f" {args.drain_rounds} rounds [each round's ratio]")
+            print(
+                f"\n2. drain a {args.backlog:,}-event backlog, batch {args.batch}, events/s; median of"
+                f" {args.drain_rounds} rounds [each round's ratio]"
+            )
             new_database(server, "drain_template", migrated=True)
 
             def whole_drains(r: int, urls: dict[str, str]) -> dict[str, float]:
@@ -281,9 +293,11 @@ def main() -> None:
                     for side, rate in run(r, fresh_drain_databases(server, args.backlog)).items():
                         drained[side].append(rate)
                 ratios = [o / b for o, b in zip(drained["outbox"], drained["bare"])]
-                print(f"   {method}: bare {statistics.median(drained['bare']):,.0f}, claim + mark"
-                      f" {statistics.median(drained['outbox']):,.0f}, ratio {statistics.median(ratios):.2f}"
-                      f" {[round(x, 2) for x in ratios]} (target >= 0.8)")
+                print(
+                    f"   {method}: bare {statistics.median(drained['bare']):,.0f}, claim + mark"
+                    f" {statistics.median(drained['outbox']):,.0f}, ratio {statistics.median(ratios):.2f}"
+                    f" {[round(x, 2) for x in ratios]} (target >= 0.8)"
+                )
             print(f"   during the drains: {machine.steal_since(steal0)}")
     finally:
         pg.stop()

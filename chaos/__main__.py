@@ -14,8 +14,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, help="override the profile's load duration")
     ap.add_argument("--rate", type=float, help="override the profile's emits per second")
     ap.add_argument("--faults", type=int, help="override the profile's fault count")
-    ap.add_argument("--poison-share", type=float,
-                    help="share of emits drawn from tests/poison.py (hostile input; 0 switches the poison writer off)")
+    ap.add_argument(
+        "--poison-share",
+        type=float,
+        help="share of emits drawn from tests/poison.py (hostile input; 0 switches the poison writer off)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the data and logs folder")
     args = ap.parse_args()
     overrides = {k: v for k, v in (("seconds", args.seconds), ("rate", args.rate), ("faults", args.faults)) if v}

@@ -41,8 +41,8 @@ from pathlib import Path
 import nats
 import psycopg
 
-from pgoutbox import migrate
-from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres
+from pgoutbox.core import migrate
+from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 
 from . import poison_writer
 from .ledger_app import SCHEMA, LedgerApp
@@ -100,11 +100,13 @@ class Cluster:
 
     def env(self, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
-        env.update({
-            "OUTBOX_DATABASE_URL": self.pg.url,
-            "OUTBOX_NATS_URL": self.nats.url,
-            "OUTBOX_LOG_LEVEL": "WARNING",
-        })
+        env.update(
+            {
+                "OUTBOX_DATABASE_URL": self.pg.url,
+                "OUTBOX_NATS_URL": self.nats.url,
+                "OUTBOX_LOG_LEVEL": "WARNING",
+            }
+        )
         env.update(extra)
         return env
 
@@ -112,33 +114,43 @@ class Cluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = (self.logs / f"{name}.log").open("ab")
         return subprocess.Popen(
-            [sys.executable, "-m", "pgoutbox.cli", command],
-            env=self.env(extra), stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "pgoutbox.cli.main", command],
+            env=self.env(extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
 
     def start_relay(self, i: int) -> None:
-        self.relays[i] = self._spawn("relay", f"relay-{i}", {
-            "OUTBOX_RELAY_NAME": f"relay-{i}",
-            "OUTBOX_STREAMS_FILE": str(self.root / "streams.toml"),
-            "OUTBOX_RELAY_LEASE": f"{LEASE_SECONDS}s",
-            "OUTBOX_RELAY_PUBLISH_TIMEOUT": "2s",
-            "OUTBOX_RELAY_POLL_INTERVAL": "500ms",
-            "OUTBOX_RELAY_BATCH_SIZE": "100",
-            "OUTBOX_RELAY_RETRY_BASE": "200ms",
-            "OUTBOX_RELAY_RETRY_CAP": "2s",
-            "OUTBOX_RELAY_MAX_ATTEMPTS": "100000",  # outages must not dead-letter events
-            "OUTBOX_RELAY_HTTP_PORT": "0",  # any free port: two relays share this host
-        })
+        self.relays[i] = self._spawn(
+            "relay",
+            f"relay-{i}",
+            {
+                "OUTBOX_RELAY_NAME": f"relay-{i}",
+                "OUTBOX_STREAMS_FILE": str(self.root / "streams.toml"),
+                "OUTBOX_RELAY_LEASE": f"{LEASE_SECONDS}s",
+                "OUTBOX_RELAY_PUBLISH_TIMEOUT": "2s",
+                "OUTBOX_RELAY_POLL_INTERVAL": "500ms",
+                "OUTBOX_RELAY_BATCH_SIZE": "100",
+                "OUTBOX_RELAY_RETRY_BASE": "200ms",
+                "OUTBOX_RELAY_RETRY_CAP": "2s",
+                "OUTBOX_RELAY_MAX_ATTEMPTS": "100000",  # outages must not dead-letter events
+                "OUTBOX_RELAY_HTTP_PORT": "0",  # any free port: two relays share this host
+            },
+        )
 
     def start_consumer(self, i: int) -> None:
-        self.consumers[i] = self._spawn("consume", f"consumer-{i}", {
-            "OUTBOX_REGISTRY_FILE": str(self.root / "handlers.registry.json"),
-            "OUTBOX_CONSUMER_HTTP_PORT": "0",
-            "OUTBOX_REPLAY_WORKER": f"consumer-{i}",
-            "OUTBOX_CONSUMER_RETRY_DELAY": "200ms",
-            "OUTBOX_CONSUMER_RETRY_MAX_DELAY": "2s",
-            "OUTBOX_CONSUMER_FETCH_TIMEOUT": "500ms",
-        })
+        self.consumers[i] = self._spawn(
+            "consume",
+            f"consumer-{i}",
+            {
+                "OUTBOX_REGISTRY_FILE": str(self.root / "handlers.registry.json"),
+                "OUTBOX_CONSUMER_HTTP_PORT": "0",
+                "OUTBOX_REPLAY_WORKER": f"consumer-{i}",
+                "OUTBOX_CONSUMER_RETRY_DELAY": "200ms",
+                "OUTBOX_CONSUMER_RETRY_MAX_DELAY": "2s",
+                "OUTBOX_CONSUMER_FETCH_TIMEOUT": "500ms",
+            },
+        )
 
     def start(self, app_url_holder: list[str]) -> None:
         self.pg.start()
@@ -163,11 +175,16 @@ class Cluster:
         env = self.env({})
         for argv in (
             ["streams", "--streams-file", str(self.root / "streams.toml")],
-            ["registry", "generate", "--manifest-dir", str(manifests),
-             "--registry-file", str(self.root / "handlers.registry.json")],
+            [
+                "registry",
+                "generate",
+                "--manifest-dir",
+                str(manifests),
+                "--registry-file",
+                str(self.root / "handlers.registry.json"),
+            ],
         ):
-            subprocess.run([sys.executable, "-m", "pgoutbox.cli", *argv], env=env, check=True,
-                           capture_output=True)
+            subprocess.run([sys.executable, "-m", "pgoutbox.cli.main", *argv], env=env, check=True, capture_output=True)
         for i in range(2):
             self.start_relay(i)
             self.start_consumer(i)
@@ -199,8 +216,14 @@ class Cluster:
         return out
 
 
-def write_load(cluster: Cluster, profile: Profile, rng_seed: int, ledger: Ledger, stop: threading.Event,
-               hostile: list | None = None) -> None:
+def write_load(
+    cluster: Cluster,
+    profile: Profile,
+    rng_seed: int,
+    ledger: Ledger,
+    stop: threading.Event,
+    hostile: list | None = None,
+) -> None:
     """One writer thread: business transactions at a steady pace, a share
     of them hostile (drawn from `hostile`)."""
     rng = random.Random(rng_seed)
@@ -229,10 +252,8 @@ def write_load(cluster: Cluster, profile: Profile, rng_seed: int, ledger: Ledger
             if conn is None or conn.closed:
                 conn = psycopg.connect(cluster.pg.url, connect_timeout=3)
             event_id = conn.execute(
-                "SELECT outbox.emit('account', %s, 'ledger_entry', %s::jsonb, context => %s,"
-                " ordering_key => %s)",
-                (str(rng.randrange(10_000)), json.dumps({"schema_version": 1, "poison": poison}),
-                 CONTEXT, key),
+                "SELECT outbox.emit('account', %s, 'ledger_entry', %s::jsonb, context => %s, ordering_key => %s)",
+                (str(rng.randrange(10_000)), json.dumps({"schema_version": 1, "poison": poison}), CONTEXT, key),
             ).fetchone()[0]
         except psycopg.Error:
             with ledger.lock:
@@ -263,8 +284,9 @@ def write_load(cluster: Cluster, profile: Profile, rng_seed: int, ledger: Ledger
                 ledger.keyed[event_id] = key
 
 
-def inject_faults(cluster: Cluster, profile: Profile, rng: random.Random, stop: threading.Event,
-                  done: Counter, log: list[str]) -> None:
+def inject_faults(
+    cluster: Cluster, profile: Profile, rng: random.Random, stop: threading.Event, done: Counter, log: list[str]
+) -> None:
     kinds = list(FAULT_KINDS) + [rng.choice(FAULT_KINDS) for _ in range(max(0, profile.faults - len(FAULT_KINDS)))]
     rng.shuffle(kinds)
     span = profile.seconds - 8
@@ -334,7 +356,9 @@ async def consumer_state(nats_url: str) -> tuple[int, int]:
         await nc.close()
 
 
-def wait_for_quiescence(cluster: Cluster, ledger: Ledger, timeout: float, stuck_after: float = 30.0) -> tuple[bool, str]:
+def wait_for_quiescence(
+    cluster: Cluster, ledger: Ledger, timeout: float, stuck_after: float = 30.0
+) -> tuple[bool, str]:
     """Waits until nothing is unpublished, unprocessed or unacked; gives up
     at the timeout, or once the state has not changed for stuck_after
     seconds (longer than every redelivery and retry delay configured here)."""
@@ -343,17 +367,20 @@ def wait_for_quiescence(cluster: Cluster, ledger: Ledger, timeout: float, stuck_
     while time.monotonic() < deadline and time.monotonic() - since < stuck_after:
         try:
             with psycopg.connect(cluster.pg.url, autocommit=True) as c:
-                outbox = c.execute("SELECT coalesce(sum(unpublished), 0), coalesce(sum(dead_letter), 0)"
-                                   " FROM outbox.backlog()").fetchone()
+                outbox = c.execute(
+                    "SELECT coalesce(sum(unpublished), 0), coalesce(sum(dead_letter), 0) FROM outbox.backlog()"
+                ).fetchone()
                 inbox = c.execute("SELECT coalesce(sum(unprocessed), 0) FROM inbox.backlog()").fetchone()[0]
             pending, ack_pending = asyncio.run(consumer_state(cluster.nats.url))
-            new_state = (f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
-                         f"jetstream pending={pending} ack_pending={ack_pending}")
+            new_state = (
+                f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
+                f"jetstream pending={pending} ack_pending={ack_pending}"
+            )
             if new_state != state:
                 state, since = new_state, time.monotonic()
             if outbox[0] == 0 and inbox == 0 and pending == 0 and ack_pending == 0:
                 return True, state
-        except Exception as exc:  # noqa: BLE001 - servers may still be recovering
+        except Exception as exc:
             state, since = f"unreachable: {exc!r}", time.monotonic()
         time.sleep(1)
     return False, state
@@ -363,10 +390,15 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
     problems: list[str] = []
     with psycopg.connect(cluster.pg.url, autocommit=True) as c:
         rows = c.execute("SELECT event_id, status FROM outbox.events").fetchall()
-        effects = c.execute("SELECT event_id, count(*), max(handled_at) FROM chaos.side_effects"
-                            " GROUP BY event_id").fetchall()
-        dead_inbox = {r[0] for r in c.execute(
-            "SELECT message_id FROM inbox.messages WHERE handler = %s AND status = 'DEAD_LETTER'", (HANDLER,))}
+        effects = c.execute(
+            "SELECT event_id, count(*), max(handled_at) FROM chaos.side_effects GROUP BY event_id"
+        ).fetchall()
+        dead_inbox = {
+            r[0]
+            for r in c.execute(
+                "SELECT message_id FROM inbox.messages WHERE handler = %s AND status = 'DEAD_LETTER'", (HANDLER,)
+            )
+        }
     status = dict(rows)
     # An emit whose COMMIT lost its connection committed iff its row exists.
     committed = dict(ledger.committed)
@@ -408,12 +440,15 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
         problems.append(f"inbox DEAD_LETTER rows {len(dead_inbox - hostile_ids)} != poison events {len(poison)}")
     with psycopg.connect(cluster.pg.url, autocommit=True) as c:
         hostile_figures, hostile_problems = poison_writer.check(
-            c, ledger.hostile, copies, effect_count, dead_inbox, f"{CONTEXT}.event.ledger_entry.v1")
+            c, ledger.hostile, copies, effect_count, dead_inbox, f"{CONTEXT}.event.ledger_entry.v1"
+        )
     problems += hostile_problems
 
     # Per-key order: within a key, stream order must be emit order (outbox id).
     with psycopg.connect(cluster.pg.url, autocommit=True) as c:
-        emit_order = {r[0]: r[1] for r in c.execute("SELECT event_id, id FROM outbox.events WHERE ordering_key IS NOT NULL")}
+        emit_order = {
+            r[0]: r[1] for r in c.execute("SELECT event_id, id FROM outbox.events WHERE ordering_key IS NOT NULL")
+        }
     first_seq: dict[str, int] = {}
     for seq, _, _, h in stream:
         first_seq.setdefault(h.get("Nats-Msg-Id"), seq)
@@ -427,25 +462,37 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
         seqs = [first_seq[str(e)] for e in ordered]
         out_of_order += sum(1 for a, b in zip(seqs, seqs[1:]) if b < a)
 
-    for name, items in (("committed but not COMPLETED", not_completed), ("rolled back but stored", ghosts),
-                        ("committed but not in the stream", missing), ("in the stream twice", doubled),
-                        ("rolled back but in the stream", ghost_msgs), ("without its side effect", no_effect),
-                        ("with duplicated side effects", dup_effects), ("with an unexpected side effect", wrong_effects)):
+    for name, items in (
+        ("committed but not COMPLETED", not_completed),
+        ("rolled back but stored", ghosts),
+        ("committed but not in the stream", missing),
+        ("in the stream twice", doubled),
+        ("rolled back but in the stream", ghost_msgs),
+        ("without its side effect", no_effect),
+        ("with duplicated side effects", dup_effects),
+        ("with an unexpected side effect", wrong_effects),
+    ):
         if items:
             problems.append(f"{len(items)} events {name}: {', '.join(map(str, items[:3]))}")
     if out_of_order:
         problems.append(f"{out_of_order} per-key order inversions in the stream")
 
     latencies = sorted(
-        (r[2].timestamp() - committed[r[0]]) for r in effects
+        (r[2].timestamp() - committed[r[0]])
+        for r in effects
         if r[0] in committed and committed[r[0]] == committed[r[0]]  # not NaN
     )
     figures = {
-        "committed": len(committed), "rolled_back": len(ledger.rolled_back),
-        "uncertain_commits": len(ledger.uncertain), "poison": len(poison),
-        "stream_messages": len(stream), "side_effects": sum(effect_count.values()),
-        "lost": len(missing) + len(no_effect), "duplicated_side_effects": len(dup_effects),
-        "stuck": len(not_completed), "order_inversions": out_of_order,
+        "committed": len(committed),
+        "rolled_back": len(ledger.rolled_back),
+        "uncertain_commits": len(ledger.uncertain),
+        "poison": len(poison),
+        "stream_messages": len(stream),
+        "side_effects": sum(effect_count.values()),
+        "lost": len(missing) + len(no_effect),
+        "duplicated_side_effects": len(dup_effects),
+        "stuck": len(not_completed),
+        "order_inversions": out_of_order,
         "e2e_p50_ms": round(1000 * latencies[len(latencies) // 2], 1) if latencies else None,
         "e2e_p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 1) if latencies else None,
         "e2e_max_ms": round(1000 * latencies[-1], 1) if latencies else None,
@@ -471,11 +518,16 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
             hostile = poison_writer.draw_cases(seed, min(400, int(2 * expected) + 20), CONTEXT, "ledger_entry")
             print(f"poison writer: {len(hostile)} hostile cases drawn, share {profile.hostile_share}", flush=True)
         cluster.start([])
-        writers = [threading.Thread(target=write_load, args=(cluster, profile, rng.getrandbits(32), ledger,
-                                                             stop_writers, hostile))
-                   for _ in range(profile.writers)]
-        injector = threading.Thread(target=inject_faults, args=(cluster, profile, random.Random(rng.getrandbits(32)),
-                                                                 stop_faults, faults, fault_log))
+        writers = [
+            threading.Thread(
+                target=write_load, args=(cluster, profile, rng.getrandbits(32), ledger, stop_writers, hostile)
+            )
+            for _ in range(profile.writers)
+        ]
+        injector = threading.Thread(
+            target=inject_faults,
+            args=(cluster, profile, random.Random(rng.getrandbits(32)), stop_faults, faults, fault_log),
+        )
         for t in (*writers, injector):
             t.start()
         time.sleep(profile.seconds)
@@ -488,9 +540,15 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         if not quiet:
             problems.append(f"no quiescence: {state}")
         problems += [f"worker died on its own: {c}" for c in cluster.crashed()]
-        figures.update({"faults": dict(faults), "faults_total": sum(faults.values()),
-                        "writer_errors": ledger.writer_errors, "seed": seed,
-                        "seconds": round(time.monotonic() - t_start, 1)})
+        figures.update(
+            {
+                "faults": dict(faults),
+                "faults_total": sum(faults.values()),
+                "writer_errors": ledger.writer_errors,
+                "seed": seed,
+                "seconds": round(time.monotonic() - t_start, 1),
+            }
+        )
         print("fault log:\n  " + "\n  ".join(fault_log))
         print("figures: " + json.dumps(figures, sort_keys=True))
         missing_kinds = [k for k in FAULT_KINDS if not faults[k]]

@@ -91,7 +91,7 @@ class LedgerApp:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self):  # noqa: N802 - http.server's naming
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 code = app.apply(json.loads(body))
                 self.send_response(code)

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 import psycopg
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
-
-from tests import poison
+from tests.support import poison
 
 CODED = re.compile(r"^[A-Z][A-Z0-9_]+: ")
 
@@ -44,18 +43,26 @@ def draw_cases(seed: int, count: int, context: str, event_type: str) -> list[poi
     drawn: list[poison.EmitCase] = []
 
     @hypothesis_seed(seed)
-    @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(poison.any_emit())
     def collect(case: poison.EmitCase) -> None:
         drawn.append(case)
 
     collect()
-    return [dataclasses.replace(
-        c,
-        context=context if c.context == poison.CONTEXT else c.context,
-        event_type=event_type if c.event_type == poison.EVENT_TYPE else c.event_type,
-    ) for c in drawn]
+    return [
+        dataclasses.replace(
+            c,
+            context=context if c.context == poison.CONTEXT else c.context,
+            event_type=event_type if c.event_type == poison.EVENT_TYPE else c.event_type,
+        )
+        for c in drawn
+    ]
 
 
 def emit(conn: psycopg.Connection, case: poison.EmitCase, ledger: HostileLedger) -> psycopg.Connection | None:
@@ -91,22 +98,30 @@ def emit(conn: psycopg.Connection, case: poison.EmitCase, ledger: HostileLedger)
     return conn
 
 
-def check(conn: psycopg.Connection, ledger: HostileLedger, copies, effect_count: dict, dead_inbox: set,
-          ledger_subject: str) -> tuple[dict, list[str]]:
+def check(
+    conn: psycopg.Connection, ledger: HostileLedger, copies, effect_count: dict, dead_inbox: set, ledger_subject: str
+) -> tuple[dict, list[str]]:
     """The poison writer's part of the ledger check. copies: Nats-Msg-Id ->
     stream copies; effect_count: event id -> side effects; dead_inbox: the
     ledger handler's inbox dead letters."""
     problems: list[str] = []
-    rows = {r[0]: r[1:] for r in conn.execute(
-        "SELECT event_id, status, last_error, subject FROM outbox.events WHERE correlation_id = ANY(%s::uuid[])",
-        ([*ledger.refused, *ledger.accepted.values(), *ledger.uncertain.values()],)).fetchall()}
+    rows = {
+        r[0]: r[1:]
+        for r in conn.execute(
+            "SELECT event_id, status, last_error, subject FROM outbox.events WHERE correlation_id = ANY(%s::uuid[])",
+            ([*ledger.refused, *ledger.accepted.values(), *ledger.uncertain.values()],),
+        ).fetchall()
+    }
     business = {r[0] for r in conn.execute("SELECT marker FROM chaos.business").fetchall()}
     accepted = dict(ledger.accepted)
     accepted.update({e: m for e, m in ledger.uncertain.items() if e in rows})
     leaked = [m for m in ledger.refused if m in business]
     by_marker = {m for m in ledger.refused} & {
-        r[0] for r in conn.execute("SELECT correlation_id FROM outbox.events WHERE correlation_id = ANY(%s::uuid[])",
-                                   (list(ledger.refused),)).fetchall()}
+        r[0]
+        for r in conn.execute(
+            "SELECT correlation_id FROM outbox.events WHERE correlation_id = ANY(%s::uuid[])", (list(ledger.refused),)
+        ).fetchall()
+    }
     lost, not_ended, uncoded_dead, doubled, no_outcome = [], [], [], [], []
     completed = dead = 0
     for event_id, marker in accepted.items():
@@ -126,15 +141,23 @@ def check(conn: psycopg.Connection, ledger: HostileLedger, copies, effect_count:
                 no_outcome.append(f"{event_id}: {effect_count.get(event_id, 0)} side effects")
         else:
             not_ended.append(f"{event_id} {status} {(last_error or '')[:120]!r}")
-    for name, items in (("refused but its business change committed", leaked),
-                        ("refused but its event exists", sorted(by_marker)),
-                        ("accepted but lost", lost), ("accepted but neither COMPLETED nor DEAD_LETTER", not_ended),
-                        ("dead-lettered without a coded last_error", uncoded_dead),
-                        ("completed but not in the stream exactly once", doubled),
-                        ("completed on the ledger subject without exactly one outcome", no_outcome),
-                        ("refused without a code", ledger.uncoded)):
+    for name, items in (
+        ("refused but its business change committed", leaked),
+        ("refused but its event exists", sorted(by_marker)),
+        ("accepted but lost", lost),
+        ("accepted but neither COMPLETED nor DEAD_LETTER", not_ended),
+        ("dead-lettered without a coded last_error", uncoded_dead),
+        ("completed but not in the stream exactly once", doubled),
+        ("completed on the ledger subject without exactly one outcome", no_outcome),
+        ("refused without a code", ledger.uncoded),
+    ):
         if items:
             problems.append(f"{len(items)} hostile emits {name}: {'; '.join(map(str, items[:3]))}")
-    figures = {"hostile_refused": len(ledger.refused), "hostile_accepted": len(accepted),
-               "hostile_completed": completed, "hostile_dead_letter": dead, "hostile_uncoded": len(ledger.uncoded)}
+    figures = {
+        "hostile_refused": len(ledger.refused),
+        "hostile_accepted": len(accepted),
+        "hostile_completed": completed,
+        "hostile_dead_letter": dead,
+        "hostile_uncoded": len(ledger.uncoded),
+    }
     return figures, problems

@@ -26,8 +26,8 @@ import nats.errors
 import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from pgoutbox import envelope as wire
-from pgoutbox.in_database import handle_in_transaction
+from pgoutbox.core import wire
+from pgoutbox.inbox.in_database import handle_in_transaction
 
 HANDLER = "order_totals"
 STREAM, SUBJECT = "SEA_EVENTS", "sea.event.order_created.v1"
@@ -61,16 +61,22 @@ async def main(idle_exit: float | None) -> int:
     await conn.execute(SETUP)
     nc = await nats.connect(os.environ.get("OUTBOX_NATS_URL", "nats://127.0.0.1:4222"))
     js = nc.jetstream()
-    await js.add_consumer(STREAM, ConsumerConfig(
-        durable_name=HANDLER, ack_policy=AckPolicy.EXPLICIT, filter_subject=SUBJECT,
-        max_deliver=MAX_DELIVER, ack_wait=30,
-    ))
+    await js.add_consumer(
+        STREAM,
+        ConsumerConfig(
+            durable_name=HANDLER,
+            ack_policy=AckPolicy.EXPLICIT,
+            filter_subject=SUBJECT,
+            max_deliver=MAX_DELIVER,
+            ack_wait=30,
+        ),
+    )
     sub = await js.pull_subscribe_bind(HANDLER, STREAM)
     last_message = time.monotonic()
     while (left := _idle_left(idle_exit, last_message)) > 0:
         try:
             msgs = await sub.fetch(10, timeout=min(0.5, max(left, 0.05)))
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             continue
         for msg in msgs:
             envelope = wire.from_nats(msg.subject, msg.data, msg.headers)
@@ -86,8 +92,9 @@ async def main(idle_exit: float | None) -> int:
                     await msg.ack()  # dead-lettered in the inbox: inbox.dead_letters() lists it
                 else:
                     await msg.nak(delay=RETRY_DELAY)
-            print(json.dumps({"message_id": envelope["message_id"], "delivery": delivery, "outcome": outcome}),
-                  flush=True)
+            print(
+                json.dumps({"message_id": envelope["message_id"], "delivery": delivery, "outcome": outcome}), flush=True
+            )
         last_message = time.monotonic()  # idle time counts from the end of the last delivery handled
     await nc.close()
     await conn.close()
@@ -109,6 +116,7 @@ def _seconds(text: str) -> float:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--idle-exit", type=_seconds, metavar="N",
-                        help="exit (code 0) after N seconds without a message")
+    parser.add_argument(
+        "--idle-exit", type=_seconds, metavar="N", help="exit (code 0) after N seconds without a message"
+    )
     sys.exit(asyncio.run(main(parser.parse_args().idle_exit)))

@@ -1,10 +1,11 @@
 """Rewrites the generated README section (the settings table) from the code.
-`make verify/readme` (tests/test_readme.py) fails when it is stale."""
+`make verify/readme` (tests/cli/test_readme.py) fails when it is stale."""
 
 import re
 from pathlib import Path
 
-from pgoutbox import cli, settings
+from pgoutbox.cli import main as cli
+from pgoutbox.core import settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

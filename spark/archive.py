@@ -33,7 +33,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pgoutbox.errors import PgOutboxError
+from pgoutbox.core.errors import PgOutboxError
 
 from . import database as db
 from . import jdbc, storage
@@ -160,16 +160,25 @@ def open_unit(
         # The partition itself: exactly the relation that is verified and dropped.
         sealed = db.seal(conn, unit.partition, options.retention, options.dead_letter_retention, options.lock_timeout)
         frame = jdbc.read(
-            spark, target, jdbc.relation(conn, "outbox", unit.partition), **read,
-            partition_column="id", lower=sealed.min_id,
+            spark,
+            target,
+            jdbc.relation(conn, "outbox", unit.partition),
+            **read,
+            partition_column="id",
+            lower=sealed.min_id,
             upper=None if sealed.max_id is None else sealed.max_id + 1,
             partitions=max(1, min(options.read_partitions, unit.row_count)),
         )
         return frame, unit.row_count
     range_from, range_to = db.day_range(unit.day)
     frame = jdbc.read(
-        spark, target, jdbc.relation(conn, "inbox", "messages"), **read,
-        partition_column="received_at", lower=range_from, upper=range_to,
+        spark,
+        target,
+        jdbc.relation(conn, "inbox", "messages"),
+        **read,
+        partition_column="received_at",
+        lower=range_from,
+        upper=range_to,
         partitions=max(1, min(options.read_partitions, unit.row_count)),
     ).where((F.col("received_at") >= F.lit(range_from)) & (F.col("received_at") < F.lit(range_to)))
     return frame, unit.row_count

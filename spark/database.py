@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from pgoutbox.errors import wrap_exceptions
+from pgoutbox.core.errors import wrap_exceptions
 
 from .checksum import ChecksumColumn, Figures
 
@@ -69,9 +69,7 @@ class Audit:
         return Figures(self.row_count, self.checksum)
 
 
-def units(
-    conn: psycopg.Connection, source: str, retention: timedelta, dead_letter_retention: timedelta
-) -> list[Unit]:
+def units(conn: psycopg.Connection, source: str, retention: timedelta, dead_letter_retention: timedelta) -> list[Unit]:
     """The days of a source old enough to archive, eligible or not (and why)."""
     query = {
         OUTBOX: "SELECT * FROM outbox.archivable_partitions(%s, %s)",
@@ -81,9 +79,15 @@ def units(
         rows = cur.execute(query, (retention, dead_letter_retention)).fetchall()
     return [
         Unit(
-            source=source, day=r["day"], partition=r.get("partition_name"), row_count=r["row_count"],
-            open_rows=r["open_rows"], dead_letters=r["dead_letters"], eligible=r["eligible"],
-            blocked_by=r["blocked_by"], audit_id=r["audit_id"],
+            source=source,
+            day=r["day"],
+            partition=r.get("partition_name"),
+            row_count=r["row_count"],
+            open_rows=r["open_rows"],
+            dead_letters=r["dead_letters"],
+            eligible=r["eligible"],
+            blocked_by=r["blocked_by"],
+            audit_id=r["audit_id"],
         )
         for r in rows
     ]
@@ -132,9 +136,7 @@ def remove(conn: psycopg.Connection, unit: Unit, lock_timeout: timedelta) -> int
     """Drops the partition (outbox) or purges the day (inbox); 0 if already gone."""
     with wrap_exceptions():
         if unit.source == OUTBOX:
-            return conn.execute(
-                "SELECT outbox.drop_archived(%s, %s)", (unit.partition, lock_timeout)
-            ).fetchone()[0]
+            return conn.execute("SELECT outbox.drop_archived(%s, %s)", (unit.partition, lock_timeout)).fetchone()[0]
         return conn.execute("SELECT inbox.purge_archived(%s)", (unit.day,)).fetchone()[0]
 
 
@@ -160,5 +162,5 @@ def received_range(conn: psycopg.Connection) -> tuple[datetime | None, datetime 
 
 def day_range(day: date) -> tuple[datetime, datetime]:
     """UTC bounds of a day (as outbox._day_from does)."""
-    start = datetime.combine(day, time(), tzinfo=timezone.utc)
+    start = datetime.combine(day, time(), tzinfo=UTC)
     return start, start + timedelta(days=1)

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 
-from pgoutbox.errors import ConfigError
+from pgoutbox.core.errors import ConfigError
 
 DRIVER = "org.postgresql.Driver"
 
@@ -63,7 +63,7 @@ def spark_bound(value: int | datetime) -> str:
     """A lowerBound/upperBound as Spark parses it (timestamps in the session
     time zone, which the job pins to UTC)."""
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     return str(value)
 
 

@@ -44,16 +44,38 @@ KEYS = ("day", "context", "event_type")
 MICROS_PER_DAY = 86_400_000_000
 
 COLUMNS = (
-    "day", "context", "event_type",
-    "events", "published", "delivery_rate", "outbox_dead_letters", "outbox_dead_letter_rate",
-    "publish_p50_ms", "publish_p95_ms", "publish_p99_ms",
-    "messages", "processed", "inbox_dead_letters", "dlq_rate",
-    "inbox_conflicts", "inbox_conflict_rate", "duplicate_processings", "duplicate_processing_rate",
-    "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms",
+    "day",
+    "context",
+    "event_type",
+    "events",
+    "published",
+    "delivery_rate",
+    "outbox_dead_letters",
+    "outbox_dead_letter_rate",
+    "publish_p50_ms",
+    "publish_p95_ms",
+    "publish_p99_ms",
+    "messages",
+    "processed",
+    "inbox_dead_letters",
+    "dlq_rate",
+    "inbox_conflicts",
+    "inbox_conflict_rate",
+    "duplicate_processings",
+    "duplicate_processing_rate",
+    "e2e_p50_ms",
+    "e2e_p95_ms",
+    "e2e_p99_ms",
 )
 COUNTS = (
-    "events", "published", "outbox_dead_letters", "messages", "processed", "inbox_dead_letters",
-    "inbox_conflicts", "duplicate_processings",
+    "events",
+    "published",
+    "outbox_dead_letters",
+    "messages",
+    "processed",
+    "inbox_dead_letters",
+    "inbox_conflicts",
+    "duplicate_processings",
 )
 
 
@@ -83,8 +105,14 @@ def rows(
         split = ("received_at", *db.received_range(conn))
     column, lower, upper = split
     live = jdbc.read(
-        spark, target, jdbc.relation(conn, schema, table), fetch_size=fetch_size,
-        partition_column=column, lower=lower, upper=upper, partitions=read_partitions,
+        spark,
+        target,
+        jdbc.relation(conn, schema, table),
+        fetch_size=fetch_size,
+        partition_column=column,
+        lower=lower,
+        upper=upper,
+        partitions=read_partitions,
     )
     archived_days = [a for a in db.audits(conn, source) if a.standing]
     if not archived_days:
@@ -102,9 +130,7 @@ def rows(
 
 def _percentiles(value: Column, prefix: str) -> list[Column]:
     exact = F.percentile(value, list(PERCENTILES))
-    return [
-        (exact[i] / F.lit(1000.0)).alias(f"{prefix}_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)
-    ]
+    return [(exact[i] / F.lit(1000.0)).alias(f"{prefix}_p{round(p * 100)}_ms") for i, p in enumerate(PERCENTILES)]
 
 
 def _micros_between(later: str, earlier: Column | str) -> Column:
@@ -122,15 +148,21 @@ def _with_grains(frame: DataFrame, aggregate) -> DataFrame:
 def outbox_metrics(events: DataFrame) -> DataFrame:
     completed = F.col("status") == "COMPLETED"
     frame = events.select(
-        utc_day(F.col("occurred_at")).alias("day"), "context", "event_type", "status",
+        utc_day(F.col("occurred_at")).alias("day"),
+        "context",
+        "event_type",
+        "status",
         F.when(completed, _micros_between("published_at", "created_at")).alias("publish_micros"),
     )
-    return _with_grains(frame, lambda grouped: grouped.agg(
-        F.count(F.lit(1)).alias("events"),
-        F.count(F.when(completed, 1)).alias("published"),
-        F.count(F.when(F.col("status") == "DEAD_LETTER", 1)).alias("outbox_dead_letters"),
-        *_percentiles(F.col("publish_micros"), "publish"),
-    ))
+    return _with_grains(
+        frame,
+        lambda grouped: grouped.agg(
+            F.count(F.lit(1)).alias("events"),
+            F.count(F.when(completed, 1)).alias("published"),
+            F.count(F.when(F.col("status") == "DEAD_LETTER", 1)).alias("outbox_dead_letters"),
+            *_percentiles(F.col("publish_micros"), "publish"),
+        ),
+    )
 
 
 def inbox_metrics(messages: DataFrame, events: DataFrame) -> DataFrame:
@@ -154,19 +186,23 @@ def inbox_metrics(messages: DataFrame, events: DataFrame) -> DataFrame:
             utc_day(F.coalesce(F.col("occurred_at"), F.col("received_at"))).alias("day"),
             F.split_part(F.col("subject"), F.lit("."), F.lit(1)).alias("context"),
             F.split_part(F.col("subject"), F.lit("."), F.lit(3)).alias("event_type"),
-            "status", "attempts",
+            "status",
+            "attempts",
             (F.col("is_processed") & (F.row_number().over(nth) > 1)).alias("duplicate"),
             F.when(F.col("is_processed"), _micros_between("processed_at", F.col("occurred_at"))).alias("e2e_micros"),
         )
     )
-    return _with_grains(frame, lambda grouped: grouped.agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.count(F.when(F.col("status") == "PROCESSED", 1)).alias("processed"),
-        F.count(F.when(F.col("status") == "DEAD_LETTER", 1)).alias("inbox_dead_letters"),
-        F.sum(F.col("attempts") - 1).alias("inbox_conflicts"),
-        F.count(F.when(F.col("duplicate"), 1)).alias("duplicate_processings"),
-        *_percentiles(F.col("e2e_micros"), "e2e"),
-    ))
+    return _with_grains(
+        frame,
+        lambda grouped: grouped.agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.count(F.when(F.col("status") == "PROCESSED", 1)).alias("processed"),
+            F.count(F.when(F.col("status") == "DEAD_LETTER", 1)).alias("inbox_dead_letters"),
+            F.sum(F.col("attempts") - 1).alias("inbox_conflicts"),
+            F.count(F.when(F.col("duplicate"), 1)).alias("duplicate_processings"),
+            *_percentiles(F.col("e2e_micros"), "e2e"),
+        ),
+    )
 
 
 def _rate(numerator: str, denominator: str) -> Column:
@@ -206,14 +242,13 @@ def to_csv(records: Sequence[dict]) -> bytes:
     writer = csv.DictWriter(out, fieldnames=list(COLUMNS), lineterminator="\n")
     writer.writeheader()
     for record in records:
-        writer.writerow({k: ("" if v is None else v.isoformat() if isinstance(v, date) else v)
-                         for k, v in record.items()})
+        writer.writerow(
+            {k: ("" if v is None else v.isoformat() if isinstance(v, date) else v) for k, v in record.items()}
+        )
     return out.getvalue().encode()
 
 
-def write(
-    spark: SparkSession, table: DataFrame, report_uri: str, *, title: str
-) -> dict[str, str]:
+def write(spark: SparkSession, table: DataFrame, report_uri: str, *, title: str) -> dict[str, str]:
     """Writes the table (Parquet and CSV) and the chart (PNG); returns their URIs."""
     from .chart import render  # matplotlib only when a chart is drawn
 

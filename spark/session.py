@@ -27,9 +27,7 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def build(
-    master: str, jars: str | None, app_name: str, conf: Mapping[str, str] | None = None
-) -> SparkSession:
+def build(master: str, jars: str | None, app_name: str, conf: Mapping[str, str] | None = None) -> SparkSession:
     """A session; `conf` adds settings (ignored under spark-submit, like master)."""
     builder = SparkSession.builder.appName(app_name)
     if not submitted():

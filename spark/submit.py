@@ -9,7 +9,7 @@ OUTBOX_* environment or the flags (see docs/archival.md).
 
 import sys
 
-from pgoutbox.cli import main
+from pgoutbox.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgoutbox import migrate as migrate_mod
-from pgoutbox.embedded import EmbeddedNats, EmbeddedPostgres
+from pgoutbox.core import migrate as migrate_mod
+from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "pgoutbox_template"
@@ -98,7 +98,9 @@ def spark():
     # A JVM zone other than UTC: a time-zone slip in the JDBC reads would show
     # as a count or checksum mismatch in every archival test.
     s = session.build(
-        "local[2]", "/usr/share/java/postgresql.jar", "pgoutbox-tests",
+        "local[2]",
+        "/usr/share/java/postgresql.jar",
+        "pgoutbox-tests",
         conf={"spark.driver.extraJavaOptions": "-Duser.timezone=America/New_York"},
     )
     assert s.sparkContext._jvm.java.util.TimeZone.getDefault().getID() == "America/New_York"

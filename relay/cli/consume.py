@@ -1,0 +1,48 @@
+"""pgoutbox consume: run the inbox consumer (and, by default, the replayer)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from pgoutbox.core import logs as json_logs
+from pgoutbox.core import settings
+from pgoutbox.inbox import settings as cs
+from pgoutbox.inbox.consumer import Consumer
+
+COMMAND = "consume"
+HELP = (
+    "Run the inbox consumer for the handlers of the generated registry: JetStream pull -> "
+    "inbox -> HTTP handler -> ack / DLQ; the replayer runs alongside unless switched off."
+)
+SETTINGS = (
+    settings.DATABASE
+    + settings.NATS
+    + (cs.REGISTRY_FILE,)
+    + cs.HANDLER_DEFAULTS
+    + cs.REPLAY_POLICY
+    + cs.DLQ
+    + cs.REPLAYER
+    + cs.CONSUMER
+)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set, from now on (start-up included)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve(consumer: Consumer) -> None:
+    """Runs until SIGTERM or SIGINT, then drains (see consumer.py)."""
+    await consumer.run(stop_on_signals())
+
+
+def run(cfg, args) -> int:
+    json_logs.setup(cfg.log_level)
+    handlers = cs.load_handlers(cfg)
+    asyncio.run(serve(Consumer(handlers, cfg)))
+    return 0

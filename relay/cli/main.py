@@ -1,0 +1,150 @@
+"""The `pgoutbox` command. Each subcommand lives in a module exposing
+COMMAND (name), HELP, SETTINGS (tuple of Setting) and run(cfg, args) -> int;
+every flag is the twin of an environment variable (shown in --help).
+
+An operator mistake gets one line on stderr and an exit code (errors.ExitCode),
+never a traceback: domain errors print as `pgoutbox CMD: Class [code]: message`,
+and main() also catches what a command let escape from a lost PostgreSQL or NATS
+connection. Anything else still shows its traceback: that is a bug to fix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import nats.errors
+import nats.js.errors
+import psycopg
+import psycopg.errors
+
+from pgoutbox import __version__
+from pgoutbox.cli import (
+    archive,
+    consume,
+    migrate,
+    partitions,
+    redrive,
+    registry,
+    relay,
+    replay,
+    replay_switch,
+    report,
+    requeue,
+    status,
+    streams,
+)
+from pgoutbox.cli import settings as settings_command
+from pgoutbox.core import db, settings
+from pgoutbox.core.errors import PgOutboxError, from_database
+
+# The subcommands, in --help order.
+COMMANDS = (
+    migrate,
+    relay,
+    streams,
+    status,
+    requeue,
+    partitions,
+    consume,
+    replay,
+    redrive,
+    replay_switch,
+    registry,
+    archive,
+    report,
+    settings_command,
+)
+
+
+def _commands():
+    return COMMANDS
+
+
+def all_settings() -> dict[str, tuple[settings.Setting, ...]]:
+    """Every command's settings, for the README table (deduplicated by env)."""
+    seen: set[str] = set()
+    groups: dict[str, tuple[settings.Setting, ...]] = {}
+    for mod in _commands():
+        fresh = tuple(s for s in mod.SETTINGS if s.env not in seen)
+        seen.update(s.env for s in fresh)
+        if fresh:
+            groups[mod.COMMAND] = fresh
+    return groups
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line (argparse would print the whole usage block first)."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="pgoutbox",
+        description="PostgreSQL transactional outbox + inbox, relayed to NATS JetStream.",
+        epilog="Every flag has an environment twin; libpq PG* variables apply when OUTBOX_DATABASE_URL is unset.",
+    )
+    parser.add_argument("--version", action="version", version=f"pgoutbox {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for mod in _commands():
+        p = sub.add_parser(mod.COMMAND, help=mod.HELP, description=mod.HELP)
+        settings.add_arguments(p, mod.SETTINGS)
+        if hasattr(mod, "add_arguments"):
+            mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+# What nats-py raises when the server cannot be reached or drops us.
+_BROKER_ERRORS = (
+    nats.errors.NoServersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.StaleConnectionError,
+    nats.errors.UnexpectedEOF,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.AuthorizationError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+def as_domain_error(exc: Exception, cfg: SimpleNamespace | None) -> PgOutboxError | None:
+    """The one-line error for a failure that escaped a command, or None (a bug: traceback)."""
+    if isinstance(exc, PgOutboxError):
+        return exc
+    database_url = getattr(cfg, "database_url", None)
+    if db.is_connection_error(exc):
+        return db.unavailable(exc, database_url, lost=True)
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return db.refused(exc, database_url)
+    if isinstance(exc, psycopg.Error):
+        return from_database(exc)
+    if isinstance(exc, _BROKER_ERRORS) and getattr(cfg, "nats_url", None):
+        return settings.broker_unavailable(cfg.nats_url, f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Handed down rather than imported back: `settings` prints them, the relay
+    # warns about OUTBOX_* variables no command knows.
+    args.settings_groups = all_settings()
+    mod = args._module
+    cfg = None
+    try:
+        cfg = settings.load(mod.SETTINGS, overrides=vars(args))
+        return int(mod.run(cfg, args) or 0)
+    except Exception as exc:
+        error = as_domain_error(exc, cfg)
+        if error is None:
+            raise
+        code = f" [{error.code}]" if error.code else ""
+        message = " / ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"pgoutbox {mod.COMMAND}: {type(error).__name__}{code}: {message}", file=sys.stderr)
+        return int(error.exit_code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

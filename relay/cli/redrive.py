@@ -1,0 +1,47 @@
+"""pgoutbox redrive: an operator sends dead-lettered inbox messages back to
+their handler, with a reason (recorded in inbox.redrive_log)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from pgoutbox.core import db, settings
+from pgoutbox.core.errors import ConfigError, wrap_exceptions
+
+COMMAND = "redrive"
+HELP = (
+    "List a handler's dead letters (--list), or redrive some (ids) or all (--all) of them with a "
+    "reason; the replayer re-publishes them, whatever the replay switch and cap say."
+)
+SETTINGS = settings.DATABASE + (
+    settings.Setting("reason", "OUTBOX_REDRIVE_REASON", None, "Why (recorded; required to redrive)"),
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("handler", metavar="HANDLER", help="the handler whose dead letters to redrive")
+    parser.add_argument("message_ids", nargs="*", metavar="MESSAGE_ID", help="message ids to redrive")
+    parser.add_argument("--all", action="store_true", help="every dead letter of the handler")
+    parser.add_argument("--list", action="store_true", help="only list the handler's dead letters")
+
+
+def run(cfg, args) -> int:
+    with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
+        if args.list:
+            cur = conn.execute("SELECT * FROM inbox.dead_letters(%s, 1000)", (args.handler,))
+            names = [c.name for c in cur.description]
+            for row in cur.fetchall():
+                print(json.dumps(dict(zip(names, row)), default=str))
+            return 0
+        if bool(args.message_ids) == bool(args.all):
+            raise ConfigError("give message ids or --all (not both), or --list")
+        if not cfg.reason:
+            raise ConfigError("a redrive needs --reason (or OUTBOX_REDRIVE_REASON)")
+        try:
+            ids = None if args.all else [uuid.UUID(x) for x in args.message_ids]
+        except ValueError as exc:
+            raise ConfigError(f"not a message id: {exc}") from exc
+        count = conn.execute("SELECT inbox.redrive(%s, %s, %s)", (args.handler, ids, cfg.reason)).fetchone()[0]
+    print(f"marked {count} dead letter(s) of {args.handler} for redrive; the replayer re-publishes them")
+    return 0

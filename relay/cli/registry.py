@@ -1,0 +1,31 @@
+"""pgoutbox registry: generate the static handler registry from the manifests,
+or check that the generated file is up to date (exit 1 when stale)."""
+
+from __future__ import annotations
+
+import sys
+
+from pgoutbox.inbox import registry
+from pgoutbox.inbox import settings as cs
+
+COMMAND = "registry"
+HELP = "Generate the handler registry from the manifests (generate), or fail when it is stale (check)."
+SETTINGS = (cs.MANIFEST_DIR, cs.REGISTRY_FILE)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("action", choices=("generate", "check"))
+
+
+def run(cfg, args) -> int:
+    if args.action == "generate":
+        handlers = registry.generate(cfg.manifest_dir, cfg.registry_file)
+        print(f"wrote {cfg.registry_file}: {len(handlers)} handler(s): {', '.join(h.name for h in handlers)}")
+        return 0
+    try:
+        registry.check(cfg.manifest_dir, cfg.registry_file)
+    except registry.RegistryStale as exc:
+        print(f"pgoutbox registry: {exc}", file=sys.stderr)
+        return 1
+    print(f"{cfg.registry_file} is up to date")
+    return 0

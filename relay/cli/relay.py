@@ -1,0 +1,63 @@
+"""pgoutbox relay: run the outbox relay until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import os
+import signal
+
+from pgoutbox.core import logs as json_logs
+from pgoutbox.outbox import settings as relay_settings
+from pgoutbox.outbox.relay import OutboxRelay
+
+log = logging.getLogger("pgoutbox.relay")
+
+COMMAND = "relay"
+HELP = (
+    "Run the relay: wake on NOTIFY (or poll), claim, publish to JetStream with Nats-Msg-Id, "
+    "mark; SIGTERM finishes the in-flight batches and exits 0."
+)
+SETTINGS = relay_settings.RELAY
+
+
+def run(cfg, args) -> int:
+    # A signal before the event loop takes them over stops the relay too
+    # (exit 0 at once), rather than killing it or printing a traceback.
+    early: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: early.append(signum)) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        relay_settings.validate(cfg)
+        json_logs.setup(cfg.log_level)
+        _warn_unknown_variables({s.env for group in args.settings_groups.values() for s in group})
+        return asyncio.run(_main(cfg, early))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _warn_unknown_variables(known: set[str]) -> None:
+    """An OUTBOX_* variable no command knows is a typo or a stale name: it
+    would otherwise be ignored without a word."""
+    for name in sorted(k for k in os.environ if k.startswith("OUTBOX_") and k not in known):
+        close = difflib.get_close_matches(name, known, n=1)
+        log.warning(
+            "unknown setting %s ignored%s",
+            name,
+            f" (did you mean {close[0]}?)" if close else "",
+            extra={"action": "unknown_setting", "variable": name},
+        )
+
+
+async def _main(cfg, early: list[int]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if early:
+        stop.set()
+    await OutboxRelay(cfg).run(stop)
+    return 0

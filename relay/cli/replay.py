@@ -1,0 +1,78 @@
+"""pgoutbox replay: run the replayer on its own (the consumer also runs it).
+
+Like `consume`, it waits for NATS and PostgreSQL when they are unreachable
+and stops on SIGTERM/SIGINT at any moment; with --once (a cron job) an
+unreachable server is one line and exit code 3 (PostgreSQL) or 4 (NATS)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pgoutbox.cli.consume import stop_on_signals
+from pgoutbox.core import logs as json_logs
+from pgoutbox.core import settings
+from pgoutbox.inbox import settings as cs
+from pgoutbox.inbox.consumer import check_schema, connect_nats, until_stopped
+from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.inbox.replayer import Replayer
+from pgoutbox.inbox.store import ConnectionPool, Inbox
+
+COMMAND = "replay"
+HELP = (
+    "Re-publish due dead letters to their handler's replay subject (automated replay and "
+    "operator redrives); runs until SIGTERM, or one pass with --once."
+)
+SETTINGS = (
+    settings.DATABASE + settings.NATS + cs.DLQ + cs.REPLAYER + (next(s for s in cs.CONSUMER if s.name == "log_level"),)
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--once", action="store_true", help="one pass, print how many were re-published, exit")
+
+
+async def _replay(cfg, once: bool, stop: asyncio.Event, pool: ConnectionPool, opened: list) -> int:
+    nc = await connect_nats(cfg.nats_url, "pgoutbox-replayer", retry=not once)
+    opened.append(nc)
+    inbox = Inbox(pool)
+    await check_schema(inbox, cfg.database_url, retry=not once)
+    replayer = Replayer(
+        inbox=inbox,
+        js=nc.jetstream(),
+        nc=nc,
+        metrics=ConsumerMetrics(),
+        worker=cs.worker_name(cfg),
+        batch_size=cfg.replay_batch_size,
+        poll_interval=cfg.replay_poll_interval,
+        dlq_max_age=cfg.dlq_max_age,
+        dlq_duplicate_window=cfg.dlq_duplicate_window,
+    )
+    if once:
+        total = 0
+        while (done := await replayer.run_once()) > 0:
+            total += done
+        print(f"re-published {total} dead letter(s)")
+        return 0
+    await replayer.run(stop)
+    return 0
+
+
+async def _main(cfg, once: bool) -> int:
+    stop = stop_on_signals()
+    pool = ConnectionPool(cfg.database_url, 1)
+    opened: list = []
+    try:
+        work = asyncio.ensure_future(_replay(cfg, once, stop, pool, opened))
+        if not await until_stopped(work, stop):
+            return 0  # stopped before or during start-up
+        return work.result()
+    finally:
+        for nc in opened:
+            if not nc.is_closed:
+                await nc.close()
+        await pool.close()
+
+
+def run(cfg, args) -> int:
+    json_logs.setup(cfg.log_level)
+    return asyncio.run(_main(cfg, args.once))

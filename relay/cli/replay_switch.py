@@ -1,0 +1,26 @@
+"""pgoutbox replay-switch: automated replay of a handler's dead letters on or off."""
+
+from __future__ import annotations
+
+from pgoutbox.core import db, settings
+from pgoutbox.core.errors import wrap_exceptions
+
+COMMAND = "replay-switch"
+HELP = "Switch automated replay of a handler's dead letters on or off, with a reason (redrives still work)."
+SETTINGS = settings.DATABASE + (
+    settings.Setting("reason", "OUTBOX_REPLAY_SWITCH_REASON", None, "Why (recorded)", required=True),
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("handler", metavar="HANDLER")
+    parser.add_argument("state", choices=("on", "off"))
+
+
+def run(cfg, args) -> int:
+    with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
+        enabled = conn.execute(
+            "SELECT enabled FROM inbox.set_replay(%s, %s, %s)", (args.handler, args.state == "on", cfg.reason)
+        ).fetchone()[0]
+    print(f"automated replay for {args.handler}: {'on' if enabled else 'off'}")
+    return 0

@@ -1,0 +1,24 @@
+"""pgoutbox settings: every environment variable, its flag and its default."""
+
+from __future__ import annotations
+
+from pgoutbox.core import settings
+
+COMMAND = "settings"
+HELP = "List every setting (environment variable, flag, default); --markdown for the README."
+SETTINGS = ()
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--markdown", action="store_true", help="print the README table")
+
+
+def run(cfg, args) -> int:
+    groups = args.settings_groups
+    if args.markdown:
+        print(settings.markdown_table(groups))
+    else:
+        for group, items in groups.items():
+            for s in items:
+                print(f"{s.env}={'' if s.default is None else s.default}  # {group}: {s.help}")
+    return 0

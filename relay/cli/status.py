@@ -1,0 +1,38 @@
+"""pgoutbox status: outbox and inbox backlog, and recent dead letters."""
+
+from __future__ import annotations
+
+import json
+
+from pgoutbox.core import db, settings
+from pgoutbox.core.errors import wrap_exceptions
+
+COMMAND = "status"
+HELP = "Show outbox.backlog() and inbox.backlog() per context, and dead letters."
+SETTINGS = settings.DATABASE + (
+    settings.Setting("context", "OUTBOX_STATUS_CONTEXT", None, "Only this bounded context"),
+    settings.Setting(
+        "dead_letters",
+        "OUTBOX_STATUS_DEAD_LETTERS",
+        "10",
+        "How many dead-lettered events to list",
+        settings.non_negative_int,
+    ),
+)
+
+
+def _rows(conn, query: str, params) -> list[dict]:
+    cur = conn.execute(query, params)
+    names = [c.name for c in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def run(cfg, args) -> int:
+    with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
+        report = {
+            "outbox": _rows(conn, "SELECT * FROM outbox.backlog(%s)", (cfg.context,)),
+            "inbox": _rows(conn, "SELECT * FROM inbox.backlog(%s)", (cfg.context,)),
+            "dead_letters": _rows(conn, "SELECT * FROM outbox.dead_letters(%s, %s)", (cfg.context, cfg.dead_letters)),
+        }
+    print(json.dumps(report, indent=2, default=str))
+    return 0

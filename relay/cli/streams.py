@@ -1,0 +1,69 @@
+"""pgoutbox streams: create or update the JetStream streams of the streams
+file, idempotently (created / updated (what changed) / unchanged)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import nats
+import nats.errors
+import nats.js.errors
+
+from pgoutbox.core import settings
+from pgoutbox.outbox import settings as relay_settings
+from pgoutbox.outbox import streams
+
+COMMAND = "streams"
+HELP = (
+    "Apply the streams file (one JetStream stream per bounded context): create or update, "
+    "idempotently; --check only validates the file."
+)
+SETTINGS = settings.NATS + (
+    dataclasses.replace(relay_settings.STREAMS_FILE, required=True),
+    relay_settings.LEASE,
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--check", action="store_true", help="validate the file (and its duplicate windows against the lease) only"
+    )
+
+
+def run(cfg, args) -> int:
+    specs = streams.load(cfg.streams_file)
+    streams.check_lease(specs, cfg.lease)
+    if args.check:
+        for s in specs:
+            print(f"{s.name}: ok ({', '.join(s.subjects)})")
+        return 0
+    for name, what in asyncio.run(_apply(cfg.nats_url, specs)):
+        print(f"{name}: {what}")
+    return 0
+
+
+async def _apply(url: str, specs) -> list[tuple[str, str]]:
+    errors: list[str] = []
+
+    async def note(exc):  # instead of nats-py's traceback on stderr
+        errors.append(f"{type(exc).__name__}: {exc}")
+
+    try:
+        # max_reconnect_attempts=0 would mean "forever" in nats-py 2.16.
+        nc = await nats.connect(
+            url.split(","),
+            connect_timeout=5,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
+            error_cb=note,
+        )
+    except Exception as exc:
+        raise settings.broker_unavailable(url, errors[-1] if errors else str(exc) or type(exc).__name__) from exc
+    try:
+        return await streams.apply(nc.jetstream(), specs)
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
+        raise settings.broker_unavailable(url, "start nats-server with -js", "JetStream is not enabled") from exc
+    finally:
+        await nc.close()

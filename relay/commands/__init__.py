@@ -1,1 +1,0 @@
-"""One module per `pgoutbox` subcommand (see pgoutbox.cli)."""

@@ -1,0 +1,11 @@
+"""What both sides share, and nothing that belongs to one of them:
+
+    errors     the OB SQLSTATE table, domain errors, exit codes
+    settings   OUTBOX_* variables: declaration, parsing, the reference table
+    wire       the event on NATS (subject, body, headers), publish error codes
+    db         connections: conninfo, one-line connection failures, schema version
+    migrate    applying migrations/ in order, under an advisory lock
+    backoff, health, logs   retry delays, /metrics /healthz /readyz, JSON log lines
+
+core imports nothing from outbox/, inbox/, cli/ or dev/ (tests/cli/test_layering.py).
+"""

@@ -1,0 +1,197 @@
+"""Domain errors, built from the custom SQLSTATEs the SQL core raises.
+
+Python never matches on message text: wrap_exceptions() maps exc.sqlstate to a
+class below. The code table is the one in the README ("Error codes"); a test
+checks that both list the same codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator
+
+import psycopg
+
+
+class SqlState(enum.StrEnum):
+    INVALID_OUTBOX = "OB001"
+    FUTURE_EVENT = "OB002"
+    INVALID_SUBJECT_PART = "OB003"
+    INVALID_PAYLOAD = "OB004"
+    INVALID_SCHEMA_VERSION = "OB005"
+    INVALID_ARGUMENT = "OB006"
+    INVALID_SETTING = "OB007"
+    TIMESTAMP_OUT_OF_RANGE = "OB008"
+    VALUE_TOO_LARGE = "OB009"
+    ILLEGAL_TRANSITION = "OB010"
+    IMMUTABLE_EVENT = "OB011"
+    DELETE_FORBIDDEN = "OB012"
+    STALE_CLAIM = "OB013"
+    REASON_REQUIRED = "OB014"
+    NOT_DEAD_LETTER = "OB015"
+    RESERVED_HEADER = "OB016"
+    INVALID_HEADER = "OB017"
+    INVALID_MESSAGE = "OB020"
+    UNKNOWN_MESSAGE = "OB021"
+    MESSAGE_NOT_DEAD_LETTER = "OB030"
+    MESSAGE_NOT_REPLAYABLE = "OB031"
+    ARCHIVE_UNKNOWN_UNIT = "OB050"
+    NOT_CLOSED = "OB051"
+    RETENTION_NOT_REACHED = "OB052"
+    ARCHIVE_MISMATCH = "OB053"
+    NOT_ARCHIVED = "OB054"
+    ARCHIVE_CONFLICT = "OB055"
+    ARCHIVED_READ_ONLY = "OB056"
+    RETENTION_BELOW_MAX_AGE = "OB057"
+    UNSUPPORTED_COLUMN = "OB058"
+    ARCHIVE_BUSY = "OB059"
+    AUDIT_IMMUTABLE = "OB060"
+    NOT_SEALED = "OB061"
+    MIGRATION_OUT_OF_ORDER = "OB090"
+    DATA_WOULD_BE_LOST = "OB091"
+
+
+class ExitCode(enum.IntEnum):
+    """What every `pgoutbox` command exits with (the README lists them)."""
+
+    OK = 0
+    FAILED = 1  # the command ran and reports a failure of what it was asked to do
+    USAGE = 2  # a bad flag, setting or argument, or a request the database refused
+    DATABASE = 3  # PostgreSQL unreachable, login refused, database missing, schema version not supported
+    BROKER = 4  # NATS unreachable or refused the connection
+
+
+class PgOutboxError(Exception):
+    """pgoutbox error."""
+
+    code: SqlState | None = None
+    exit_code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str | None = None, *, code: SqlState | None = None):
+        super().__init__(message or self.__doc__)
+        if code is not None:
+            self.code = code
+
+
+class PolicyViolation(PgOutboxError):
+    """The event breaks an outbox policy and was not written."""
+
+
+class IllegalTransition(PgOutboxError):
+    """The database refused a status move that the lifecycle does not allow."""
+
+
+class StaleClaim(PgOutboxError):
+    """The claim token no longer holds these events (lease taken over)."""
+
+
+class NotDeadLetter(PgOutboxError):
+    """Only DEAD_LETTER events can be requeued."""
+
+
+class UnknownMessage(PgOutboxError):
+    """No inbox row for this message and handler."""
+
+
+class NotRedrivable(PgOutboxError):
+    """Only dead-lettered inbox messages with a stored envelope can be redriven."""
+
+
+class ArchivalRefused(PgOutboxError):
+    """The unit is not (or not yet) archivable: unknown, open, too young, or busy."""
+
+
+class ArchiveMismatch(PgOutboxError):
+    """The archive's row count or checksum differs from the live rows; nothing was removed."""
+
+
+class ArchiveConflict(PgOutboxError):
+    """The day already has a different standing audit, or was removed already."""
+
+
+class MigrationError(PgOutboxError):
+    """The schema cannot be migrated as asked."""
+
+
+class SchemaMismatch(PgOutboxError):
+    """The database schema is not the version this code was built for."""
+
+    exit_code = ExitCode.DATABASE
+
+
+class DatabaseUnavailable(PgOutboxError):
+    """PostgreSQL could not be reached or refused the connection; may be retried after a pause."""
+
+    exit_code = ExitCode.DATABASE
+
+
+class ConfigError(PgOutboxError):
+    """The configuration is invalid."""
+
+
+class BrokerUnavailable(PgOutboxError):
+    """NATS could not be reached or refused the connection."""
+
+    exit_code = ExitCode.BROKER
+
+
+_CLASSES: dict[SqlState, type[PgOutboxError]] = {
+    SqlState.INVALID_OUTBOX: PolicyViolation,
+    SqlState.FUTURE_EVENT: PolicyViolation,
+    SqlState.INVALID_SUBJECT_PART: PolicyViolation,
+    SqlState.INVALID_PAYLOAD: PolicyViolation,
+    SqlState.INVALID_SCHEMA_VERSION: PolicyViolation,
+    SqlState.INVALID_ARGUMENT: PolicyViolation,
+    SqlState.INVALID_SETTING: ConfigError,
+    SqlState.TIMESTAMP_OUT_OF_RANGE: PolicyViolation,
+    SqlState.VALUE_TOO_LARGE: PolicyViolation,
+    SqlState.RESERVED_HEADER: PolicyViolation,
+    SqlState.INVALID_HEADER: PolicyViolation,
+    SqlState.INVALID_MESSAGE: PolicyViolation,
+    SqlState.ILLEGAL_TRANSITION: IllegalTransition,
+    SqlState.IMMUTABLE_EVENT: IllegalTransition,
+    SqlState.DELETE_FORBIDDEN: IllegalTransition,
+    SqlState.STALE_CLAIM: StaleClaim,
+    SqlState.REASON_REQUIRED: PolicyViolation,
+    SqlState.NOT_DEAD_LETTER: NotDeadLetter,
+    SqlState.UNKNOWN_MESSAGE: UnknownMessage,
+    SqlState.MESSAGE_NOT_DEAD_LETTER: NotRedrivable,
+    SqlState.MESSAGE_NOT_REPLAYABLE: NotRedrivable,
+    SqlState.ARCHIVE_UNKNOWN_UNIT: ArchivalRefused,
+    SqlState.NOT_CLOSED: ArchivalRefused,
+    SqlState.RETENTION_NOT_REACHED: ArchivalRefused,
+    SqlState.ARCHIVE_MISMATCH: ArchiveMismatch,
+    SqlState.NOT_ARCHIVED: ArchivalRefused,
+    SqlState.ARCHIVE_CONFLICT: ArchiveConflict,
+    SqlState.ARCHIVED_READ_ONLY: IllegalTransition,
+    SqlState.RETENTION_BELOW_MAX_AGE: ConfigError,
+    SqlState.UNSUPPORTED_COLUMN: ArchivalRefused,
+    SqlState.ARCHIVE_BUSY: ArchivalRefused,
+    SqlState.AUDIT_IMMUTABLE: IllegalTransition,
+    SqlState.NOT_SEALED: ArchivalRefused,
+    SqlState.MIGRATION_OUT_OF_ORDER: MigrationError,
+    SqlState.DATA_WOULD_BE_LOST: MigrationError,
+}
+
+
+def from_database(exc: psycopg.Error) -> PgOutboxError | None:
+    """The domain error for a database error carrying one of our codes."""
+    try:
+        code = SqlState(exc.sqlstate or "")
+    except ValueError:
+        return None
+    message = exc.diag.message_primary or str(exc)
+    return _CLASSES[code](message, code=code)
+
+
+@contextlib.contextmanager
+def wrap_exceptions() -> Iterator[None]:
+    """Re-raise database errors with our SQLSTATEs as domain errors."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        domain = from_database(exc)
+        if domain is None:
+            raise
+        raise domain from exc

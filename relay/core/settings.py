@@ -1,0 +1,211 @@
+"""Explicit configuration: every knob is an environment variable with a
+documented default, and every command-line flag is the twin of one.
+
+Modules declare their settings as tuples of Setting; the CLI turns them into
+flags (help shows the variable and the default), load() reads them, and
+`pgoutbox settings --markdown` prints the README's configuration table.
+Settings with no default are required; secrets never have one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import psycopg.conninfo
+
+from pgoutbox.core.errors import BrokerUnavailable, ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def duration(text: str) -> float:
+    """'250ms', '30s', '5m', '2h', '7d' or plain seconds -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 250ms, 30s, 5m, 2h, 7d)")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"not an integer: {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = integer(text)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = integer(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    value = integer(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"not a TCP port (0-65535): {value}")
+    return value
+
+
+_URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*?:([^@/]*)@")
+_KEYWORD_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)")
+
+
+def redact(text: str, source: str | None = None) -> str:
+    """text without the passwords that source (a conninfo or URL list) carries."""
+    source = text if source is None else source
+    secrets = {m.group(1) for part in source.split(",") if (m := _URL_PASSWORD.match(part.strip()))}
+    secrets |= {m.group(1) for m in _KEYWORD_PASSWORD.finditer(source)}
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def conninfo(text: str) -> str:
+    """A libpq conninfo or URL, checked here so a typo is a bad setting, not a connection failure."""
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(text)
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(f"not a PostgreSQL URL or conninfo: {redact(str(exc).strip(), text)}") from None
+    for value in str(parts.get("port") or "").split(","):
+        if value and not (value.isdigit() and 0 < int(value) <= 65535):
+            raise ValueError(f"not a port: {value!r}")
+    return text
+
+
+_NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def nats_urls(text: str) -> str:
+    """Comma-separated NATS URLs (scheme optional, as nats-py reads them), checked up front."""
+    parts = [p.strip() for p in text.split(",")]
+    for part in parts:
+        where = f"{redact(part)!r}: " if len(parts) > 1 else ""
+        url = urllib.parse.urlsplit(part if "://" in part else f"nats://{part}")
+        if url.scheme not in _NATS_SCHEMES:
+            raise ValueError(f"{where}the scheme must be one of {', '.join(_NATS_SCHEMES)}")
+        try:
+            url.port  # noqa: B018 - raises on a port that is not one
+        except ValueError:
+            raise ValueError(f"{where}not a host:port (port 1-65535)") from None
+        if not url.hostname:
+            raise ValueError(f"{where}no host")
+    return text
+
+
+def boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    env: str
+    default: str | None
+    help: str
+    parse: Callable[[str], Any] = str
+    required: bool = False
+    secret: bool = False  # may carry a password: never echoed whole in a message
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -> None:
+    for s in settings:
+        shown = "(none)" if s.default is None else repr(s.default)
+        parser.add_argument(
+            s.flag,
+            dest=s.name,
+            default=None,
+            metavar=s.name.upper(),
+            help=f"{s.help} [env: {s.env}; default: {shown}]",
+        )
+
+
+def load(
+    settings: Iterable[Setting],
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> SimpleNamespace:
+    """Values from flags (overrides), then the environment, then defaults."""
+    environ = os.environ if environ is None else environ
+    overrides = overrides or {}
+    values: dict[str, Any] = {}
+    for s in settings:
+        raw = overrides.get(s.name)
+        if raw is None:
+            raw = environ.get(s.env) or s.default
+        if raw is None:
+            if s.required:
+                raise ConfigError(f"{s.env} (or {s.flag}) is required: {s.help}")
+            values[s.name] = None
+            continue
+        try:
+            values[s.name] = s.parse(raw) if isinstance(raw, str) else raw
+        except ValueError as exc:
+            shown = redact(repr(raw), raw) if s.secret and isinstance(raw, str) else repr(raw)
+            raise ConfigError(f"{s.env}={shown}: {exc} (flag {s.flag})") from exc
+    return SimpleNamespace(**values)
+
+
+def markdown_table(groups: Mapping[str, Iterable[Setting]]) -> str:
+    lines = ["| variable | flag | default | used by | meaning |", "|---|---|---|---|---|"]
+    for group, settings in groups.items():
+        for s in settings:
+            default = "*(none)*" if s.default is None else f"`{s.default}`"
+            if s.required:
+                default = "*(required)*"
+            lines.append(f"| `{s.env}` | `{s.flag}` | {default} | {group} | {s.help} |")
+    return "\n".join(lines)
+
+
+DATABASE = (
+    Setting(
+        "database_url",
+        "OUTBOX_DATABASE_URL",
+        None,
+        "PostgreSQL conninfo or URL; when unset, the libpq PG* variables apply",
+        conninfo,
+        secret=True,
+    ),
+)
+
+NATS = (
+    Setting(
+        "nats_url",
+        "OUTBOX_NATS_URL",
+        "nats://127.0.0.1:4222",
+        "NATS server URL(s), comma-separated",
+        nats_urls,
+        secret=True,
+    ),
+)
+
+
+def broker_unavailable(nats_url: str, reason: str, what: str = "cannot reach NATS") -> BrokerUnavailable:
+    """One line for NATS that cannot be reached: where, which setting, why (never a password)."""
+    return BrokerUnavailable(
+        f"{what} at {redact(nats_url)} (OUTBOX_NATS_URL or --nats-url): {redact(reason, nats_url)}"
+    )

@@ -1,0 +1,366 @@
+"""The event on the wire, shared by the relay (writer) and the consumer
+(reader), so that a consumer can build the REQ-058 envelope from the NATS
+message alone, without the producer's database.
+
+    subject  {context}.event.{event_type}.v{event_version}
+    body     the payload as JSON (UTF-8): compact when given as an object; the
+             relay passes PostgreSQL's own jsonb text through unchanged, so
+             numbers keep their exact digits (a Python float would not)
+    headers  Nats-Msg-Id        event_id (JetStream dedup; the inbox message_id)
+             Pgoutbox-*         the event's metadata, below
+             traceparent, ...   every entry of outbox.events.headers (W3C trace
+                                context and whatever the emitter supplied)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+MSG_ID = "Nats-Msg-Id"
+PREFIX = "Pgoutbox-"
+# header name -> envelope field
+_FIELDS = {
+    "Pgoutbox-Context": "context",
+    "Pgoutbox-Event-Type": "event_type",
+    "Pgoutbox-Event-Version": "event_version",
+    "Pgoutbox-Aggregate-Type": "aggregate_type",
+    "Pgoutbox-Aggregate-Id": "aggregate_id",
+    "Pgoutbox-Occurred-At": "occurred_at",
+    "Pgoutbox-Correlation-Id": "correlation_id",
+    "Pgoutbox-Causation-Id": "causation_id",
+    "Pgoutbox-Tenant-Id": "tenant_id",
+    "Pgoutbox-Ordering-Key": "ordering_key",
+}
+
+
+class WireError(ValueError):
+    """An event that cannot go on the wire as it is. `code` is stable: it is
+    the prefix of the relay's last_error (BAD_HEADER, BAD_SUBJECT,
+    BAD_PAYLOAD, BAD_TIMESTAMP; docs/relay.md)."""
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Unrepresentable:
+    """A timestamp, as PostgreSQL rendered it, that the wire format (RFC 3339,
+    years 0001-9999, UTC) cannot express: ±infinity, years past 9999, BC."""
+
+    text: str
+
+
+def wire_time(text: str) -> str | Unrepresentable:
+    """RFC 3339 text ("...T...Z", as for a datetime) of a timestamptz in
+    PostgreSQL's text form; never raises, so that one row cannot fail a fetch."""
+    # The relay's sessions render DateStyle ISO in UTC: "2024-05-09 07:35:25.5+00"
+    # (years 0001-9999; others have more digits or a " BC" suffix).
+    if len(text) >= 22 and text[4] == "-" and text[10] == " " and text.endswith("+00") and text[:4].isdigit():
+        clock = text[11:-3]
+        if len(clock) > 8:  # PostgreSQL trims the fraction's trailing zeros; Python's form has six digits
+            clock = clock.ljust(15, "0")
+        return f"{text[:10]}T{clock}Z"
+    try:  # another session time zone: same instant, in UTC
+        return _text(datetime.fromisoformat(text))
+    except (ValueError, OverflowError):
+        return Unrepresentable(text)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return str(value)
+
+
+def _show(text: str, limit: int = 60) -> str:
+    """A value for an error text: quoted, control characters visible, bounded."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+# A header name NATS accepts (an HTTP token; nats-py refuses others).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# A token that is not reserved. Reserved, in any letter case: the names NATS,
+# JetStream or nats-py interpret or pgoutbox sets itself, which an emitter's
+# copy would override or duplicate (Status and Description mark status
+# replies: a "Status: 404" message ends a fetch).
+_FREE_NAME = re.compile(r"(?!(?i:nats-|pgoutbox-|(?:status|description)\Z))[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# A subject NATS can publish to: dot-separated, non-empty tokens without
+# wildcards, whitespace or control characters.
+_SUBJECT = re.compile(r"[^\s\x00-\x1f\x7f.*>]+(?:\.[^\s\x00-\x1f\x7f.*>]+)*")
+# The server closes a connection whose PUB line exceeds max_control_line
+# (4 KiB by default); 512 characters stay below it even at 4 bytes each.
+MAX_SUBJECT = 512
+
+
+def _emitter_headers(extra: Any) -> dict[str, str]:
+    """The entries of outbox.events.headers, refused (WireError) when NATS
+    cannot carry them unaltered or when they would pose as reserved headers."""
+    if isinstance(extra, str):
+        if extra == "{}":
+            return {}
+        extra = json.loads(extra)
+    if not isinstance(extra, dict):
+        raise WireError("BAD_HEADER", f"headers must be a JSON object, got {type(extra).__name__}")
+    headers: dict[str, str] = {}
+    for name, value in extra.items():
+        if value is None:
+            continue  # null: the header is absent
+        if not _FREE_NAME.fullmatch(name):
+            if not _HEADER_NAME.fullmatch(name):
+                raise WireError(
+                    "BAD_HEADER",
+                    f"header name {_show(name)} is not a token NATS can carry "
+                    "(letters, digits and !#$%&'*+-.^_`|~ only)",
+                )
+            raise WireError(
+                "BAD_HEADER",
+                f"header name {_show(name)} is reserved (Nats-*, Pgoutbox-*, "
+                "Status and Description, in any letter case)",
+            )
+        # Other JSON values travel as their compact JSON text (what emit documents).
+        headers[name] = value if type(value) is str else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return headers
+
+
+def _check_values(headers: Mapping[str, str]) -> None:
+    # nats-py strips each value and turns CR/LF into spaces: such a value
+    # would arrive altered (or, unescaped, end the header block).
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or value != value.strip():
+            raise WireError(
+                "BAD_HEADER",
+                f"header {name} value {_show(value)} has CR/LF or leading/trailing "
+                "whitespace, which NATS does not carry unaltered",
+            )
+
+
+def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
+    """(subject, body, headers) for an outbox.events row (as a mapping).
+
+    payload may be a JSON object (dict) or its JSON text (str), as the relay
+    reads it; headers a dict or its JSON text; occurred_at a datetime, wire
+    text (wire_time) or Unrepresentable. What NATS cannot carry unaltered
+    raises WireError, whose code names the fault.
+    """
+    subject = event["subject"]
+    if not isinstance(subject, str) or len(subject) > MAX_SUBJECT or not _SUBJECT.fullmatch(subject):
+        raise WireError(
+            "BAD_SUBJECT",
+            f"subject {_show(str(subject))} is not a NATS subject one can publish to "
+            f"(dot-separated tokens without whitespace or wildcards, at most {MAX_SUBJECT} characters)",
+        )
+    occurred = event.get("occurred_at")
+    if isinstance(occurred, Unrepresentable):  # the one timestamp on the wire
+        raise WireError(
+            "BAD_TIMESTAMP",
+            f"occurred_at {_show(occurred.text)} cannot be expressed on the wire (RFC 3339, years 0001-9999)",
+        )
+    headers = _emitter_headers(event.get("headers") or {})
+    for header, field in _FIELDS.items():
+        value = event.get(field)
+        if value is not None:
+            headers[header] = value if type(value) is str else _text(value)
+    headers[MSG_ID] = str(event["event_id"])
+    _check_values(headers)
+    payload = event["payload"]
+    if isinstance(payload, str):
+        body = payload.encode()
+    else:
+        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    return subject, body, headers
+
+
+class InvalidMessage(ValueError):
+    """A message that cannot enter the inbox; the text names the header, the
+    subject or the body at fault."""
+
+
+# The one message-id form accepted: 8-4-4-4-12 hexadecimal digits, either case;
+# its canonical text is lower case. Python's uuid.UUID also takes braces,
+# "urn:uuid:" and hyphens anywhere, PostgreSQL other variants: neither is the
+# text JetStream deduplicates on, so they are refused rather than guessed at.
+UUID_TEXT = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+SUBJECT = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.([A-Za-z0-9_-]{1,128})\.v([1-9][0-9]{0,8})$")
+TRACE_HEADERS = ("traceparent", "tracestate")
+# What an HTTP header value can carry (visible ASCII, space, tab).
+_HTTP_VALUE = re.compile(r"^[\t\x20-\x7e]*$")
+_SHOWN = 80
+
+
+def _show(value: str) -> str:
+    return repr(value if len(value) <= _SHOWN else value[:_SHOWN] + "...")
+
+
+def canonical_id(value: str | None, header: str = MSG_ID) -> str:
+    """The canonical text (lower-case, hyphenated) of a message id; InvalidMessage otherwise."""
+    if not value:
+        raise InvalidMessage(f"header {header} is missing: without it the message cannot be deduplicated")
+    if not UUID_TEXT.match(value):
+        raise InvalidMessage(f"header {header} {_show(value)} is not a UUID in the 8-4-4-4-12 hexadecimal form")
+    return str(uuid.UUID(value))
+
+
+def parse_subject(subject: str) -> tuple[str, str, int]:
+    """(context, event_type, event_version) of `{context}.event.{event_type}.v{version}`."""
+    found = SUBJECT.match(subject or "")
+    if not found:
+        raise InvalidMessage(f"subject {_show(subject or '')} is not {{context}}.event.{{event_type}}.v{{version}}")
+    return found[1], found[2], int(found[3])
+
+
+def _ours(headers: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Envelope field -> (header as sent, value) of the Pgoutbox-* headers, in any
+    letter case; the same header twice with different values is refused."""
+    by_lower = {name.lower(): field for name, field in _FIELDS.items()}
+    found: dict[str, tuple[str, str]] = {}
+    for name, value in headers.items():
+        field = by_lower.get(name.lower())
+        if field is None:
+            continue
+        if field in found and found[field][1] != value:
+            raise InvalidMessage(f"headers {found[field][0]} and {name} disagree")
+        found[field] = (name, value)
+    return found
+
+
+def _check_subject_headers(ours: dict[str, tuple[str, str]], context: str, event_type: str, version: int) -> None:
+    """Headers repeating what the subject says are fine; contradicting it, refused."""
+    for field, expected in (("context", context), ("event_type", event_type)):
+        if field in ours and ours[field][1] != expected:
+            name, value = ours[field]
+            raise InvalidMessage(f"header {name} {_show(value)} contradicts the subject ({expected!r})")
+    if "event_version" in ours:
+        name, value = ours["event_version"]
+        if not (value.isascii() and value.isdigit() and int(value) == version):
+            raise InvalidMessage(f"header {name} {_show(value)} contradicts the subject ({version})")
+
+
+def _storable(value: Any, where: str) -> None:
+    """PostgreSQL's jsonb holds no NUL character, no unpaired surrogate, no
+    infinite number: such a message could never be recorded, so it is refused."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise InvalidMessage(f"{where} contains a NUL character (\\u0000), which PostgreSQL cannot store")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidMessage(f"{where} contains an unpaired surrogate ({exc.reason})") from None
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise InvalidMessage(f"{where} contains a number out of range ({item})")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _payload(body: bytes | None) -> dict[str, Any]:
+    """The body as a JSON object; anything else is refused, saying why."""
+    if not body:
+        raise InvalidMessage("body is empty: the payload must be a JSON object")
+    try:
+        text = bytes(body).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage(f"body is not UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise InvalidMessage("body is JSON nested too deeply") from None
+    except ValueError as exc:
+        raise InvalidMessage(f"body is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+        raise InvalidMessage(f"body is {kind}, not a JSON object")
+    _storable(value, "body")
+    return value
+
+
+def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> dict[str, Any]:
+    """The REQ-058 envelope a handler receives, built from a NATS message, or
+    InvalidMessage naming the header, subject or body at fault.
+
+    message_id is the canonical text of Nats-Msg-Id, never a fresh UUID: without
+    it the message cannot be deduplicated. Context, event type and version come
+    from the subject; Pgoutbox-* headers may repeat them, not contradict them.
+    Every other value passes through as sent.
+    """
+    headers = dict(headers or {})
+    message_id = canonical_id(headers.get(MSG_ID))
+    context, event_type, version = parse_subject(subject)
+    ours = _ours(headers)
+    _check_subject_headers(ours, context, event_type, version)
+    envelope: dict[str, Any] = {"message_id": message_id, "subject": subject}
+    for field in _FIELDS.values():
+        envelope[field] = ours[field][1] if field in ours else None
+        if field in ours:
+            _storable(ours[field][1], f"header {ours[field][0]}")
+    envelope.update(context=context, event_type=event_type, event_version=version)
+    envelope["payload"] = _payload(body)
+    trace = {}
+    for name in TRACE_HEADERS:
+        if name in headers:
+            value = headers[name]
+            if not _HTTP_VALUE.match(value):
+                raise InvalidMessage(f"header {name} {_show(value)} has characters an HTTP header cannot carry")
+            trace[name] = value
+    envelope["trace"] = trace
+    return envelope
+
+
+# -- publishing: what both sides share ------------------------------------------
+
+# NATS/1.0\r\n ... \r\n\r\n: the framing nats-py puts around headers.
+HEADER_FRAMING = len(b"NATS/1.0\r\n") + len(b"\r\n")
+
+
+class PublishError(enum.StrEnum):
+    """Stable codes, the prefix of last_error for events that failed to publish."""
+
+    MAX_PAYLOAD = "MAX_PAYLOAD"  # message larger than the server or stream allows
+    NO_STREAM = "NO_STREAM"  # no JetStream stream captures the subject
+    BAD_HEADER = "BAD_HEADER"  # a header NATS cannot carry unaltered, or posing as a reserved one
+    BAD_SUBJECT = "BAD_SUBJECT"  # not a publishable subject, or not {context}.event.{event_type}.v{version}
+    BAD_PAYLOAD = "BAD_PAYLOAD"  # the payload is not a JSON object
+    BAD_TIMESTAMP = "BAD_TIMESTAMP"  # a timestamp RFC 3339 cannot express (±infinity, BC, years > 9999)
+    ENCODE_FAILED = "ENCODE_FAILED"  # anything else that failed while building this event's message
+    PUBLISH_TIMEOUT = "PUBLISH_TIMEOUT"  # no ack in time (maybe stored: a retry is deduplicated)
+    NATS_UNAVAILABLE = "NATS_UNAVAILABLE"  # not connected to NATS
+    JETSTREAM_ERROR = "JETSTREAM_ERROR"  # a JetStream error that may clear
+
+
+# What an event carries fails the same way on every attempt: dead-lettered at once.
+PERMANENT = frozenset(
+    {
+        PublishError.MAX_PAYLOAD,
+        PublishError.NO_STREAM,
+        PublishError.BAD_HEADER,
+        PublishError.BAD_SUBJECT,
+        PublishError.BAD_PAYLOAD,
+        PublishError.BAD_TIMESTAMP,
+        PublishError.ENCODE_FAILED,
+    }
+)
+
+
+def message_size(body: bytes, headers: Mapping[str, str]) -> int:
+    """Bytes the server counts against max_payload (headers included)."""
+    return len(body) + HEADER_FRAMING + sum(len(k.encode()) + len(str(v).encode()) + 4 for k, v in headers.items())

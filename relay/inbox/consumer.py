@@ -1,0 +1,630 @@
+"""The inbox consumer (DESIGN §3): JetStream durable pull consumers, one per
+handler of the generated registry, feeding message_flow with bounded
+concurrency.
+
+For each handler it binds two durables named after the handler:
+  * on the context's event stream, filtered on the manifest's subjects
+    (explicit ack, ack_wait, max_deliver, max_ack_pending from the manifest
+    or the OUTBOX_CONSUMER_* defaults);
+  * on the context's DLQ stream, filtered on `{context}.dlq.replay.{handler}`:
+    the replays addressed to this handler only.
+
+It also listens to JetStream's MAX_DELIVERIES advisories for those durables:
+a last delivery that got no outcome here (the process died, or lost
+PostgreSQL or NATS) is dead-lettered from the advisory instead of vanishing.
+
+Backpressure: a fetch never asks for more messages than the handler has free
+slots (`concurrency`), so nothing waits unprocessed while its ack_wait runs;
+`max_ack_pending` bounds the same thing on the server side.
+
+Start-up waits for NATS and PostgreSQL for as long as they are unreachable
+(one log line per attempt, at most every few seconds, no traceback); a bad
+setting or an unsupported schema ends it with one line (cli.main). The NATS
+client reconnects by itself after a lost connection; a connection the
+server closes for good (nats-py's CLOSED state: after a protocol error such
+as a too-large publish) is re-established here, and the pull subscriptions
+and advisory subscriptions bound again on it.
+
+Shutdown (SIGTERM/SIGINT, see commands/consume.py), at any moment, start-up
+included: stop fetching, let the in-flight messages finish for up to
+drain_timeout, then close. A message that did not finish is simply not
+acknowledged: JetStream redelivers it and the inbox tells what was already
+done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+from types import SimpleNamespace
+
+import nats
+import nats.errors
+import nats.js.errors
+import psycopg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from pgoutbox.core import db
+from pgoutbox.core.backoff import reconnect_delays
+from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable, SchemaMismatch
+from pgoutbox.core.health import HealthServer
+from pgoutbox.inbox import dlq
+from pgoutbox.inbox.flow import MessageFlow
+from pgoutbox.inbox.handler_client import HandlerClient
+from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.inbox.replayer import Replayer
+from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
+from pgoutbox.inbox.store import ConnectionPool, Inbox
+
+log = logging.getLogger("pgoutbox.inbox.consumer")
+
+# Seconds between two log lines about the same unavailable server.
+LOG_EVERY = 5.0
+# PostgreSQL's answer when the pgoutbox functions are not there (not migrated).
+_NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema_name
+_PERMISSION_DENIED = "42501"
+
+
+class Every:
+    """True at most once per `seconds`: rate-limits the lines of a retry loop."""
+
+    def __init__(self, seconds: float = LOG_EVERY):
+        self.seconds = seconds
+        self._last = float("-inf")
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+def nats_servers(url: str) -> list[str]:
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+def nats_where(url: str) -> str:
+    """The servers of OUTBOX_NATS_URL for messages: host:port, never credentials."""
+    return ",".join(
+        s.partition("://")[2].rpartition("@")[2] if "://" in s else s.rpartition("@")[2] for s in nats_servers(url)
+    )
+
+
+async def until_stopped(aw, stopping: asyncio.Event) -> bool:
+    """Awaits aw unless `stopping` is set first (aw is then cancelled); True when aw finished."""
+    task = asyncio.ensure_future(aw)
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.done() and not task.cancelled():
+        task.result()  # raises what aw raised
+        return True
+    return False
+
+
+async def connect_nats(url: str, name: str, *, retry: bool = True, closed_cb=None):
+    """A NATS connection. retry: wait for as long as NATS is unreachable (one
+    log line per attempt, at most every LOG_EVERY seconds; nats-py then
+    reconnects a lost connection by itself); otherwise BrokerUnavailable."""
+    where = nats_where(url)
+    every = Every()
+    made: list = []
+
+    async def error(exc: Exception) -> None:
+        if retry and every.due():
+            log.warning(
+                "NATS unavailable at %s (OUTBOX_NATS_URL): %s; retrying",
+                where,
+                str(exc) or type(exc).__name__,
+                extra={"action": "nats_retry"},
+            )
+
+    async def disconnected() -> None:
+        if made and not made[0].is_closed:  # not our own close
+            log.warning("NATS disconnected; reconnecting", extra={"action": "nats_disconnected"})
+
+    async def reconnected() -> None:
+        log.info("NATS reconnected", extra={"action": "nats_reconnected"})
+
+    try:
+        nc = await nats.connect(
+            servers=nats_servers(url),
+            name=name,
+            # -1 also retries the first connect; nats-py's 0 would too (it only drops a
+            # server after more than max_reconnect_attempts failures): 1 is two attempts.
+            max_reconnect_attempts=-1 if retry else 1,
+            allow_reconnect=retry,
+            reconnect_time_wait=1,
+            connect_timeout=2,
+            error_cb=error,
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
+            closed_cb=closed_cb,
+        )
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        raise BrokerUnavailable(
+            f"cannot connect to NATS at {where} (OUTBOX_NATS_URL): {str(exc) or type(exc).__name__}"
+        ) from None
+    made.append(nc)
+    log.info("NATS connected", extra={"action": "nats_connected", "max_payload": nc.max_payload})
+    return nc
+
+
+async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = True) -> None:
+    """Checks the schema version, waiting (retry) for as long as PostgreSQL is
+    unreachable, else DatabaseUnavailable; SchemaMismatch for a schema this
+    code does not know or a database without one."""
+    delays, every = reconnect_delays(), Every()
+    while True:
+        try:
+            version = await inbox.schema_version()
+        except (psycopg.OperationalError, DatabaseUnavailable) as exc:
+            down = exc if isinstance(exc, DatabaseUnavailable) else db.unavailable(exc, database_url)
+            if not retry:
+                raise down from None
+            if every.due():
+                log.warning("%s; retrying", down, extra={"action": "db_retry"})
+            await asyncio.sleep(next(delays))
+            continue
+        except psycopg.Error as exc:
+            if exc.sqlstate in _NO_SCHEMA:
+                raise SchemaMismatch(
+                    f"no pgoutbox schema at {db.describe(database_url)}: run `pgoutbox migrate`"
+                ) from None
+            if exc.sqlstate == _PERMISSION_DENIED:
+                raise DatabaseUnavailable(
+                    f"permission denied at {db.describe(database_url)}: the login needs "
+                    "`GRANT pgoutbox_consumer TO <login>`"
+                ) from None
+            raise
+        db.check_schema_version(version)
+        return
+
+
+class Slots:
+    """Free processing slots of one handler. A fetch waits until half a batch
+    is free, then takes up to a batch: fetching one message whenever one slot
+    frees would cost a round trip to the server per message."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.free = size
+        self._changed = asyncio.Condition()
+
+    async def take(self, most: int) -> int:
+        least = max(1, min(most, self.size) // 2)
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.free >= least)
+            taken = min(most, self.free)
+            self.free -= taken
+            return taken
+
+    async def give(self, count: int) -> None:
+        if count:
+            async with self._changed:
+                self.free += count
+                self._changed.notify_all()
+
+
+class Consumer:
+    def __init__(self, handlers: list[HandlerRuntime], cfg: SimpleNamespace):
+        if not handlers:
+            raise ConfigError("no handler to run")
+        self.handlers = handlers
+        self.cfg = cfg
+        # Validated before anything connects.
+        self._retry_backoff, self._replay_backoff = retry_backoff(cfg), replay_backoff(cfg)
+        self.metrics = ConsumerMetrics()
+        self.stopping = asyncio.Event()
+        self.health: HealthServer | None = None
+        self.nc = None
+        self.js = None
+        self.pool: ConnectionPool | None = None
+        self.client: HandlerClient | None = None
+        self.replayer: Replayer | None = None
+        self._started = False
+        self._closed = asyncio.Event()  # nats-py gave the connection up (CLOSED)
+        self._bound: set[str] = set()
+        self._slots: dict[tuple[str, str], Slots] = {}
+        self._loops: list[asyncio.Task] = []
+        self._background: list[asyncio.Task] = []
+        self._in_flight: set[asyncio.Task] = set()
+        self._db_ok = False
+
+    # -- life cycle ---------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.cfg
+        if cfg.http_port is not None:
+            # First: /healthz and /readyz answer while start-up waits for the servers.
+            self.health = HealthServer(
+                cfg.http_host,
+                cfg.http_port,
+                self.metrics,
+                self.problems,
+                liveness=self.liveness_problems,
+                setting="OUTBOX_CONSUMER_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port",
+            )
+            self.health.start()
+            self._background.append(asyncio.create_task(self._tick_loop()))
+        await self._connect()
+        self.pool = ConnectionPool(cfg.database_url, cfg.db_pool_size)
+        self.inbox = Inbox(self.pool)
+        await self._check_schema()
+        self.client = HandlerClient(per_origin=max(h.concurrency for h in self.handlers) + 1)
+        self.flow = MessageFlow(
+            inbox=self.inbox,
+            client=self.client,
+            nc=self.nc,
+            js=self.js,
+            metrics=self.metrics,
+            retry_backoff=self._retry_backoff,
+            replay_backoff=self._replay_backoff,
+            stopping=self.stopping,
+        )
+        await self._bind_all()
+        self._started = True
+        self._background.append(asyncio.create_task(self._backlog_loop()))
+        self._background.append(asyncio.create_task(self._keep_connected()))
+        if cfg.run_replayer:
+            self.replayer = Replayer(
+                inbox=self.inbox,
+                js=self.js,
+                nc=self.nc,
+                metrics=self.metrics,
+                worker=worker_name(cfg),
+                batch_size=cfg.replay_batch_size,
+                poll_interval=cfg.replay_poll_interval,
+                dlq_max_age=cfg.dlq_max_age,
+                dlq_duplicate_window=cfg.dlq_duplicate_window,
+            )
+            self._background.append(asyncio.create_task(self.replayer.run(self.stopping)))
+        log.info(
+            "consumer started",
+            extra={
+                "handlers": [h.name for h in self.handlers],
+                "http_port": self.health.port if self.health else None,
+            },
+        )
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        # A fetch in progress returns within fetch_timeout; do not wait for it.
+        await self._stop_loops()
+        if self._in_flight:
+            done, pending = await asyncio.wait(self._in_flight, timeout=self.cfg.drain_timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning(
+                    "drain timeout: unfinished messages will be redelivered", extra={"unfinished": len(pending)}
+                )
+                await asyncio.gather(*pending, return_exceptions=True)
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self.health:
+            self.health.stop()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.aclose()
+        await self._close_nats(self.nc)
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                await self.pool.close()
+        log.info("consumer stopped")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Runs until `stop` is set, which may happen at any moment, start-up included."""
+        watcher = asyncio.create_task(self._stop_when(stop))
+        try:
+            if await until_stopped(self.start(), self.stopping):
+                await self.stopping.wait()
+        finally:
+            watcher.cancel()
+            await self.stop()  # also after a failed or interrupted start: close what was opened
+
+    async def _stop_when(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.stopping.set()
+
+    # -- connections ----------------------------------------------------------
+    async def _connect(self) -> None:
+        """Connects to NATS, waiting for as long as it is unreachable; nats-py
+        then reconnects a lost connection by itself."""
+        this: list = []  # the connection, once made: only its own closing counts
+
+        async def on_closed() -> None:
+            if this and this[0] is self.nc and not self.stopping.is_set():
+                self._closed.set()
+
+        nc = await connect_nats(self.cfg.nats_url, "pgoutbox-consumer", closed_cb=on_closed)
+        this.append(nc)
+        self._closed.clear()
+        self.nc, self.js = nc, nc.jetstream()
+
+    async def _close_nats(self, nc) -> None:
+        if nc is not None and not nc.is_closed:
+            with contextlib.suppress(Exception):
+                await nc.close()  # flushes the acks already written
+
+    async def _check_schema(self) -> None:
+        await check_schema(self.inbox, self.cfg.database_url)
+        self._db_ok = True
+
+    async def _keep_connected(self) -> None:
+        """Re-establishes a connection nats-py gave up (CLOSED), and binds
+        everything again on it; in-flight messages of the old one are
+        redelivered (their acks are lost with it)."""
+        while not self.stopping.is_set():
+            if not await until_stopped(self._closed.wait(), self.stopping):
+                return
+            old = self.nc
+            log.error(
+                "NATS closed the connection (%s); re-establishing it",
+                repr(old.last_error),
+                extra={"action": "nats_closed"},
+            )
+            await self._stop_loops()
+            self._bound.clear()
+            delays = reconnect_delays()
+            while not self.stopping.is_set():
+                try:
+                    await self._connect()
+                    self.flow.use(self.nc, self.js)
+                    if self.replayer is not None:
+                        self.replayer.use(self.nc, self.js)
+                    await self._bind_all()
+                    log.info("NATS connection re-established", extra={"action": "nats_reestablished"})
+                    break
+                except Exception as exc:
+                    log.error(
+                        "re-establishing the NATS connection failed (%r); trying again",
+                        exc,
+                        extra={"action": "nats_rebind_failed"},
+                    )
+                    await self._stop_loops()
+                    self._bound.clear()
+                    failed, self.nc = self.nc, None
+                    await self._close_nats(failed)
+                    await until_stopped(asyncio.sleep(next(delays)), self.stopping)
+
+    # -- JetStream ----------------------------------------------------------
+    def _consumer_config(self, h: HandlerRuntime, subjects: list[str], description: str) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=h.name,
+            description=description,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=h.ack_wait,
+            max_deliver=h.max_deliver,
+            max_ack_pending=h.max_ack_pending,
+            filter_subjects=subjects,
+        )
+
+    async def _durable(self, stream: str, config: ConsumerConfig):
+        try:
+            await self.js.add_consumer(stream, config)  # creates, or updates in place
+        except nats.js.errors.ServiceUnavailableError:
+            raise
+        except nats.js.errors.APIError as exc:
+            raise ConfigError(f"cannot create or update durable {config.durable_name} on {stream}: {exc}") from exc
+        return await self.js.pull_subscribe_bind(config.durable_name, stream)
+
+    async def _bind_all(self) -> None:
+        """Binds every handler's durables and starts their fetch loops; waits
+        while JetStream does not answer (a missing stream is a ConfigError)."""
+        delays, every = reconnect_delays(), Every()
+        for h in self.handlers:
+            while True:
+                try:
+                    subscriptions = await self._bind(h)
+                    break
+                except (
+                    nats.errors.TimeoutError,
+                    nats.js.errors.ServiceUnavailableError,
+                    nats.errors.ConnectionClosedError,
+                    nats.errors.ConnectionReconnectingError,
+                ) as exc:
+                    if every.due():
+                        log.warning(
+                            "JetStream unavailable at %s (%s); retrying",
+                            nats_where(self.cfg.nats_url),
+                            type(exc).__name__,
+                            extra={"action": "nats_retry", "handler": h.name},
+                        )
+                    await asyncio.sleep(next(delays))
+            for kind, sub, batch in subscriptions:
+                slots = self._slots.setdefault((h.name, kind), Slots(h.concurrency if kind == "events" else 1))
+                self._loops.append(asyncio.create_task(self._fetch_loop(h, sub, slots, batch)))
+
+    async def _bind(self, h: HandlerRuntime):
+        spec = h.spec
+        try:
+            await self.js.stream_info(spec.stream)
+        except nats.js.errors.NotFoundError as exc:
+            raise ConfigError(
+                f"stream {spec.stream} (handler {h.name}) does not exist: provision the context's streams first"
+            ) from exc
+        events = await self._durable(
+            spec.stream, self._consumer_config(h, list(spec.subjects), f"pgoutbox handler {h.name}: {spec.url}")
+        )
+        dlq_stream = await dlq.ensure_stream(
+            self.js,
+            spec.context,
+            max_age=self.cfg.dlq_max_age,
+            duplicate_window=self.cfg.dlq_duplicate_window,
+        )
+        replays = await self._durable(
+            dlq_stream,
+            self._consumer_config(
+                h, [dlq.replay_subject(spec.context, h.name)], f"pgoutbox replays for handler {h.name}"
+            ),
+        )
+        # JetStream gives up after max_deliver without telling anyone but an
+        # advisory: a last delivery that got no outcome here (the consumer
+        # died, or lost PostgreSQL/NATS) is dead-lettered from it. A queue
+        # group, so that one process of many handles each advisory.
+        for stream in (spec.stream, dlq_stream):
+            await self.nc.subscribe(
+                f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{h.name}",
+                queue=f"pgoutbox_{h.name}",
+                cb=functools.partial(self._on_max_deliveries, h),
+            )
+        self._bound.add(h.name)
+        # Replays are rare: their own single slot, so that an idle replay pull
+        # never holds capacity the event stream needs.
+        return [("events", events, h.batch_size), ("replays", replays, 1)]
+
+    async def _stop_loops(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        self._loops.clear()
+
+    async def _fetch_loop(self, h: HandlerRuntime, sub, slots: Slots, batch: int) -> None:
+        """Fetches for as long as the consumer runs: no error ends it (a closed
+        connection is re-established by _keep_connected, which restarts it)."""
+        every = Every()
+        while not self.stopping.is_set():
+            wanted = await slots.take(batch)
+            try:
+                msgs = await sub.fetch(wanted, timeout=self.cfg.fetch_timeout)
+            except (TimeoutError, nats.errors.TimeoutError):  # idle: nothing to fetch
+                msgs = []
+            except asyncio.CancelledError:
+                await slots.give(wanted)
+                raise
+            except Exception as exc:
+                await slots.give(wanted)
+                if every.due():
+                    log.warning("fetch failed; retrying: %r", exc, extra={"handler": h.name, "error": repr(exc)})
+                await asyncio.sleep(1)
+                continue
+            await slots.give(wanted - len(msgs))
+            for msg in msgs:
+                task = asyncio.create_task(self._process(h, msg, slots))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+
+    async def _process(self, h: HandlerRuntime, msg, slots: Slots) -> None:
+        gauge = self.metrics.in_flight.labels(h.name)
+        gauge.inc()
+        try:
+            outcome = await self.flow.handle(msg, h)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            outcome = "error"
+            if _is_database_error(exc):
+                self._db_ok = False  # the backlog check says when it is back
+            log.error(
+                "message left unacknowledged after an error",
+                exc_info=True,
+                extra={
+                    "handler": h.name,
+                    "subject": msg.subject,
+                },
+            )
+        finally:
+            gauge.dec()
+            await slots.give(1)
+        self.metrics.count(h.name, outcome)
+
+    async def _on_max_deliveries(self, h: HandlerRuntime, advisory_msg) -> None:
+        try:
+            advisory = json.loads(advisory_msg.data)
+        except ValueError:
+            log.error("unreadable MAX_DELIVERIES advisory", extra={"handler": h.name})
+            return
+        task = asyncio.create_task(self._exhausted(h, advisory))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _exhausted(self, h: HandlerRuntime, advisory: dict) -> None:
+        try:
+            raw = await self.js.get_msg(advisory["stream"], advisory["stream_seq"])
+            raw.stream = raw.stream or advisory["stream"]
+            outcome = await self.flow.exhausted(h, raw, advisory["deliveries"])
+        except Exception:
+            outcome = "error"
+            log.error(
+                "could not dead-letter a message JetStream gave up on",
+                exc_info=True,
+                extra={"handler": h.name, "advisory": advisory},
+            )
+        self.metrics.count(h.name, outcome)
+        log.warning(
+            "max deliveries advisory handled",
+            extra={
+                "handler": h.name,
+                "stream": advisory.get("stream"),
+                "stream_sequence": advisory.get("stream_seq"),
+                "outcome": outcome,
+            },
+        )
+
+    # -- operations ---------------------------------------------------------
+    async def _backlog_loop(self) -> None:
+        """Also the PostgreSQL check of /readyz: it fails within one interval
+        of PostgreSQL going away."""
+        every = Every()
+        while not self.stopping.is_set():
+            try:
+                self.metrics.set_backlog(await self.inbox.backlog(), time.time())
+                self._db_ok = True
+            except Exception as exc:
+                self._db_ok = False
+                if every.due():
+                    log.warning("inbox.backlog() failed: %s", exc, extra={"error": repr(exc)})
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.cfg.backlog_interval)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            self.health.tick()
+            await asyncio.sleep(1)
+
+    def problems(self) -> list[str]:
+        """Why the consumer is not ready (empty: ready). Called from the health thread."""
+        found = []
+        if not self._started:
+            found.append("starting")
+        if self.nc is None or not self.nc.is_connected:
+            found.append("not connected to NATS")
+        if not self._db_ok:
+            found.append("PostgreSQL unreachable (last call failed)")
+        missing = sorted({h.name for h in self.handlers} - self._bound)
+        if missing:
+            found.append(f"durables not bound: {', '.join(missing)}")
+        if self.stopping.is_set():
+            found.append("stopping")
+        return found
+
+    def liveness_problems(self) -> list[str]:
+        """Why nothing can be consumed although the process runs (/healthz 503):
+        the NATS connection is closed, or a fetch loop ended."""
+        if not self._started or self.stopping.is_set():
+            return []
+        found = []
+        if self.nc is None or self.nc.is_closed:
+            found.append("NATS connection closed (being re-established)")
+        ended = [t for t in self._loops if t.done()]
+        if ended:
+            found.append(f"{len(ended)} fetch loop(s) ended")
+        elif not self._loops:
+            found.append("no fetch loop running")
+        return found
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.Error) or isinstance(exc.__cause__, psycopg.Error)

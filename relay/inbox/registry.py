@@ -1,0 +1,259 @@
+"""Handler registry (REQ-060): handlers are declared in manifest files, a
+generator turns them into one static, deterministically ordered file, and the
+consumer loads only that file. A handler change therefore needs a
+regeneration (and a restart): there is no hot reload, and `registry check`
+fails in CI while the generated file is stale.
+
+Manifest (TOML, any number of `*.toml` files in the manifest directory, each
+with one or more [[handler]] tables):
+
+    [[handler]]
+    name = "sea__from_vibespro"        # durable consumer and inbox handler name
+    url = "http://billing:8080/events"  # where the envelope is POSTed
+    subjects = ["vibespro.event.vibe_created.v1", "vibespro.event.vibe_created.v2"]
+    timeout = "10s"                     # optional, like every line below
+    stream = "VIBESPRO_EVENTS"          # default: {CONTEXT}_EVENTS
+    ack_wait = "30s"
+    max_deliver = 5
+    max_ack_pending = 256
+    concurrency = 16
+    batch_size = 32
+    replay_max_attempts = 3             # 0: no automated replay
+
+Optional values left out stay null in the registry; the consumer fills them
+from its OUTBOX_* settings at start-up.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pgoutbox.core import settings
+from pgoutbox.core.errors import ConfigError
+
+FORMAT = 1
+GENERATED_BY = "pgoutbox registry generate"
+# A handler name is a JetStream durable name and a NATS subject token (the
+# replay subject carries it), so no dots, unlike the inbox's handler column.
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SUBJECT = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.([A-Za-z0-9_-]{1,128})\.v([1-9][0-9]{0,8})$")
+_STREAM = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+class RegistryError(ConfigError):
+    """The handler manifests or the generated registry are invalid."""
+
+
+class RegistryStale(RegistryError):
+    """The generated registry does not match the manifests: regenerate it."""
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """One handler as the registry records it (None: the consumer's default)."""
+
+    name: str
+    url: str
+    context: str
+    stream: str
+    subjects: tuple[str, ...]
+    timeout: float | None = None
+    ack_wait: float | None = None
+    max_deliver: int | None = None
+    max_ack_pending: int | None = None
+    concurrency: int | None = None
+    batch_size: int | None = None
+    replay_max_attempts: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["subjects"] = list(self.subjects)
+        return data
+
+
+_OPTIONAL: dict[str, Any] = {
+    "timeout": settings.duration,
+    "ack_wait": settings.duration,
+    "max_deliver": settings.positive_int,
+    "max_ack_pending": settings.positive_int,
+    "concurrency": settings.positive_int,
+    "batch_size": settings.positive_int,
+    "replay_max_attempts": settings.non_negative_int,
+}
+_KNOWN = {"name", "url", "subjects", "stream", *_OPTIONAL}
+
+
+def _subject_key(subject: str) -> tuple[str, str, int]:
+    m = _SUBJECT.match(subject)
+    assert m is not None
+    return m.group(1), m.group(2), int(m.group(3))
+
+
+def _handler(raw: Any, where: str) -> HandlerSpec:
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{where}: a [[handler]] table is expected")
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise RegistryError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise RegistryError(f"{where}: name must match {_NAME.pattern}, got {name!r}")
+    where = f"{where} ({name})"
+    url = raw.get("url")
+    if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
+        raise RegistryError(f"{where}: url must be an http(s) URL, got {url!r}")
+    subjects = raw.get("subjects")
+    if not isinstance(subjects, list) or not subjects:
+        raise RegistryError(f"{where}: subjects must be a non-empty list")
+    for subject in subjects:
+        if not isinstance(subject, str) or not _SUBJECT.match(subject):
+            raise RegistryError(
+                f"{where}: subject {subject!r} is not {{context}}.event.{{event_type}}.v{{version}} "
+                "(explicit versions, no wildcards)"
+            )
+    if len(set(subjects)) != len(subjects):
+        raise RegistryError(f"{where}: a subject is listed twice")
+    contexts = sorted({_subject_key(s)[0] for s in subjects})
+    if len(contexts) != 1:
+        raise RegistryError(f"{where}: subjects span contexts {contexts}; declare one handler per context")
+    context = contexts[0]
+    stream = raw.get("stream", f"{context.upper()}_EVENTS")
+    if not isinstance(stream, str) or not _STREAM.match(stream):
+        raise RegistryError(f"{where}: stream must match {_STREAM.pattern}, got {stream!r}")
+    optional: dict[str, Any] = {}
+    for key, parse in _OPTIONAL.items():
+        if key not in raw:
+            continue
+        value = raw[key]
+        if isinstance(value, bool):
+            raise RegistryError(f"{where}: {key} = {value!r} is not valid")
+        try:
+            optional[key] = parse(str(value))
+        except ValueError as exc:
+            raise RegistryError(f"{where}: {key} = {value!r}: {exc}") from exc
+    return HandlerSpec(
+        name=name,
+        url=url,
+        context=context,
+        stream=stream,
+        subjects=tuple(sorted(subjects, key=_subject_key)),
+        **optional,
+    )
+
+
+def read_manifests(directory: Path) -> list[HandlerSpec]:
+    """Every handler of every *.toml under directory, sorted by name."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise RegistryError(f"manifest directory {directory} (OUTBOX_MANIFEST_DIR or --manifest-dir) does not exist")
+    handlers: dict[str, tuple[HandlerSpec, str]] = {}
+    for path in sorted(directory.rglob("*.toml")):
+        rel = path.relative_to(directory).as_posix()
+        try:
+            document = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise RegistryError(f"{rel}: not valid TOML: {exc}") from exc
+        unknown = sorted(set(document) - {"handler"})
+        if unknown:
+            raise RegistryError(f"{rel}: unknown top-level key(s) {', '.join(unknown)}; use [[handler]] tables")
+        entries = document.get("handler", [])
+        if not isinstance(entries, list):
+            raise RegistryError(f"{rel}: use [[handler]] (an array of tables)")
+        for index, raw in enumerate(entries, start=1):
+            spec = _handler(raw, f"{rel} handler #{index}")
+            if spec.name in handlers:
+                raise RegistryError(f"{rel}: handler {spec.name} is already declared in {handlers[spec.name][1]}")
+            handlers[spec.name] = (spec, rel)
+    if not handlers:
+        raise RegistryError(f"no [[handler]] found in {directory}/**/*.toml")
+    return [handlers[name][0] for name in sorted(handlers)]
+
+
+def _digest(handlers: list[dict[str, Any]]) -> str:
+    canonical = json.dumps(handlers, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def render(handlers: list[HandlerSpec]) -> str:
+    """The registry file's exact text: same handlers, same bytes."""
+    body = [h.to_json() for h in sorted(handlers, key=lambda h: h.name)]
+    document = {
+        "format": FORMAT,
+        "generated_by": GENERATED_BY,
+        "note": "Generated from the handler manifests; do not edit. Regenerate and restart the consumer.",
+        "digest": _digest(body),
+        "handlers": body,
+    }
+    return json.dumps(document, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+_REGISTRY_SETTING = "OUTBOX_REGISTRY_FILE or --registry-file"
+
+
+def generate(manifest_dir: Path, registry_file: Path) -> list[HandlerSpec]:
+    handlers = read_manifests(manifest_dir)
+    registry_file = Path(registry_file)
+    try:
+        registry_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = registry_file.with_name(registry_file.name + ".tmp")
+        tmp.write_text(render(handlers), encoding="utf-8")
+        tmp.replace(registry_file)  # readers never see half a file
+    except OSError as exc:
+        raise RegistryError(f"cannot write {registry_file} ({_REGISTRY_SETTING}): {exc.strerror}") from exc
+    return handlers
+
+
+def _read(registry_file: Path) -> str:
+    try:
+        return registry_file.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise RegistryError(
+            f"{registry_file} ({_REGISTRY_SETTING}) not found; run `pgoutbox registry generate`"
+        ) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RegistryError(f"cannot read {registry_file} ({_REGISTRY_SETTING}): {exc}") from exc
+
+
+def check(manifest_dir: Path, registry_file: Path) -> None:
+    """Raises RegistryStale (with a diff) unless the file is what generate() writes."""
+    expected = render(read_manifests(manifest_dir))
+    registry_file = Path(registry_file)
+    actual = _read(registry_file) if registry_file.exists() else ""
+    if actual != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                actual.splitlines(keepends=True),
+                expected.splitlines(keepends=True),
+                fromfile=f"{registry_file} (current)",
+                tofile=f"{registry_file} (from manifests)",
+            )
+        )
+        raise RegistryStale(f"{registry_file} is stale; run `pgoutbox registry generate`\n{diff}".rstrip())
+
+
+def load(registry_file: Path) -> list[HandlerSpec]:
+    """The handlers of a generated registry; refuses a hand-edited one."""
+    registry_file = Path(registry_file)
+    try:
+        document = json.loads(_read(registry_file))
+    except json.JSONDecodeError as exc:
+        raise RegistryError(f"{registry_file}: not JSON: {exc}") from exc
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise RegistryError(f"{registry_file}: not a format {FORMAT} registry; regenerate it")
+    body = document.get("handlers")
+    if not isinstance(body, list) or document.get("digest") != _digest(body):
+        raise RegistryError(f"{registry_file}: its digest does not match its handlers (edited by hand?); regenerate it")
+    names = {f.name for f in fields(HandlerSpec)}
+    handlers = []
+    for raw in body:
+        if not isinstance(raw, dict) or set(raw) != names:
+            raise RegistryError(f"{registry_file}: unexpected handler entry; regenerate it")
+        handlers.append(HandlerSpec(**{**raw, "subjects": tuple(raw["subjects"])}))
+    return handlers

@@ -1,0 +1,155 @@
+"""The consumer's calls into the inbox: nothing but the SQL functions of
+sql/50_inbox.sql and sql/60_inbox_replay.sql, over a small pool of
+autocommit connections (each call is its own transaction unless the caller
+opens one, as the replayer does)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from pgoutbox.core import db
+from pgoutbox.core.errors import wrap_exceptions
+
+CONNECT_TIMEOUT = 5  # seconds
+
+
+class ClaimedReplays(list):
+    """The rows inbox.claim_replays() moved to RECEIVED, and the connection of
+    the transaction that claimed them (to park a row that cannot be replayed)."""
+
+    def __init__(self, rows: list[dict[str, Any]], conn: psycopg.AsyncConnection):
+        super().__init__(rows)
+        self.conn = conn
+
+    async def park(self, row: dict[str, Any], error: str) -> None:
+        """Back to DEAD_LETTER, without a next replay, in the claiming transaction."""
+        await record_error(self.conn, str(row["message_id"]), row["handler"], error, dead=True)
+
+
+class ConnectionPool:
+    """A fixed number of async connections, opened lazily; a broken one is
+    dropped and replaced on the next use, so a database restart costs the
+    in-flight calls only."""
+
+    def __init__(self, database_url: str | None, size: int):
+        self._url = database_url
+        self._idle: asyncio.Queue[psycopg.AsyncConnection | None] = asyncio.Queue()
+        for _ in range(size):
+            self._idle.put_nowait(None)
+        self._open: set[psycopg.AsyncConnection] = set()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        conn = await self._idle.get()
+        try:
+            if conn is None or conn.closed or conn.broken:
+                # A bounded connect: an unreachable host must fail the call, not hang it.
+                conn = await db.aconnect(self._url, connect_timeout=CONNECT_TIMEOUT)
+                self._open.add(conn)
+            yield conn
+        except BaseException:
+            if conn is not None and (conn.broken or conn.closed):
+                self._open.discard(conn)
+                conn = None
+            raise
+        finally:
+            self._idle.put_nowait(conn)
+
+    async def close(self) -> None:
+        for conn in list(self._open):
+            await conn.close()
+        self._open.clear()
+
+
+async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple) -> dict[str, Any]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        with wrap_exceptions():
+            await cur.execute(query, params)
+            return await cur.fetchone()
+
+
+# The inbox functions on a given connection, inside whatever transaction it
+# has open: in-database handlers call them in their business transaction.
+async def receive(conn, message_id: str, handler: str, subject: str, envelope: dict | None) -> dict[str, Any]:
+    return await _one(
+        conn,
+        "SELECT * FROM inbox.receive(%s, %s, %s, %s)",
+        (message_id, handler, subject, None if envelope is None else Jsonb(envelope)),
+    )
+
+
+async def mark_processed(conn, message_id: str, handler: str) -> dict[str, Any]:
+    return await _one(conn, "SELECT * FROM inbox.mark_processed(%s, %s)", (message_id, handler))
+
+
+async def record_error(
+    conn,
+    message_id: str,
+    handler: str,
+    error: str,
+    *,
+    dead: bool = False,
+    replay_after: float | None = None,
+) -> dict[str, Any]:
+    after = None if replay_after is None else timedelta(seconds=replay_after)
+    return await _one(
+        conn, "SELECT * FROM inbox.record_error(%s, %s, %s, %s, %s)", (message_id, handler, error, dead, after)
+    )
+
+
+class Inbox:
+    """The same calls, each on a pooled connection in its own transaction."""
+
+    def __init__(self, pool: ConnectionPool):
+        self.pool = pool
+
+    async def receive(self, message_id: str, handler: str, subject: str, envelope: dict) -> dict[str, Any]:
+        async with self.pool.connection() as conn:
+            return await receive(conn, message_id, handler, subject, envelope)
+
+    async def mark_processed(self, message_id: str, handler: str) -> dict[str, Any]:
+        async with self.pool.connection() as conn:
+            return await mark_processed(conn, message_id, handler)
+
+    async def record_error(
+        self,
+        message_id: str,
+        handler: str,
+        error: str,
+        *,
+        dead: bool = False,
+        replay_after: float | None = None,
+    ) -> dict[str, Any]:
+        async with self.pool.connection() as conn:
+            return await record_error(conn, message_id, handler, error, dead=dead, replay_after=replay_after)
+
+    async def backlog(self) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                with wrap_exceptions():
+                    await cur.execute("SELECT * FROM inbox.backlog()")
+                    return await cur.fetchall()
+
+    async def schema_version(self) -> int:
+        async with self.pool.connection() as conn:
+            return (await _one(conn, "SELECT outbox.schema_version() AS v", ()))["v"]
+
+    @contextlib.asynccontextmanager
+    async def claimed_replays(self, worker: str, batch_size: int) -> AsyncIterator[ClaimedReplays]:
+        """Due replays, moved to RECEIVED in a transaction that commits when
+        the block exits normally (after the caller re-published them) and
+        rolls back otherwise (see inbox.claim_replays)."""
+        async with self.pool.connection() as conn:
+            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                with wrap_exceptions():
+                    await cur.execute("SELECT * FROM inbox.claim_replays(%s, %s)", (worker, batch_size))
+                    rows = await cur.fetchall()
+                yield ClaimedReplays(rows, conn)

@@ -1,0 +1,96 @@
+"""The relay's Prometheus metrics, in a registry of its own (one per relay, so
+several relays in one process, as in the tests, do not collide)."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pgoutbox.outbox.publisher import Outcome
+
+_BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class RelayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.published = Counter(
+            "outbox_relay_published", "Events acked by JetStream and marked COMPLETED", ["context"], registry=r
+        )
+        self.duplicates = Counter(
+            "outbox_relay_duplicates",
+            "Publishes JetStream reported as duplicates (a re-publish)",
+            ["context"],
+            registry=r,
+        )
+        self.failed = Counter(
+            "outbox_relay_failed", "Failed publishes marked FAILED for a retry", ["context", "code"], registry=r
+        )
+        self.dead_lettered = Counter(
+            "outbox_relay_dead_lettered", "Events marked DEAD_LETTER", ["context", "code"], registry=r
+        )
+        self.stale_claims = Counter(
+            "outbox_relay_stale_claims", "Marks refused because the lease had been taken over", registry=r
+        )
+        self.batch_size = Histogram(
+            "outbox_relay_batch_size", "Events per claimed batch", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.publish_seconds = Histogram(
+            "outbox_relay_publish_seconds",
+            "Time from a batch's first publish to its last ack",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.claim_seconds = Histogram(
+            "outbox_relay_claim_seconds", "Duration of outbox.claim()", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.unpublished = Gauge(
+            "outbox_backlog_unpublished", "Events not yet published (outbox.backlog)", ["context"], registry=r
+        )
+        self.due = Gauge("outbox_backlog_due", "Events a relay could claim now", ["context"], registry=r)
+        self.oldest_due_age = Gauge(
+            "outbox_backlog_oldest_due_age_seconds", "Age of the oldest due event", ["context"], registry=r
+        )
+        self.dead_letter = Gauge("outbox_backlog_dead_letter", "Events in DEAD_LETTER", ["context"], registry=r)
+        self.database_up = Gauge("outbox_relay_database_up", "1 when the claim connection works", registry=r)
+        self.nats_up = Gauge("outbox_relay_nats_up", "1 when connected to NATS", registry=r)
+        self.ready = Gauge("outbox_relay_ready", "1 when /readyz answers 200", registry=r)
+
+    def count(self, contexts: dict, outcomes: list[Outcome], dead: set) -> None:
+        """Counts one batch's outcomes; contexts maps event_id -> context."""
+        published, duplicates = Tally(), Tally()
+        failed, dead_lettered = Tally(), Tally()
+        for o in outcomes:
+            ctx = contexts[o.event_id]
+            if o.ok:
+                published[ctx] += 1
+                duplicates[ctx] += o.duplicate
+            elif o.event_id in dead:
+                dead_lettered[(ctx, o.code)] += 1
+            else:
+                failed[(ctx, o.code)] += 1
+        for ctx, n in published.items():
+            self.published.labels(ctx).inc(n)
+            if duplicates[ctx]:
+                self.duplicates.labels(ctx).inc(duplicates[ctx])
+        for (ctx, code), n in failed.items():
+            self.failed.labels(ctx, code).inc(n)
+        for (ctx, code), n in dead_lettered.items():
+            self.dead_lettered.labels(ctx, code).inc(n)
+
+    def backlog(self, rows: list[dict]) -> None:
+        seen = set()
+        for row in rows:
+            ctx = row["context"]
+            seen.add(ctx)
+            self.unpublished.labels(ctx).set(row["unpublished"])
+            self.due.labels(ctx).set(row["due"])
+            age = row["oldest_due_age"]
+            self.oldest_due_age.labels(ctx).set(age.total_seconds() if age else 0)
+            self.dead_letter.labels(ctx).set(row["dead_letter"])
+        for gauge in (self.unpublished, self.due, self.oldest_due_age, self.dead_letter):
+            for (ctx,) in list(gauge._metrics):  # contexts that have emptied out
+                if ctx not in seen:
+                    gauge.labels(ctx).set(0)

@@ -1,0 +1,315 @@
+"""Pipelined JetStream publishing of claimed outbox rows, one outcome per row.
+
+Every message of a batch is sent before any ack is awaited (one reply inbox,
+one future per message), then the acks are awaited together under one
+timeout. nats-py's own js.publish_async is not used: in nats-py 2.16 a
+JetStream error reply (e.g. "message size exceeds maximum allowed") raises
+inside its reply callback and the future never resolves, which would turn a
+permanent error into an endless series of timeouts.
+
+Outcomes carry a stable error code as the prefix of their text (it ends up in
+outbox.events.last_error); permanent ones are dead-lettered at once, the
+others are retried with backoff. docs/relay.md lists the codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+
+from pgoutbox.core import wire as envelope
+from pgoutbox.core.backoff import Every
+from pgoutbox.core.errors import BrokerUnavailable, ConfigError
+from pgoutbox.core.wire import HEADER_FRAMING, PERMANENT, PublishError, message_size
+
+log = logging.getLogger("pgoutbox.outbox.publisher")
+
+# The JetStream API error a stream's max_msg_size produces; it can never
+# succeed on retry. Other JetStream errors (limits reached, leader moving...)
+# may clear, so they are retried.
+_JS_MESSAGE_TOO_LARGE = 10054
+# last_error holds the code and a bounded detail (it quotes the event's own values).
+MAX_DETAIL = 500
+
+
+@dataclass(frozen=True)
+class Outcome:
+    event_id: Any
+    duplicate: bool = False  # JetStream had it already (a re-publish): still a success
+    code: PublishError | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code is None
+
+    @property
+    def permanent(self) -> bool:
+        return self.code in PERMANENT
+
+    @property
+    def error(self) -> str:
+        detail = self.detail[:MAX_DETAIL] + ("..." if len(self.detail) > MAX_DETAIL else "")
+        # PostgreSQL text holds neither NUL nor lone surrogates.
+        detail = detail.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
+        return f"{self.code}: {detail}"
+
+
+class _Rejected(Exception):
+    """A JetStream error reply to a publish."""
+
+    def __init__(self, err_code: int | None, description: str):
+        super().__init__(description)
+        self.err_code = err_code
+
+
+class _NoResponders(Exception):
+    """Nothing listens on the subject: no stream captures it."""
+
+
+def encode(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
+    """envelope.to_nats, plus what a claimed row must satisfy that a replayed
+    envelope need not: the subject the INSERT trigger derives from the row's
+    parts, and an object payload (rows written around emit can lack both)."""
+    subject, body, headers = envelope.to_nats(row)
+    if subject != f"{row['context']}.event.{row['event_type']}.v{row['event_version']}":
+        raise envelope.WireError(
+            PublishError.BAD_SUBJECT,
+            f"subject {subject!r} is not {{context}}.event.{{event_type}}.v{{event_version}} of this event",
+        )
+    if body[:1] != b"{":  # jsonb renders an object with "{" first
+        raise envelope.WireError(PublishError.BAD_PAYLOAD, f"payload is not a JSON object: {body[:40]!r}")
+    return subject, body, headers
+
+
+def encode_outcome(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]] | Outcome:
+    """The message for a row, or the row's permanent failure: nothing an event
+    carries may fail its batch."""
+    try:
+        return encode(row)
+    except envelope.WireError as exc:
+        code = PublishError._value2member_map_.get(exc.code, PublishError.ENCODE_FAILED)
+        return Outcome(row["event_id"], code=code, detail=exc.detail)  # type: ignore[arg-type]
+    except Exception as exc:
+        return Outcome(row["event_id"], code=PublishError.ENCODE_FAILED, detail=f"{type(exc).__name__}: {exc}")
+
+
+def _may_exceed(body: bytes, headers: Mapping[str, str], limit: int) -> bool:
+    """Cheap upper bound first (a UTF-8 character is at most 4 bytes); exact only near the limit."""
+    chars = sum(map(len, headers)) + sum(map(len, headers.values())) + 4 * len(headers)
+    return len(body) + HEADER_FRAMING + 4 * chars > limit and message_size(body, headers) > limit
+
+
+class Publisher:
+    """One NATS connection that reconnects forever; publishes batches pipelined."""
+
+    def __init__(self, url: str, *, timeout: float, name: str = "pgoutbox-relay"):
+        self.url = url
+        self.timeout = timeout
+        self.name = name
+        self.nc: nats.NATS | None = None
+        self._connected = asyncio.Event()
+        self._inbox = ""
+        self._tokens = itertools.count()
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._closing = False
+
+    @property
+    def js(self):
+        return self.nc.jetstream(timeout=self.timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    async def wait_connected(self, timeout: float | None = None) -> bool:
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.connected
+
+    async def connect(self) -> None:
+        """Returns once connected; retries for as long as NATS is unreachable."""
+
+        async def disconnected():
+            self._connected.clear()
+            if not self._closing:
+                log.warning("NATS disconnected", extra={"action": "nats_disconnected"})
+
+        async def reconnected():
+            self._connected.set()
+            log.info("NATS reconnected", extra={"action": "nats_reconnected"})
+
+        lines = Every()
+
+        async def error(exc):
+            # nats-py retries every 250 ms while NATS is away: one line per 5 s is enough.
+            if not lines():
+                return
+            reason = str(exc) or type(exc).__name__
+            if self._connected.is_set():
+                log.warning("NATS: %s", reason, extra={"action": "nats_error"})
+            else:
+                log.warning(
+                    "%s (attempt %d); retrying",
+                    BrokerUnavailable(f"cannot connect to NATS at {where(self.url)} (OUTBOX_NATS_URL): {reason}"),
+                    lines.attempts,
+                    extra={"action": "nats_error"},
+                )
+
+        try:
+            self.nc = await nats.connect(
+                self.url.split(","),
+                name=self.name,
+                max_reconnect_attempts=-1,  # also retries the first connect
+                reconnect_time_wait=0.25,
+                connect_timeout=2,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
+                error_cb=error,
+            )
+        except nats.errors.Error as exc:  # raised at once only for what no retry can fix, e.g. a malformed URL
+            raise ConfigError(f"OUTBOX_NATS_URL {where(self.url)}: {exc}") from exc
+        self._inbox = self.nc.new_inbox()
+        await self.nc.subscribe(self._inbox + ".*", cb=self._on_reply)
+        self._connected.set()
+        log.info(
+            "NATS connected",
+            extra={"action": "nats_connected", "max_payload": self.nc.max_payload},
+        )
+
+    async def close(self) -> None:
+        self._closing = True
+        if self.nc is not None and not self.nc.is_closed:
+            await self.nc.close()
+
+    async def _on_reply(self, msg) -> None:
+        future = self._waiting.pop(msg.subject.rpartition(".")[2], None)
+        if future is None or future.done():
+            return  # a late ack for a publish already given up on
+        if msg.headers and msg.headers.get("Status") == "503":
+            future.set_exception(_NoResponders())
+            return
+        try:
+            reply = json.loads(msg.data)
+        except ValueError:
+            future.set_exception(_Rejected(None, f"unreadable ack {msg.data[:100]!r}"))
+            return
+        err = reply.get("error")
+        if err:
+            future.set_exception(_Rejected(err.get("err_code"), err.get("description", str(err))))
+        else:
+            future.set_result(reply)
+
+    async def publish_batch(self, rows: Sequence[Mapping[str, Any]]) -> list[Outcome]:
+        """Publishes every row (Nats-Msg-Id = event_id) and waits for all acks."""
+        if not self.connected:
+            return [Outcome(r["event_id"], code=PublishError.NATS_UNAVAILABLE, detail="not connected") for r in rows]
+        outcomes: list[Outcome | None] = [None] * len(rows)
+        sent: dict[int, tuple[str, asyncio.Future]] = {}
+        max_payload = self.nc.max_payload
+        loop = asyncio.get_running_loop()
+        for i, row in enumerate(rows):
+            message = encode_outcome(row)
+            if isinstance(message, Outcome):
+                outcomes[i] = message
+                continue
+            subject, body, headers = message
+            if _may_exceed(body, headers, max_payload):
+                # The server would answer with -ERR and drop the connection.
+                outcomes[i] = Outcome(
+                    row["event_id"],
+                    code=PublishError.MAX_PAYLOAD,
+                    detail=f"message of {message_size(body, headers)} bytes (payload and headers) exceeds the "
+                    f"server's max_payload of {max_payload} bytes",
+                )
+                continue
+            token = str(next(self._tokens))
+            future = self._waiting[token] = loop.create_future()
+            try:
+                await self.nc.publish(subject, body, reply=f"{self._inbox}.{token}", headers=headers)
+            except Exception as exc:
+                self._waiting.pop(token, None)
+                outcomes[i] = _classify_send_error(row["event_id"], exc)
+                continue
+            sent[i] = (token, future)
+        if sent:
+            await asyncio.wait([f for _, f in sent.values()], timeout=self.timeout)
+        no_stream: dict[str, Outcome] = {}
+        for i, (token, future) in sent.items():
+            event_id = rows[i]["event_id"]
+            if not future.done():
+                self._waiting.pop(token, None)
+                future.cancel()
+                outcomes[i] = Outcome(
+                    event_id, code=PublishError.PUBLISH_TIMEOUT, detail=f"no JetStream ack within {self.timeout:g}s"
+                )
+                continue
+            exc = future.exception()
+            if exc is None:
+                outcomes[i] = Outcome(event_id, duplicate=bool(future.result().get("duplicate")))
+            elif isinstance(exc, _NoResponders):
+                subject = rows[i]["subject"]
+                if subject not in no_stream:
+                    no_stream[subject] = await self._confirm_no_stream(subject)
+                outcomes[i] = Outcome(event_id, code=no_stream[subject].code, detail=no_stream[subject].detail)
+            else:
+                code = (
+                    PublishError.MAX_PAYLOAD if exc.err_code == _JS_MESSAGE_TOO_LARGE else PublishError.JETSTREAM_ERROR
+                )
+                outcomes[i] = Outcome(event_id, code=code, detail=f"[{exc.err_code}] {exc}")
+        return outcomes  # type: ignore[return-value]
+
+    async def _confirm_no_stream(self, subject: str) -> Outcome:
+        """A no-responders reply is permanent only if JetStream itself says no
+        stream captures the subject (not while JetStream is still starting)."""
+        try:
+            stream = await self.js.find_stream_name_by_subject(subject)
+        except nats.js.errors.NotFoundError:
+            return Outcome(
+                None, code=PublishError.NO_STREAM, detail=f"no JetStream stream captures subject {subject!r}"
+            )
+        except Exception as exc:
+            return Outcome(
+                None,
+                code=PublishError.NATS_UNAVAILABLE,
+                detail=f"JetStream did not answer for {subject!r}: {type(exc).__name__}",
+            )
+        return Outcome(
+            None, code=PublishError.JETSTREAM_ERROR, detail=f"stream {stream} did not respond for {subject!r}"
+        )
+
+
+def where(url: str) -> str:
+    """The servers of a NATS URL list, for messages: without user or password."""
+    out = []
+    for one in url.split(","):
+        try:
+            parts = urllib.parse.urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
+            out.append(f"{parts.hostname or '?'}:{parts.port or 4222}")
+        except ValueError:
+            out.append("(unparsable URL)")
+    return ",".join(out)
+
+
+def _classify_send_error(event_id, exc: Exception) -> Outcome:
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return Outcome(event_id, code=PublishError.MAX_PAYLOAD, detail="payload exceeds max_payload")
+    if isinstance(exc, nats.errors.BadHeaderError):
+        return Outcome(event_id, code=PublishError.BAD_HEADER, detail=str(exc))
+    if isinstance(exc, nats.errors.BadSubjectError):
+        return Outcome(event_id, code=PublishError.BAD_SUBJECT, detail="nats-py refused the subject")
+    if isinstance(exc, (UnicodeError, TypeError, ValueError)):  # the message itself, not the connection
+        return Outcome(event_id, code=PublishError.ENCODE_FAILED, detail=f"{type(exc).__name__}: {exc}")
+    return Outcome(event_id, code=PublishError.NATS_UNAVAILABLE, detail=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,535 @@
+"""The relay: claim due outbox events, publish them to JetStream, mark them.
+
+Three stages joined by one-slot queues, so that PostgreSQL and NATS work at
+the same time (claiming batch n+1 while n is being published and n-1 marked):
+
+    claim loop ──► publish loop ──► mark loop
+    (outbox.claim)  (Nats-Msg-Id =    (mark_published / mark_failed,
+                     event_id; up to    one call each per batch)
+                     publish_batches
+                     batches at once)
+
+Safety comes from the database and JetStream, not from this process:
+  * a claim is a lease; a relay that dies (kill -9) leaves PROCESSING rows
+    that any relay re-claims once the lease expires, and re-publishes them
+    with the same Nats-Msg-Id, which JetStream deduplicates (a duplicate ack
+    is a success). Hence the start-up check lease < duplicate_window;
+  * per-key order: outbox.claim hands out an event only when every earlier
+    event of its ordering_key is COMPLETED, so a key has at most one event in
+    flight, and a batch can be published fully pipelined;
+  * the mark functions are fenced by the claim token: a relay whose lease was
+    taken over cannot overwrite the new owner's work (STALE_CLAIM).
+
+Pacing: a full batch is followed by another claim at once (more may be
+due); a short one took everything due, so the loop waits for a wake-up
+(notification, throttle re-check, due retry, a keyed event marked) or the
+fallback poll. Housekeeping: outbox.create_partitions() every
+partitions_every, and the backlog gauges every backlog_interval.
+
+Failures belong to one event, never to its batch or the process: rows are
+read so that no value can fail the fetch (outbox_calls), and whatever an
+event carries that cannot be published (a timestamp RFC 3339 cannot express,
+a header NATS cannot carry, an oversize message: publisher.PERMANENT) is
+dead-lettered at once with its code; other errors are retried with
+full-jitter backoff until max_attempts. While NATS is unreachable nothing is claimed (claiming would
+only burn attempts). When PostgreSQL goes away, calls are retried after a
+reconnection; a published batch keeps trying to mark until its lease ends.
+
+Shutdown (SIGTERM/SIGINT sets `stop`): stop claiming, publish and mark the
+batches already claimed (handing them back as due-now when NATS is down),
+within shutdown_grace; what is left then is recovered via its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import TypeVar
+
+import nats.errors
+import psycopg
+
+from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays
+from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim
+from pgoutbox.core.health import HealthServer
+from pgoutbox.outbox import streams
+from pgoutbox.outbox.calls import DatabaseUnavailable, OutboxCalls
+from pgoutbox.outbox.metrics import RelayMetrics
+from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
+from pgoutbox.outbox.wakeups import Wakeups
+
+log = logging.getLogger("pgoutbox.relay")
+T = TypeVar("T")
+
+
+@dataclass
+class Batch:
+    rows: list[dict]
+    claimed_at: float  # monotonic
+    outcomes: list[Outcome] = field(default_factory=list)
+    handed_back: bool = False
+
+    @property
+    def token(self):
+        return self.rows[0]["claim_token"]
+
+
+class OutboxRelay:
+    def __init__(self, cfg: SimpleNamespace, publisher: Publisher | None = None):
+        self.cfg = cfg
+        self.publisher = publisher or Publisher(
+            cfg.nats_url, timeout=cfg.publish_timeout, name=f"pgoutbox-relay {cfg.relay_name}"
+        )
+        self.policy = RetryPolicy(cfg.retry_base, cfg.retry_cap, cfg.max_attempts)
+        self.metrics = RelayMetrics()
+        # Claims and marks need not wait for the WAL flush: one lost in a
+        # PostgreSQL crash reverts to a state the lease and Nats-Msg-Id
+        # deduplication already recover from (re-claim, re-publish, dup ack).
+        sync = cfg.synchronous_commit
+        self.claims = OutboxCalls(cfg.database_url, "claim", synchronous_commit=sync, wire_times=True)
+        self.marks = OutboxCalls(cfg.database_url, "mark", synchronous_commit=sync)
+        self.monitor = OutboxCalls(cfg.database_url, "backlog", wire_times=True)
+        self.wakeups = Wakeups(cfg.poll_interval)
+        self.stopping = asyncio.Event()
+        self.started = asyncio.Event()
+        self.http: HealthServer | None = None
+        self._last_progress = time.monotonic()
+        self._due = 0
+        self._in_flight = 0
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Runs until `stop` is set (or a fatal error); raises ConfigError on unsafe settings."""
+        stop_task = asyncio.create_task(stop.wait())
+        background: list[asyncio.Task] = []
+        try:
+            start = asyncio.create_task(self._start())
+            await asyncio.wait({start, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            if not start.done():
+                start.cancel()
+                await asyncio.wait({start}, timeout=5)  # e.g. a connection attempt being abandoned
+                log.info("stopped before start-up completed", extra={"action": "stopped"})
+                return
+            start.result()
+            claimed: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
+            published: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=self.cfg.publish_batches)
+            pipeline = [
+                asyncio.create_task(self._claim_loop(claimed), name="claim"),
+                asyncio.create_task(self._publish_loop(claimed, published), name="publish"),
+                asyncio.create_task(self._mark_loop(published), name="mark"),
+            ]
+            background.append(asyncio.create_task(self._backlog_loop(), name="backlog"))
+            background.append(asyncio.create_task(self._tick_loop(), name="tick"))
+            if self.cfg.partitions_every > 0:
+                background.append(asyncio.create_task(self._partitions_loop(), name="partitions"))
+            if self.cfg.wakeups:
+                background.append(asyncio.create_task(self.wakeups.listen(self.cfg.database_url), name="listen"))
+            self.started.set()
+            log.info(
+                "relay started",
+                extra={
+                    "action": "started",
+                    "worker": self.cfg.relay_name,
+                    "batch_size": self.cfg.batch_size,
+                    "lease": self.cfg.lease,
+                    "wakeups": self.cfg.wakeups,
+                    "http_port": self.http_port,
+                },
+            )
+            watched = {stop_task, *pipeline, *background}
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            crashed = [t for t in done if t is not stop_task and t.exception() is not None]
+            if crashed:
+                for task in pipeline:
+                    task.cancel()  # claimed batches are recovered through their lease
+                await asyncio.gather(*pipeline, return_exceptions=True)
+                raise crashed[0].exception()
+            await self._drain(pipeline)
+        finally:
+            stop_task.cancel()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._close()
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http else None
+
+    async def _start(self) -> None:
+        cfg = self.cfg
+        await self._retry_db(self.claims.schema_version, "start-up")  # refuses an unknown schema
+        self.wakeups.throttle = await self._retry_db(self.claims.notify_throttle, "start-up")
+        specs = streams.load(cfg.streams_file) if cfg.streams_file else None
+        if specs:
+            streams.check_lease(specs, cfg.lease)
+        await self.publisher.connect()
+        try:
+            findings = await streams.check(self.publisher.js, cfg.lease, specs, cfg.nats_monitor_url)
+        except nats.errors.Error as exc:  # e.g. a server without JetStream
+            raise ConfigError(f"cannot list the JetStream streams: {exc}") from exc
+        for text in findings.notices + findings.durability:
+            log.warning(text, extra={"action": "startup_check"})
+        refusals = findings.errors + (findings.durability if cfg.durability_strict else [])
+        if refusals:
+            raise ConfigError("refusing to start: " + " | ".join(refusals))
+        self.http = HealthServer(
+            cfg.http_host,
+            cfg.http_port,
+            self.metrics,
+            self.problems,
+            setting="OUTBOX_RELAY_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port",
+        )
+        self.http.start()
+
+    async def _drain(self, pipeline: list[asyncio.Task]) -> None:
+        """Stop claiming; let claimed batches finish (or be handed back) within the grace."""
+        self.stopping.set()
+        self.wakeups.wake()
+        log.info(
+            "stopping: finishing in-flight batches", extra={"action": "stopping", "in_flight_batches": self._in_flight}
+        )
+        _, late = await asyncio.wait(pipeline, timeout=self.cfg.shutdown_grace)
+        if late:
+            log.error(
+                "shutdown grace over: %d batch(es) left PROCESSING; they are re-claimed when their lease ends",
+                self._in_flight,
+                extra={"action": "shutdown_timeout"},
+            )
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def _close(self) -> None:
+        if self.http:
+            self.http.stop()
+        await self.publisher.close()
+        for calls in (self.claims, self.marks, self.monitor):
+            await calls.close()
+
+    # -- the three stages ---------------------------------------------------
+
+    async def _claim_loop(self, out: asyncio.Queue) -> None:
+        cfg = self.cfg
+        delays, lines = reconnect_delays(), Every()
+        while not self.stopping.is_set():
+            if not self.publisher.connected:
+                self.metrics.nats_up.set(0)
+                await self._unless_stopping(self.publisher.wait_connected(cfg.poll_interval))
+                continue
+            self.metrics.nats_up.set(1)
+            self.wakeups.arm()
+            started = time.monotonic()
+            try:
+                rows = await self.claims.claim(cfg.relay_name, cfg.batch_size, cfg.lease)
+            except DatabaseUnavailable as exc:
+                self.metrics.database_up.set(0)
+                if lines():
+                    log.warning(
+                        "claim failed (attempt %d), PostgreSQL unavailable: %s",
+                        lines.attempts,
+                        exc,
+                        extra={"action": "db_retry"},
+                    )
+                await self._unless_stopping(asyncio.sleep(next(delays)))
+                continue
+            except psycopg.Error as exc:
+                # Not expected (rows are read so that none can fail the fetch),
+                # but a worker retries rather than exits; claimed rows, if
+                # any, come back when their lease ends.
+                if lines():
+                    log.error(
+                        "claim failed (attempt %d): %s [%s]",
+                        lines.attempts,
+                        _one_line(exc),
+                        exc.sqlstate,
+                        extra={"action": "claim_error", "sqlstate": exc.sqlstate},
+                    )
+                await self._unless_stopping(asyncio.sleep(next(delays)))
+                continue
+            delays, lines = reconnect_delays(), Every()
+            self.metrics.database_up.set(1)
+            self.metrics.claim_seconds.observe(time.monotonic() - started)
+            if rows:
+                self._in_flight += 1
+                self.metrics.batch_size.observe(len(rows))
+                await out.put(Batch(rows, started))
+                if len(rows) == cfg.batch_size:
+                    continue  # a full batch: more may be due, claim again without waiting
+            else:
+                self._progress()  # nothing claimable is not "stuck"
+            # A short batch took everything due. What commits next notifies,
+            # or falls in a throttle window whose re-check is scheduled.
+            await self._unless_stopping(self.wakeups.wait())
+        await out.put(None)
+
+    async def _publish_loop(self, inp: asyncio.Queue, out: asyncio.Queue) -> None:
+        """Publishes up to publish_batches claimed batches at once. They are
+        independent: a claim never hands out an event while an earlier one of
+        its key is unfinished, so no two batches in flight share a key. Without
+        this, a batch claimed while the previous one awaits its acks would
+        wait for them too (the tail of the latency at high rates)."""
+        slots = asyncio.Semaphore(self.cfg.publish_batches)
+        in_flight: set[asyncio.Task] = set()
+        try:
+            while (batch := await inp.get()) is not None:
+                await slots.acquire()
+                task = asyncio.create_task(self._publish(batch, out, slots))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            await asyncio.gather(*in_flight)
+        except asyncio.CancelledError:
+            for task in in_flight:
+                task.cancel()
+            raise
+        await out.put(None)
+
+    async def _publish(self, batch: Batch, out: asyncio.Queue, slots: asyncio.Semaphore) -> None:
+        try:
+            if self.stopping.is_set() and not self.publisher.connected:
+                batch.handed_back = True
+                batch.outcomes = [
+                    Outcome(
+                        r["event_id"],
+                        code=PublishError.NATS_UNAVAILABLE,
+                        detail="relay stopped while NATS was unreachable; handed back",
+                    )
+                    for r in batch.rows
+                ]
+            else:
+                started = time.monotonic()
+                batch.outcomes = await self._publish_rows(batch.rows)
+                self.metrics.publish_seconds.observe(time.monotonic() - started)
+            await out.put(batch)
+        finally:
+            slots.release()
+
+    async def _publish_rows(self, rows: list[dict]) -> list[Outcome]:
+        """Each row's outcome; an unexpected failure of the whole call is every
+        row's transient failure (retried, then dead-lettered), not the relay's."""
+        try:
+            return await self.publisher.publish_batch(rows)
+        except Exception as exc:
+            log.exception("publishing a batch failed", extra={"action": "publish_error"})
+            return [
+                Outcome(
+                    r["event_id"],
+                    code=PublishError.JETSTREAM_ERROR,
+                    detail=f"publishing the batch failed: {type(exc).__name__}: {exc}",
+                )
+                for r in rows
+            ]
+
+    async def _mark_loop(self, inp: asyncio.Queue) -> None:
+        while (batch := await inp.get()) is not None:
+            try:
+                await self._mark(batch)
+            finally:
+                self._in_flight -= 1
+
+    async def _mark(self, batch: Batch) -> None:
+        now = datetime.now(UTC)
+        done: list = []
+        failed_ids: list = []
+        errors: list[str] = []
+        retry_at: list[datetime | None] = []
+        dead: set = set()
+        keyed = False
+        for row, outcome in zip(batch.rows, batch.outcomes):
+            if outcome.ok:
+                done.append(outcome.event_id)
+                keyed = keyed or row["ordering_key"] is not None
+                continue
+            if batch.handed_back:
+                delay: float | None = 0.0
+            elif outcome.permanent:
+                delay = None
+            else:
+                delay = self.policy.delay(row["attempts"])
+            error = outcome.error
+            if delay is None:
+                dead.add(outcome.event_id)
+                if not outcome.permanent:
+                    error += f" (gave up after {row['attempts']} attempts)"
+                log.error(
+                    "dead-lettered %s: %s",
+                    outcome.event_id,
+                    error,
+                    extra={
+                        "action": "dead_letter",
+                        "event_id": str(outcome.event_id),
+                        "subject": str(row["subject"])[:300],
+                        "code": outcome.code,
+                    },
+                )
+            failed_ids.append(outcome.event_id)
+            errors.append(error)
+            retry_at.append(None if delay is None else now + timedelta(seconds=delay))
+        deadline = batch.claimed_at + self.cfg.lease
+        if done:
+            marked = await self._mark_call(lambda: self.marks.mark_published(batch.token, done), deadline, len(done))
+            if marked:
+                self._progress()
+        if failed_ids:
+            await self._mark_call(
+                lambda: self.marks.mark_failed(batch.token, failed_ids, errors, retry_at), deadline, len(failed_ids)
+            )
+            retried = len(failed_ids) - len(dead)
+            soonest = min((r for r in retry_at if r is not None), default=None)
+            if soonest is not None:
+                self.wakeups.wake_at(time.monotonic() + (soonest - now).total_seconds() + 0.005)
+            if retried:
+                first = next(e for i, e in zip(failed_ids, errors) if i not in dead)
+                log.warning(
+                    "%d event(s) failed to publish, will retry: %s",
+                    retried,
+                    first,
+                    extra={"action": "publish_failed", "count": retried},
+                )
+        self.metrics.count({r["event_id"]: r["context"] for r in batch.rows}, batch.outcomes, dead)
+        if keyed:
+            self.wakeups.wake()  # their successors of the same key are now claimable
+
+    async def _mark_call(self, call: Callable[[], Awaitable[int]], deadline: float, expected: int) -> int:
+        """Runs one mark call, retrying across reconnections until the lease ends."""
+        delays, lines = reconnect_delays(), Every()
+        while True:
+            try:
+                marked = await call()
+            except StaleClaim:
+                marked = 0
+            except (DatabaseUnavailable, psycopg.Error) as exc:
+                if time.monotonic() > deadline:
+                    log.error(
+                        "could not mark a batch before its lease ended (%s); it will be re-claimed "
+                        "and re-published, deduplicated by Nats-Msg-Id",
+                        _one_line(exc),
+                        extra={"action": "mark_abandoned"},
+                    )
+                    return 0
+                if lines():
+                    log.warning(
+                        "mark failed (attempt %d): %s", lines.attempts, _one_line(exc), extra={"action": "db_retry"}
+                    )
+                await asyncio.sleep(next(delays))
+                continue
+            except (SchemaMismatch, ConfigError):
+                raise  # e.g. the schema changed under the relay: stop with its one line
+            except PgOutboxError as exc:
+                # The database refused the call itself: retrying cannot help,
+                # and the process must not die of it; the lease hands the
+                # events to the next claim.
+                log.error(
+                    "the database refused to mark %d event(s): %s [%s]",
+                    expected,
+                    exc,
+                    exc.code,
+                    extra={"action": "mark_refused", "code": exc.code},
+                )
+                return 0
+            if marked < expected:
+                # The lease expired and another relay re-claimed these (or a
+                # retried call had already committed): their state is theirs.
+                self.metrics.stale_claims.inc()
+                log.warning(
+                    "%d of %d event(s) no longer held by this claim",
+                    expected - marked,
+                    expected,
+                    extra={"action": "stale_claim"},
+                )
+            return marked
+
+    # -- monitoring ----------------------------------------------------------
+
+    async def _backlog_loop(self) -> None:
+        lines = Every(60)
+        while True:
+            try:
+                rows = await self.monitor.backlog()
+                self.metrics.backlog(rows)
+                self._due = sum(r["due"] for r in rows)
+            except DatabaseUnavailable:
+                pass  # the claim loop reports it; readiness shows it
+            except psycopg.Error as exc:  # e.g. a row's infinite timestamp: the gauges wait, delivery does not
+                if lines():
+                    log.error(
+                        "backlog metrics unavailable: %s [%s]",
+                        _one_line(exc),
+                        exc.sqlstate,
+                        extra={"action": "backlog_error", "sqlstate": exc.sqlstate},
+                    )
+            self.problems()
+            await asyncio.sleep(self.cfg.backlog_interval)
+
+    async def _partitions_loop(self) -> None:
+        """Keeps daily partitions created ahead (idempotent, serialised in SQL), so
+        that events never land in the default partition for want of a cron job."""
+        while True:
+            try:
+                created = await self.monitor.create_partitions(self.cfg.days_ahead)
+                if created:
+                    log.info("created partitions %s", ", ".join(created), extra={"action": "partitions"})
+            except DatabaseUnavailable:
+                pass  # next round
+            except (SchemaMismatch, ConfigError):
+                raise
+            except (psycopg.Error, PgOutboxError) as exc:  # housekeeping must not stop delivery
+                log.error("creating partitions failed: %s", _one_line(exc), extra={"action": "partitions_error"})
+            await asyncio.sleep(self.cfg.partitions_every)
+
+    async def _tick_loop(self) -> None:
+        """/healthz is alive while this event loop keeps ticking."""
+        while True:
+            if self.http:
+                self.http.tick()
+            await asyncio.sleep(1)
+
+    def _progress(self) -> None:
+        self._last_progress = time.monotonic()
+
+    def problems(self) -> list[str]:
+        """Why the relay is not ready (empty: ready); also called from the HTTP thread."""
+        problems = []
+        if not self.started.is_set():
+            problems.append("starting")
+        if self.stopping.is_set():
+            problems.append("stopping")
+        if not self.claims.connected:
+            problems.append("PostgreSQL unreachable")
+        if not self.publisher.connected:
+            problems.append("NATS unreachable")
+        idle = time.monotonic() - self._last_progress
+        if (self._due > 0 or self._in_flight > 0) and idle > self.cfg.stall_after:
+            problems.append(f"no progress for {idle:.0f}s while {self._due} event(s) are due")
+        self.metrics.ready.set(0 if problems else 1)
+        return problems
+
+    async def _retry_db(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        delays, lines = reconnect_delays(), Every()
+        while True:
+            try:
+                return await call()
+            except DatabaseUnavailable as exc:
+                if lines():
+                    log.warning(
+                        "%s (attempt %d): %s; retrying", what, lines.attempts, exc, extra={"action": "db_retry"}
+                    )
+                await asyncio.sleep(next(delays))
+
+    async def _unless_stopping(self, aw: Awaitable) -> None:
+        """Awaits aw, or returns early (cancelling it) when the relay starts stopping."""
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (task, stop):
+            t.cancel()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " / ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__

@@ -1,0 +1,54 @@
+"""`pgoutbox archive` and `report` without Spark: the plan (dry run), the
+settings they add, and their refusals with stable codes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pgoutbox.cli import main as cli
+from support.archival import events, today
+
+
+def test_dry_run_lists_each_old_day_and_what_blocks_it(conn, database_url, capsys):
+    d10, d9 = today() - timedelta(days=10), today() - timedelta(days=9)
+    events(conn, d10, 3)
+    events(conn, d9, 4, failed=1)
+    assert cli.main(["archive", "--database-url", database_url, "--dry-run", "true"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"outbox.events   {d10}           3 rows  eligible" in out
+    assert f"outbox.events   {d9}           4 rows  blocked: open rows (PENDING, PROCESSING or FAILED)" in out
+    sealed = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = '_050_archived_read_only'").fetchone()[0]
+    assert sealed == 0, "a dry run changes nothing"
+
+
+def test_an_inbox_retention_below_the_stream_max_age_is_refused(database_url, capsys):
+    code = cli.main(["archive", "--database-url", database_url, "--dry-run", "true", "--inbox-retention", "2d"])
+    assert code == 2
+    assert "[OB057]" in capsys.readouterr().err
+
+
+def test_unknown_sources_are_a_configuration_error(database_url, capsys):
+    assert cli.main(["archive", "--database-url", database_url, "--sources", "outbox,logs"]) == 2
+    assert "OUTBOX_ARCHIVE_SOURCES" in capsys.readouterr().err
+
+
+def test_every_archival_setting_has_an_environment_twin(capsys):
+    assert cli.main(["settings"]) == 0
+    out = capsys.readouterr().out
+    for env in (
+        "OUTBOX_ARCHIVE_URI=.data/archive",
+        "OUTBOX_ARCHIVE_RETENTION=7d",
+        "OUTBOX_ARCHIVE_DEAD_LETTER_RETENTION=30d",
+        "OUTBOX_INBOX_RETENTION=14d",
+        "OUTBOX_ARCHIVE_DROP=true",
+        "OUTBOX_ARCHIVE_LOCK_TIMEOUT=5s",
+        "OUTBOX_ARCHIVE_SOURCES=outbox,inbox",
+        "OUTBOX_ARCHIVE_DRY_RUN=false",
+        "OUTBOX_SPARK_MASTER=local[*]",
+        "OUTBOX_SPARK_JARS=/usr/share/java/postgresql.jar",
+        "OUTBOX_JDBC_URL=",
+        "OUTBOX_SPARK_READ_PARTITIONS=4",
+        "OUTBOX_SPARK_FETCH_SIZE=10000",
+        "OUTBOX_REPORT_URI=.data/report",
+    ):
+        assert env in out, env

@@ -1,0 +1,96 @@
+"""The README's reference tables are generated from, or checked against, the
+code: the error-code table must list exactly the SqlState enum, and the
+configuration table must be what `pgoutbox settings --markdown` prints."""
+
+import re
+from pathlib import Path
+
+from pgoutbox.cli import main as cli
+from pgoutbox.core import settings
+from pgoutbox.core.errors import ExitCode, SqlState
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def section(name: str) -> str:
+    m = re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", README, re.S)
+    assert m, f"README has no {name} section"
+    return m.group(1).strip()
+
+
+def test_error_code_table_lists_exactly_the_codes_python_knows():
+    rows = re.findall(r"^\| (OB\d{3}) \| ([A-Z_]+) \|", section("error-codes"), re.M)
+    assert sorted(rows) == sorted((s.value, s.name) for s in SqlState)
+
+
+def test_error_codes_raised_by_the_sql_are_all_documented():
+    root = Path(__file__).resolve().parents[2]
+    raised = set()
+    for path in (root / "sql").glob("*.sql"):
+        raised |= set(re.findall(r"ERRCODE = '(OB\d{3})'", path.read_text()))
+    for path in (root / "migrations").glob("*.sql"):
+        raised |= set(re.findall(r"ERRCODE = '(OB\d{3})'", path.read_text()))
+    assert raised <= {s.value for s in SqlState}, raised - {s.value for s in SqlState}
+
+
+def test_settings_table_is_generated_from_the_code():
+    assert section("settings") == settings.markdown_table(cli.all_settings())
+
+
+def test_every_setting_is_an_outbox_variable_with_a_flag():
+    for group in cli.all_settings().values():
+        for s in group:
+            assert s.env.startswith("OUTBOX_"), s
+            assert s.flag.startswith("--"), s
+
+
+def test_exit_code_table_lists_exactly_the_exit_codes():
+    rows = re.findall(r"^\| (\d) \| ", section("exit-codes"), re.M)
+    assert [int(r) for r in rows] == [int(c) for c in ExitCode]
+
+
+# -- the README's examples, run as written ------------------------------------
+
+
+def fenced_blocks() -> list[tuple[str, str]]:
+    """(language, text) of every fenced block, in order."""
+    return re.findall(r"^```(\w*)\n(.*?)^```$", README, re.S | re.M)
+
+
+def fenced_after(marker: str, lang: str = "") -> str:
+    """The first ```lang block whose text starts with marker."""
+    for found_lang, text in fenced_blocks():
+        if found_lang == lang and text.startswith(marker):
+            return text
+    raise AssertionError(f"README has no ```{lang} block starting with {marker!r}")
+
+
+def test_the_readme_streams_file_applies_on_the_quickstart_single_nats_server(nats_server, tmp_path, capsys):
+    text = fenced_after("# streams.toml", "toml")
+    assert re.search(r"^replicas = 1\b", text, re.M) and re.search(r"^# replicas = 3\b", text, re.M)
+    path = tmp_path / "streams.toml"
+    path.write_text(text)
+    assert cli.main(["streams", "--streams-file", str(path), "--nats-url", nats_server.url]) == 0
+    shown = fenced_after("$ pgoutbox streams --streams-file streams.toml").splitlines()[1:]
+    assert capsys.readouterr().out.splitlines() == shown
+    # The commented production value is what a single server refuses, as the README says.
+    path.write_text(re.sub(r"^replicas = 1\b", "replicas = 3", text, flags=re.M))
+    assert cli.main(["streams", "--streams-file", str(path), "--nats-url", nats_server.url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err in " ".join(README.split()), err
+
+
+def test_the_readme_migrate_example_shows_its_real_output(empty_database_url, capsys):
+    block = fenced_after("$ createdb", "sh").splitlines()
+    first = block.index("$ pgoutbox migrate --database-url postgresql://postgres@127.0.0.1:5432/shop")
+    second = block.index("$ pgoutbox migrate --database-url postgresql://postgres@127.0.0.1:5432/shop", first + 1)
+    assert cli.main(["migrate", "--database-url", empty_database_url]) == 0
+    assert capsys.readouterr().out.splitlines() == block[first + 1 : second]
+    assert cli.main(["migrate", "--database-url", empty_database_url]) == 0
+    assert capsys.readouterr().out.splitlines() == block[second + 1 :]
+
+
+def test_the_readme_shows_what_migrate_says_when_the_database_does_not_exist(pg_server, capsys):
+    shown = fenced_after("pgoutbox migrate: DatabaseUnavailable").strip()
+    assert cli.main(["migrate", "--database-url", pg_server.dsn("shop")]) == ExitCode.DATABASE
+    assert capsys.readouterr().err.strip() == shown.replace("5432", str(pg_server.port))

@@ -1,0 +1,251 @@
+"""Replay of dead letters (REQ-059): exponential backoff with bounded jitter,
+the cap, the per-handler switch, operator redrive, and a replayer that dies
+mid-pass."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import psycopg
+import pytest
+
+from pgoutbox.cli import main as cli
+from pgoutbox.core.backoff import Backoff
+from pgoutbox.inbox import dlq as dlq_wire
+from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.inbox.replayer import Replayer
+from pgoutbox.inbox.store import ConnectionPool, Inbox
+from support.inbox import (
+    FakeHandler,
+    add_stream,
+    consumer_config,
+    dlq_messages,
+    event,
+    inbox_row,
+    jetstream,
+    publish,
+    running_consumer,
+    until,
+    write_registry,
+)
+
+H = "billing"
+SUBJECT = "sea.event.order_created.v1"
+
+
+# -- the policy -------------------------------------------------------------
+
+
+def test_backoff_doubles_up_to_the_cap():
+    b = Backoff(base=1.0, max_delay=60.0, jitter=0.0)
+    assert [b.delay(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert b.ceiling(10_000) == 60.0  # no overflow for absurd attempt numbers
+
+
+@pytest.mark.parametrize("jitter", [0.25, 0.5, 1.0])
+def test_jitter_stays_within_its_bounds_and_spreads_over_them(jitter):
+    b = Backoff(base=0.5, max_delay=30.0, jitter=jitter)
+    rng = random.Random(7)
+    for attempt in range(1, 12):
+        ceiling = b.ceiling(attempt)
+        samples = [b.delay(attempt, rng) for _ in range(2000)]
+        low, high = ceiling * (1 - jitter), ceiling
+        assert all(low <= s <= high for s in samples), attempt
+        # Spread over the whole band, not stuck at one end.
+        assert min(samples) < low + 0.05 * (high - low) and max(samples) > high - 0.05 * (high - low)
+
+
+def test_backoff_refuses_nonsense():
+    for kwargs in (
+        {"base": 0, "max_delay": 1},
+        {"base": 2, "max_delay": 1},
+        {"base": 1, "max_delay": 2, "jitter": 1.5},
+    ):
+        with pytest.raises(ValueError):
+            Backoff(**kwargs)
+    with pytest.raises(ValueError):
+        Backoff(1, 2).delay(0)
+
+
+# -- the replayer against real servers --------------------------------------
+
+
+@pytest.fixture
+def handler():
+    fake = FakeHandler()
+    yield fake
+    fake.close()
+
+
+def _notices(dlq):
+    return [json.loads(m.data) for m in dlq if ".dlq.dead." in m.subject]
+
+
+@pytest.mark.slow
+async def test_a_dead_letter_is_replayed_with_backoff_until_the_cap(tmp_path, database_url, nats_server, handler):
+    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    cfg = consumer_config(
+        database_url,
+        nats_server.url,
+        registry_file,
+        replay_base_delay="300ms",
+        replay_max_delay="500ms",
+        replay_jitter="0.5",
+        replay_max_attempts="3",
+    )
+    ev = event({"answers": [422]})
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        async with running_consumer(cfg) as consumer:
+            await publish(js, ev)
+            await until(lambda: consumer.metrics.value(H, "dead_lettered") == 4, 20, "four dead letters")
+            await asyncio.sleep(1.0)  # capped: nothing more comes
+            dlq = await dlq_messages(js)
+    calls = handler.calls_for(ev["event_id"])
+    assert len(calls) == 4  # the first delivery and 3 replays
+    notices = _notices(dlq)
+    assert [n["dead_letters"] for n in notices] == [1, 2, 3, 4]
+    assert [n["replay_attempts"] for n in notices] == [0, 1, 2, 3]
+    delays = [n["next_replay_in_seconds"] for n in notices]
+    # Ceilings 0.3, 0.6 -> capped 0.5, 0.5; jitter 0.5 keeps each in [ceiling/2, ceiling]; then the cap.
+    assert 0.15 <= delays[0] <= 0.3 and 0.25 <= delays[1] <= 0.5 and 0.25 <= delays[2] <= 0.5
+    assert delays[3] is None
+    for before, after, delay in zip(calls, calls[1:], delays):
+        assert after.at - before.at >= delay - 0.02  # never earlier than scheduled
+    # Each replay is a fresh delivery of the same message on the handler's replay subject.
+    assert all(c.body["message_id"] == ev["event_id"] and c.body["subject"] == SUBJECT for c in calls)
+    assert [c.headers["Pgoutbox-Delivery"] for c in calls] == ["1"] * 4
+    meta = inbox_row(database_url, ev["event_id"], H)["dlq_metadata"]
+    assert (meta["replay_attempts"], meta["dead_letters"], meta["next_replay_at"]) == (3, 4, None)
+    assert [m.subject for m in dlq if ".dlq.replay." in m.subject] == [f"sea.dlq.replay.{H}"] * 3
+
+
+async def test_a_replay_reaches_only_its_handler_and_succeeds_once_fixed(tmp_path, database_url, nats_server):
+    billing, audit = FakeHandler(answers=[422, 200]), FakeHandler(answers=[200])
+    try:
+        registry_file = write_registry(
+            tmp_path,
+            [
+                {"name": H, "url": billing.url, "subjects": [SUBJECT]},
+                {"name": "audit", "url": audit.url, "subjects": [SUBJECT]},
+            ],
+        )
+        cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="200ms")
+        ev = event()
+        async with jetstream(nats_server.url) as js:
+            await add_stream(js)
+            async with running_consumer(cfg):
+                await publish(js, ev)
+                await until(lambda: (inbox_row(database_url, ev["event_id"], H) or {}).get("status") == "PROCESSED", 15)
+                await asyncio.sleep(0.3)
+    finally:
+        billing.close()
+        audit.close()
+    assert len(billing.calls) == 2 and len(audit.calls) == 1
+    row = inbox_row(database_url, ev["event_id"], H)
+    assert row["dlq_metadata"]["replay_attempts"] == 1 and row["attempts"] == 2
+    assert inbox_row(database_url, ev["event_id"], "audit")["attempts"] == 1
+
+
+async def test_a_manifest_cap_of_zero_parks_the_dead_letter(tmp_path, database_url, nats_server, handler):
+    registry_file = write_registry(
+        tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT], "replay_max_attempts": 0}]
+    )
+    cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="100ms")
+    ev = event({"answers": [422, 200]})
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        async with running_consumer(cfg) as consumer:
+            await publish(js, ev)
+            await until(lambda: consumer.metrics.value(H, "dead_lettered") == 1)
+            await asyncio.sleep(0.5)
+            dlq = await dlq_messages(js)
+    assert len(handler.calls) == 1
+    assert _notices(dlq)[0]["next_replay_in_seconds"] is None
+    assert inbox_row(database_url, ev["event_id"], H)["dlq_metadata"]["next_replay_at"] is None
+
+
+async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
+    tmp_path, database_url, nats_server, handler
+):
+    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="100ms")
+    db = ["--database-url", database_url]
+    assert await asyncio.to_thread(cli.main, ["replay-switch", H, "off", "--reason", "bug 12 under analysis", *db]) == 0
+    ev = event({"answers": [422, 200]})
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        async with running_consumer(cfg) as consumer:
+            await publish(js, ev)
+            await until(lambda: consumer.metrics.value(H, "dead_lettered") == 1)
+            await asyncio.sleep(0.6)  # due since 0.1 s at most, but switched off
+            assert len(handler.calls) == 1
+            assert await asyncio.to_thread(cli.main, ["redrive", H, ev["event_id"], *db]) == 2  # no reason
+            assert (
+                await asyncio.to_thread(
+                    cli.main, ["redrive", H, ev["event_id"], "--reason", "fixed in 2.1, checked on staging", *db]
+                )
+                == 0
+            )
+            await until(lambda: (inbox_row(database_url, ev["event_id"], H) or {}).get("status") == "PROCESSED", 15)
+    assert len(handler.calls) == 2
+    meta = inbox_row(database_url, ev["event_id"], H)["dlq_metadata"]
+    assert (meta["redrives"], meta["replay_attempts"]) == (1, 0)
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT handler, reason FROM inbox.redrive_log").fetchall() == [
+            (H, "fixed in 2.1, checked on staging")
+        ]
+    # A redrive of a message that is no longer dead-lettered is refused with its code.
+    assert await asyncio.to_thread(cli.main, ["redrive", H, ev["event_id"], "--reason", "again", *db]) == 2
+
+
+async def test_a_replayer_dying_before_its_commit_loses_nothing(tmp_path, database_url, nats_server, handler):
+    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="50ms", run_replayer="false")
+    ev = event({"answers": [422, 200]})
+    pool = ConnectionPool(database_url, 1)
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        async with running_consumer(cfg) as consumer:
+            await publish(js, ev)
+            await until(lambda: consumer.metrics.value(H, "dead_lettered") == 1)
+            await asyncio.sleep(0.1)  # the replay is due
+            replayer = Replayer(
+                inbox=Inbox(pool),
+                js=js,
+                metrics=ConsumerMetrics(),
+                worker="doomed",
+                batch_size=10,
+                poll_interval=1,
+                dlq_max_age=3600,
+                dlq_duplicate_window=60,
+            )
+            with pytest.raises(RuntimeError):
+                async with replayer.inbox.claimed_replays("doomed", 10) as rows:
+                    assert len(rows) == 1
+                    subject, body, headers = dlq_wire.replay_message(rows[0])
+                    await js.publish(subject, body, headers=headers)
+                    # The consumer's inbox.receive() waits on the claimed row's lock...
+                    with psycopg.connect(database_url, autocommit=True) as conn:  # fresh stats per query
+                        await until(
+                            lambda: (
+                                conn.execute(
+                                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                ).fetchone()[0]
+                                == 1
+                            ),
+                            10,
+                            "the consumer to wait on the claimed row",
+                        )
+                    raise RuntimeError("replayer dies before committing")
+            # ...and, after the rollback, finds the row still parked and skips the message.
+            await until(lambda: consumer.metrics.value(H, "parked") == 1)
+            assert len(handler.calls) == 1
+            # The next pass publishes again under a new Nats-Msg-Id: not dropped as a duplicate.
+            assert await replayer.run_once() == 1
+            await until(lambda: (inbox_row(database_url, ev["event_id"], H) or {}).get("status") == "PROCESSED", 15)
+    await pool.close()
+    assert len(handler.calls) == 2
+    assert inbox_row(database_url, ev["event_id"], H)["dlq_metadata"]["replay_attempts"] == 1

@@ -1,0 +1,107 @@
+"""Invariants of issue 11 that need COMMIT or several sessions: the wake-up
+throttle one writer cannot change for another, and TRUNCATE / DETACH of a
+partition refused for the table's owner (the superuser that migrated it)."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from pgoutbox.core.errors import IllegalTransition, SqlState, wrap_exceptions
+
+EMIT = "SELECT outbox.emit('order', %s, 'created', '{\"schema_version\": 1}', context => %s)"
+
+
+def drain_notifies(conn: psycopg.Connection, timeout: float) -> list[str]:
+    return [n.payload for n in conn.notifies(timeout=timeout, stop_after=None)]
+
+
+def login(url: str, role: str) -> str:
+    """The URL for a fresh login role in group `role` (the server trusts loopback)."""
+    name = f"t_{role.removeprefix('pgoutbox_')}_{time.monotonic_ns()}"
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(
+            psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                psycopg.sql.Identifier(name), psycopg.sql.Identifier(role)
+            )
+        )
+    return url.replace("postgres@", f"{name}@", 1)
+
+
+def today_partition(conn: psycopg.Connection) -> str:
+    return conn.execute("SELECT outbox._partition_name((now() AT TIME ZONE 'UTC')::date)").fetchone()[0]
+
+
+def test_one_writer_cannot_change_the_throttle_for_another(database_url):
+    """Under version 5 a writer's SET pgoutbox.notify_throttle = '1 minute'
+    set the shared due time a minute ahead and silenced every other writer."""
+    writer_url = login(database_url, "pgoutbox_writer")
+    with (
+        psycopg.connect(database_url, autocommit=True) as listener,
+        psycopg.connect(writer_url, autocommit=True) as a,
+        psycopg.connect(writer_url, autocommit=True) as b,
+    ):
+        listener.execute("LISTEN outbox_v1")
+        a.execute("SET pgoutbox.notify_throttle = '1 minute'")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            a.execute("SELECT outbox.set_notify_throttle('1 minute')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            a.execute("UPDATE outbox.wakeup_policy SET notify_throttle = '1 minute'")
+        a.execute(EMIT, ("1", "sea"))
+        assert drain_notifies(listener, 1) == ["sea"]
+        time.sleep(0.05)  # ten times the default throttle of 5 ms
+        b.execute(EMIT, ("2", "vibespro"))
+        assert drain_notifies(listener, 1) == ["vibespro"], "the other writer's wake-up is not silenced"
+        time.sleep(0.05)
+        a.execute(EMIT, ("3", "sea"))
+        assert drain_notifies(listener, 1) == ["sea"], "nor the writer's own"
+
+
+def test_an_admins_throttle_holds_for_every_session_and_the_relay_reads_it(database_url):
+    admin_url, relay_url = login(database_url, "pgoutbox_admin"), login(database_url, "pgoutbox_relay")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute("SELECT outbox.set_notify_throttle('250 ms')")
+        who = admin.execute("SELECT changed_by FROM outbox.wakeup_policy").fetchone()[0]
+        assert who == admin.info.user
+    with psycopg.connect(relay_url, autocommit=True) as relay:
+        relay.execute("SET pgoutbox.notify_throttle = '1 s'")  # ignored, as for writers
+        assert relay.execute("SELECT outbox.notify_throttle()").fetchone()[0].total_seconds() == 0.25
+
+
+def test_the_owner_cannot_truncate_a_partition_by_name(database_url):
+    with (
+        psycopg.connect(database_url, autocommit=True) as owner,
+        psycopg.connect(database_url, autocommit=True) as other,
+    ):
+        owner.execute(EMIT, ("1", "sea"))
+        for table in (today_partition(owner), "events_default", "events"):
+            with pytest.raises(IllegalTransition) as info, wrap_exceptions():
+                owner.execute(psycopg.sql.SQL("TRUNCATE outbox.{}").format(psycopg.sql.Identifier(table)))
+            assert info.value.code == SqlState.DELETE_FORBIDDEN, table
+        assert other.execute("SELECT count(*) FROM outbox.events").fetchone()[0] == 1
+
+
+def test_the_owner_cannot_detach_a_partition(database_url):
+    with (
+        psycopg.connect(database_url, autocommit=True) as owner,
+        psycopg.connect(database_url, autocommit=True) as other,
+    ):
+        owner.execute(EMIT, ("1", "sea"))
+        part = psycopg.sql.Identifier(today_partition(owner))
+        partitions = "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox.events'::regclass"
+        before = other.execute(partitions).fetchone()[0]
+        with pytest.raises(IllegalTransition) as info, wrap_exceptions():
+            owner.execute(psycopg.sql.SQL("ALTER TABLE outbox.events DETACH PARTITION outbox.{}").format(part))
+        assert info.value.code == SqlState.DELETE_FORBIDDEN
+        # PostgreSQL itself refuses a concurrent detach while a default partition exists.
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            owner.execute(
+                psycopg.sql.SQL("ALTER TABLE outbox.events DETACH PARTITION outbox.{} CONCURRENTLY").format(part)
+            )
+        with pytest.raises(IllegalTransition) as info, wrap_exceptions():
+            owner.execute("ALTER TABLE outbox.events DETACH PARTITION outbox.events_default")
+        assert info.value.code == SqlState.DELETE_FORBIDDEN
+        assert other.execute(partitions).fetchone()[0] == before, "every partition still attached"
+        assert other.execute("SELECT count(*) FROM outbox.events").fetchone()[0] == 1

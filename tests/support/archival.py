@@ -1,0 +1,194 @@
+"""Generated data for the archival tests: events of past days, written as the
+table owner with explicit created_at (the insert policies still apply) and
+walked to their status through the guarded transitions in bulk; inbox rows
+for them with explicit received_at; and readers that snapshot the rows of a
+day from PostgreSQL or from the archive in one comparable form."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, timedelta
+
+import psycopg
+from psycopg.rows import dict_row
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Values that a sloppy canonical form would confuse: the separator, the
+# escape, the NULL mark as text, quotes, non-ASCII.
+TRICKY = ["a|b", "c\\d", "\\N", 'q"uote', "ünï|cödé\\", ""]
+
+
+def utc(day: date, hours: float = 0.0) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(hours=hours)
+
+
+def today() -> date:
+    return datetime.now(UTC).date()
+
+
+def create_partition(conn: psycopg.Connection, day: date) -> None:
+    conn.execute("SELECT outbox.create_partitions(0, %s)", (day,))
+
+
+def events(
+    conn: psycopg.Connection,
+    day: date,
+    n: int,
+    *,
+    context: str = "sea",
+    event_type: str = "created",
+    dead: int = 0,
+    failed: int = 0,
+    pending: int = 0,
+    publish_ms: int = 40,
+) -> list[str]:
+    """n events spread over the day: the first `dead` DEAD_LETTER, the next
+    `failed` FAILED, the next `pending` PENDING, the rest COMPLETED with a
+    publish latency of 1..publish_ms ms (varied per row). Returns event ids."""
+    create_partition(conn, day)
+    start = utc(day, 0.5)
+    step = timedelta(hours=22) / max(n, 1)
+    if day >= today():  # the policies refuse events from the future
+        start, step = datetime.now(UTC) - timedelta(minutes=30), timedelta(seconds=1)
+    with conn.transaction():
+        rows = conn.execute(
+            """
+            INSERT INTO outbox.events (
+                context, aggregate_type, aggregate_id, event_type, payload, headers, tenant_id,
+                occurred_at, created_at, available_at
+            )
+            SELECT %(context)s, 'order', 'agg-' || i, %(event_type)s,
+                jsonb_build_object('schema_version', 1, 'n', i, 'note', (%(tricky)s::text[])[1 + i %% %(k)s]),
+                CASE WHEN i %% 3 = 0 THEN '{"traceparent": "00-ab|cd-01"}'::jsonb ELSE '{}'::jsonb END,
+                CASE WHEN i %% 2 = 0 THEN (%(tricky)s::text[])[1 + i %% %(k)s] END,
+                %(start)s + (i - 1) * %(step)s, %(start)s + (i - 1) * %(step)s, %(start)s + (i - 1) * %(step)s
+            FROM generate_series(1, %(n)s) AS i
+            RETURNING id, event_id
+            """,
+            dict(context=context, event_type=event_type, tricky=TRICKY, k=len(TRICKY), start=start, step=step, n=n),
+        ).fetchall()
+        ids = [r[0] for r in sorted(rows)]
+        walk = ids[: n - pending]
+        if walk:
+            conn.execute(
+                """
+                UPDATE outbox.events
+                SET status = 'PROCESSING', attempts = 1, claim_token = gen_random_uuid(),
+                    claimed_at = created_at, claimed_by = 'generator', available_at = created_at + interval '1 minute'
+                WHERE id = ANY(%s)
+                """,
+                (walk,),
+            )
+        dead_ids, failed_ids = ids[:dead], ids[dead : dead + failed]
+        done_ids = ids[dead + failed : n - pending]
+        for status, chosen in (("DEAD_LETTER", dead_ids), ("FAILED", failed_ids)):
+            if chosen:
+                conn.execute(
+                    "UPDATE outbox.events SET status = %s, last_error = %s WHERE id = ANY(%s)",
+                    (status, "broker said \\N | no", chosen),
+                )
+        if done_ids:
+            conn.execute(
+                """
+                UPDATE outbox.events
+                SET status = 'COMPLETED', published_at = created_at + (1 + id %% %s) * interval '1 millisecond'
+                WHERE id = ANY(%s)
+                """,
+                (publish_ms, done_ids),
+            )
+    return [str(r[1]) for r in sorted(rows)]
+
+
+def inbox_for(
+    conn: psycopg.Connection,
+    event_ids: list[str],
+    *,
+    handler: str = "billing",
+    dead_every: int = 0,
+    envelope_every: int = 1,
+    e2e_ms: int = 300,
+) -> None:
+    """One inbox row per event (received 5 ms after publishing, or after the
+    event when unpublished): PROCESSED after 1..e2e_ms ms from occurred_at,
+    or DEAD_LETTER for every dead_every-th; attempts 1..3; an envelope with
+    occurred_at on every envelope_every-th row (the rest must fall back to
+    the outbox row)."""
+    conn.execute(
+        """
+        INSERT INTO inbox.messages (
+            message_id, handler, subject, envelope, status, received_at, processed_at, attempts, last_error
+        )
+        SELECT e.event_id, %(handler)s, e.subject,
+            CASE WHEN e.id %% %(env)s = 0 THEN jsonb_build_object(
+                'message_id', e.event_id, 'subject', e.subject,
+                'occurred_at', to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+            END,
+            CASE WHEN %(dead)s > 0 AND e.id %% %(dead)s = 0 THEN 'DEAD_LETTER' ELSE 'PROCESSED' END,
+            coalesce(e.published_at, e.created_at) + interval '5 milliseconds',
+            CASE WHEN %(dead)s > 0 AND e.id %% %(dead)s = 0 THEN NULL
+                ELSE greatest(
+                    coalesce(e.published_at, e.created_at) + interval '5 milliseconds',
+                    e.occurred_at + (1 + (e.id * 7919) %% %(e2e)s) * interval '1 millisecond')
+            END,
+            1 + e.id %% 3,
+            CASE WHEN %(dead)s > 0 AND e.id %% %(dead)s = 0 THEN 'handler said 422' END
+        FROM outbox.events AS e
+        WHERE e.event_id = ANY(%(ids)s::uuid[])
+        """,
+        dict(handler=handler, env=envelope_every, dead=dead_every, e2e=e2e_ms, ids=event_ids),
+    )
+
+
+# ------------------------------------------------------------- snapshots
+
+
+def _micros(value: datetime | None) -> int | None:
+    return None if value is None else (value - EPOCH) // timedelta(microseconds=1)
+
+
+def _canonical(row: dict) -> tuple:
+    out = []
+    for key in sorted(row):
+        value = row[key]
+        if isinstance(value, datetime):
+            value = _micros(value)
+        elif isinstance(value, (dict, list)):
+            value = json.dumps(value, sort_keys=True)
+        elif value is not None and not isinstance(value, (int, str, bool)):
+            value = str(value)
+        out.append((key, value))
+    return tuple(out)
+
+
+def live_rows(conn: psycopg.Connection, source: str, day: date) -> list[tuple]:
+    """The rows of a day, straight from PostgreSQL, sorted."""
+    lo, hi = utc(day), utc(day + timedelta(days=1))
+    query = {
+        "outbox.events": "SELECT * FROM outbox.events WHERE created_at >= %s AND created_at < %s",
+        "inbox.messages": "SELECT * FROM inbox.messages WHERE received_at >= %s AND received_at < %s",
+    }[source]
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query, (lo, hi)).fetchall()
+    return sorted(_canonical(r) for r in rows)
+
+
+def archived_rows(spark, uri: str) -> list[tuple]:
+    """The rows of an archived day folder, in the same form as live_rows."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampType
+
+    frame = spark.read.parquet(uri)
+    frame = frame.select(
+        *[
+            F.unix_micros(F.col(f.name)).alias(f.name) if isinstance(f.dataType, TimestampType) else F.col(f.name)
+            for f in frame.schema.fields
+        ]
+    )
+    out = []
+    for row in frame.collect():
+        record = row.asDict()
+        for key in ("payload", "headers", "envelope", "dlq_metadata"):
+            if record.get(key) is not None:
+                record[key] = json.loads(record[key])
+        out.append(_canonical(record))
+    return sorted(out)
