@@ -38,7 +38,10 @@ verify/readme: setup ## README tables (settings, error codes) match the code
 readme/tables: setup ## Regenerate the README settings table from the code
 	@$(PY) scripts/readme_tables.py
 
-lint: setup ## sqlfluff over sql/, migrations/, pgtap/
+lint: setup ## ruff (lint, format), mypy and sqlfluff: what the suite checks too
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+	@$(PY) scripts/typecheck.py
 	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
 
 bench/sql: setup ## Emit and claim throughput figures (not a test)

@@ -1,18 +1,30 @@
-"""sqlfluff (postgres dialect, see .sqlfluff) over every SQL file we ship or test with."""
+"""The house's linters as part of the suite: sqlfluff (postgres dialect, see
+.sqlfluff) over every SQL file we ship or test with, ruff (lint and format)
+and mypy over the Python (configured in pyproject.toml)."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 
 
-def test_sql_is_lint_clean():
-    sqlfluff = Path(sys.executable).parent / "sqlfluff"
-    result = subprocess.run(
-        [str(sqlfluff), "lint", "sql/", "migrations/", "pgtap/"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [str(BIN / "sqlfluff"), "lint", "sql/", "migrations/", "pgtap/"],
+        [str(BIN / "ruff"), "check", "."],
+        [str(BIN / "ruff"), "format", "--check", "."],
+    ],
+    ids=["sqlfluff", "ruff-check", "ruff-format"],
+)
+def test_lint_clean(argv):
+    result = run(*argv)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
