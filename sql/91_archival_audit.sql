@@ -1,6 +1,7 @@
 -- Archival (seed 001 RULE-000-022, DESIGN §4): rows leave outbox.events and
 -- inbox.messages only by export -> verify -> audit -> remove, one UTC day at a
--- time. The Spark job (spark/) does the export; every rule lives here.
+-- time. The Spark job (spark/) does the export; every rule lives in
+-- SQL, in sql/91_archival_audit.sql to sql/95_archival_steps.sql.
 --
 -- A unit is one day of one source:
 --   outbox.events    the day partition events_pYYYYMMDD (removed by DROP TABLE)
