@@ -65,9 +65,9 @@ def definitions(lines: list[str]) -> dict[str, tuple[int, int]]:
         while start > 0 and _is_comment(lines[start - 1]):
             start -= 1
         j = i
-        while not DOLLAR.search(lines[j]):
+        while not (opening := DOLLAR.search(lines[j])):
             j += 1
-        closing = DOLLAR.search(lines[j]).group(1) + ";"
+        closing = opening.group(1) + ";"
         j += 1
         while lines[j].rstrip() != closing:
             j += 1
