@@ -6,10 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
+.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
 setup: ## Install Debian packages (if missing) and the .venv (if stale)
 	@bash scripts/bootstrap.sh
@@ -31,6 +31,12 @@ test/sql: setup ## pgTAP files only (through pg_prove)
 
 verify/schema: setup ## sql/ and migrations/ build the same catalog; round trip
 	@$(PYTEST) -q tests/schema/test_migrations.py
+
+verify/migrations: setup ## The newest migration's generated blocks equal their sql/ definitions (fails on drift)
+	@$(PY) scripts/gen_migrations.py --check
+
+generate/migrations: setup ## Rewrite the newest migration's generated blocks from sql/
+	@$(PY) scripts/gen_migrations.py
 
 verify/readme: setup ## README tables (settings, error codes) match the code
 	@$(PYTEST) -q tests/cli/test_readme.py

@@ -1,5 +1,6 @@
 """The archive checksum in Spark, identical to outbox.archive_figures() in
-PostgreSQL (sql/95_archival.sql, which documents the canonical form):
+PostgreSQL (sql/93_archival_checksum.sql; sql/91_archival_audit.sql documents
+the canonical form):
 
     row   concat_ws('|', rendered columns) -> md5 -> first 15 hex digits -> integer
     unit  (row count, exact sum of the row integers)

@@ -1,5 +1,6 @@
 """The SQL steps of archival, as the job calls them. Nothing here but
-`SELECT * FROM schema.function(...)`: every rule is in sql/95_archival.sql."""
+`SELECT * FROM schema.function(...)`: every rule is in sql/91_archival_*.sql
+to sql/95_archival_*.sql."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def day_path(opts, source, day) -> Path:
 
 
 def test_checksum_golden_vector_matches_postgres_and_python(spark):
-    """The same row and expected value as pgtap/70_archival.sql."""
+    """The same row and expected value as pgtap/95_archival.sql."""
     text = (
         "00000000-0000-0000-0000-000000000001|h|sea.event.x.v1|\\N|PROCESSED"
         '|978307200500000|978307201500000|1|a\\|b\\\\c|{"k": "v\\|w"}'

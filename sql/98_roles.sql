@@ -2,6 +2,8 @@
 -- through SECURITY DEFINER functions with a pinned search_path; the tables
 -- themselves are granted to nobody but the owner, and admins may only read.
 -- Roles are cluster-wide: created once, shared by every database using pgoutbox.
+-- Every GRANT of the schema lives in this file, which runs after every other
+-- definition file (a function must exist before it is granted).
 
 DO $$
 DECLARE
@@ -60,3 +62,41 @@ GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_re
 -- and a re-run must not widen grants to partitions created since.
 GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations, outbox.wakeup_policy,
 inbox.messages, inbox.replay_switches, inbox.redrive_log TO pgoutbox_admin;
+
+-- pgoutbox_archiver: what the archival job and the report need, nothing more.
+-- It reads the two tables and the partitions it sealed (Spark reads them over
+-- JDBC) and calls the archival steps; it cannot write or delete rows, nor
+-- void an audit. (seal_partition grants it each partition it seals.)
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_archiver') THEN
+        CREATE ROLE pgoutbox_archiver NOLOGIN;
+    END IF;
+END;
+$$;
+
+GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_archiver;
+GRANT SELECT ON outbox.events, inbox.messages TO pgoutbox_archiver;
+GRANT SELECT ON outbox.archive_audit, inbox.retention_policy TO pgoutbox_admin;
+
+GRANT EXECUTE ON FUNCTION
+outbox.checksum_columns(text),
+outbox.archive_figures(text, date),
+outbox.archivable_partitions(interval, interval),
+inbox.archivable_days(interval, interval),
+inbox.stream_max_age(),
+outbox.seal_partition(text, interval, interval, interval),
+outbox.id_range(),
+inbox.received_range(),
+outbox.record_archive(text, date, bigint, numeric, text),
+outbox.drop_archived(text, interval),
+inbox.purge_archived(date),
+outbox.archive_audits(text),
+outbox.try_lock_archive(text, date),
+outbox.unlock_archive(text, date)
+TO pgoutbox_archiver, pgoutbox_admin;
+
+GRANT EXECUTE ON FUNCTION
+outbox.void_archive(text, date, text, interval),
+inbox.set_stream_max_age(interval)
+TO pgoutbox_admin;

@@ -8,9 +8,9 @@
 --     trigger adds it)
 --   * DETACH PARTITION of a day or of the default partition is refused
 --     (OB012) and the partition stays attached (DETACH ... CONCURRENTLY
---     cannot run in a transaction: tests/test_sql_invariants.py)
+--     cannot run in a transaction: tests/schema/test_sql_invariants.py)
 --   * (dropping an archived partition through outbox.drop_archived still
---     works: pgtap/70_archival.sql)
+--     works: pgtap/95_archival.sql)
 --   * the throttle: set_notify_throttle refuses NULL, negative and over
 --     1 minute (INVALID_SETTING, OB007) and an out-of-range value cannot be
 --     stored at all; a session's pgoutbox.notify_throttle changes nothing;

@@ -1,0 +1,176 @@
+-- Archival (seed 001 RULE-000-022, DESIGN §4): rows leave outbox.events and
+-- inbox.messages only by export -> verify -> audit -> remove, one UTC day at a
+-- time. The Spark job (spark/) does the export; every rule lives in
+-- SQL, in sql/91_archival_audit.sql to sql/95_archival_steps.sql.
+--
+-- A unit is one day of one source:
+--   outbox.events    the day partition events_pYYYYMMDD (removed by DROP TABLE)
+--   inbox.messages   the rows received that UTC day (the inbox is keyed by
+--                    (message_id, handler) for dedup, which a partition key
+--                    would break; removed by one audited set DELETE)
+--
+-- Lifecycle of a unit:
+--   eligible  its day ended more than `retention` ago and every row is terminal
+--             (outbox: COMPLETED or DEAD_LETTER; inbox: PROCESSED or DEAD_LETTER)
+--   sealed    (outbox) read-only triggers on the partition: from here on no
+--             path through the API can change it; the archiver may read it
+--             (seal_partition)
+--   exported  Parquet written, re-read and its count + checksum computed (Spark)
+--   audited   an archive_audit row, recorded only when the exported figures
+--             equal the live figures computed here (record_archive)
+--   removed   drop_archived / purge_archived: the live figures are computed
+--             again and must still equal the audit row, in the transaction
+--             that removes the rows
+--
+-- DEAD_LETTER rule: a dead-lettered row is terminal for archival only once
+-- its day ended more than `dead_letter_retention` ago (default 30 days, the
+-- operator's window to requeue or replay it); until then it holds its whole
+-- day back. Archived dead letters keep their status and last_error in the
+-- archive, and the delivery report counts them.
+--
+-- Inbox retention: never below the streams' max_age (inbox.retention_policy,
+-- default 7 days, seed 000): a message the stream may still redeliver must
+-- find its inbox row, or dedup has a hole. archivable_days refuses a shorter
+-- retention, and record/purge refuse a day younger than the floor whatever
+-- retention the caller used.
+--
+-- Checksum, computed identically here and in spark/checksum.py:
+--   per row   the stored, non-generated columns in table order, each rendered
+--             as text (timestamptz as epoch microseconds; text, json and
+--             jsonb with '\' -> '\\' and '|' -> '\|'; NULL as '\N'), joined
+--             with '|'; the row's value is the first 15 hex digits of the
+--             md5 of that text, as an integer (60 bits, non-negative)
+--   per unit  the exact (numeric) sum of the row values, with the row count
+-- A sum does not depend on row order, so any number of parallel readers can
+-- compute it. Derived columns are functions of the others and are left out:
+-- generated ones (inbox context) and outbox.events.subject (generated until
+-- schema version 5, so that audits recorded before keep matching).
+
+CREATE TABLE IF NOT EXISTS outbox.archive_audit (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source text NOT NULL,
+    day date NOT NULL,
+    relation text,
+    row_count bigint NOT NULL,
+    checksum numeric NOT NULL,
+    archive_uri text NOT NULL,
+    archived_at timestamptz NOT NULL DEFAULT now(),
+    archived_by text NOT NULL DEFAULT session_user,
+    removed_at timestamptz,
+    removed_by text,
+    voided_at timestamptz,
+    voided_by text,
+    void_reason text,
+    CONSTRAINT source_is_known CHECK (source IN ('outbox.events', 'inbox.messages')),
+    CONSTRAINT outbox_audit_names_its_partition CHECK (
+        (source = 'outbox.events') = (relation IS NOT NULL)
+    ),
+    CONSTRAINT row_count_is_non_negative CHECK (row_count >= 0),
+    CONSTRAINT checksum_is_a_non_negative_integer CHECK (
+        checksum >= 0 AND checksum = trunc(checksum)
+    ),
+    CONSTRAINT archive_uri_is_given CHECK (btrim(archive_uri) <> ''),
+    CONSTRAINT removed_says_by_whom CHECK ((removed_at IS NULL) = (removed_by IS NULL)),
+    CONSTRAINT voided_says_by_whom_and_why CHECK (
+        (voided_at IS NULL) = (voided_by IS NULL)
+        AND (voided_at IS NULL) = (void_reason IS NULL)
+    ),
+    CONSTRAINT removed_or_voided_not_both CHECK (removed_at IS NULL OR voided_at IS NULL)
+);
+COMMENT ON TABLE outbox.archive_audit IS
+'One row per archived day of outbox.events or inbox.messages: the figures the rows were removed against.';
+
+-- One standing (not voided) audit per unit: a second archive of a day must
+-- go through void_archive, and a removed day can never be archived again
+-- (its archive would be overwritten).
+CREATE UNIQUE INDEX IF NOT EXISTS archive_audit_one_standing_per_day
+ON outbox.archive_audit (source, day) WHERE voided_at IS NULL;
+
+-- Audit rows are evidence: inserted, then marked removed or voided once.
+CREATE OR REPLACE FUNCTION outbox.tg_archive_audit__guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'UPDATE'
+        AND (NEW.id, NEW.source, NEW.day, NEW.relation, NEW.row_count, NEW.checksum,
+            NEW.archive_uri, NEW.archived_at, NEW.archived_by)
+        IS NOT DISTINCT FROM
+        (OLD.id, OLD.source, OLD.day, OLD.relation, OLD.row_count, OLD.checksum,
+            OLD.archive_uri, OLD.archived_at, OLD.archived_by)
+        AND OLD.removed_at IS NULL AND OLD.voided_at IS NULL THEN
+        RETURN NEW;  -- marking a standing audit removed or voided
+    END IF;
+    RAISE EXCEPTION 'AUDIT_IMMUTABLE: archive audit rows are only marked removed or voided, once'
+        USING ERRCODE = 'OB060';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_guard_update
+BEFORE UPDATE ON outbox.archive_audit
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_archive_audit__guard();
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON outbox.archive_audit
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_archive_audit__guard();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON outbox.archive_audit
+FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_archive_audit__guard();
+
+-- The inbox retention floor. One row; only admins change it (set_stream_max_age),
+-- so an archiver cannot lower it for its own session.
+CREATE TABLE IF NOT EXISTS inbox.retention_policy (
+    singleton boolean PRIMARY KEY DEFAULT TRUE,
+    stream_max_age interval NOT NULL DEFAULT interval '7 days',
+    changed_at timestamptz NOT NULL DEFAULT now(),
+    changed_by text NOT NULL DEFAULT session_user,
+    CONSTRAINT one_row_only CHECK (singleton),
+    CONSTRAINT stream_max_age_is_positive CHECK (stream_max_age > interval '0')
+);
+COMMENT ON TABLE inbox.retention_policy IS
+'Longest max_age of the streams feeding this inbox: inbox rows are never removed younger than that.';
+INSERT INTO inbox.retention_policy (singleton) VALUES (TRUE) ON CONFLICT DO NOTHING;
+
+-- Day ranges of the inbox (the archive reads, and purge deletes, by received_at).
+CREATE INDEX IF NOT EXISTS messages_received_at_idx ON inbox.messages (received_at);
+
+-- Rows leave inbox.messages only through inbox.purge_archived(), which sets
+-- pgoutbox.inbox_purge for its own transaction. TRUNCATE never.
+CREATE OR REPLACE FUNCTION inbox.tg_messages__forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting('pgoutbox.inbox_purge', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.messages only by audited archival (inbox.purge_archived)'
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_messages__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_messages__forbid_delete();
+
+-- Installed on a partition by seal_partition (not on the parent: the hot
+-- partitions pay nothing). Fires before the inherited _100 guards.
+CREATE OR REPLACE FUNCTION outbox.tg_events__archived_read_only()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'ARCHIVED_READ_ONLY: partition outbox.% is sealed for archival', TG_TABLE_NAME
+        USING ERRCODE = 'OB056',
+              HINT = 'To change its rows, void the archive first: outbox.void_archive(source, day, reason).';
+END;
+$$;

@@ -1,0 +1,158 @@
+-- Archival listing: which units are old enough to archive and what holds each
+-- back, and the inbox retention floor (the streams' max_age) that bounds them.
+
+-- Day partitions of outbox.events whose day ended more than `retention` ago,
+-- each with what holds it back, if anything. The default partition is never
+-- listed: it is not a day, and sealing it would make the rows it exists to
+-- catch fail instead.
+CREATE OR REPLACE FUNCTION outbox.archivable_partitions(
+    retention interval DEFAULT interval '7 days',
+    dead_letter_retention interval DEFAULT interval '30 days'
+)
+RETURNS TABLE (
+    partition_name text,
+    day date,
+    row_count bigint,
+    open_rows bigint,
+    dead_letters bigint,
+    sealed boolean,
+    eligible boolean,
+    blocked_by text,
+    audit_id bigint
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part text;
+BEGIN
+    PERFORM outbox._check_retention(retention, 'retention');
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
+    FOR part IN
+        SELECT c.relname::text
+        FROM pg_inherits AS i
+        INNER JOIN pg_class AS c ON i.inhrelid = c.oid
+        WHERE i.inhparent = 'outbox.events'::regclass AND c.relname ~ '^events_p[0-9]{8}$'
+        ORDER BY c.relname
+    LOOP
+        day := outbox._partition_day(part);
+        CONTINUE WHEN outbox._day_from(day + 1) > now() - retention;
+        partition_name := part;
+        EXECUTE format(
+            'SELECT count(*),'
+            ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
+            ' count(*) FILTER (WHERE status = ''DEAD_LETTER'') FROM outbox.%I', part
+        ) INTO row_count, open_rows, dead_letters;
+        sealed := outbox._is_sealed(part);
+        blocked_by := CASE
+            WHEN open_rows > 0 THEN 'open rows (PENDING, PROCESSING or FAILED)'
+            WHEN dead_letters > 0 AND outbox._day_from(day + 1) > now() - dead_letter_retention
+                THEN 'dead letters younger than dead_letter_retention'
+        END;
+        eligible := blocked_by IS NULL;
+        SELECT a.id INTO audit_id FROM outbox.archive_audit AS a
+        WHERE a.source = 'outbox.events' AND a.day = archivable_partitions.day AND a.voided_at IS NULL;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION outbox.archivable_partitions(interval, interval) IS
+'Day partitions old enough to archive, with row, open and dead-letter counts and what blocks each.';
+
+-- UTC days of inbox.messages that ended more than `retention` ago. Refuses a
+-- retention shorter than the streams' max_age (inbox.retention_policy).
+CREATE OR REPLACE FUNCTION inbox.archivable_days(
+    retention interval DEFAULT interval '14 days',
+    dead_letter_retention interval DEFAULT interval '30 days'
+)
+RETURNS TABLE (
+    day date,
+    row_count bigint,
+    open_rows bigint,
+    dead_letters bigint,
+    eligible boolean,
+    blocked_by text,
+    audit_id bigint
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
+    IF retention > interval '100 years' THEN
+        PERFORM outbox._check_retention(retention, 'retention');
+    END IF;
+    IF retention IS NULL OR retention < inbox.stream_max_age() THEN
+        RAISE EXCEPTION 'RETENTION_BELOW_MAX_AGE: inbox retention % is shorter than the streams'' max_age %', retention, inbox.stream_max_age()
+            USING ERRCODE = 'OB057',
+                  HINT = 'A redelivered message must find its inbox row; keep inbox rows at least as long as the streams keep messages.';
+    END IF;
+    RETURN QUERY
+    WITH days AS (
+        SELECT
+            (m.received_at AT TIME ZONE 'UTC')::date AS d,
+            count(*) AS n,
+            count(*) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')) AS open_n,
+            count(*) FILTER (WHERE m.status = 'DEAD_LETTER') AS dead_n
+        FROM inbox.messages AS m
+        WHERE m.received_at < now() - retention
+        GROUP BY 1
+    )
+    SELECT
+        days.d,
+        days.n,
+        days.open_n,
+        days.dead_n,
+        b.why IS NULL,
+        b.why,
+        a.id
+    FROM days
+    CROSS JOIN LATERAL (
+        SELECT CASE
+            WHEN outbox._day_from(days.d + 1) > now() - retention THEN 'day not over by retention yet'
+            WHEN days.open_n > 0 THEN 'open rows (RECEIVED or FAILED)'
+            WHEN days.dead_n > 0 AND outbox._day_from(days.d + 1) > now() - dead_letter_retention
+                THEN 'dead letters younger than dead_letter_retention'
+        END AS why
+    ) AS b
+    LEFT JOIN outbox.archive_audit AS a
+        ON a.source = 'inbox.messages' AND a.day = days.d AND a.voided_at IS NULL
+    ORDER BY days.d;
+END;
+$$;
+COMMENT ON FUNCTION inbox.archivable_days(interval, interval) IS
+'UTC days of inbox.messages old enough to archive (never younger than the streams'' max_age), and what blocks each.';
+
+CREATE OR REPLACE FUNCTION inbox.stream_max_age()
+RETURNS interval
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT p.stream_max_age FROM inbox.retention_policy AS p), interval '7 days');
+$$;
+COMMENT ON FUNCTION inbox.stream_max_age() IS
+'The inbox retention floor: the longest max_age of the streams feeding this inbox.';
+
+CREATE OR REPLACE FUNCTION inbox.set_stream_max_age(max_age interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_age IS NULL OR max_age <= interval '0' OR max_age > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: max_age must be positive and at most 100 years, got %', max_age
+            USING ERRCODE = 'OB006';
+    END IF;
+    INSERT INTO inbox.retention_policy AS p (singleton, stream_max_age)
+    VALUES (TRUE, max_age)
+    ON CONFLICT (singleton) DO UPDATE
+    SET stream_max_age = excluded.stream_max_age, changed_at = now(), changed_by = session_user;
+    RETURN max_age;
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
+'Sets the inbox retention floor to the longest max_age of the streams feeding this inbox (admins).';

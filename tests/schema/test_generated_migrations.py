@@ -1,0 +1,77 @@
+"""The definitions the newest migration repeats are generated from sql/
+(scripts/gen_migrations.py): the suite fails when one drifts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gen_migrations.py"
+
+
+def run(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--root", str(root), *args], capture_output=True, text=True, check=False
+    )
+
+
+def copy_of_the_repository(tmp_path: Path) -> Path:
+    for folder in ("sql", "migrations"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    return tmp_path
+
+
+def newest(root: Path) -> Path:
+    return sorted((root / "migrations").glob("*.up.sql"))[-1]
+
+
+def test_the_newest_migration_repeats_sql_exactly():
+    result = run("--check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_changed_definition_is_drift_until_regenerated(tmp_path):
+    root = copy_of_the_repository(tmp_path)
+    api = root / "sql" / "30_outbox_api.sql"
+    old = "CREATE OR REPLACE FUNCTION outbox.claim("
+    assert old in api.read_text()
+    api.write_text(api.read_text().replace(old, "-- A new line above claim.\n" + old))
+
+    drift = run("--check", root=root)
+    assert drift.returncode == 1
+    assert "make generate/migrations" in drift.stderr
+
+    assert run(root=root).returncode == 0
+    assert run("--check", root=root).returncode == 0
+    text = newest(root).read_text()
+    block = text.split("-- generated from sql/30_outbox_api.sql: outbox.claim\n", 1)[1]
+    assert "-- A new line above claim.\n" + old in block.split("-- end generated", 1)[0]
+    before = (ROOT / "migrations" / newest(root).name).read_text().splitlines()
+    assert sorted(set(text.splitlines()) - set(before)) == ["-- A new line above claim."], "only the block changed"
+
+
+def test_a_definition_outside_a_block_is_refused(tmp_path):
+    root = copy_of_the_repository(tmp_path)
+    path = newest(root)
+    marker = "-- generated from sql/30_outbox_api.sql: outbox.claim\n"
+    text = path.read_text()
+    start = text.index(marker)
+    end = text.index("-- end generated\n", start)
+    path.write_text(text[:start] + text[start + len(marker) : end] + text[end + len("-- end generated\n") :])
+
+    result = run("--check", root=root)
+    assert result.returncode == 1
+    assert "outbox.claim is defined outside" in result.stderr
+
+
+def test_a_block_naming_no_definition_is_refused(tmp_path):
+    root = copy_of_the_repository(tmp_path)
+    path = newest(root)
+    path.write_text(path.read_text().replace(": outbox.claim\n", ": outbox.no_such_function\n", 1))
+
+    result = run("--check", root=root)
+    assert result.returncode == 1
+    assert "defines no function outbox.no_such_function" in result.stderr
