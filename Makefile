@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
+.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/docs docs/reference lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -32,11 +32,11 @@ test/sql: setup ## pgTAP files only (through pg_prove)
 verify/schema: setup ## sql/ and migrations/ build the same catalog; round trip
 	@$(PYTEST) -q tests/schema/test_migrations.py
 
-verify/readme: setup ## README tables (settings, error codes) match the code
-	@$(PYTEST) -q tests/cli/test_readme.py
+verify/docs: setup ## README and docs/reference.md: tables match the code, examples run as written
+	@$(PYTEST) -q tests/cli/test_docs.py tests/outbox/test_relay_docs.py tests/inbox/test_consumer_docs.py
 
-readme/tables: setup ## Regenerate the README settings table from the code
-	@$(PY) scripts/readme_tables.py
+docs/reference: setup ## Regenerate the settings table of docs/reference.md from the code
+	@$(PY) scripts/reference_tables.py
 
 lint: setup ## sqlfluff over sql/, migrations/, pgtap/
 	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
