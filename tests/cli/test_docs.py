@@ -66,6 +66,25 @@ def test_the_readme_links_resolve():
         assert (ROOT / target).exists(), target
 
 
+def test_the_architecture_names_only_code_that_exists():
+    """docs/architecture.md writes `file::name` for every function it walks through."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    cited = re.findall(r"`([\w/.]+\.(?:py|sql))::([\w.]+)`", text)
+    assert len(cited) > 20
+    for path, name in cited:
+        source = (ROOT / path).read_text()
+        if path.endswith(".sql"):
+            assert re.search(rf"FUNCTION {re.escape(name)}\(", source), f"{path}: no function {name}"
+            continue
+        *owner, last = name.split(".")
+        for part in owner:  # a class, then its method
+            assert re.search(rf"^class {part}\b", source, re.M), f"{path}: no class {part}"
+        defined = rf"^\s*(?:async def|def|class) {last}\b|@property\n\s*def {last}\b"
+        assert re.search(defined, source, re.M), f"{path}: no {name}"
+    for path in re.findall(r"`((?:relay|sql|spark|tests)/[\w/.]+\.(?:py|sql))`", text):
+        assert (ROOT / path).exists(), path
+
+
 # -- the README's examples, run as written ------------------------------------
 
 
