@@ -56,7 +56,9 @@ def test_exit_code_table_lists_exactly_the_exit_codes():
 
 def test_role_table_names_exactly_the_roles_the_schema_creates(conn):
     documented = re.findall(r"^\| `(pgoutbox_\w+)` \|", REFERENCE.split("## Roles", 1)[1], re.M)
-    created = [r for (r,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'pgoutbox\\_%' AND NOT rolcanlogin")]
+    created = [
+        r for (r,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'pgoutbox\\_%' AND NOT rolcanlogin")
+    ]
     assert sorted(documented) == sorted(created)
     assert all(f"`{role}`" in README for role in created), "README: Roles names every role"
 
