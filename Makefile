@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/readme readme/tables lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
+.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -38,11 +38,11 @@ verify/migrations: setup ## The newest migration's generated blocks equal their 
 generate/migrations: setup ## Rewrite the newest migration's generated blocks from sql/
 	@$(PY) scripts/gen_migrations.py
 
-verify/readme: setup ## README tables (settings, error codes) match the code
-	@$(PYTEST) -q tests/cli/test_readme.py
+verify/docs: setup ## README and docs/reference.md: tables match the code, examples run as written
+	@$(PYTEST) -q tests/cli/test_docs.py tests/outbox/test_relay_docs.py tests/inbox/test_consumer_docs.py
 
-readme/tables: setup ## Regenerate the README settings table from the code
-	@$(PY) scripts/readme_tables.py
+docs/reference: setup ## Regenerate the settings table of docs/reference.md from the code
+	@$(PY) scripts/reference_tables.py
 
 lint: setup ## ruff (lint, format), mypy and sqlfluff: what the suite checks too
 	@$(VENV)/bin/ruff check .

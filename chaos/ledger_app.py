@@ -1,6 +1,6 @@
 """The application under test: an HTTP handler that applies each event's side
 effect in its own database, in ONE transaction with its own inbox marker
-(seed 002, logical exactly-once). chaos.side_effects deliberately has no
+(logical exactly-once). chaos.side_effects deliberately has no
 unique key: a broken inbox would show up as a second row, not as an error.
 
 Answers: 422 for a poison event (payload.poison), 409 for one it already

@@ -1,6 +1,6 @@
 """An in-database handler, runnable: it keeps a running total of orders per
 customer in `shop.order_totals`, and records each event in the inbox in the
-SAME transaction as that business change (seed 002: logical exactly-once).
+SAME transaction as that business change (logical exactly-once).
 A duplicate delivery, whenever it comes, changes nothing.
 
     OUTBOX_DATABASE_URL=postgresql://... OUTBOX_NATS_URL=nats://... \\

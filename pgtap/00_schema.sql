@@ -1,6 +1,6 @@
 -- Schema shape.
 -- Scenarios:
---   * the schemas, tables and public functions exist with their DESIGN names
+--   * the schemas, tables and public functions exist with their documented names
 --   * outbox.events is range-partitioned by created_at with a default partition
 --   * create_partitions() creates today and the days ahead, is idempotent,
 --     validates its argument, and routes rows to the day's partition
@@ -21,7 +21,7 @@ SELECT columns_are('outbox', 'events', ARRAY[
     'event_version', 'subject', 'payload', 'headers', 'correlation_id', 'causation_id',
     'tenant_id', 'ordering_key', 'occurred_at', 'created_at', 'available_at', 'status',
     'attempts', 'last_error', 'claimed_at', 'claimed_by', 'claim_token', 'published_at'
-], 'outbox.events has the DESIGN section 1 columns');
+], 'outbox.events has its documented columns');
 SELECT col_is_pk('inbox', 'messages', ARRAY['message_id', 'handler'], 'inbox is keyed by (message_id, handler)');
 SELECT has_function('outbox', 'emit', 'outbox.emit exists');
 SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval'], 'outbox.claim(worker, batch_size, lease)');

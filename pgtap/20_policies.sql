@@ -1,4 +1,4 @@
--- Outbox policies (seed 000), each with its stable SQLSTATE.
+-- Outbox policies, each with its stable SQLSTATE.
 -- Scenarios:
 --   * emit returns the event_id and builds the subject {context}.event.{type}.v{n}
 --   * the context comes from the argument, else the pgoutbox.context setting

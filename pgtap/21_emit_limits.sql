@@ -1,4 +1,4 @@
--- What emit refuses because no relay could deliver it (README "Limits"),
+-- What emit refuses because no relay could deliver it (docs/reference.md, "Limits"),
 -- each with its SQLSTATE; the limits themselves are accepted.
 -- Scenarios:
 --   * TIMESTAMP_OUT_OF_RANGE (OB008): occurred_at -infinity, infinity, before

@@ -1,4 +1,4 @@
--- The outbox API checks every argument before it acts (README "Limits"):
+-- The outbox API checks every argument before it acts (docs/reference.md, "Limits"):
 -- bad ones are refused with a code, never with a PostgreSQL error class.
 -- Scenarios:
 --   * claim: worker NULL, blank or over 256 characters; lease NULL, over 1 day

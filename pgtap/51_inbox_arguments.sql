@@ -1,4 +1,4 @@
--- The inbox API checks every argument before it acts (README "Limits"):
+-- The inbox API checks every argument before it acts (docs/reference.md, "Limits"):
 -- bad ones are refused with a code, never with a PostgreSQL error class
 -- (the handler name's CHECK, for one, is not what answers).
 -- Scenarios:

@@ -1,5 +1,6 @@
 """The archival job: for each eligible day, seal -> export -> verify ->
-audit -> remove (DESIGN §4, seed 001 RULE-000-022).
+audit -> remove: no row leaves the database before a verified copy
+exists.
 
 Every step is idempotent, so a run that dies anywhere is finished by the
 next one, without loss or duplication:

@@ -1,5 +1,5 @@
-"""The delivery report as a picture: one panel per PRD-022 metric, one line
-per context, days along the bottom, the PRD target as a dashed line."""
+"""The delivery report as a picture: one panel per metric, one line per
+context, days along the bottom, the metric's target as a dashed line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The PRD-022 delivery report, over the archive and the live tables.
+"""The delivery report, over the archive and the live tables.
 
 Rows come from the archive for every day with a standing (not voided) audit
 row, and from the live tables for every other day, so a day archived but not
@@ -12,7 +12,7 @@ from the outbox row of the same event (message_id = event_id), else from its
 own received_at. context and event_type of an inbox row come from its subject
 ({context}.event.{event_type}.v{n}).
 
-Metrics (PRD-022 "Success Metrics"; docs/archival.md has the reasoning):
+Metrics (the delivery targets; docs/archival.md has the reasoning):
   delivery_rate              published (COMPLETED) / events
   outbox_dead_letter_rate    outbox DEAD_LETTER / events
   dlq_rate                   inbox DEAD_LETTER / inbox messages

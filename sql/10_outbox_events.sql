@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS outbox.events (
     PRIMARY KEY (id, created_at),
     -- Only lifecycle invariants are CHECKs: CHECKs run on every UPDATE, and
     -- claim/mark update each row twice. The event's content is validated
-    -- once, at INSERT, by _100_check_policies (with the README's codes) and
+    -- once, at INSERT, by _100_check_policies (codes: docs/reference.md) and
     -- cannot change afterwards (_100_guard_update), so re-checking it on
     -- every status move would only cost throughput.
     CONSTRAINT status_is_known CHECK (

@@ -2,11 +2,11 @@
 -- policies on INSERT, legal moves and immutability on UPDATE, no DELETE.
 -- Trigger names carry their firing order (_100 before _900).
 
--- Policies (seed 000), checked once per row at INSERT whoever inserts, and
--- raised with the codes of the README's error table; then the subject is
+-- Policies, checked once per row at INSERT whoever inserts, and raised with
+-- the codes of the error table (docs/reference.md); then the subject is
 -- derived from the parts just checked. Besides the content rules, they refuse
--- what no relay could deliver (README "Limits"): times the wire format cannot
--- express, values a NATS header cannot carry, sizes over the maximums, which
+-- what no relay could deliver (docs/reference.md, "Limits"): times the wire
+-- format cannot express, values a NATS header cannot carry, sizes over the maximums, which
 -- keep the payload and every header together well under NATS's default
 -- max_payload (1 MiB). Limits live here, not in CHECK constraints: rows
 -- written before them must stay valid, and CHECKs would run at every UPDATE.

@@ -2,8 +2,8 @@
 -- requeue (operators), backlog (everyone who watches).
 --
 -- Every function checks all its arguments before it acts and refuses bad
--- ones with a code (README "Error codes" and "Limits"), never with one of
--- PostgreSQL's own error classes. The helpers below are shared with inbox.
+-- ones with a code (docs/reference.md, "Error codes" and "Limits"), never
+-- with one of PostgreSQL's own error classes. The helpers below are shared with inbox.
 
 -- An array of ids: given, one-dimensional, 1 to 10,000 distinct ids, no NULL.
 CREATE OR REPLACE FUNCTION outbox._check_ids(ids uuid[], what text)
@@ -94,7 +94,7 @@ AS $$
 $$;
 
 -- Emits one event inside the caller's transaction and returns its event_id.
--- Rolled back with the business change, it never existed (REQ-050).
+-- Rolled back with the business change, it never existed.
 CREATE OR REPLACE FUNCTION outbox.emit(
     aggregate_type text,
     aggregate_id text,

@@ -1,4 +1,4 @@
--- inbox.messages: one row per (message, handler) (seed 002). The key makes
+-- inbox.messages: one row per (message, handler). The key makes
 -- processing idempotent per handler: a redelivered message finds its row.
 --
 -- Lifecycle (status), enforced for every UPDATE by tg_messages__guard_update:

@@ -1,4 +1,4 @@
--- Archival (seed 001 RULE-000-022, DESIGN §4): rows leave outbox.events and
+-- Archival: rows leave outbox.events and
 -- inbox.messages only by export -> verify -> audit -> remove, one UTC day at a
 -- time. The Spark job (spark/) does the export; every rule lives in
 -- SQL, in sql/91_archival_audit.sql to sql/95_archival_steps.sql.
@@ -29,7 +29,7 @@
 -- archive, and the delivery report counts them.
 --
 -- Inbox retention: never below the streams' max_age (inbox.retention_policy,
--- default 7 days, seed 000): a message the stream may still redeliver must
+-- default 7 days): a message the stream may still redeliver must
 -- find its inbox row, or dedup has a hole. archivable_days refuses a shorter
 -- retention, and record/purge refuse a day younger than the floor whatever
 -- retention the caller used.

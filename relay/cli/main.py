@@ -63,7 +63,7 @@ def _commands():
 
 
 def all_settings() -> dict[str, tuple[settings.Setting, ...]]:
-    """Every command's settings, for the README table (deduplicated by env)."""
+    """Every command's settings, for the reference table (deduplicated by env)."""
     seen: set[str] = set()
     groups: dict[str, tuple[settings.Setting, ...]] = {}
     for mod in _commands():

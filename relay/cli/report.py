@@ -1,4 +1,4 @@
-"""pgoutbox report: the PRD-022 delivery report (delivery, duplicate
+"""pgoutbox report: the delivery report (delivery, duplicate
 processing and DLQ rates, end-to-end latency percentiles) per context, event
 type and day, over the archive and the live tables, as Parquet, CSV and PNG."""
 
@@ -11,7 +11,7 @@ from pgoutbox.core import db, settings
 from pgoutbox.core.errors import ConfigError
 
 COMMAND = "report"
-HELP = "Write the PRD-022 delivery report (table + chart) over the archive and the live tables."
+HELP = "Write the delivery report (table + chart) over the archive and the live tables."
 SETTINGS = (
     settings.DATABASE
     + SPARK
@@ -40,7 +40,7 @@ def run(cfg, args) -> int:
                 spark,
                 table,
                 storage.normalise_uri(cfg.report_uri),
-                title=f"pgoutbox delivery report (PRD-022), generated {generated}",
+                title=f"pgoutbox delivery report, generated {generated}",
             )
     for kind, uri in paths.items():
         print(f"{kind:8} {uri}")

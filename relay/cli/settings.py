@@ -5,12 +5,12 @@ from __future__ import annotations
 from pgoutbox.core import settings
 
 COMMAND = "settings"
-HELP = "List every setting (environment variable, flag, default); --markdown for the README."
+HELP = "List every setting (environment variable, flag, default); --markdown for docs/reference.md."
 SETTINGS = ()
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--markdown", action="store_true", help="print the README table")
+    parser.add_argument("--markdown", action="store_true", help="print the table of docs/reference.md")
 
 
 def run(cfg, args) -> int:

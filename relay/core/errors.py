@@ -1,7 +1,7 @@
 """Domain errors, built from the custom SQLSTATEs the SQL core raises.
 
 Python never matches on message text: wrap_exceptions() maps exc.sqlstate to a
-class below. The code table is the one in the README ("Error codes"); a test
+class below. The code table is the one in docs/reference.md ("Error codes"); a test
 checks that both list the same codes.
 """
 

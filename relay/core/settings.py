@@ -3,7 +3,7 @@ documented default, and every command-line flag is the twin of one.
 
 Modules declare their settings as tuples of Setting; the CLI turns them into
 flags (help shows the variable and the default), load() reads them, and
-`pgoutbox settings --markdown` prints the README's configuration table.
+`pgoutbox settings --markdown` prints the settings table of docs/reference.md.
 Settings with no default are required; secrets never have one.
 """
 

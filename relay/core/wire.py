@@ -1,5 +1,5 @@
 """The event on the wire, shared by the relay (writer) and the consumer
-(reader), so that a consumer can build the REQ-058 envelope from the NATS
+(reader), so that a consumer can build the handler envelope from the NATS
 message alone, without the producer's database.
 
     subject  {context}.event.{event_type}.v{event_version}
@@ -295,7 +295,7 @@ def _payload(body: bytes | None) -> dict[str, Any]:
 
 
 def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> dict[str, Any]:
-    """The REQ-058 envelope a handler receives, built from a NATS message, or
+    """The envelope a handler receives, built from a NATS message, or
     InvalidMessage naming the header, subject or body at fault.
 
     message_id is the canonical text of Nats-Msg-Id, never a fresh UUID: without

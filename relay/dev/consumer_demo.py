@@ -74,7 +74,7 @@ class SampleHandler:
 
 
 async def _ensure_event_stream(js, context: str) -> None:
-    """Stand-in for the relay's stream provisioning (REQ-055)."""
+    """Stand-in for the relay's stream provisioning (one stream per context)."""
     try:
         await js.stream_info(f"{context.upper()}_EVENTS")
     except nats.js.errors.NotFoundError:

@@ -1,4 +1,4 @@
-"""The inbox consumer (DESIGN §3): JetStream durable pull consumers, one per
+"""The inbox consumer: JetStream durable pull consumers, one per
 handler of the generated registry, feeding message_flow with bounded
 concurrency.
 

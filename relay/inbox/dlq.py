@@ -227,7 +227,7 @@ def replay_message(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
 
 
 def envelope_from(subject: str, body: bytes, headers: Mapping[str, str] | None) -> dict[str, Any]:
-    """The REQ-058 envelope of a delivered message, original or replay;
+    """The handler envelope of a delivered message, original or replay;
     envelope.InvalidMessage naming the header, subject or body at fault."""
     if not is_replay(subject):
         return wire.from_nats(subject, body, headers)

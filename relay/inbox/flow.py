@@ -1,4 +1,5 @@
-"""What happens to one delivered message (DESIGN §3, REQ-051..053, 058):
+"""What happens to one delivered message (recorded in the inbox before the
+handler is called, acked only after the outcome is recorded):
 
   1. build the envelope from the NATS message alone (message_id = the
      canonical text of Nats-Msg-Id; context, type, version from the subject);

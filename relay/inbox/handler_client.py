@@ -1,9 +1,9 @@
-"""POSTs the REQ-058 envelope to a handler over HTTP (httpx) and reports what
+"""POSTs the event envelope to a handler over HTTP (httpx) and reports what
 came back, without judging it: handler_contract decides what an answer means.
 
 The body is the envelope minus its trace context, which travels as the W3C
 `traceparent`/`tracestate` headers. `Idempotency-Key` carries the message id,
-so a handler can deduplicate on its own too (seed 002: defence in depth).
+so a handler can deduplicate on its own too (defence in depth).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a handler's answer means (SDS-047 / REQ-052, 053), in one table:
+"""What a handler's answer means, in one table:
 
     answer                          action       inbox          JetStream
     2xx (200, 201, 202, 204, ...)   PROCESSED    PROCESSED      ack

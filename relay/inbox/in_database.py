@@ -1,4 +1,4 @@
-"""In-database handlers (seed 002, logical exactly-once): an application that
+"""In-database handlers (logical exactly-once): an application that
 processes an event in its own PostgreSQL database records the inbox marker
 in the same transaction as its business change. Both commit, or neither:
 

@@ -1,4 +1,4 @@
-"""Handler registry (REQ-060): handlers are declared in manifest files, a
+"""Handler registry: handlers are declared in manifest files, a
 generator turns them into one static, deterministically ordered file, and the
 consumer loads only that file. A handler change therefore needs a
 regeneration (and a restart): there is no hot reload, and `registry check`

@@ -1,4 +1,4 @@
-"""Replayer (REQ-059): re-publishes due dead letters to their handler.
+"""Replayer: re-publishes due dead letters to their handler.
 
 The policy (exponential delays with jitter, the cap) was applied when the
 consumer dead-lettered the row: dlq_metadata.next_replay_at is set, or null

@@ -1,5 +1,6 @@
-"""JetStream streams per bounded context (REQ-055), from a TOML file, and the
-start-up checks of DESIGN §6.
+"""JetStream streams, one per bounded context, from a TOML file, and the
+start-up checks that the streams keep what the relay publishes (durability,
+duplicate window longer than the lease).
 
     [defaults]                    # optional; every key below may be set here
     retention = "limits"          # limits | interest | workqueue

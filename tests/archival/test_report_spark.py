@@ -22,7 +22,7 @@ pytestmark = pytest.mark.spark
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The PRD-022 metrics, written directly in SQL over the snapshot tables
+# The delivery metrics, written directly in SQL over the snapshot tables
 # (expected_events, expected_messages): the definitions of spark/report.py,
 # none of its code.
 EXPECTED_SQL = """

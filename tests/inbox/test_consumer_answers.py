@@ -78,7 +78,7 @@ async def test_200_marks_processed_and_acks_with_the_full_envelope(tmp_path, dat
     assert ack == {"ack_floor": 1, "ack_pending": 0, "deliveries": 1}
     assert dlq == []
     [call] = handler.calls
-    # REQ-058: the full envelope, message_id from Nats-Msg-Id; trace context as a header.
+    # The full envelope, message_id from Nats-Msg-Id; trace context as a header.
     assert call.body == {
         "message_id": ev["event_id"],
         "subject": "sea.event.order_created.v1",

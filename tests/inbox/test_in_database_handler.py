@@ -1,5 +1,5 @@
 """In-database handlers: the business change and the inbox marker commit
-together (seed 002). The README's runnable example, run as a process, plus
+together (logical exactly-once). The runnable example, run as a process, plus
 two concurrent deliveries of one message."""
 
 from __future__ import annotations

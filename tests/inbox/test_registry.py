@@ -1,4 +1,4 @@
-"""Handler registry (REQ-060): manifests -> a static registry with stable
+"""Handler registry: manifests -> a static registry with stable
 ordering; the consumer loads only that file; the check fails when stale."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Replay of dead letters (REQ-059): exponential backoff with bounded jitter,
+"""Replay of dead letters: exponential backoff with bounded jitter,
 the cap, the per-handler switch, operator redrive, and a replayer that dies
 mid-pass."""
 

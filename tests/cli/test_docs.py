@@ -1,6 +1,8 @@
-"""The README's reference tables are generated from, or checked against, the
-code: the error-code table must list exactly the SqlState enum, and the
-configuration table must be what `pgoutbox settings --markdown` prints."""
+"""The reference tables (docs/reference.md, and the README's exit codes) are
+generated from, or checked against, the code: the error-code table lists
+exactly the SqlState enum, the settings table is what `pgoutbox settings
+--markdown` prints, the role table names exactly the roles the schema creates.
+The README's examples run as written and print what it shows."""
 
 import re
 from pathlib import Path
@@ -9,12 +11,14 @@ from pgoutbox.cli import main as cli
 from pgoutbox.core import settings
 from pgoutbox.core.errors import ExitCode, SqlState
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+REFERENCE = (ROOT / "docs" / "reference.md").read_text()
 
 
-def section(name: str) -> str:
-    m = re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", README, re.S)
-    assert m, f"README has no {name} section"
+def section(name: str, text: str = REFERENCE, where: str = "docs/reference.md") -> str:
+    m = re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", text, re.S)
+    assert m, f"{where} has no {name} section"
     return m.group(1).strip()
 
 
@@ -24,11 +28,10 @@ def test_error_code_table_lists_exactly_the_codes_python_knows():
 
 
 def test_error_codes_raised_by_the_sql_are_all_documented():
-    root = Path(__file__).resolve().parents[2]
     raised = set()
-    for path in (root / "sql").glob("*.sql"):
+    for path in (ROOT / "sql").glob("*.sql"):
         raised |= set(re.findall(r"ERRCODE = '(OB\d{3})'", path.read_text()))
-    for path in (root / "migrations").glob("*.sql"):
+    for path in (ROOT / "migrations").glob("*.sql"):
         raised |= set(re.findall(r"ERRCODE = '(OB\d{3})'", path.read_text()))
     assert raised <= {s.value for s in SqlState}, raised - {s.value for s in SqlState}
 
@@ -47,6 +50,41 @@ def test_every_setting_is_an_outbox_variable_with_a_flag():
 def test_exit_code_table_lists_exactly_the_exit_codes():
     rows = re.findall(r"^\| (\d) \| ", section("exit-codes"), re.M)
     assert [int(r) for r in rows] == [int(c) for c in ExitCode]
+    # Operators find the same table in the README.
+    assert section("exit-codes", README, "README") == section("exit-codes")
+
+
+def test_role_table_names_exactly_the_roles_the_schema_creates(conn):
+    documented = re.findall(r"^\| `(pgoutbox_\w+)` \|", REFERENCE.split("## Roles", 1)[1], re.M)
+    created = [
+        r for (r,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'pgoutbox\\_%' AND NOT rolcanlogin")
+    ]
+    assert sorted(documented) == sorted(created)
+    assert all(f"`{role}`" in README for role in created), "README: Roles names every role"
+
+
+def test_the_readme_links_resolve():
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README):
+        assert (ROOT / target).exists(), target
+
+
+def test_the_architecture_names_only_code_that_exists():
+    """docs/architecture.md writes `file::name` for every function it walks through."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    cited = re.findall(r"`([\w/.]+\.(?:py|sql))::([\w.]+)`", text)
+    assert len(cited) > 20
+    for path, name in cited:
+        source = (ROOT / path).read_text()
+        if path.endswith(".sql"):
+            assert re.search(rf"FUNCTION {re.escape(name)}\(", source), f"{path}: no function {name}"
+            continue
+        *owner, last = name.split(".")
+        for part in owner:  # a class, then its method
+            assert re.search(rf"^class {part}\b", source, re.M), f"{path}: no class {part}"
+        defined = rf"^\s*(?:async def|def|class) {last}\b|@property\n\s*def {last}\b"
+        assert re.search(defined, source, re.M), f"{path}: no {name}"
+    for path in re.findall(r"`((?:relay|sql|spark|tests)/[\w/.]+\.(?:py|sql))`", text):
+        assert (ROOT / path).exists(), path
 
 
 # -- the README's examples, run as written ------------------------------------
