@@ -232,7 +232,7 @@ COMMENT ON FUNCTION outbox.create_partitions(integer, date) IS
 -- policies on INSERT, legal moves and immutability on UPDATE, no DELETE.
 -- Trigger names carry their firing order (_100 before _900).
 
--- Policies (seed 000), checked once per row at INSERT whoever inserts, and
+-- Policies, checked once per row at INSERT whoever inserts, and
 -- raised with the codes of the README's error table.
 CREATE OR REPLACE FUNCTION outbox.tg_events__check_policies()
 RETURNS trigger
@@ -411,7 +411,7 @@ FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__forbid_delete();
 -- requeue (operators), backlog (everyone who watches).
 
 -- Emits one event inside the caller's transaction and returns its event_id.
--- Rolled back with the business change, it never existed (REQ-050).
+-- Rolled back with the business change, it never existed.
 CREATE OR REPLACE FUNCTION outbox.emit(
     aggregate_type text,
     aggregate_id text,
@@ -806,7 +806,7 @@ REFERENCING NEW TABLE AS new_rows
 FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__notify();
 
 -- ---- from sql/50_inbox.sql (as of this migration) ----
--- inbox.messages: one row per (message, handler) (seed 002). The key makes
+-- inbox.messages: one row per (message, handler). The key makes
 -- processing idempotent per handler: a redelivered message finds its row.
 --
 -- Lifecycle (status), enforced for every UPDATE by tg_messages__guard_update:

@@ -1,4 +1,4 @@
--- 0002_inbox_replay (up): replay of dead-lettered inbox messages (REQ-059),
+-- 0002_inbox_replay (up): replay of dead-lettered inbox messages,
 -- the per-handler replay switch and audited operator redrive.
 --
 --   * inbox.record_error gains replay_after (the next automated replay of a
@@ -87,14 +87,14 @@ COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
 'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
 
 -- ---- from sql/60_inbox_replay.sql (as of this migration) ----
--- Replay of dead-lettered inbox messages (REQ-059) and operator redrive.
+-- Replay of dead-lettered inbox messages and operator redrive.
 --
 -- A DEAD_LETTER row is parked, not lost: its stored envelope can be
 -- re-published to the handler. Automated replay is on by default with a small
 -- cap (the consumer schedules it through inbox.record_error(..., replay_after))
 -- and can be switched off per handler here; an operator redrive, with a
--- recorded reason, is always possible (seed 001 asks for analysis before a
--- redrive, seed 003 for automated replay: both hold).
+-- recorded reason, is always possible (analysis before a redrive, and
+-- automated replay: both hold).
 --
 -- dlq_metadata keys (written only by record_error and the functions below):
 --   dead_lettered_at   when the row last turned DEAD_LETTER
@@ -134,7 +134,7 @@ CREATE TABLE IF NOT EXISTS inbox.redrive_log (
 COMMENT ON TABLE inbox.redrive_log IS
 'Who redrove which dead-lettered message, when and why (inbox.redrive()).';
 
--- Dead letters are rare (PRD-022 aims below 0.1%): a partial index keeps the
+-- Dead letters are rare (the target is below 0.1%): a partial index keeps the
 -- replayer's scan proportional to them, not to the inbox.
 CREATE INDEX IF NOT EXISTS messages_dead_letter_idx ON inbox.messages (handler)
 WHERE status = 'DEAD_LETTER';

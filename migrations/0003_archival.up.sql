@@ -26,7 +26,7 @@ END;
 $$;
 
 -- ---- from sql/95_archival.sql (as of this migration) ----
--- Archival (seed 001 RULE-000-022, DESIGN §4): rows leave outbox.events and
+-- Archival: rows leave outbox.events and
 -- inbox.messages only by export -> verify -> audit -> remove, one UTC day at a
 -- time. The Spark job (spark/) does the export; every rule lives here.
 --
@@ -56,7 +56,7 @@ $$;
 -- archive, and the delivery report counts them.
 --
 -- Inbox retention: never below the streams' max_age (inbox.retention_policy,
--- default 7 days, seed 000): a message the stream may still redeliver must
+-- default 7 days): a message the stream may still redeliver must
 -- find its inbox row, or dedup has a hole. archivable_days refuses a shorter
 -- retention, and record/purge refuse a day younger than the floor whatever
 -- retention the caller used.

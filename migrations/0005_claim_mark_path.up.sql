@@ -112,7 +112,7 @@ BEGIN
 END;
 $$;
 
--- Policies (seed 000), checked once per row at INSERT whoever inserts, and
+-- Policies, checked once per row at INSERT whoever inserts, and
 -- raised with the codes of the README's error table; then the subject is
 -- derived from the parts just checked.
 CREATE OR REPLACE FUNCTION outbox.tg_events__check_policies()

@@ -101,7 +101,7 @@ $$;
 COMMENT ON FUNCTION outbox.create_partitions(integer, date) IS
 'Creates daily partitions of outbox.events ahead of time; safe to call any number of times.';
 
--- Policies (seed 000), checked once per row at INSERT whoever inserts, and
+-- Policies, checked once per row at INSERT whoever inserts, and
 -- raised with the codes of the README's error table; then the subject is
 -- derived from the parts just checked.
 CREATE OR REPLACE FUNCTION outbox.tg_events__check_policies()

@@ -407,11 +407,11 @@ COMMENT ON FUNCTION outbox.create_partitions(integer, date) IS
 -- end generated
 
 -- generated from sql/20_outbox_guards.sql: outbox.tg_events__check_policies
--- Policies (seed 000), checked once per row at INSERT whoever inserts, and
--- raised with the codes of the README's error table; then the subject is
+-- Policies, checked once per row at INSERT whoever inserts, and raised with
+-- the codes of the error table (docs/reference.md); then the subject is
 -- derived from the parts just checked. Besides the content rules, they refuse
--- what no relay could deliver (README "Limits"): times the wire format cannot
--- express, values a NATS header cannot carry, sizes over the maximums, which
+-- what no relay could deliver (docs/reference.md, "Limits"): times the wire
+-- format cannot express, values a NATS header cannot carry, sizes over the maximums, which
 -- keep the payload and every header together well under NATS's default
 -- max_payload (1 MiB). Limits live here, not in CHECK constraints: rows
 -- written before them must stay valid, and CHECKs would run at every UPDATE.
