@@ -75,14 +75,22 @@ def migrate(conn: psycopg.Connection, target: int | None = None, directory: Path
     target = latest if target is None else target
     if not 0 <= target <= latest:
         raise MigrationError(f"target {target} is not between 0 and {latest}")
-    current = applied_version(conn)
-    ran = []
-    for m in migrations:
-        if current < m.version <= target:
-            _run_file(conn, m.up)
-            ran.append(f"up {m.name}")
-    for m in reversed(migrations):
-        if target < m.version <= current:
-            _run_file(conn, m.down)
-            ran.append(f"down {m.name}")
-    return ran
+    # The files serialise themselves, but the version read here decides which
+    # files run: two migrate() calls must not both read version 3 and then
+    # run 0004 one after the other on 6. A session lock on the files' own key
+    # (a session does not block itself) covers the read and every file.
+    conn.execute("SELECT pg_advisory_lock(hashtextextended('pgoutbox.migrate', 0))")
+    try:
+        current = applied_version(conn)
+        ran = []
+        for m in migrations:
+            if current < m.version <= target:
+                _run_file(conn, m.up)
+                ran.append(f"up {m.name}")
+        for m in reversed(migrations):
+            if target < m.version <= current:
+                _run_file(conn, m.down)
+                ran.append(f"down {m.name}")
+        return ran
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended('pgoutbox.migrate', 0))")
