@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from pgoutbox.cli import main as cli
+from pgoutbox.core import settings
 from pgoutbox.core.errors import ConfigError, SchemaMismatch
 from pgoutbox.core.logs import JsonFormatter
 from pgoutbox.inbox import settings as cs
@@ -136,7 +137,7 @@ def test_every_consumer_flag_shows_its_environment_twin(capsys):
     with pytest.raises(SystemExit):
         cli.main(["consume", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for s in cs.HANDLER_DEFAULTS + cs.REPLAY_POLICY + cs.DLQ + cs.REPLAYER + cs.CONSUMER:
+    for s in settings.of(cs.ConsumerConfig):
         assert f"env: {s.env};" in text, s.env
 
 
