@@ -4,6 +4,7 @@ schema-version check, configuration errors."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import urllib.error
@@ -131,6 +132,18 @@ def test_bad_settings_are_refused_with_the_variable_named(tmp_path, capsys):
     assert "run `pgoutbox registry generate`" in capsys.readouterr().err
     assert cli.main(["consume", "--replay-jitter", "2", "--registry-file", str(tmp_path / "r.json")]) == 2
     assert "OUTBOX_REPLAY_JITTER" in capsys.readouterr().err
+
+
+def test_the_consumer_and_replayer_configs_are_built_whole(tmp_path):
+    cfg = consumer_config(None, "nats://unused", tmp_path / "r.json", replay_worker="")
+    assert cfg.http_port is None and cfg.replay_worker == cs.worker_name(cfg)  # host:pid, from the loader
+    with pytest.raises(ConfigError, match="OUTBOX_CONSUMER_RETRY_DELAY/_MAX_DELAY"):
+        dataclasses.replace(cfg, retry_delay=5.0, retry_max_delay=1.0)
+    replay = settings.build(cs.ReplayConfig, environ={"OUTBOX_REPLAY_WORKER": "r1"}, overrides={"nats_url": "n:4222"})
+    assert (replay.replay_worker, replay.nats_url, replay.replay_batch_size) == ("r1", "n:4222", 100)
+    assert [s.env for s in settings.of(cs.ReplayConfig)] == [
+        s.env for s in settings.of(cs.ConsumerConfig) if s.name in {f.name for f in dataclasses.fields(replay)}
+    ]
 
 
 def test_every_consumer_flag_shows_its_environment_twin(capsys):
