@@ -120,7 +120,8 @@ async def _bare_loop(js, n: int, batch: int) -> float:
 async def _consumer(
     database_url: str, nats_url: str, handler_url: str, n: int, concurrency: int, batch: int, workdir: Path
 ) -> tuple[float, dict]:
-    from pgoutbox.cli import consume
+    import dataclasses
+
     from pgoutbox.core import settings
     from pgoutbox.inbox import registry
     from pgoutbox.inbox import settings as cs
@@ -132,8 +133,8 @@ async def _consumer(
         f'[[handler]]\nname = "noop"\nurl = "{handler_url}"\nsubjects = ["bench.event.tick.v1"]\n'
     )
     registry.generate(manifests, workdir / "registry.json")
-    cfg = settings.load(
-        consume.SETTINGS,
+    cfg = settings.build(
+        cs.ConsumerConfig,
         environ={},
         overrides={
             "database_url": database_url,
@@ -148,7 +149,7 @@ async def _consumer(
             "log_level": "WARNING",
         },
     )
-    cfg.http_port = None
+    cfg = dataclasses.replace(cfg, http_port=None)  # no metrics server
     consumer = Consumer(cs.load_handlers(cfg), cfg)
     await consumer.start()
     started = time.perf_counter()  # the fetch loops have not run yet

@@ -4,10 +4,12 @@ or purge the inbox day (spark/archive.py, package pgoutbox_spark; the rules are 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import ConfigError
+from pgoutbox.core.settings import option
 
 COMMAND = "archive"
 HELP = (
@@ -31,65 +33,75 @@ def sources(text: str) -> tuple[str, ...]:
 
 
 # Shared with `pgoutbox report`.
-SPARK = (
-    settings.Setting(
-        "spark_master",
-        "OUTBOX_SPARK_MASTER",
-        "local[*]",
-        "Spark master when not started by spark-submit (which then sets it)",
-    ),
-    settings.Setting(
-        "spark_jars",
-        "OUTBOX_SPARK_JARS",
-        "/usr/share/java/postgresql.jar",
-        "JDBC driver jar(s) for spark.jars when not started by spark-submit (comma-separated)",
-    ),
-    settings.Setting(
-        "jdbc_url",
-        "OUTBOX_JDBC_URL",
-        None,
-        "JDBC URL Spark reads from (default: derived from the database connection; user and password come from it too)",
-    ),
-    settings.Setting(
-        "read_partitions",
-        "OUTBOX_SPARK_READ_PARTITIONS",
-        "4",
-        "Parallel JDBC readers per day (range-split on id / received_at)",
-        settings.positive_int,
-    ),
-    settings.Setting(
-        "fetch_size",
-        "OUTBOX_SPARK_FETCH_SIZE",
-        "10000",
-        "JDBC fetch size (rows per round trip)",
-        settings.positive_int,
-    ),
+SPARK_MASTER = settings.Setting(
+    "spark_master",
+    "OUTBOX_SPARK_MASTER",
+    "local[*]",
+    "Spark master when not started by spark-submit (which then sets it)",
+)
+SPARK_JARS = settings.Setting(
+    "spark_jars",
+    "OUTBOX_SPARK_JARS",
+    "/usr/share/java/postgresql.jar",
+    "JDBC driver jar(s) for spark.jars when not started by spark-submit (comma-separated)",
+)
+JDBC_URL = settings.Setting(
+    "jdbc_url",
+    "OUTBOX_JDBC_URL",
+    None,
+    "JDBC URL Spark reads from (default: derived from the database connection; user and password come from it too)",
+)
+READ_PARTITIONS = settings.Setting(
+    "read_partitions",
+    "OUTBOX_SPARK_READ_PARTITIONS",
+    "4",
+    "Parallel JDBC readers per day (range-split on id / received_at)",
+    settings.positive_int,
+)
+FETCH_SIZE = settings.Setting(
+    "fetch_size",
+    "OUTBOX_SPARK_FETCH_SIZE",
+    "10000",
+    "JDBC fetch size (rows per round trip)",
+    settings.positive_int,
 )
 
-SETTINGS = (
-    settings.DATABASE
-    + SPARK
-    + (
+
+@dataclass(frozen=True)
+class ArchiveConfig:
+    database_url: str | None = option(settings.DATABASE_URL)
+    spark_master: str = option(SPARK_MASTER)
+    spark_jars: str = option(SPARK_JARS)
+    jdbc_url: str | None = option(JDBC_URL)
+    read_partitions: int = option(READ_PARTITIONS)
+    fetch_size: int = option(FETCH_SIZE)
+    archive_uri: str = option(
         settings.Setting(
             "archive_uri",
             "OUTBOX_ARCHIVE_URI",
             ".data/archive",
             "Where the Parquet archive goes: a folder, or any Hadoop-compatible URI (hdfs://, s3a://)",
-        ),
+        )
+    )
+    retention: timedelta = option(
         settings.Setting(
             "retention",
             "OUTBOX_ARCHIVE_RETENTION",
             "7d",
             "Archive outbox day partitions whose day ended longer ago than this",
             interval,
-        ),
+        )
+    )
+    dead_letter_retention: timedelta = option(
         settings.Setting(
             "dead_letter_retention",
             "OUTBOX_ARCHIVE_DEAD_LETTER_RETENTION",
             "30d",
             "A day holding DEAD_LETTER rows waits this long (time to requeue or replay them)",
             interval,
-        ),
+        )
+    )
+    inbox_retention: timedelta = option(
         settings.Setting(
             "inbox_retention",
             "OUTBOX_INBOX_RETENTION",
@@ -97,40 +109,51 @@ SETTINGS = (
             "Archive inbox days older than this; refused below the streams' max_age "
             "(inbox.retention_policy, 7d by default)",
             interval,
-        ),
+        )
+    )
+    drop: bool = option(
         settings.Setting(
             "drop",
             "OUTBOX_ARCHIVE_DROP",
             "true",
             "Remove archived days (drop the partition / purge the inbox day); false: export and audit only",
             settings.boolean,
-        ),
+        )
+    )
+    lock_timeout: timedelta = option(
         settings.Setting(
             "lock_timeout",
             "OUTBOX_ARCHIVE_LOCK_TIMEOUT",
             "5s",
             "Longest wait for the locks to seal or drop a partition (then: busy, retried next run)",
             interval,
-        ),
+        )
+    )
+    sources: tuple[str, ...] = option(
         settings.Setting(
             "sources",
             "OUTBOX_ARCHIVE_SOURCES",
             "outbox,inbox",
             "Which tables to archive: outbox, inbox or both",
             sources,
-        ),
+        )
+    )
+    dry_run: bool = option(
         settings.Setting(
             "dry_run",
             "OUTBOX_ARCHIVE_DRY_RUN",
             "false",
             "Only list the days old enough to archive and what blocks each (no Spark)",
             settings.boolean,
-        ),
+        )
     )
-)
 
 
-def options(cfg):
+CONFIG = ArchiveConfig
+SETTINGS = settings.of(CONFIG)
+
+
+def options(cfg: ArchiveConfig):
     from pgoutbox_spark.archive import ArchiveOptions
     from pgoutbox_spark.storage import normalise_uri
 
@@ -155,7 +178,7 @@ def _print_plan(units) -> None:
         print("nothing old enough to archive")
 
 
-def run(cfg, args) -> int:
+def run(cfg: ArchiveConfig, args) -> int:
     try:
         from pgoutbox_spark import archive, jdbc, session
     except ImportError as exc:  # pragma: no cover - depends on the install

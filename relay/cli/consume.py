@@ -15,16 +15,8 @@ HELP = (
     "Run the inbox consumer for the handlers of the generated registry: JetStream pull -> "
     "inbox -> HTTP handler -> ack / DLQ; the replayer runs alongside unless switched off."
 )
-SETTINGS = (
-    settings.DATABASE
-    + settings.NATS
-    + (cs.REGISTRY_FILE,)
-    + cs.HANDLER_DEFAULTS
-    + cs.REPLAY_POLICY
-    + cs.DLQ
-    + cs.REPLAYER
-    + cs.CONSUMER
-)
+CONFIG = cs.ConsumerConfig
+SETTINGS = settings.of(CONFIG)
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -41,7 +33,7 @@ async def serve(consumer: Consumer) -> None:
     await consumer.run(stop_on_signals())
 
 
-def run(cfg, args) -> int:
+def run(cfg: cs.ConsumerConfig, args) -> int:
     json_logs.setup(cfg.log_level)
     handlers = cs.load_handlers(cfg)
     asyncio.run(serve(Consumer(handlers, cfg)))

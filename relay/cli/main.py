@@ -1,6 +1,7 @@
 """The `pgoutbox` command. Each subcommand lives in a module exposing
-COMMAND (name), HELP, SETTINGS (tuple of Setting) and run(cfg, args) -> int;
-every flag is the twin of an environment variable (shown in --help).
+COMMAND (name), HELP, CONFIG (its frozen config dataclass, or None),
+SETTINGS (settings.of(CONFIG)) and run(cfg, args) -> int; every flag is the
+twin of an environment variable (shown in --help).
 
 An operator mistake gets one line on stderr and an exit code (errors.ExitCode),
 never a traceback: domain errors print as `pgoutbox CMD: Class [code]: message`,
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from types import SimpleNamespace
 
 import nats.errors
 import nats.js.errors
@@ -110,7 +110,7 @@ _BROKER_ERRORS = (
 )
 
 
-def as_domain_error(exc: Exception, cfg: SimpleNamespace | None) -> PgOutboxError | None:
+def as_domain_error(exc: Exception, cfg: object | None) -> PgOutboxError | None:
     """The one-line error for a failure that escaped a command, or None (a bug: traceback)."""
     if isinstance(exc, PgOutboxError):
         return exc
@@ -121,8 +121,9 @@ def as_domain_error(exc: Exception, cfg: SimpleNamespace | None) -> PgOutboxErro
         return db.refused(exc, database_url)
     if isinstance(exc, psycopg.Error):
         return from_database(exc)
-    if isinstance(exc, _BROKER_ERRORS) and getattr(cfg, "nats_url", None):
-        return settings.broker_unavailable(cfg.nats_url, f"{type(exc).__name__}: {exc}")
+    nats_url = getattr(cfg, "nats_url", None)
+    if isinstance(exc, _BROKER_ERRORS) and nats_url:
+        return settings.broker_unavailable(nats_url, f"{type(exc).__name__}: {exc}")
     return None
 
 
@@ -134,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mod = args._module
     cfg = None
     try:
-        cfg = settings.load(mod.SETTINGS, overrides=vars(args))
+        cfg = settings.build(mod.CONFIG, overrides=vars(args)) if mod.CONFIG else None
         return int(mod.run(cfg, args) or 0)
     except Exception as exc:
         error = as_domain_error(exc, cfg)

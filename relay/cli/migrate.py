@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pgoutbox.core import db, migrate, settings
+from pgoutbox.core.settings import option
 
 COMMAND = "migrate"
 HELP = "Apply pending migrations (or roll back to --target); safe to re-run."
-SETTINGS = settings.DATABASE + (
-    settings.Setting(
-        "target",
-        "OUTBOX_MIGRATE_TARGET",
-        None,
-        "Schema version to move to (default: the latest)",
-        settings.non_negative_int,
-    ),
-)
 
 
-def run(cfg, args) -> int:
+@dataclass(frozen=True)
+class MigrateConfig:
+    database_url: str | None = option(settings.DATABASE_URL)
+    target: int | None = option(
+        settings.Setting(
+            "target",
+            "OUTBOX_MIGRATE_TARGET",
+            None,
+            "Schema version to move to (default: the latest)",
+            settings.non_negative_int,
+        )
+    )
+
+
+CONFIG = MigrateConfig
+SETTINGS = settings.of(CONFIG)
+
+
+def run(cfg: MigrateConfig, args) -> int:
     with db.connect(cfg.database_url) as conn:
         ran = migrate.migrate(conn, cfg.target)
         for step in ran:

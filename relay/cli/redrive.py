@@ -5,18 +5,29 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import ConfigError, wrap_exceptions
+from pgoutbox.core.settings import option
 
 COMMAND = "redrive"
 HELP = (
     "List a handler's dead letters (--list), or redrive some (ids) or all (--all) of them with a "
     "reason; the replayer re-publishes them, whatever the replay switch and cap say."
 )
-SETTINGS = settings.DATABASE + (
-    settings.Setting("reason", "OUTBOX_REDRIVE_REASON", None, "Why (recorded; required to redrive)"),
-)
+
+
+@dataclass(frozen=True)
+class RedriveConfig:
+    database_url: str | None = option(settings.DATABASE_URL)
+    reason: str | None = option(
+        settings.Setting("reason", "OUTBOX_REDRIVE_REASON", None, "Why (recorded; required to redrive)")
+    )
+
+
+CONFIG = RedriveConfig
+SETTINGS = settings.of(CONFIG)
 
 
 def add_arguments(parser) -> None:
@@ -26,7 +37,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--list", action="store_true", help="only list the handler's dead letters")
 
 
-def run(cfg, args) -> int:
+def run(cfg: RedriveConfig, args) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         if args.list:
             cur = conn.execute("SELECT * FROM inbox.dead_letters(%s, 1000)", (args.handler,))

@@ -4,20 +4,32 @@ or check that the generated file is up to date (exit 1 when stale)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
+from pgoutbox.core import settings
+from pgoutbox.core.settings import option
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as cs
 
 COMMAND = "registry"
 HELP = "Generate the handler registry from the manifests (generate), or fail when it is stale (check)."
-SETTINGS = (cs.MANIFEST_DIR, cs.REGISTRY_FILE)
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    manifest_dir: str = option(cs.MANIFEST_DIR)
+    registry_file: str = option(cs.REGISTRY_FILE)
+
+
+CONFIG = RegistryConfig
+SETTINGS = settings.of(CONFIG)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("action", choices=("generate", "check"))
 
 
-def run(cfg, args) -> int:
+def run(cfg: RegistryConfig, args) -> int:
     if args.action == "generate":
         handlers = registry.generate(cfg.manifest_dir, cfg.registry_file)
         print(f"wrote {cfg.registry_file}: {len(handlers)} handler(s): {', '.join(h.name for h in handlers)}")

@@ -19,10 +19,11 @@ HELP = (
     "Run the relay: wake on NOTIFY (or poll), claim, publish to JetStream with Nats-Msg-Id, "
     "mark; SIGTERM finishes the in-flight batches and exits 0."
 )
+CONFIG = relay_settings.RelayConfig
 SETTINGS = relay_settings.RELAY
 
 
-def run(cfg, args) -> int:
+def run(cfg: relay_settings.RelayConfig, args) -> int:
     # A signal before the event loop takes them over stops the relay too
     # (exit 0 at once), rather than killing it or printing a traceback.
     early: list[int] = []
@@ -30,7 +31,6 @@ def run(cfg, args) -> int:
         sig: signal.signal(sig, lambda signum, frame: early.append(signum)) for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        relay_settings.validate(cfg)
         json_logs.setup(cfg.log_level)
         _warn_unknown_variables({s.env for group in args.settings_groups.values() for s in group})
         return asyncio.run(_main(cfg, early))
@@ -52,7 +52,7 @@ def _warn_unknown_variables(known: set[str]) -> None:
         )
 
 
-async def _main(cfg, early: list[int]) -> int:
+async def _main(cfg: relay_settings.RelayConfig, early: list[int]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -22,16 +22,15 @@ HELP = (
     "Re-publish due dead letters to their handler's replay subject (automated replay and "
     "operator redrives); runs until SIGTERM, or one pass with --once."
 )
-SETTINGS = (
-    settings.DATABASE + settings.NATS + cs.DLQ + cs.REPLAYER + (next(s for s in cs.CONSUMER if s.name == "log_level"),)
-)
+CONFIG = cs.ReplayConfig
+SETTINGS = settings.of(CONFIG)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--once", action="store_true", help="one pass, print how many were re-published, exit")
 
 
-async def _replay(cfg, once: bool, stop: asyncio.Event, pool: ConnectionPool, opened: list) -> int:
+async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: ConnectionPool, opened: list) -> int:
     nc = await connect_nats(cfg.nats_url, "pgoutbox-replayer", retry=not once)
     opened.append(nc)
     inbox = Inbox(pool)
@@ -57,7 +56,7 @@ async def _replay(cfg, once: bool, stop: asyncio.Event, pool: ConnectionPool, op
     return 0
 
 
-async def _main(cfg, once: bool) -> int:
+async def _main(cfg: cs.ReplayConfig, once: bool) -> int:
     stop = stop_on_signals()
     pool = ConnectionPool(cfg.database_url, 1)
     opened: list = []
@@ -73,6 +72,6 @@ async def _main(cfg, once: bool) -> int:
         await pool.close()
 
 
-def run(cfg, args) -> int:
+def run(cfg: cs.ReplayConfig, args) -> int:
     json_logs.setup(cfg.log_level)
     return asyncio.run(_main(cfg, args.once))

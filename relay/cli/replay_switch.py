@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import wrap_exceptions
+from pgoutbox.core.settings import option
 
 COMMAND = "replay-switch"
 HELP = "Switch automated replay of a handler's dead letters on or off, with a reason (redrives still work)."
-SETTINGS = settings.DATABASE + (
-    settings.Setting("reason", "OUTBOX_REPLAY_SWITCH_REASON", None, "Why (recorded)", required=True),
-)
+
+
+@dataclass(frozen=True)
+class ReplaySwitchConfig:
+    database_url: str | None = option(settings.DATABASE_URL)
+    reason: str = option(
+        settings.Setting("reason", "OUTBOX_REPLAY_SWITCH_REASON", None, "Why (recorded)", required=True)
+    )
+
+
+CONFIG = ReplaySwitchConfig
+SETTINGS = settings.of(CONFIG)
 
 
 def add_arguments(parser) -> None:
@@ -17,7 +29,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("state", choices=("on", "off"))
 
 
-def run(cfg, args) -> int:
+def run(cfg: ReplaySwitchConfig, args) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         enabled = conn.execute(
             "SELECT enabled FROM inbox.set_replay(%s, %s, %s)", (args.handler, args.state == "on", cfg.reason)

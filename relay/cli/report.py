@@ -4,29 +4,41 @@ type and day, over the archive and the live tables, as Parquet, CSV and PNG."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pgoutbox.cli.archive import SPARK
+from pgoutbox.cli.archive import FETCH_SIZE, JDBC_URL, READ_PARTITIONS, SPARK_JARS, SPARK_MASTER
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import ConfigError
+from pgoutbox.core.settings import option
 
 COMMAND = "report"
 HELP = "Write the delivery report (table + chart) over the archive and the live tables."
-SETTINGS = (
-    settings.DATABASE
-    + SPARK
-    + (
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    database_url: str | None = option(settings.DATABASE_URL)
+    spark_master: str = option(SPARK_MASTER)
+    spark_jars: str = option(SPARK_JARS)
+    jdbc_url: str | None = option(JDBC_URL)
+    read_partitions: int = option(READ_PARTITIONS)
+    fetch_size: int = option(FETCH_SIZE)
+    report_uri: str = option(
         settings.Setting(
             "report_uri",
             "OUTBOX_REPORT_URI",
             ".data/report",
             "Folder (or Hadoop-compatible URI) for delivery_report.parquet, .csv and .png",
-        ),
+        )
     )
-)
 
 
-def run(cfg, args) -> int:
+CONFIG = ReportConfig
+SETTINGS = settings.of(CONFIG)
+
+
+def run(cfg: ReportConfig, args) -> int:
     try:
         from pgoutbox_spark import jdbc, report, session, storage
     except ImportError as exc:  # pragma: no cover - depends on the install

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import ConfigError, wrap_exceptions
+from pgoutbox.core.settings import option
 
 COMMAND = "requeue"
 HELP = "Requeue DEAD_LETTER events (all or nothing); the reason is recorded in outbox.requeue_log."
-SETTINGS = settings.DATABASE + (
-    settings.Setting("reason", "OUTBOX_REQUEUE_REASON", None, "Why (recorded)", required=True),
-)
+
+
+@dataclass(frozen=True)
+class RequeueConfig:
+    database_url: str | None = option(settings.DATABASE_URL)
+    reason: str = option(settings.Setting("reason", "OUTBOX_REQUEUE_REASON", None, "Why (recorded)", required=True))
+
+
+CONFIG = RequeueConfig
+SETTINGS = settings.of(CONFIG)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("event_ids", nargs="+", metavar="EVENT_ID", help="event ids to requeue")
 
 
-def run(cfg, args) -> int:
+def run(cfg: RequeueConfig, args) -> int:
     try:
         ids = [uuid.UUID(x) for x in args.event_ids]
     except ValueError as exc:

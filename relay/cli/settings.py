@@ -6,6 +6,7 @@ from pgoutbox.core import settings
 
 COMMAND = "settings"
 HELP = "List every setting (environment variable, flag, default); --markdown for docs/reference.md."
+CONFIG = None  # nothing to configure
 SETTINGS = ()
 
 

@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import wrap_exceptions
+from pgoutbox.core.settings import option
 
 COMMAND = "status"
 HELP = "Show outbox.backlog() and inbox.backlog() per context, and dead letters."
-SETTINGS = settings.DATABASE + (
-    settings.Setting("context", "OUTBOX_STATUS_CONTEXT", None, "Only this bounded context"),
-    settings.Setting(
-        "dead_letters",
-        "OUTBOX_STATUS_DEAD_LETTERS",
-        "10",
-        "How many dead-lettered events to list",
-        settings.non_negative_int,
-    ),
-)
+
+
+@dataclass(frozen=True)
+class StatusConfig:
+    database_url: str | None = option(settings.DATABASE_URL)
+    context: str | None = option(
+        settings.Setting("context", "OUTBOX_STATUS_CONTEXT", None, "Only this bounded context")
+    )
+    dead_letters: int = option(
+        settings.Setting(
+            "dead_letters",
+            "OUTBOX_STATUS_DEAD_LETTERS",
+            "10",
+            "How many dead-lettered events to list",
+            settings.non_negative_int,
+        )
+    )
+
+
+CONFIG = StatusConfig
+SETTINGS = settings.of(CONFIG)
 
 
 def _rows(conn, query: str, params) -> list[dict]:
@@ -27,7 +40,7 @@ def _rows(conn, query: str, params) -> list[dict]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def run(cfg, args) -> int:
+def run(cfg: StatusConfig, args) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         report = {
             "outbox": _rows(conn, "SELECT * FROM outbox.backlog(%s)", (cfg.context,)),

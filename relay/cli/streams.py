@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import dataclass
 
 import nats
 import nats.errors
 import nats.js.errors
 
 from pgoutbox.core import settings
+from pgoutbox.core.settings import option
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
 
@@ -19,10 +21,17 @@ HELP = (
     "Apply the streams file (one JetStream stream per bounded context): create or update, "
     "idempotently; --check only validates the file."
 )
-SETTINGS = settings.NATS + (
-    dataclasses.replace(relay_settings.STREAMS_FILE, required=True),
-    relay_settings.LEASE,
-)
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    nats_url: str = option(settings.NATS_URL)
+    streams_file: str = option(dataclasses.replace(relay_settings.STREAMS_FILE, required=True))
+    lease: float = option(relay_settings.LEASE)
+
+
+CONFIG = StreamsConfig
+SETTINGS = settings.of(CONFIG)
 
 
 def add_arguments(parser) -> None:
@@ -31,7 +40,7 @@ def add_arguments(parser) -> None:
     )
 
 
-def run(cfg, args) -> int:
+def run(cfg: StreamsConfig, args) -> int:
     specs = streams.load(cfg.streams_file)
     streams.check_lease(specs, cfg.lease)
     if args.check:

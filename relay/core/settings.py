@@ -1,26 +1,32 @@
 """Explicit configuration: every knob is an environment variable with a
 documented default, and every command-line flag is the twin of one.
 
-Modules declare their settings as tuples of Setting; the CLI turns them into
-flags (help shows the variable and the default), load() reads them, and
-`pgoutbox settings --markdown` prints the settings table of docs/reference.md.
-Settings with no default are required; secrets never have one.
+Each worker and each command declares its configuration as a frozen
+dataclass whose fields carry their Setting (option()); of() yields those
+Settings in declaration order, the CLI turns them into flags (help shows the
+variable and the default), build() parses them into the frozen instance, and
+`pgoutbox settings --markdown` prints the settings table of docs/reference.md from
+the same declarations. A config checks itself across fields in __post_init__;
+a value derived when nothing sets it (a worker name) is the Setting's fallback.
+Secrets never have a default.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
+import socket
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg.conninfo
 
 from pgoutbox.core.errors import BrokerUnavailable, ConfigError
+from pgoutbox.core.logs import level_name
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -126,6 +132,7 @@ class Setting:
     parse: Callable[[str], Any] = str
     required: bool = False
     secret: bool = False  # may carry a password: never echoed whole in a message
+    fallback: Callable[[], Any] | None = None  # computed when neither flag, variable nor default gives a value
 
     @property
     def flag(self) -> str:
@@ -144,16 +151,39 @@ def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[Setting]) 
         )
 
 
-def load(
-    settings: Iterable[Setting],
+_SETTING = "pgoutbox.setting"
+Config = TypeVar("Config")
+
+
+def option(setting: Setting) -> Any:
+    """A config dataclass field read from setting (named like the field)."""
+    return dataclasses.field(metadata={_SETTING: setting})
+
+
+def of(cls: type) -> tuple[Setting, ...]:
+    """The Settings of a config dataclass, in declaration order."""
+    found = []
+    for f in dataclasses.fields(cls):
+        s = f.metadata.get(_SETTING)
+        if s is None:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with settings.option()")
+        if s.name != f.name:
+            raise TypeError(f"{cls.__name__}.{f.name} carries the setting {s.name}")
+        found.append(s)
+    return tuple(found)
+
+
+def build(
+    cls: type[Config],
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
-) -> SimpleNamespace:
-    """Values from flags (overrides), then the environment, then defaults."""
+) -> Config:
+    """The frozen config: values from flags (overrides), then the environment,
+    then defaults, then fallbacks; the class checks them as a whole."""
     environ = os.environ if environ is None else environ
     overrides = overrides or {}
     values: dict[str, Any] = {}
-    for s in settings:
+    for s in of(cls):
         raw = overrides.get(s.name)
         if raw is None:
             raw = environ.get(s.env) or s.default
@@ -161,13 +191,20 @@ def load(
             if s.required:
                 raise ConfigError(f"{s.env} (or {s.flag}) is required: {s.help}")
             values[s.name] = None
-            continue
-        try:
-            values[s.name] = s.parse(raw) if isinstance(raw, str) else raw
-        except ValueError as exc:
-            shown = redact(repr(raw), raw) if s.secret and isinstance(raw, str) else repr(raw)
-            raise ConfigError(f"{s.env}={shown}: {exc} (flag {s.flag})") from exc
-    return SimpleNamespace(**values)
+        else:
+            try:
+                values[s.name] = s.parse(raw) if isinstance(raw, str) else raw
+            except ValueError as exc:
+                shown = redact(repr(raw), raw) if s.secret and isinstance(raw, str) else repr(raw)
+                raise ConfigError(f"{s.env}={shown}: {exc} (flag {s.flag})") from exc
+        if s.fallback and not values[s.name]:
+            values[s.name] = s.fallback()
+    return cls(**values)
+
+
+def host_pid() -> str:
+    """The default name of a worker: host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def markdown_table(groups: Mapping[str, Iterable[Setting]]) -> str:
@@ -181,26 +218,24 @@ def markdown_table(groups: Mapping[str, Iterable[Setting]]) -> str:
     return "\n".join(lines)
 
 
-DATABASE = (
-    Setting(
-        "database_url",
-        "OUTBOX_DATABASE_URL",
-        None,
-        "PostgreSQL conninfo or URL; when unset, the libpq PG* variables apply",
-        conninfo,
-        secret=True,
-    ),
+DATABASE_URL = Setting(
+    "database_url",
+    "OUTBOX_DATABASE_URL",
+    None,
+    "PostgreSQL conninfo or URL; when unset, the libpq PG* variables apply",
+    conninfo,
+    secret=True,
 )
 
-NATS = (
-    Setting(
-        "nats_url",
-        "OUTBOX_NATS_URL",
-        "nats://127.0.0.1:4222",
-        "NATS server URL(s), comma-separated",
-        nats_urls,
-        secret=True,
-    ),
+LOG_LEVEL = Setting("log_level", "OUTBOX_LOG_LEVEL", "INFO", "Log level (JSON lines on stderr)", level_name)
+
+NATS_URL = Setting(
+    "nats_url",
+    "OUTBOX_NATS_URL",
+    "nats://127.0.0.1:4222",
+    "NATS server URL(s), comma-separated",
+    nats_urls,
+    secret=True,
 )
 
 

@@ -13,6 +13,7 @@ consume_and_report() once the events are in JetStream.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -25,7 +26,6 @@ import nats
 import nats.js.errors
 import psycopg
 
-from pgoutbox.cli import consume
 from pgoutbox.core import db, migrate, settings, wire
 from pgoutbox.core import logs as json_logs
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
@@ -108,8 +108,8 @@ async def consume_and_report(database_url: str, nats_url: str, expected: int, co
         "replay_max_attempts = 1\n"
     )
     registry.generate(workdir / "handlers", workdir / "handlers.registry.json")
-    cfg = settings.load(
-        consume.SETTINGS,
+    cfg = settings.build(
+        cs.ConsumerConfig,
         environ={},
         overrides={
             "database_url": database_url,
@@ -121,7 +121,7 @@ async def consume_and_report(database_url: str, nats_url: str, expected: int, co
             "fetch_timeout": "250ms",
         },
     )
-    cfg.http_port = None
+    cfg = dataclasses.replace(cfg, http_port=None)  # no metrics server
     consumer = Consumer(cs.load_handlers(cfg), cfg)
     await consumer.start()
     try:

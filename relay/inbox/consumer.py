@@ -40,7 +40,6 @@ import functools
 import json
 import logging
 import time
-from types import SimpleNamespace
 
 import nats
 import nats.errors
@@ -53,6 +52,7 @@ from pgoutbox.core.backoff import reconnect_delays
 from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgoutbox.core.health import HealthServer
 from pgoutbox.inbox import dlq
+from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox.flow import MessageFlow
 from pgoutbox.inbox.handler_client import HandlerClient
 from pgoutbox.inbox.metrics import ConsumerMetrics
@@ -217,7 +217,7 @@ class Slots:
 
 
 class Consumer:
-    def __init__(self, handlers: list[HandlerRuntime], cfg: SimpleNamespace):
+    def __init__(self, handlers: list[HandlerRuntime], cfg: cs.ConsumerConfig):
         if not handlers:
             raise ConfigError("no handler to run")
         self.handlers = handlers

@@ -1,18 +1,15 @@
-"""The consumer's and replayer's settings (OUTBOX_* variables, each with a
-documented default), and each handler's effective configuration: what its
-manifest says, else these defaults."""
+"""The consumer's and replayer's configurations (their settings are OUTBOX_*
+variables, each with a documented default), and each handler's effective
+configuration: what its manifest says, else the consumer's defaults."""
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from pgoutbox.core import settings
 from pgoutbox.core.backoff import Backoff, jitter_fraction
 from pgoutbox.core.errors import ConfigError
-from pgoutbox.core.logs import level_name
+from pgoutbox.core.settings import option
 from pgoutbox.inbox import registry
 
 S = settings.Setting
@@ -30,172 +27,239 @@ MANIFEST_DIR = S(
     "Directory of handler manifests (*.toml)",
 )
 
-# Per-handler defaults; a manifest value wins.
-HANDLER_DEFAULTS = (
-    S("handler_timeout", "OUTBOX_HANDLER_TIMEOUT", "10s", "HTTP handler timeout", settings.duration),
-    S(
-        "ack_wait",
-        "OUTBOX_CONSUMER_ACK_WAIT",
-        "30s",
-        "JetStream ack_wait: redelivery after this long without an ack (in-progress acks extend it)",
-        settings.duration,
-    ),
-    S(
-        "max_deliver",
-        "OUTBOX_CONSUMER_MAX_DELIVER",
-        "5",
-        "JetStream max_deliver; the delivery that reaches it goes to the DLQ if it fails",
-        settings.positive_int,
-    ),
-    S(
-        "max_ack_pending",
-        "OUTBOX_CONSUMER_MAX_ACK_PENDING",
-        "256",
-        "JetStream max_ack_pending: unacknowledged messages per durable",
-        settings.positive_int,
-    ),
-    S(
-        "concurrency",
-        "OUTBOX_CONSUMER_CONCURRENCY",
-        "16",
-        "Messages processed at once per handler",
-        settings.positive_int,
-    ),
-    S(
-        "batch_size",
-        "OUTBOX_CONSUMER_BATCH_SIZE",
-        "32",
-        "Most messages asked for in one fetch (never more than free concurrency)",
-        settings.positive_int,
-    ),
-    S(
-        "replay_max_attempts",
-        "OUTBOX_REPLAY_MAX_ATTEMPTS",
-        "3",
-        "Automated replays of a dead letter before it stays parked (0: none)",
-        settings.non_negative_int,
-    ),
+DLQ_MAX_AGE = S(
+    "dlq_max_age",
+    "OUTBOX_DLQ_MAX_AGE",
+    "30d",
+    "max_age of a {CONTEXT}_DLQ stream the consumer creates",
+    settings.duration,
+)
+DLQ_DUPLICATE_WINDOW = S(
+    "dlq_duplicate_window",
+    "OUTBOX_DLQ_DUPLICATE_WINDOW",
+    "10m",
+    "duplicate_window of a {CONTEXT}_DLQ stream the consumer creates",
+    settings.duration,
+)
+REPLAY_POLL_INTERVAL = S(
+    "replay_poll_interval",
+    "OUTBOX_REPLAY_POLL_INTERVAL",
+    "5s",
+    "How often the replayer looks for due dead letters",
+    settings.duration,
+)
+REPLAY_BATCH_SIZE = S(
+    "replay_batch_size",
+    "OUTBOX_REPLAY_BATCH_SIZE",
+    "100",
+    "Dead letters re-published per replayer transaction",
+    settings.positive_int,
+)
+REPLAY_WORKER = S(
+    "replay_worker",
+    "OUTBOX_REPLAY_WORKER",
+    None,
+    "Replayer name recorded in dlq_metadata (default: hostname:pid)",
+    fallback=settings.host_pid,
 )
 
-REPLAY_POLICY = (
-    S(
-        "replay_base_delay",
-        "OUTBOX_REPLAY_BASE_DELAY",
-        "1m",
-        "Delay before the first automated replay; doubles with each replay",
-        settings.duration,
-    ),
-    S("replay_max_delay", "OUTBOX_REPLAY_MAX_DELAY", "1h", "Longest delay between replays", settings.duration),
-    S(
-        "replay_jitter",
-        "OUTBOX_REPLAY_JITTER",
-        "0.5",
-        "Jitter fraction: each delay is drawn from [(1 - jitter) x delay, delay]",
-        jitter_fraction,
-    ),
-)
 
-DLQ = (
-    S(
-        "dlq_max_age",
-        "OUTBOX_DLQ_MAX_AGE",
-        "30d",
-        "max_age of a {CONTEXT}_DLQ stream the consumer creates",
-        settings.duration,
-    ),
-    S(
-        "dlq_duplicate_window",
-        "OUTBOX_DLQ_DUPLICATE_WINDOW",
-        "10m",
-        "duplicate_window of a {CONTEXT}_DLQ stream the consumer creates",
-        settings.duration,
-    ),
-)
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """What `pgoutbox consume` runs with: the consumer and, in the same
+    process, the replayer; checked as a whole when built."""
 
-REPLAYER = (
-    S(
-        "replay_poll_interval",
-        "OUTBOX_REPLAY_POLL_INTERVAL",
-        "5s",
-        "How often the replayer looks for due dead letters",
-        settings.duration,
-    ),
-    S(
-        "replay_batch_size",
-        "OUTBOX_REPLAY_BATCH_SIZE",
-        "100",
-        "Dead letters re-published per replayer transaction",
-        settings.positive_int,
-    ),
-    S("replay_worker", "OUTBOX_REPLAY_WORKER", None, "Replayer name recorded in dlq_metadata (default: hostname:pid)"),
-)
+    database_url: str | None = option(settings.DATABASE_URL)
+    nats_url: str = option(settings.NATS_URL)
+    registry_file: str = option(REGISTRY_FILE)
+    # Per-handler defaults; a manifest value wins.
+    handler_timeout: float = option(
+        S("handler_timeout", "OUTBOX_HANDLER_TIMEOUT", "10s", "HTTP handler timeout", settings.duration)
+    )
+    ack_wait: float = option(
+        S(
+            "ack_wait",
+            "OUTBOX_CONSUMER_ACK_WAIT",
+            "30s",
+            "JetStream ack_wait: redelivery after this long without an ack (in-progress acks extend it)",
+            settings.duration,
+        )
+    )
+    max_deliver: int = option(
+        S(
+            "max_deliver",
+            "OUTBOX_CONSUMER_MAX_DELIVER",
+            "5",
+            "JetStream max_deliver; the delivery that reaches it goes to the DLQ if it fails",
+            settings.positive_int,
+        )
+    )
+    max_ack_pending: int = option(
+        S(
+            "max_ack_pending",
+            "OUTBOX_CONSUMER_MAX_ACK_PENDING",
+            "256",
+            "JetStream max_ack_pending: unacknowledged messages per durable",
+            settings.positive_int,
+        )
+    )
+    concurrency: int = option(
+        S(
+            "concurrency",
+            "OUTBOX_CONSUMER_CONCURRENCY",
+            "16",
+            "Messages processed at once per handler",
+            settings.positive_int,
+        )
+    )
+    batch_size: int = option(
+        S(
+            "batch_size",
+            "OUTBOX_CONSUMER_BATCH_SIZE",
+            "32",
+            "Most messages asked for in one fetch (never more than free concurrency)",
+            settings.positive_int,
+        )
+    )
+    replay_max_attempts: int = option(
+        S(
+            "replay_max_attempts",
+            "OUTBOX_REPLAY_MAX_ATTEMPTS",
+            "3",
+            "Automated replays of a dead letter before it stays parked (0: none)",
+            settings.non_negative_int,
+        )
+    )
+    # The replay policy.
+    replay_base_delay: float = option(
+        S(
+            "replay_base_delay",
+            "OUTBOX_REPLAY_BASE_DELAY",
+            "1m",
+            "Delay before the first automated replay; doubles with each replay",
+            settings.duration,
+        )
+    )
+    replay_max_delay: float = option(
+        S("replay_max_delay", "OUTBOX_REPLAY_MAX_DELAY", "1h", "Longest delay between replays", settings.duration)
+    )
+    replay_jitter: float = option(
+        S(
+            "replay_jitter",
+            "OUTBOX_REPLAY_JITTER",
+            "0.5",
+            "Jitter fraction: each delay is drawn from [(1 - jitter) x delay, delay]",
+            jitter_fraction,
+        )
+    )
+    dlq_max_age: float = option(DLQ_MAX_AGE)
+    dlq_duplicate_window: float = option(DLQ_DUPLICATE_WINDOW)
+    replay_poll_interval: float = option(REPLAY_POLL_INTERVAL)
+    replay_batch_size: int = option(REPLAY_BATCH_SIZE)
+    replay_worker: str = option(REPLAY_WORKER)
+    handlers: str | None = option(
+        S(
+            "handlers",
+            "OUTBOX_CONSUMER_HANDLERS",
+            None,
+            "Comma-separated handler names to run (default: every handler in the registry)",
+        )
+    )
+    retry_delay: float = option(
+        S(
+            "retry_delay",
+            "OUTBOX_CONSUMER_RETRY_DELAY",
+            "1s",
+            "Nak delay after the first transient failure; doubles per delivery",
+            settings.duration,
+        )
+    )
+    retry_max_delay: float = option(
+        S(
+            "retry_max_delay",
+            "OUTBOX_CONSUMER_RETRY_MAX_DELAY",
+            "1m",
+            "Longest nak delay (also caps a handler's Retry-After)",
+            settings.duration,
+        )
+    )
+    fetch_timeout: float = option(
+        S(
+            "fetch_timeout",
+            "OUTBOX_CONSUMER_FETCH_TIMEOUT",
+            "2s",
+            "How long one pull waits for messages when the stream is idle",
+            settings.duration,
+        )
+    )
+    db_pool_size: int = option(
+        S(
+            "db_pool_size",
+            "OUTBOX_CONSUMER_DB_POOL_SIZE",
+            "8",
+            "PostgreSQL connections of one consumer process",
+            settings.positive_int,
+        )
+    )
+    drain_timeout: float = option(
+        S(
+            "drain_timeout",
+            "OUTBOX_CONSUMER_DRAIN_TIMEOUT",
+            "30s",
+            "On SIGTERM, how long in-flight messages may finish (the rest are redelivered)",
+            settings.duration,
+        )
+    )
+    run_replayer: bool = option(
+        S(
+            "run_replayer",
+            "OUTBOX_CONSUMER_RUN_REPLAYER",
+            "true",
+            "Run the replayer inside the consumer process",
+            settings.boolean,
+        )
+    )
+    backlog_interval: float = option(
+        S(
+            "backlog_interval",
+            "OUTBOX_CONSUMER_BACKLOG_INTERVAL",
+            "15s",
+            "How often the inbox backlog gauges are refreshed from inbox.backlog()",
+            settings.duration,
+        )
+    )
+    http_host: str = option(
+        S("http_host", "OUTBOX_CONSUMER_HTTP_HOST", "127.0.0.1", "Address of /metrics, /healthz, /readyz")
+    )
+    # None (only in-process, through dataclasses.replace): no HTTP server at all.
+    http_port: int | None = option(
+        S(
+            "http_port",
+            "OUTBOX_CONSUMER_HTTP_PORT",
+            "9465",
+            "Port of /metrics, /healthz, /readyz (0: any free port)",
+            settings.non_negative_int,
+        )
+    )
+    log_level: str = option(settings.LOG_LEVEL)
 
-CONSUMER = (
-    S(
-        "handlers",
-        "OUTBOX_CONSUMER_HANDLERS",
-        None,
-        "Comma-separated handler names to run (default: every handler in the registry)",
-    ),
-    S(
-        "retry_delay",
-        "OUTBOX_CONSUMER_RETRY_DELAY",
-        "1s",
-        "Nak delay after the first transient failure; doubles per delivery",
-        settings.duration,
-    ),
-    S(
-        "retry_max_delay",
-        "OUTBOX_CONSUMER_RETRY_MAX_DELAY",
-        "1m",
-        "Longest nak delay (also caps a handler's Retry-After)",
-        settings.duration,
-    ),
-    S(
-        "fetch_timeout",
-        "OUTBOX_CONSUMER_FETCH_TIMEOUT",
-        "2s",
-        "How long one pull waits for messages when the stream is idle",
-        settings.duration,
-    ),
-    S(
-        "db_pool_size",
-        "OUTBOX_CONSUMER_DB_POOL_SIZE",
-        "8",
-        "PostgreSQL connections of one consumer process",
-        settings.positive_int,
-    ),
-    S(
-        "drain_timeout",
-        "OUTBOX_CONSUMER_DRAIN_TIMEOUT",
-        "30s",
-        "On SIGTERM, how long in-flight messages may finish (the rest are redelivered)",
-        settings.duration,
-    ),
-    S(
-        "run_replayer",
-        "OUTBOX_CONSUMER_RUN_REPLAYER",
-        "true",
-        "Run the replayer inside the consumer process",
-        settings.boolean,
-    ),
-    S(
-        "backlog_interval",
-        "OUTBOX_CONSUMER_BACKLOG_INTERVAL",
-        "15s",
-        "How often the inbox backlog gauges are refreshed from inbox.backlog()",
-        settings.duration,
-    ),
-    S("http_host", "OUTBOX_CONSUMER_HTTP_HOST", "127.0.0.1", "Address of /metrics, /healthz, /readyz"),
-    S(
-        "http_port",
-        "OUTBOX_CONSUMER_HTTP_PORT",
-        "9465",
-        "Port of /metrics, /healthz, /readyz (0: any free port)",
-        settings.non_negative_int,
-    ),
-    S("log_level", "OUTBOX_LOG_LEVEL", "INFO", "Log level (JSON lines on stderr)", level_name),
-)
+    def __post_init__(self) -> None:
+        retry_backoff(self)
+        replay_backoff(self)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """What `pgoutbox replay` runs with: the replayer on its own."""
+
+    database_url: str | None = option(settings.DATABASE_URL)
+    nats_url: str = option(settings.NATS_URL)
+    dlq_max_age: float = option(DLQ_MAX_AGE)
+    dlq_duplicate_window: float = option(DLQ_DUPLICATE_WINDOW)
+    replay_poll_interval: float = option(REPLAY_POLL_INTERVAL)
+    replay_batch_size: int = option(REPLAY_BATCH_SIZE)
+    replay_worker: str = option(REPLAY_WORKER)
+    log_level: str = option(settings.LOG_LEVEL)
 
 
 @dataclass(frozen=True)
@@ -221,7 +285,7 @@ class HandlerRuntime:
         return self.ack_wait / 3
 
 
-def resolve(spec: registry.HandlerSpec, cfg: SimpleNamespace) -> HandlerRuntime:
+def resolve(spec: registry.HandlerSpec, cfg: ConsumerConfig) -> HandlerRuntime:
     def pick(name: str, default_name: str | None = None):
         value = getattr(spec, name)
         return value if value is not None else getattr(cfg, default_name or name)
@@ -238,7 +302,7 @@ def resolve(spec: registry.HandlerSpec, cfg: SimpleNamespace) -> HandlerRuntime:
     )
 
 
-def load_handlers(cfg: SimpleNamespace) -> list[HandlerRuntime]:
+def load_handlers(cfg: ConsumerConfig) -> list[HandlerRuntime]:
     """The registry's handlers (or the OUTBOX_CONSUMER_HANDLERS subset), resolved."""
     specs = registry.load(cfg.registry_file)
     if cfg.handlers:
@@ -258,15 +322,15 @@ def _backoff(what: str, base: float, max_delay: float, jitter: float) -> Backoff
         raise ConfigError(f"{what}: {exc}") from exc
 
 
-def retry_backoff(cfg: SimpleNamespace) -> Backoff:
+def retry_backoff(cfg: ConsumerConfig) -> Backoff:
     return _backoff("OUTBOX_CONSUMER_RETRY_DELAY/_MAX_DELAY", cfg.retry_delay, cfg.retry_max_delay, 0.5)
 
 
-def replay_backoff(cfg: SimpleNamespace) -> Backoff:
+def replay_backoff(cfg: ConsumerConfig) -> Backoff:
     return _backoff(
         "OUTBOX_REPLAY_BASE_DELAY/_MAX_DELAY/_JITTER", cfg.replay_base_delay, cfg.replay_max_delay, cfg.replay_jitter
     )
 
 
-def worker_name(cfg: SimpleNamespace) -> str:
-    return cfg.replay_worker or f"{socket.gethostname()}:{os.getpid()}"
+def worker_name(cfg: ConsumerConfig | ReplayConfig) -> str:
+    return cfg.replay_worker  # host:pid unless set (the loader's fallback)

@@ -48,7 +48,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import TypeVar
 
 import nats.errors
@@ -61,6 +60,7 @@ from pgoutbox.outbox import streams
 from pgoutbox.outbox.calls import DatabaseUnavailable, OutboxCalls
 from pgoutbox.outbox.metrics import RelayMetrics
 from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
+from pgoutbox.outbox.settings import RelayConfig
 from pgoutbox.outbox.wakeups import Wakeups
 
 log = logging.getLogger("pgoutbox.relay")
@@ -80,7 +80,7 @@ class Batch:
 
 
 class OutboxRelay:
-    def __init__(self, cfg: SimpleNamespace, publisher: Publisher | None = None):
+    def __init__(self, cfg: RelayConfig, publisher: Publisher | None = None):
         self.cfg = cfg
         self.publisher = publisher or Publisher(
             cfg.nats_url, timeout=cfg.publish_timeout, name=f"pgoutbox-relay {cfg.relay_name}"

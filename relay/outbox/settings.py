@@ -1,16 +1,15 @@
-"""The relay's settings (each an OUTBOX_* variable with a documented default)
-and the cross-checks between them."""
+"""The relay's configuration: its settings (each an OUTBOX_* variable with a
+documented default) and the cross-checks between them."""
 
 from __future__ import annotations
 
-import os
-import socket
-from types import SimpleNamespace
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from pgoutbox.core import settings
 from pgoutbox.core.errors import ConfigError
-from pgoutbox.core.logs import level_name
-from pgoutbox.core.settings import Setting, boolean, duration, non_negative_int, positive_int
+from pgoutbox.core.settings import Setting, boolean, duration, non_negative_int, option, positive_int
 
 
 def _batch(text: str) -> int:
@@ -42,34 +41,52 @@ LEASE = Setting(
     duration,
 )
 
-LOG_LEVEL = Setting("log_level", "OUTBOX_LOG_LEVEL", "INFO", "Log level (JSON lines on stderr)", level_name)
 
-RELAY = (
-    settings.DATABASE
-    + settings.NATS
-    + (
-        Setting("relay_name", "OUTBOX_RELAY_NAME", None, "Worker name recorded in claimed_by (default: host:pid)"),
+@dataclass(frozen=True)
+class RelayConfig:
+    """What `pgoutbox relay` runs with; checked as a whole when built."""
+
+    database_url: str | None = option(settings.DATABASE_URL)
+    nats_url: str = option(settings.NATS_URL)
+    relay_name: str = option(
+        Setting(
+            "relay_name",
+            "OUTBOX_RELAY_NAME",
+            None,
+            "Worker name recorded in claimed_by (default: host:pid)",
+            fallback=settings.host_pid,
+        )
+    )
+    batch_size: int = option(
         Setting(
             "batch_size", "OUTBOX_RELAY_BATCH_SIZE", "500", "Events claimed and published per batch (1-10000)", _batch
-        ),
-        LEASE,
+        )
+    )
+    lease: float = option(LEASE)
+    publish_batches: int = option(
         Setting(
             "publish_batches",
             "OUTBOX_RELAY_PUBLISH_BATCHES",
             "4",
             "Claimed batches in flight to JetStream at once, each awaiting its own acks; 1 = one at a time",
             positive_int,
-        ),
+        )
+    )
+    poll_interval: float = option(
         Setting(
             "poll_interval",
             "OUTBOX_RELAY_POLL_INTERVAL",
             "1s",
             "Fallback poll when no wake-up arrives (a lost NOTIFY costs at most this)",
             duration,
-        ),
+        )
+    )
+    wakeups: bool = option(
         Setting(
             "wakeups", "OUTBOX_RELAY_WAKEUPS", "true", "LISTEN for the outbox_v1 wake-up; false = poll only", boolean
-        ),
+        )
+    )
+    synchronous_commit: bool = option(
         Setting(
             "synchronous_commit",
             "OUTBOX_RELAY_SYNCHRONOUS_COMMIT",
@@ -77,106 +94,127 @@ RELAY = (
             "Wait for the WAL flush on claim/mark commits; false is safe (a lost claim or mark "
             "is redone through the lease and deduplicated by Nats-Msg-Id)",
             boolean,
-        ),
+        )
+    )
+    publish_timeout: float = option(
         Setting(
             "publish_timeout",
             "OUTBOX_RELAY_PUBLISH_TIMEOUT",
             "5s",
             "How long to wait for a batch's JetStream acks; shorter than the lease",
             duration,
-        ),
+        )
+    )
+    retry_base: float = option(
         Setting(
             "retry_base",
             "OUTBOX_RELAY_RETRY_BASE",
             "1s",
             "Backoff ceiling after the first failed publish; the n-th waits uniform(0, min(cap, base*2^(n-1)))",
             duration,
-        ),
-        Setting("retry_cap", "OUTBOX_RELAY_RETRY_CAP", "60s", "Longest backoff between two attempts", duration),
+        )
+    )
+    retry_cap: float = option(
+        Setting("retry_cap", "OUTBOX_RELAY_RETRY_CAP", "60s", "Longest backoff between two attempts", duration)
+    )
+    max_attempts: int = option(
         Setting(
             "max_attempts",
             "OUTBOX_RELAY_MAX_ATTEMPTS",
             "10",
             "Publish attempts before an event is dead-lettered",
             positive_int,
-        ),
-        STREAMS_FILE,
+        )
+    )
+    streams_file: str | None = option(STREAMS_FILE)
+    nats_monitor_url: str | None = option(
         Setting(
             "nats_monitor_url",
             "OUTBOX_NATS_MONITOR_URL",
             None,
             "NATS monitoring URL (http://host:8222) to verify the fsync policy at start-up",
-        ),
+        )
+    )
+    durability_strict: bool = option(
         Setting(
             "durability_strict",
             "OUTBOX_RELAY_DURABILITY_STRICT",
             "false",
             "Refuse to start (instead of warning) on weak stream durability",
             boolean,
-        ),
-        Setting("http_host", "OUTBOX_RELAY_HTTP_HOST", "127.0.0.1", "Address of /metrics, /healthz, /readyz"),
+        )
+    )
+    http_host: str = option(
+        Setting("http_host", "OUTBOX_RELAY_HTTP_HOST", "127.0.0.1", "Address of /metrics, /healthz, /readyz")
+    )
+    http_port: int = option(
         Setting(
             "http_port",
             "OUTBOX_RELAY_HTTP_PORT",
             "9464",
             "Port of /metrics, /healthz, /readyz (0: any free port)",
             non_negative_int,
-        ),
+        )
+    )
+    stall_after: float = option(
         Setting(
             "stall_after",
             "OUTBOX_RELAY_STALL_AFTER",
             "60s",
             "Not ready when events are due and nothing was published for this long",
             duration,
-        ),
+        )
+    )
+    backlog_interval: float = option(
         Setting(
             "backlog_interval",
             "OUTBOX_RELAY_BACKLOG_INTERVAL",
             "5s",
             "How often outbox.backlog() refreshes the backlog metrics",
             duration,
-        ),
+        )
+    )
+    partitions_every: float = option(
         Setting(
             "partitions_every",
             "OUTBOX_RELAY_PARTITIONS_EVERY",
             "1h",
             "How often the relay creates the daily outbox partitions ahead (0: never)",
             duration,
-        ),
-        DAYS_AHEAD,
+        )
+    )
+    days_ahead: int = option(DAYS_AHEAD)
+    shutdown_grace: float = option(
         Setting(
             "shutdown_grace",
             "OUTBOX_RELAY_SHUTDOWN_GRACE",
             "15s",
             "On SIGTERM, how long in-flight batches may take to finish",
             duration,
-        ),
-        LOG_LEVEL,
+        )
     )
-)
+    log_level: str = option(settings.LOG_LEVEL)
+
+    def __post_init__(self) -> None:
+        if self.lease <= 0:
+            raise ConfigError("OUTBOX_RELAY_LEASE must be positive")
+        if self.publish_timeout <= 0 or self.publish_timeout >= self.lease:
+            raise ConfigError(
+                f"OUTBOX_RELAY_PUBLISH_TIMEOUT ({self.publish_timeout:g}s) must be positive and shorter "
+                f"than OUTBOX_RELAY_LEASE ({self.lease:g}s), or a slow batch outlives its claim"
+            )
+        if self.poll_interval <= 0:
+            raise ConfigError("OUTBOX_RELAY_POLL_INTERVAL must be positive")
+        if self.retry_base <= 0 or self.retry_base > self.retry_cap:
+            raise ConfigError(
+                f"OUTBOX_RELAY_RETRY_BASE ({self.retry_base:g}s) must be positive and at most "
+                f"OUTBOX_RELAY_RETRY_CAP ({self.retry_cap:g}s)"
+            )
 
 
-def load(environ=None, overrides=None) -> SimpleNamespace:
+RELAY = settings.of(RelayConfig)
+
+
+def load(environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> RelayConfig:
     """The relay's configuration, validated as a whole."""
-    cfg = settings.load(RELAY, environ=environ, overrides=overrides)
-    validate(cfg)
-    return cfg
-
-
-def validate(cfg: SimpleNamespace) -> None:
-    if not cfg.relay_name:
-        cfg.relay_name = f"{socket.gethostname()}:{os.getpid()}"
-    if cfg.lease <= 0:
-        raise ConfigError("OUTBOX_RELAY_LEASE must be positive")
-    if cfg.publish_timeout <= 0 or cfg.publish_timeout >= cfg.lease:
-        raise ConfigError(
-            f"OUTBOX_RELAY_PUBLISH_TIMEOUT ({cfg.publish_timeout:g}s) must be positive and shorter "
-            f"than OUTBOX_RELAY_LEASE ({cfg.lease:g}s), or a slow batch outlives its claim"
-        )
-    if cfg.poll_interval <= 0:
-        raise ConfigError("OUTBOX_RELAY_POLL_INTERVAL must be positive")
-    if cfg.retry_base <= 0 or cfg.retry_base > cfg.retry_cap:
-        raise ConfigError(
-            f"OUTBOX_RELAY_RETRY_BASE ({cfg.retry_base:g}s) must be positive and at most "
-            f"OUTBOX_RELAY_RETRY_CAP ({cfg.retry_cap:g}s)"
-        )
+    return settings.build(RelayConfig, environ=environ, overrides=overrides)

@@ -4,6 +4,7 @@ schema-version check, configuration errors."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import urllib.error
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 
 from pgoutbox.cli import main as cli
+from pgoutbox.core import settings
 from pgoutbox.core.errors import ConfigError, SchemaMismatch
 from pgoutbox.core.logs import JsonFormatter
 from pgoutbox.inbox import settings as cs
@@ -132,11 +134,23 @@ def test_bad_settings_are_refused_with_the_variable_named(tmp_path, capsys):
     assert "OUTBOX_REPLAY_JITTER" in capsys.readouterr().err
 
 
+def test_the_consumer_and_replayer_configs_are_built_whole(tmp_path):
+    cfg = consumer_config(None, "nats://unused", tmp_path / "r.json", replay_worker="")
+    assert cfg.http_port is None and cfg.replay_worker == cs.worker_name(cfg)  # host:pid, from the loader
+    with pytest.raises(ConfigError, match="OUTBOX_CONSUMER_RETRY_DELAY/_MAX_DELAY"):
+        dataclasses.replace(cfg, retry_delay=5.0, retry_max_delay=1.0)
+    replay = settings.build(cs.ReplayConfig, environ={"OUTBOX_REPLAY_WORKER": "r1"}, overrides={"nats_url": "n:4222"})
+    assert (replay.replay_worker, replay.nats_url, replay.replay_batch_size) == ("r1", "n:4222", 100)
+    assert [s.env for s in settings.of(cs.ReplayConfig)] == [
+        s.env for s in settings.of(cs.ConsumerConfig) if s.name in {f.name for f in dataclasses.fields(replay)}
+    ]
+
+
 def test_every_consumer_flag_shows_its_environment_twin(capsys):
     with pytest.raises(SystemExit):
         cli.main(["consume", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for s in cs.HANDLER_DEFAULTS + cs.REPLAY_POLICY + cs.DLQ + cs.REPLAYER + cs.CONSUMER:
+    for s in settings.of(cs.ConsumerConfig):
         assert f"env: {s.env};" in text, s.env
 
 

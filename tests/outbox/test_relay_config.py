@@ -5,9 +5,12 @@ clear error (and exit code 2 from the CLI) before anything is claimed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import random
 import re
+import socket
 import statistics
 
 import nats
@@ -15,6 +18,7 @@ import psycopg
 import pytest
 
 from pgoutbox.cli import main as cli
+from pgoutbox.core import settings
 from pgoutbox.core import wire as envelope
 from pgoutbox.core.backoff import RetryPolicy
 from pgoutbox.core.errors import ConfigError
@@ -80,6 +84,31 @@ def test_environment_variables_configure_the_relay_and_flags_win():
     )
     assert (cfg.lease, cfg.batch_size, cfg.http_host, cfg.http_port) == (45.0, 250, "127.0.0.1", 9464)
     assert cfg.relay_name  # host:pid by default
+
+
+def test_the_relay_config_is_frozen_and_checks_itself_whatever_builds_it():
+    cfg = relay_settings.load(environ={"OUTBOX_RELAY_NAME": ""})
+    assert cfg.relay_name == f"{socket.gethostname()}:{os.getpid()}"  # derived by the loader
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lease = 1.0  # type: ignore[misc]
+    assert dataclasses.replace(cfg, lease=60.0, publish_timeout=50.0).publish_timeout == 50.0
+    with pytest.raises(ConfigError, match="must be positive and shorter than OUTBOX_RELAY_LEASE"):
+        dataclasses.replace(cfg, publish_timeout=cfg.lease)
+
+
+def test_every_config_field_is_a_setting_in_declaration_order():
+    names = [f.name for f in dataclasses.fields(relay_settings.RelayConfig)]
+    assert [s.name for s in relay_settings.RELAY] == names
+    assert names[:3] == ["database_url", "nats_url", "relay_name"] and names[-1] == "log_level"
+    for mod in cli.COMMANDS:
+        assert mod.SETTINGS == (settings.of(mod.CONFIG) if mod.CONFIG else ()), mod.COMMAND
+
+    @dataclasses.dataclass(frozen=True)
+    class Loose:
+        lease: float
+
+    with pytest.raises(TypeError, match="Loose.lease is not declared with settings.option"):
+        settings.of(Loose)
 
 
 def test_cli_reports_bad_settings_with_exit_code_2(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -23,7 +24,6 @@ import nats.js.errors
 import psycopg
 from psycopg.rows import dict_row
 
-from pgoutbox.cli import consume
 from pgoutbox.core import settings, wire
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as cs
@@ -157,7 +157,7 @@ def write_registry(tmp_path: Path, handlers: list[dict[str, Any]]) -> Path:
     return target
 
 
-def consumer_config(database_url: str, nats_url: str, registry_file: Path, **overrides) -> Any:
+def consumer_config(database_url: str, nats_url: str, registry_file: Path, **overrides) -> cs.ConsumerConfig:
     """The consume command's configuration, with test-sized timings."""
     values = {
         "database_url": database_url,
@@ -176,14 +176,14 @@ def consumer_config(database_url: str, nats_url: str, registry_file: Path, **ove
         "drain_timeout": "5s",
     }
     values.update(overrides)
-    cfg = settings.load(consume.SETTINGS, environ={}, overrides={k: v for k, v in values.items() if v is not None})
+    cfg = settings.build(cs.ConsumerConfig, environ={}, overrides={k: v for k, v in values.items() if v is not None})
     if values.get("http_port") is None:
-        cfg.http_port = None
+        cfg = dataclasses.replace(cfg, http_port=None)  # no metrics server
     return cfg
 
 
 @contextlib.asynccontextmanager
-async def running_consumer(cfg):
+async def running_consumer(cfg: cs.ConsumerConfig):
     consumer = Consumer(cs.load_handlers(cfg), cfg)
     await consumer.start()
     try:

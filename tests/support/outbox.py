@@ -107,7 +107,7 @@ def msg_ids(messages) -> list[str]:
     return [m.headers["Nats-Msg-Id"] for m in messages]
 
 
-def relay_config(database_url: str, nats_url: str, **overrides: str):
+def relay_config(database_url: str, nats_url: str, **overrides: str) -> relay_settings.RelayConfig:
     base = {
         "database_url": database_url,
         "nats_url": nats_url,
