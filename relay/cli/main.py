@@ -115,7 +115,7 @@ def as_domain_error(exc: Exception, cfg: object | None) -> PgOutboxError | None:
     if isinstance(exc, PgOutboxError):
         return exc
     database_url = getattr(cfg, "database_url", None)
-    if db.is_connection_error(exc):
+    if isinstance(exc, psycopg.Error) and db.is_connection_error(exc):
         return db.unavailable(exc, database_url, lost=True)
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return db.refused(exc, database_url)

@@ -7,6 +7,8 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from psycopg.rows import dict_row
+
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import ConfigError, wrap_exceptions
 from pgoutbox.core.settings import option
@@ -40,10 +42,11 @@ def add_arguments(parser) -> None:
 def run(cfg: RedriveConfig, args) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         if args.list:
-            cur = conn.execute("SELECT * FROM inbox.dead_letters(%s, 1000)", (args.handler,))
-            names = [c.name for c in cur.description]
+            cur = conn.cursor(row_factory=dict_row).execute(
+                "SELECT * FROM inbox.dead_letters(%s, 1000)", (args.handler,)
+            )
             for row in cur.fetchall():
-                print(json.dumps(dict(zip(names, row)), default=str))
+                print(json.dumps(row, default=str))
             return 0
         if bool(args.message_ids) == bool(args.all):
             raise ConfigError("give message ids or --all (not both), or --list")
@@ -53,6 +56,6 @@ def run(cfg: RedriveConfig, args) -> int:
             ids = None if args.all else [uuid.UUID(x) for x in args.message_ids]
         except ValueError as exc:
             raise ConfigError(f"not a message id: {exc}") from exc
-        count = conn.execute("SELECT inbox.redrive(%s, %s, %s)", (args.handler, ids, cfg.reason)).fetchone()[0]
+        [(count,)] = conn.execute("SELECT inbox.redrive(%s, %s, %s)", (args.handler, ids, cfg.reason)).fetchall()
     print(f"marked {count} dead letter(s) of {args.handler} for redrive; the replayer re-publishes them")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from pgoutbox.core import settings
 from pgoutbox.core.settings import option
@@ -31,11 +32,11 @@ def add_arguments(parser) -> None:
 
 def run(cfg: RegistryConfig, args) -> int:
     if args.action == "generate":
-        handlers = registry.generate(cfg.manifest_dir, cfg.registry_file)
+        handlers = registry.generate(Path(cfg.manifest_dir), Path(cfg.registry_file))
         print(f"wrote {cfg.registry_file}: {len(handlers)} handler(s): {', '.join(h.name for h in handlers)}")
         return 0
     try:
-        registry.check(cfg.manifest_dir, cfg.registry_file)
+        registry.check(Path(cfg.manifest_dir), Path(cfg.registry_file))
     except registry.RegistryStale as exc:
         print(f"pgoutbox registry: {exc}", file=sys.stderr)
         return 1

@@ -31,8 +31,8 @@ def add_arguments(parser) -> None:
 
 def run(cfg: ReplaySwitchConfig, args) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
-        enabled = conn.execute(
+        [(enabled,)] = conn.execute(
             "SELECT enabled FROM inbox.set_replay(%s, %s, %s)", (args.handler, args.state == "on", cfg.reason)
-        ).fetchone()[0]
+        ).fetchall()
     print(f"automated replay for {args.handler}: {'on' if enabled else 'off'}")
     return 0

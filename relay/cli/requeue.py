@@ -33,6 +33,6 @@ def run(cfg: RequeueConfig, args) -> int:
     except ValueError as exc:
         raise ConfigError(f"not an event id: {exc}") from exc
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
-        moved = conn.execute("SELECT outbox.requeue(%s, %s)", (ids, cfg.reason)).fetchone()[0]
+        [(moved,)] = conn.execute("SELECT outbox.requeue(%s, %s)", (ids, cfg.reason)).fetchall()
     print(f"requeued {moved} event(s)")
     return 0

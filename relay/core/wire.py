@@ -196,11 +196,7 @@ SUBJECT = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.([A-Za-z0-9_-]{1,128})\.v(
 TRACE_HEADERS = ("traceparent", "tracestate")
 # What an HTTP header value can carry (visible ASCII, space, tab).
 _HTTP_VALUE = re.compile(r"^[\t\x20-\x7e]*$")
-_SHOWN = 80
-
-
-def _show(value: str) -> str:
-    return repr(value if len(value) <= _SHOWN else value[:_SHOWN] + "...")
+_SHOWN = 80  # a foreign message's values, quoted in .invalid reasons
 
 
 def canonical_id(value: str | None, header: str = MSG_ID) -> str:
@@ -208,7 +204,7 @@ def canonical_id(value: str | None, header: str = MSG_ID) -> str:
     if not value:
         raise InvalidMessage(f"header {header} is missing: without it the message cannot be deduplicated")
     if not UUID_TEXT.match(value):
-        raise InvalidMessage(f"header {header} {_show(value)} is not a UUID in the 8-4-4-4-12 hexadecimal form")
+        raise InvalidMessage(f"header {header} {_show(value, _SHOWN)} is not a UUID in the 8-4-4-4-12 hexadecimal form")
     return str(uuid.UUID(value))
 
 
@@ -216,7 +212,9 @@ def parse_subject(subject: str) -> tuple[str, str, int]:
     """(context, event_type, event_version) of `{context}.event.{event_type}.v{version}`."""
     found = SUBJECT.match(subject or "")
     if not found:
-        raise InvalidMessage(f"subject {_show(subject or '')} is not {{context}}.event.{{event_type}}.v{{version}}")
+        raise InvalidMessage(
+            f"subject {_show(subject or '', _SHOWN)} is not {{context}}.event.{{event_type}}.v{{version}}"
+        )
     return found[1], found[2], int(found[3])
 
 
@@ -240,11 +238,11 @@ def _check_subject_headers(ours: dict[str, tuple[str, str]], context: str, event
     for field, expected in (("context", context), ("event_type", event_type)):
         if field in ours and ours[field][1] != expected:
             name, value = ours[field]
-            raise InvalidMessage(f"header {name} {_show(value)} contradicts the subject ({expected!r})")
+            raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} contradicts the subject ({expected!r})")
     if "event_version" in ours:
         name, value = ours["event_version"]
         if not (value.isascii() and value.isdigit() and int(value) == version):
-            raise InvalidMessage(f"header {name} {_show(value)} contradicts the subject ({version})")
+            raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} contradicts the subject ({version})")
 
 
 def _storable(value: Any, where: str) -> None:
@@ -320,7 +318,7 @@ def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> d
         if name in headers:
             value = headers[name]
             if not _HTTP_VALUE.match(value):
-                raise InvalidMessage(f"header {name} {_show(value)} has characters an HTTP header cannot carry")
+                raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} has characters an HTTP header cannot carry")
             trace[name] = value
     envelope["trace"] = trace
     return envelope

@@ -25,6 +25,7 @@ from pathlib import Path
 import nats
 import nats.js.errors
 import psycopg
+from psycopg.rows import dict_row
 
 from pgoutbox.core import db, migrate, settings, wire
 from pgoutbox.core import logs as json_logs
@@ -84,9 +85,8 @@ async def _ensure_event_stream(js, context: str) -> None:
 async def relay_stand_in(database_url: str, js) -> int:
     """Claims, publishes and marks the pending events, as the relay does."""
     with db.connect(database_url) as conn:
-        cur = conn.execute("SELECT * FROM outbox.claim('consumer-demo', 1000, interval '1 minute')")
-        names = [c.name for c in cur.description]
-        events = [dict(zip(names, row)) for row in cur.fetchall()]
+        cur = conn.cursor(row_factory=dict_row)
+        events = cur.execute("SELECT * FROM outbox.claim('consumer-demo', 1000, interval '1 minute')").fetchall()
         for event in events:
             subject, body, headers = wire.to_nats(event)
             await js.publish(subject, body, headers=headers)

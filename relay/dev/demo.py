@@ -94,10 +94,11 @@ async def _relay_and_show(database_url: str, nats_url: str, ids: list[str]) -> N
             except nats.errors.TimeoutError:
                 continue
             for msg in messages:
-                msg_id = msg.headers.get("Nats-Msg-Id")
+                headers = msg.headers or {}
+                msg_id = headers.get("Nats-Msg-Id", "")
                 seen.add(msg_id)
                 print(f"   seq {msg.metadata.sequence.stream} {msg.subject} Nats-Msg-Id={msg_id}")
-                print(f"      headers {json.dumps({k: v for k, v in msg.headers.items() if k != 'Nats-Msg-Id'})}")
+                print(f"      headers {json.dumps({k: v for k, v in headers.items() if k != 'Nats-Msg-Id'})}")
                 print(f"      payload {msg.data.decode()}")
         stop.set()
         await task

@@ -164,8 +164,10 @@ class EmbeddedNats:
             stderr=subprocess.DEVNULL,
         )
 
+        process = self.process
+
         def ready() -> bool:
-            if self.process.poll() is not None:
+            if process.poll() is not None:
                 raise RuntimeError(f"nats-server exited; see {self.log}")
             if not self.log.exists():
                 return False

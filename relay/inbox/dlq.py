@@ -183,8 +183,8 @@ def unreadable_notice(
     *,
     context: str,
     handler: str,
-    stream: str,
-    sequence: int,
+    stream: str | None,
+    sequence: int | None,
     subject: str,
     body: bytes,
     headers: Mapping[str, str] | None,
@@ -296,7 +296,7 @@ async def ensure_stream(js, context: str, *, max_age: float, duplicate_window: f
     except nats.js.errors.BadRequestError as exc:
         # Lost a race with another consumer creating it: fine if it is ours now.
         try:
-            return await js.find_stream_name_by_subject(probe)
+            return str(await js.find_stream_name_by_subject(probe))
         except nats.js.errors.NotFoundError:
             raise ConfigError(f"cannot create DLQ stream {config.name}: {exc}") from exc
-    return config.name
+    return stream_name(context)

@@ -104,8 +104,8 @@ class Replayer:
                         "error": str(exc),
                     },
                 )
-        rows = [row for row, r in zip(rows, results) if not isinstance(r, BaseException)]
-        for row in rows:
+        published = [row for row, r in zip(rows, results) if not isinstance(r, BaseException)]
+        for row in published:
             self.metrics.replays.labels(row["handler"]).inc()
             log.info(
                 "replayed",
@@ -116,7 +116,7 @@ class Replayer:
                     "redrives": row["dlq_metadata"].get("redrives"),
                 },
             )
-        return len(rows)
+        return len(published)
 
     async def run(self, stopping: asyncio.Event) -> None:
         logged = float("-inf")

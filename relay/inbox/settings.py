@@ -5,6 +5,7 @@ configuration: what its manifest says, else the consumer's defaults."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pgoutbox.core import settings
 from pgoutbox.core.backoff import Backoff, jitter_fraction
@@ -304,7 +305,7 @@ def resolve(spec: registry.HandlerSpec, cfg: ConsumerConfig) -> HandlerRuntime:
 
 def load_handlers(cfg: ConsumerConfig) -> list[HandlerRuntime]:
     """The registry's handlers (or the OUTBOX_CONSUMER_HANDLERS subset), resolved."""
-    specs = registry.load(cfg.registry_file)
+    specs = registry.load(Path(cfg.registry_file))
     if cfg.handlers:
         wanted = [h.strip() for h in cfg.handlers.split(",") if h.strip()]
         known = {s.name for s in specs}

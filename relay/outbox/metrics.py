@@ -60,8 +60,10 @@ class RelayMetrics:
 
     def count(self, contexts: dict, outcomes: list[Outcome], dead: set) -> None:
         """Counts one batch's outcomes; contexts maps event_id -> context."""
-        published, duplicates = Tally(), Tally()
-        failed, dead_lettered = Tally(), Tally()
+        published: Tally[tuple] = Tally()
+        duplicates: Tally[tuple] = Tally()
+        failed: Tally[tuple] = Tally()
+        dead_lettered: Tally[tuple] = Tally()
         for o in outcomes:
             ctx = contexts[o.event_id]
             if o.ok:

@@ -126,7 +126,12 @@ class Publisher:
 
     @property
     def js(self):
-        return self.nc.jetstream(timeout=self.timeout)
+        return self._client().jetstream(timeout=self.timeout)
+
+    def _client(self) -> nats.NATS:
+        if self.nc is None:  # publish_batch before connect(): the batch fails and is retried
+            raise BrokerUnavailable("not connected to NATS yet")
+        return self.nc
 
     @property
     def connected(self) -> bool:
@@ -218,7 +223,8 @@ class Publisher:
             return [Outcome(r["event_id"], code=PublishError.NATS_UNAVAILABLE, detail="not connected") for r in rows]
         outcomes: list[Outcome | None] = [None] * len(rows)
         sent: dict[int, tuple[str, asyncio.Future]] = {}
-        max_payload = self.nc.max_payload
+        nc = self._client()
+        max_payload = nc.max_payload
         loop = asyncio.get_running_loop()
         for i, row in enumerate(rows):
             message = encode_outcome(row)
@@ -238,7 +244,7 @@ class Publisher:
             token = str(next(self._tokens))
             future = self._waiting[token] = loop.create_future()
             try:
-                await self.nc.publish(subject, body, reply=f"{self._inbox}.{token}", headers=headers)
+                await nc.publish(subject, body, reply=f"{self._inbox}.{token}", headers=headers)
             except Exception as exc:
                 self._waiting.pop(token, None)
                 outcomes[i] = _classify_send_error(row["event_id"], exc)
@@ -256,19 +262,18 @@ class Publisher:
                     event_id, code=PublishError.PUBLISH_TIMEOUT, detail=f"no JetStream ack within {self.timeout:g}s"
                 )
                 continue
-            exc = future.exception()
-            if exc is None:
+            failure = future.exception()
+            if failure is None:
                 outcomes[i] = Outcome(event_id, duplicate=bool(future.result().get("duplicate")))
-            elif isinstance(exc, _NoResponders):
+            elif isinstance(failure, _NoResponders):
                 subject = rows[i]["subject"]
                 if subject not in no_stream:
                     no_stream[subject] = await self._confirm_no_stream(subject)
                 outcomes[i] = Outcome(event_id, code=no_stream[subject].code, detail=no_stream[subject].detail)
             else:
-                code = (
-                    PublishError.MAX_PAYLOAD if exc.err_code == _JS_MESSAGE_TOO_LARGE else PublishError.JETSTREAM_ERROR
-                )
-                outcomes[i] = Outcome(event_id, code=code, detail=f"[{exc.err_code}] {exc}")
+                err_code = getattr(failure, "err_code", None)  # a _Rejected: JetStream's error reply
+                code = PublishError.MAX_PAYLOAD if err_code == _JS_MESSAGE_TOO_LARGE else PublishError.JETSTREAM_ERROR
+                outcomes[i] = Outcome(event_id, code=code, detail=f"[{err_code}] {failure}")
         return outcomes  # type: ignore[return-value]
 
     async def _confirm_no_stream(self, subject: str) -> Outcome:

@@ -149,7 +149,7 @@ class OutboxRelay:
                 for task in pipeline:
                     task.cancel()  # claimed batches are recovered through their lease
                 await asyncio.gather(*pipeline, return_exceptions=True)
-                raise crashed[0].exception()
+                raise crashed[0].exception() or RuntimeError("a relay task ended")
             await self._drain(pipeline)
         finally:
             stop_task.cancel()

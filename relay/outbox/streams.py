@@ -247,7 +247,8 @@ def captures_outbox_subjects(filter_subject: str) -> bool:
 
 
 async def _all_streams(js) -> list:
-    streams, offset = [], 0
+    streams: list = []
+    offset = 0
     while True:
         page = await js.streams_info(offset)
         if not page:
