@@ -18,7 +18,7 @@
 --   * exactly at each limit is accepted, and non-string header values too
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(43);
+SELECT plan(44);
 
 -- Times.
 SELECT throws_ok(
@@ -75,6 +75,11 @@ SELECT throws_ok(
     $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
         headers => '{"status": "404"}')$$,
     'OB016', NULL, 'Status (a status reply''s header, which would end a fetch) is reserved'
+);
+SELECT throws_ok(
+    $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
+        headers => '{"traceparent": "00-\u00e9-01"}')$$,
+    'OB017', NULL, 'a trace context that is not visible ASCII is refused (it becomes an HTTP header)'
 );
 SELECT throws_ok(
     $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea', headers => '{"": "x"}')$$,

@@ -135,7 +135,13 @@ BEGIN
             WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%' OR lower(h.key) IN ('status', 'description')
         ),
         min(h.key) FILTER (WHERE h.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' OR length(h.key) > 256),
-        min(h.key) FILTER (WHERE jsonb_typeof(h.value) = 'string' AND (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'),
+        min(h.key) FILTER (
+            WHERE jsonb_typeof(h.value) = 'string' AND (
+                (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'
+                -- the trace context becomes an HTTP header of the handler call
+                OR (lower(h.key) IN ('traceparent', 'tracestate') AND (h.value #>> '{}') !~ '^[\t\x20-\x7e]*$')
+            )
+        ),
         count(DISTINCT lower(h.key)) < count(*)
     INTO reserved, bad_name, bad_value, twice
     FROM jsonb_each(headers) AS h (key, value);
@@ -152,7 +158,7 @@ BEGIN
             USING ERRCODE = 'OB017';
     END IF;
     IF bad_value IS NOT NULL THEN
-        RAISE EXCEPTION 'INVALID_HEADER: the value of header % has a line break or starts or ends with white space', quote_literal(bad_value)
+        RAISE EXCEPTION 'INVALID_HEADER: the value of header % has a line break or starts or ends with white space (traceparent, tracestate: visible ASCII only)', quote_literal(bad_value)
             USING ERRCODE = 'OB017';
     END IF;
 END;

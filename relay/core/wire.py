@@ -144,6 +144,9 @@ def _check_values(headers: Mapping[str, str]) -> None:
                 f"header {name} value {_show(value)} has CR/LF or leading/trailing "
                 "whitespace, which NATS does not carry unaltered",
             )
+        if name.lower() in TRACE_HEADERS and not _HTTP_VALUE.match(value):
+            # The consumer passes the trace context on as HTTP headers of the handler call.
+            raise WireError("BAD_HEADER", f"header {name} value {_show(value)} is not visible ASCII")
 
 
 def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:

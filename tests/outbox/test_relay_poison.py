@@ -84,6 +84,7 @@ POISON = {
     "Nats-Expected-Stream": ({"headers": Jsonb({"Nats-Expected-Stream": "OTHER"})}, "BAD_HEADER"),
     "pgoutbox-context in lower case": ({"headers": Jsonb({"pgoutbox-context": "other"})}, "BAD_HEADER"),
     "Status": ({"headers": Jsonb({"Status": "404"})}, "BAD_HEADER"),
+    "traceparent not ASCII": ({"headers": Jsonb({"traceparent": "00-\u00e9\x7f-01"})}, "BAD_HEADER"),
     "headers not an object": ({"headers": Jsonb(["a", "b"])}, "BAD_HEADER"),
     "aggregate_id injecting a header": ({"aggregate_id": "42\r\nNats-Msg-Id: forged"}, "BAD_HEADER"),
     "tenant_id with a trailing space": ({"tenant_id": "t1 "}, "BAD_HEADER"),
