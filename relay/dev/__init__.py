@@ -1,4 +1,4 @@
 """For trying pgoutbox on one machine, never for production: embedded
 PostgreSQL and nats-server under a local folder (embedded), and the demo
-(`make demo`: demo for the outbox half, consumer_demo for the inbox half).
+(`make demo`: demo.py, whose inbox half is demo_inbox.py).
 dev may import everything; nothing imports dev except tests and benchmarks."""

@@ -6,7 +6,7 @@ It emits three events in one business transaction (the third a "poison"
 order the sample handler refuses), applies the stream of the `sea` context,
 runs the relay until the events are published and shows them as a JetStream
 subscriber receives them, then runs the consumer over them
-(consumer_demo.consume_and_report: handler calls, inbox, DLQ). Re-running it
+(demo_inbox.consume_and_report: handler calls, inbox, DLQ). Re-running it
 is safe: it adds three more events and shows only those."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import db, migrate
 from pgoutbox.core import logs as json_logs
-from pgoutbox.dev.consumer_demo import consume_and_report, print_rows
+from pgoutbox.dev.demo_inbox import consume_and_report, print_rows
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams

@@ -1,5 +1,6 @@
-"""`make demo` runs the relay: the three events arrive in JetStream and the
-consumer processes them (the poison one ends in the DLQ)."""
+"""`make demo`, the one demo: the relay puts the three events in JetStream and
+the consumer processes them (the poison one ends in the DLQ, is replayed once
+and stays there)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,5 @@ def test_the_demo_relays_the_events_to_jetstream_and_the_consumer(database_url, 
     assert out.count('"status": "COMPLETED"') == 3 and '"claimed_by": "demo-relay"' in out
     assert "handler order_mailer was called 4 time(s)" in out
     assert out.count("-> 200") == 2 and out.count("-> 422") == 2
+    assert '"dead_letter": 1' in out and '"unprocessed": 0' in out  # the inbox half: 2 processed, the poison one dead
+    assert out.count("sea.dlq.dead.order_mailer.order_created.v1: HTTP 422") == 2

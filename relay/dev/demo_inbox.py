@@ -1,13 +1,7 @@
-"""The consuming half of `make demo`: a sample HTTP handler, the generated
-registry, the consumer with its replayer, and one poison message that ends
-in the DLQ; prints what happened.
-
-    python -m pgoutbox.dev.consumer_demo     # standalone, embedded PostgreSQL + NATS under .data/
-
-Standalone, it also plays the relay's part with a minimal stand-in (claim,
-publish in the relay's wire format, mark published: the same SQL calls the
-relay makes). In the full demo the relay does that, and demo.py calls
-consume_and_report() once the events are in JetStream.
+"""The inbox half of the one demo (`make demo`, dev/demo.py): a sample HTTP
+handler, the generated registry, the consumer with its replayer, and one
+poison message that ends in the DLQ; prints what happened. demo.py calls
+consume_and_report() once the relay has put the events in JetStream.
 """
 
 from __future__ import annotations
@@ -16,20 +10,14 @@ import asyncio
 import dataclasses
 import json
 import os
-import sys
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import nats
-import nats.js.errors
-import psycopg
-from psycopg.rows import dict_row
 
-from pgoutbox.core import db, migrate, settings, wire
-from pgoutbox.core import logs as json_logs
-from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
+from pgoutbox.core import db, settings
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox.consumer import Consumer
@@ -72,29 +60,6 @@ class SampleHandler:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/orders"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-async def _ensure_event_stream(js, context: str) -> None:
-    """Stand-in for the relay's stream provisioning (one stream per context)."""
-    try:
-        await js.stream_info(f"{context.upper()}_EVENTS")
-    except nats.js.errors.NotFoundError:
-        await js.add_stream(name=f"{context.upper()}_EVENTS", subjects=[f"{context}.event.>"])
-
-
-async def relay_stand_in(database_url: str, js) -> int:
-    """Claims, publishes and marks the pending events, as the relay does."""
-    with db.connect(database_url) as conn:
-        cur = conn.cursor(row_factory=dict_row)
-        events = cur.execute("SELECT * FROM outbox.claim('consumer-demo', 1000, interval '1 minute')").fetchall()
-        for event in events:
-            subject, body, headers = wire.to_nats(event)
-            await js.publish(subject, body, headers=headers)
-        if events:
-            conn.execute(
-                "SELECT outbox.mark_published(%s, %s)", (events[0]["claim_token"], [e["event_id"] for e in events])
-            )
-    return len(events)
 
 
 async def consume_and_report(database_url: str, nats_url: str, expected: int, context: str = "sea") -> None:
@@ -160,6 +125,8 @@ async def consume_and_report(database_url: str, nats_url: str, expected: int, co
 
 
 class _connected:
+    """A JetStream context on a connection of its own, closed on exit."""
+
     def __init__(self, url: str):
         self.url = url
 
@@ -169,39 +136,3 @@ class _connected:
 
     async def __aexit__(self, *exc):
         await self.nc.close()
-
-
-async def _standalone(database_url: str, nats_url: str) -> None:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        for step in migrate.migrate(conn):
-            print(f"migrated: {step}")
-        with conn.transaction():  # the business change and its events commit together
-            for n, poison in ((1, False), (2, False), (3, True)):
-                conn.execute(
-                    "SELECT outbox.emit('order', %s, 'order_created', %s::jsonb, context => 'sea')",
-                    (str(1000 + n), json.dumps({"schema_version": 1, "total": 10 * n, "poison": poison})),
-                )
-    async with _connected(nats_url) as js:
-        await _ensure_event_stream(js, "sea")
-        published = await relay_stand_in(database_url, js)
-    print(f"published {published} event(s) to JetStream (relay stand-in)")
-    await consume_and_report(database_url, nats_url, published)
-
-
-def main() -> int:
-    json_logs.setup("WARNING")  # the dead letters show up as JSON log lines
-    pg = EmbeddedPostgres(DATA / "postgres")
-    nats_server = EmbeddedNats(DATA / "nats")
-    database_url = os.environ.get("OUTBOX_DATABASE_URL") or pg.start()
-    nats_url = os.environ.get("OUTBOX_NATS_URL") or nats_server.start()
-    try:
-        asyncio.run(_standalone(database_url, nats_url))
-    finally:
-        nats_server.stop()
-        if not os.environ.get("OUTBOX_DATABASE_URL"):
-            pg.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
