@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +21,6 @@ from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox.consumer import Consumer
 
-DATA = Path(os.environ.get("OUTBOX_DEMO_DIR", Path(__file__).resolve().parents[2] / ".data"))
 HANDLER = "order_mailer"
 
 
