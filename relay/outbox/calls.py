@@ -15,6 +15,7 @@ rendering (envelope.wire_time), or a marker for values that have none
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timedelta
 from typing import Any
@@ -104,37 +105,41 @@ class OutboxCalls:
         self.purpose = purpose
         self.pool = pool(database_url, purpose, synchronous_commit=synchronous_commit, wire_times=wire_times)
         self._conn: psycopg.AsyncConnection | None = None
+        self._getting = asyncio.Lock()  # concurrent calls (the monitor's two loops) share the one session
 
     @property
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.closed
 
-    async def _give_back(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
+    async def _give_back(self, conn: psycopg.AsyncConnection | None) -> None:
+        if conn is not None and conn is self._conn:  # not one a concurrent call got since
+            self._conn = None
             await self.pool.putconn(conn)
 
     async def close(self) -> None:
-        await self._give_back()
+        await self._give_back(self._conn)
         await self.pool.close()
 
     async def _run(self, query: str, params: tuple = (), *, rows: bool = False) -> Any:
-        if self._conn is None:
-            self._conn = await self.pool.getconn()
-            log.info("connected to PostgreSQL", extra={"action": "db_connected", "purpose": self.purpose})
         conn = self._conn
+        if conn is None:
+            async with self._getting:
+                if self._conn is None:
+                    self._conn = await self.pool.getconn()
+                    log.info("connected to PostgreSQL", extra={"action": "db_connected", "purpose": self.purpose})
+                conn = self._conn
         try:
             with wrap_exceptions():
                 cur = await conn.execute(query, params)
                 return await cur.fetchall() if rows else (await cur.fetchone())
         except psycopg.Error as exc:
             if conn.broken or conn.closed or db.is_connection_error(exc):
-                await self._give_back()
+                await self._give_back(conn)
                 raise self.pool.lost(exc) from exc
             raise
         except BaseException:
             if conn.broken or conn.closed:  # e.g. cancelled in the middle of a call
-                await self._give_back()
+                await self._give_back(conn)
             raise
 
     async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict]:

@@ -4,6 +4,7 @@ failure or loss as DatabaseUnavailable, in bounded time, on both sides."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import psycopg
@@ -107,5 +108,17 @@ async def test_a_lost_connection_is_database_unavailable_then_replaced_on_the_re
         assert not calls.connected
         again = await calls._run("SELECT pg_backend_pid() AS pid")
         assert again["pid"] != settings["pid"]
+    finally:
+        await calls.close()
+
+
+async def test_concurrent_relay_calls_share_its_one_session(database_url):
+    """The relay's backlog and partitions loops call the same OutboxCalls at once."""
+    calls = OutboxCalls(database_url, "backlog")
+    try:
+        rows = await asyncio.wait_for(
+            asyncio.gather(*(calls._run("SELECT pg_backend_pid() AS pid, pg_sleep(0.2)") for _ in range(3))), 5
+        )
+        assert len({row["pid"] for row in rows}) == 1
     finally:
         await calls.close()
