@@ -63,7 +63,7 @@ def _reason(exc: BaseException, database_url: str | None) -> str:
     return redact(reason.removeprefix("connection failed: "), conninfo(database_url))
 
 
-def unavailable(exc: psycopg.Error, database_url: str | None, *, lost: bool = False) -> DatabaseUnavailable:
+def unavailable(exc: BaseException, database_url: str | None, *, lost: bool = False) -> DatabaseUnavailable:
     """One line for a connection that failed: where, which setting, and libpq's reason.
 
     libpq gives connection failures no SQLSTATE, so the reason is shown, never matched on."""
@@ -108,10 +108,11 @@ def connect(
 
 def applied_version(conn: psycopg.Connection) -> int:
     """The schema version of the database (0: pgoutbox was never migrated there)."""
-    exists = conn.execute("SELECT to_regclass('outbox.schema_migrations') IS NOT NULL").fetchone()[0]
-    if not exists:
+    exists = conn.execute("SELECT to_regclass('outbox.schema_migrations') IS NOT NULL").fetchone()
+    if not (exists and exists[0]):
         return 0
-    return int(conn.execute("SELECT outbox.schema_version()").fetchone()[0])
+    version = conn.execute("SELECT outbox.schema_version()").fetchone()
+    return int(version[0]) if version else 0
 
 
 def check_schema_version(found: int) -> None:
@@ -194,7 +195,8 @@ class Pool:
             try:
                 cur = conn.cursor(row_factory=tuple_row)
                 await cur.execute("SELECT outbox.schema_version()")
-                check_schema_version((await cur.fetchone())[0])
+                row = await cur.fetchone()
+                check_schema_version(row[0] if row else 0)
             except psycopg.Error as exc:
                 refusal = self._refused(exc) if self._refused else None
                 if refusal is None:
@@ -276,7 +278,7 @@ def _recording(pool: Pool) -> type[psycopg.AsyncConnection]:
 
     class Connection(psycopg.AsyncConnection):
         @classmethod
-        async def connect(cls, conninfo: str = "", **kwargs):  # type: ignore[override]
+        async def connect(cls, conninfo: str = "", **kwargs):
             try:
                 return await super().connect(conninfo, **kwargs)
             except psycopg.OperationalError as exc:

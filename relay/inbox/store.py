@@ -57,7 +57,9 @@ async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple) -> dict
     async with conn.cursor(row_factory=dict_row) as cur:
         with wrap_exceptions():
             await cur.execute(query, params)
-            return await cur.fetchone()
+            row = await cur.fetchone()
+    assert row is not None  # each inbox function returns one row
+    return row
 
 
 # The inbox functions on a given connection, inside whatever transaction it

@@ -73,7 +73,7 @@ def pool(
     if wire_times:  # the rendering WireTimeLoader's fast path expects
         options.update(TimeZone="UTC", DateStyle="ISO")
 
-    async def configure(conn: psycopg.AsyncConnection) -> None:
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
         conn.row_factory = dict_row
         # Ids only travel from a claim to the wire and back to a mark:
         # text avoids building (and re-formatting) a UUID object per id.
