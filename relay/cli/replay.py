@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 
 from pgoutbox.cli.consume import stop_on_signals
+from pgoutbox.core import db, settings
 from pgoutbox.core import logs as json_logs
-from pgoutbox.core import settings
 from pgoutbox.inbox import settings as cs
+from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.consumer import check_schema, connect_nats, until_stopped
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.replayer import Replayer
-from pgoutbox.inbox.store import ConnectionPool, Inbox
+from pgoutbox.inbox.store import Inbox
 
 COMMAND = "replay"
 HELP = (
@@ -30,7 +31,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--once", action="store_true", help="one pass, print how many were re-published, exit")
 
 
-async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: ConnectionPool, opened: list) -> int:
+async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: db.Pool, opened: list) -> int:
     nc = await connect_nats(cfg.nats_url, "pgoutbox-replayer", retry=not once)
     opened.append(nc)
     inbox = Inbox(pool)
@@ -58,7 +59,7 @@ async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: C
 
 async def _main(cfg: cs.ReplayConfig, once: bool) -> int:
     stop = stop_on_signals()
-    pool = ConnectionPool(cfg.database_url, 1)
+    pool = inbox_store.pool(cfg.database_url, 1)
     opened: list = []
     try:
         work = asyncio.ensure_future(_replay(cfg, once, stop, pool, opened))

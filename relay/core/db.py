@@ -1,22 +1,32 @@
 """Connections. A conninfo/URL from OUTBOX_DATABASE_URL, else libpq's PG*
 variables (an empty conninfo lets libpq read them); no default credentials.
 
-connect() and aconnect() turn a failed connection into DatabaseUnavailable
-(one line: where, which setting, libpq's reason; never the password), so every
-command and worker reports it the same way."""
+connect() (one-shot commands) and Pool (the workers, both sides) turn a failed
+or lost connection into DatabaseUnavailable (one line: where, which setting,
+libpq's reason; never the password), so every command and worker reports it
+the same way and retries on that one type."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
 import psycopg.errors
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgoutbox import SCHEMA_VERSION
-from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
+from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch
 from pgoutbox.core.settings import redact
 
 SETTING = "OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset"
+
+CONNECT_TIMEOUT = 5  # seconds: an unreachable host fails a connect, it does not hang it
+POOL_TIMEOUT = 30.0  # seconds a call waits for a busy pool's connection before failing
 
 # SQLSTATEs of a server that refuses or drops the session rather than a statement
 # (libpq's own connection failures carry none).
@@ -41,6 +51,8 @@ def describe(database_url: str | None) -> str:
 
 def is_connection_error(exc: BaseException) -> bool:
     """A failure of the connection itself (unreachable, refused, dropped), not of a statement."""
+    if isinstance(exc, psycopg.InterfaceError):  # e.g. a call on a connection already closed
+        return True
     if not isinstance(exc, psycopg.OperationalError):
         return False
     return exc.sqlstate is None or exc.sqlstate.startswith(_CONNECTION_STATES)
@@ -51,7 +63,7 @@ def _reason(exc: BaseException, database_url: str | None) -> str:
     return redact(reason.removeprefix("connection failed: "), conninfo(database_url))
 
 
-def unavailable(exc: psycopg.Error, database_url: str | None, *, lost: bool = False) -> DatabaseUnavailable:
+def unavailable(exc: BaseException, database_url: str | None, *, lost: bool = False) -> DatabaseUnavailable:
     """One line for a connection that failed: where, which setting, and libpq's reason.
 
     libpq gives connection failures no SQLSTATE, so the reason is shown, never matched on."""
@@ -94,21 +106,13 @@ def connect(
     return conn
 
 
-async def aconnect(database_url: str | None, *, autocommit: bool = True, **kwargs) -> psycopg.AsyncConnection:
-    try:
-        return await psycopg.AsyncConnection.connect(conninfo(database_url), autocommit=autocommit, **kwargs)
-    except psycopg.OperationalError as exc:
-        raise unavailable(exc, database_url) from exc
-    except psycopg.ProgrammingError as exc:
-        raise _bad_conninfo(exc, database_url) from exc
-
-
 def applied_version(conn: psycopg.Connection) -> int:
     """The schema version of the database (0: pgoutbox was never migrated there)."""
-    exists = conn.execute("SELECT to_regclass('outbox.schema_migrations') IS NOT NULL").fetchone()[0]
-    if not exists:
+    exists = conn.execute("SELECT to_regclass('outbox.schema_migrations') IS NOT NULL").fetchone()
+    if not (exists and exists[0]):
         return 0
-    return int(conn.execute("SELECT outbox.schema_version()").fetchone()[0])
+    version = conn.execute("SELECT outbox.schema_version()").fetchone()
+    return int(version[0]) if version else 0
 
 
 def check_schema_version(found: int) -> None:
@@ -118,3 +122,170 @@ def check_schema_version(found: int) -> None:
             f"database schema is at version {found}, this pgoutbox expects {SCHEMA_VERSION}: "
             + ("run `pgoutbox migrate`" if found < SCHEMA_VERSION else "upgrade pgoutbox")
         )
+
+
+# The pool's own log lines repeat, per attempt, what our workers already report
+# once per outage (rate-limited, with the setting to check).
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+
+Configure = Callable[[psycopg.AsyncConnection], Awaitable[None]]
+Refusal = Callable[[psycopg.Error], PgOutboxError | None]
+
+
+class Pool:
+    """The workers' connections (relay and consumer alike): a
+    psycopg_pool.AsyncConnectionPool of `size` long-lived autocommit sessions,
+    each set up on connect (`options`: session settings; `configure`: e.g.
+    loaders) and checked against the schema version this code expects.
+
+    A connect that fails (unreachable, login refused, schema unknown) fails the
+    calls waiting for it at once, as DatabaseUnavailable (SchemaMismatch and
+    the like as they are), instead of letting them wait out the pool's
+    timeout; the pool then gives the connection up, and the next call tries
+    again, so the callers' own retry loops set the pace, as with a plain
+    connection. A call on a connection that breaks raises DatabaseUnavailable
+    and the pool replaces the connection."""
+
+    def __init__(
+        self,
+        database_url: str | None,
+        *,
+        name: str,
+        size: int = 1,
+        options: dict[str, str] | None = None,
+        configure: Configure | None = None,
+        refused: Refusal | None = None,
+        timeout: float = POOL_TIMEOUT,
+    ):
+        self.database_url = database_url
+        self.name = name
+        self._configure_more = configure
+        self._refused = refused
+        self._error: BaseException | None = None
+        self._failed = asyncio.Event()
+        kwargs: dict = {"autocommit": True, "connect_timeout": CONNECT_TIMEOUT}
+        if options:
+            kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in options.items())
+        self._pool = AsyncConnectionPool(
+            conninfo(database_url),
+            connection_class=_recording(self),
+            kwargs=kwargs,
+            min_size=size,
+            max_size=size,
+            open=False,
+            configure=self._configure,
+            name=name,
+            timeout=timeout,
+            # Give a failed connect up after one retry: the next call asks
+            # again (no hidden schedule doubling its pause for minutes).
+            reconnect_timeout=0,
+            num_workers=1,
+        )
+        self._opened = False
+
+    def _fail(self, error: BaseException) -> None:
+        """A connect failed: every call waiting for a connection gets `error`."""
+        self._error = error
+        self._failed.set()
+        self._failed = asyncio.Event()
+
+    async def _configure(self, conn: psycopg.AsyncConnection) -> None:
+        """The pool's configure hook: the schema check, then the side's own set-up."""
+        try:
+            try:
+                cur = conn.cursor(row_factory=tuple_row)
+                await cur.execute("SELECT outbox.schema_version()")
+                row = await cur.fetchone()
+                check_schema_version(row[0] if row else 0)
+            except psycopg.Error as exc:
+                refusal = self._refused(exc) if self._refused else None
+                if refusal is None:
+                    raise
+                raise refusal from None
+            if self._configure_more is not None:
+                await self._configure_more(conn)
+        except BaseException as exc:
+            await conn.close()
+            self._fail(unavailable(exc, self.database_url) if is_connection_error(exc) else exc)
+            raise
+
+    async def getconn(self) -> psycopg.AsyncConnection:
+        """A connection to keep (the relay holds one per stage, so that its
+        prepared statements live as long as the session); give it back with
+        putconn()."""
+        if not self._opened:
+            await self._pool.open(wait=False)
+            self._opened = True
+        if self._pool.get_stats().get("pool_available"):
+            return await self._pool.getconn()
+        failed = asyncio.ensure_future(self._failed.wait())
+        got = asyncio.ensure_future(self._pool.getconn())
+        try:
+            await asyncio.wait({failed, got}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            await self._abandon(got)
+            raise
+        finally:
+            failed.cancel()
+        if not got.done():
+            await self._abandon(got)
+            assert self._error is not None
+            raise self._error
+        try:
+            return got.result()
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(
+                f"no PostgreSQL connection of pool {self.name} free within {self._pool.timeout:g}s "
+                f"(at {describe(self.database_url)})"
+            ) from exc
+
+    async def _abandon(self, got: asyncio.Future) -> None:
+        got.cancel()
+        try:
+            conn = await got
+        except BaseException:
+            return
+        await self._pool.putconn(conn)  # it arrived while we gave up on it
+
+    async def putconn(self, conn: psycopg.AsyncConnection) -> None:
+        """Back to the pool; a broken connection is replaced."""
+        await self._pool.putconn(conn)
+
+    def lost(self, exc: BaseException) -> DatabaseUnavailable:
+        return unavailable(exc, self.database_url, lost=True)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A connection for one call (or one transaction)."""
+        conn = await self.getconn()
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed or is_connection_error(exc):
+                raise self.lost(exc) from exc
+            raise
+        finally:
+            await self._pool.putconn(conn)
+
+    async def close(self) -> None:
+        if self._opened:
+            await self._pool.close(timeout=1.0)  # a stop must not wait on a connect in progress
+
+
+def _recording(pool: Pool) -> type[psycopg.AsyncConnection]:
+    """The pool's connection class: records why a connect failed (libpq's reason
+    for the one line), since the pool connects in a worker of its own."""
+
+    class Connection(psycopg.AsyncConnection):
+        @classmethod
+        async def connect(cls, conninfo: str = "", **kwargs):
+            try:
+                return await super().connect(conninfo, **kwargs)
+            except psycopg.OperationalError as exc:
+                pool._fail(unavailable(exc, pool.database_url))
+                raise
+            except psycopg.ProgrammingError as exc:  # an option libpq does not know
+                pool._fail(_bad_conninfo(exc, pool.database_url))
+                raise
+
+    return Connection

@@ -121,9 +121,14 @@ class SchemaMismatch(PgOutboxError):
 
 
 class DatabaseUnavailable(PgOutboxError):
-    """PostgreSQL could not be reached or refused the connection; may be retried after a pause."""
+    """PostgreSQL could not be reached or refused the connection; may be retried after a pause.
+
+    The one type both sides raise for a connection that failed or was lost
+    (core.db); `retryable` is False when PostgreSQL answered but refuses this
+    login what it needs (a missing grant), which no pause repairs."""
 
     exit_code = ExitCode.DATABASE
+    retryable = True
 
 
 class ConfigError(PgOutboxError):

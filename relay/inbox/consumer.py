@@ -44,29 +44,26 @@ import time
 import nats
 import nats.errors
 import nats.js.errors
-import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import db
 from pgoutbox.core.backoff import reconnect_delays
-from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable, SchemaMismatch
+from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable
 from pgoutbox.core.health import HealthServer
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox import settings as cs
+from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.flow import MessageFlow
 from pgoutbox.inbox.handler_client import HandlerClient
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
-from pgoutbox.inbox.store import ConnectionPool, Inbox
+from pgoutbox.inbox.store import Inbox
 
 log = logging.getLogger("pgoutbox.inbox.consumer")
 
 # Seconds between two log lines about the same unavailable server.
 LOG_EVERY = 5.0
-# PostgreSQL's answer when the pgoutbox functions are not there (not migrated).
-_NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema_name
-_PERMISSION_DENIED = "42501"
 
 
 class Every:
@@ -163,30 +160,19 @@ async def connect_nats(url: str, name: str, *, retry: bool = True, closed_cb=Non
 async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = True) -> None:
     """Checks the schema version, waiting (retry) for as long as PostgreSQL is
     unreachable, else DatabaseUnavailable; SchemaMismatch for a schema this
-    code does not know or a database without one."""
+    code does not know or a database without one (the pool checks each new
+    connection: inbox_store.pool)."""
     delays, every = reconnect_delays(), Every()
     while True:
         try:
             version = await inbox.schema_version()
-        except (psycopg.OperationalError, DatabaseUnavailable) as exc:
-            down = exc if isinstance(exc, DatabaseUnavailable) else db.unavailable(exc, database_url)
-            if not retry:
-                raise down from None
+        except DatabaseUnavailable as exc:
+            if not retry or not exc.retryable:
+                raise
             if every.due():
-                log.warning("%s; retrying", down, extra={"action": "db_retry"})
+                log.warning("%s; retrying", exc, extra={"action": "db_retry"})
             await asyncio.sleep(next(delays))
             continue
-        except psycopg.Error as exc:
-            if exc.sqlstate in _NO_SCHEMA:
-                raise SchemaMismatch(
-                    f"no pgoutbox schema at {db.describe(database_url)}: run `pgoutbox migrate`"
-                ) from None
-            if exc.sqlstate == _PERMISSION_DENIED:
-                raise DatabaseUnavailable(
-                    f"permission denied at {db.describe(database_url)}: the login needs "
-                    "`GRANT pgoutbox_consumer TO <login>`"
-                ) from None
-            raise
         db.check_schema_version(version)
         return
 
@@ -229,7 +215,7 @@ class Consumer:
         self.health: HealthServer | None = None
         self.nc = None
         self.js = None
-        self.pool: ConnectionPool | None = None
+        self.pool: db.Pool | None = None
         self.client: HandlerClient | None = None
         self.replayer: Replayer | None = None
         self._started = False
@@ -257,7 +243,7 @@ class Consumer:
             self.health.start()
             self._background.append(asyncio.create_task(self._tick_loop()))
         await self._connect()
-        self.pool = ConnectionPool(cfg.database_url, cfg.db_pool_size)
+        self.pool = inbox_store.pool(cfg.database_url, cfg.db_pool_size)
         self.inbox = Inbox(self.pool)
         await self._check_schema()
         self.client = HandlerClient(per_origin=max(h.concurrency for h in self.handlers) + 1)
@@ -525,7 +511,7 @@ class Consumer:
             raise
         except Exception as exc:
             outcome = "error"
-            if _is_database_error(exc):
+            if isinstance(exc, DatabaseUnavailable):
                 self._db_ok = False  # the backlog check says when it is back
             log.error(
                 "message left unacknowledged after an error",
@@ -624,7 +610,3 @@ class Consumer:
         elif not self._loops:
             found.append("no fetch loop running")
         return found
-
-
-def _is_database_error(exc: BaseException) -> bool:
-    return isinstance(exc, psycopg.Error) or isinstance(exc.__cause__, psycopg.Error)

@@ -25,6 +25,7 @@ import time
 import nats.errors
 import psycopg
 
+from pgoutbox.core.errors import DatabaseUnavailable
 from pgoutbox.core.wire import PublishError, message_size
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.metrics import ConsumerMetrics
@@ -127,7 +128,9 @@ class Replayer:
                 done = 0
                 if time.monotonic() - logged >= LOG_EVERY:  # one line per outage, not per pass
                     logged = time.monotonic()
-                    if isinstance(exc, (psycopg.OperationalError, nats.errors.Error, asyncio.TimeoutError)):
+                    if isinstance(
+                        exc, (DatabaseUnavailable, psycopg.OperationalError, nats.errors.Error, asyncio.TimeoutError)
+                    ):
                         log.warning("replay pass failed: %s", str(exc) or type(exc).__name__)
                     else:
                         log.exception("replay pass failed")

@@ -1,11 +1,10 @@
 """The consumer's calls into the inbox: nothing but the SQL functions of
-sql/50_inbox.sql and sql/60_inbox_replay.sql, over a small pool of
+sql/50_inbox.sql and sql/60_inbox_replay.sql, over a db.Pool of
 autocommit connections (each call is its own transaction unless the caller
-opens one, as the replayer does)."""
+opens one, as the replayer does); a lost connection raises DatabaseUnavailable."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -16,9 +15,10 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgoutbox.core import db
-from pgoutbox.core.errors import wrap_exceptions
+from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, SchemaMismatch, wrap_exceptions
 
-CONNECT_TIMEOUT = 5  # seconds
+_NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema_name
+_PERMISSION_DENIED = "42501"
 
 
 class ClaimedReplays(list):
@@ -34,46 +34,32 @@ class ClaimedReplays(list):
         await record_error(self.conn, str(row["message_id"]), row["handler"], error, dead=True)
 
 
-class ConnectionPool:
-    """A fixed number of async connections, opened lazily; a broken one is
-    dropped and replaced on the next use, so a database restart costs the
-    in-flight calls only."""
+def pool(database_url: str | None, size: int) -> db.Pool:
+    """The consumer's connections: `size` autocommit sessions, each checked
+    against the schema version when it connects."""
 
-    def __init__(self, database_url: str | None, size: int):
-        self._url = database_url
-        self._idle: asyncio.Queue[psycopg.AsyncConnection | None] = asyncio.Queue()
-        for _ in range(size):
-            self._idle.put_nowait(None)
-        self._open: set[psycopg.AsyncConnection] = set()
+    def refused(exc: psycopg.Error) -> PgOutboxError | None:
+        if exc.sqlstate in _NO_SCHEMA:
+            return SchemaMismatch(f"no pgoutbox schema at {db.describe(database_url)}: run `pgoutbox migrate`")
+        if exc.sqlstate == _PERMISSION_DENIED:
+            denied = DatabaseUnavailable(
+                f"permission denied at {db.describe(database_url)}: the login needs "
+                "`GRANT pgoutbox_consumer TO <login>`"
+            )
+            denied.retryable = False
+            return denied
+        return None
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        conn = await self._idle.get()
-        try:
-            if conn is None or conn.closed or conn.broken:
-                # A bounded connect: an unreachable host must fail the call, not hang it.
-                conn = await db.aconnect(self._url, connect_timeout=CONNECT_TIMEOUT)
-                self._open.add(conn)
-            yield conn
-        except BaseException:
-            if conn is not None and (conn.broken or conn.closed):
-                self._open.discard(conn)
-                conn = None
-            raise
-        finally:
-            self._idle.put_nowait(conn)
-
-    async def close(self) -> None:
-        for conn in list(self._open):
-            await conn.close()
-        self._open.clear()
+    return db.Pool(database_url, name="inbox", size=size, refused=refused)
 
 
 async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple) -> dict[str, Any]:
     async with conn.cursor(row_factory=dict_row) as cur:
         with wrap_exceptions():
             await cur.execute(query, params)
-            return await cur.fetchone()
+            row = await cur.fetchone()
+    assert row is not None  # each inbox function returns one row
+    return row
 
 
 # The inbox functions on a given connection, inside whatever transaction it
@@ -108,7 +94,7 @@ async def record_error(
 class Inbox:
     """The same calls, each on a pooled connection in its own transaction."""
 
-    def __init__(self, pool: ConnectionPool):
+    def __init__(self, pool: db.Pool):
         self.pool = pool
 
     async def receive(self, message_id: str, handler: str, subject: str, envelope: dict) -> dict[str, Any]:

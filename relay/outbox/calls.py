@@ -1,10 +1,11 @@
-"""The relay's calls to the SQL API, over a connection that is reopened after
-PostgreSQL went away (restart, failover, network). Only function calls: the
-rules live in the database.
+"""The relay's calls to the SQL API, over a session from a db.Pool that is
+replaced after PostgreSQL went away (restart, failover, network). Only
+function calls: the rules live in the database.
 
 A call that fails because the server is unreachable raises DatabaseUnavailable
 (the caller decides whether to retry); every (re)connection re-checks the
-schema version, so a relay never runs against a schema it does not know.
+schema version (the pool's check), so a relay never runs against a schema it
+does not know.
 
 Claimed rows are read so that no value can fail the fetch: ids, payload and
 headers as text, and timestamps as the wire text built from PostgreSQL's own
@@ -14,18 +15,21 @@ rendering (envelope.wire_time), or a marker for values that have none
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 from psycopg.adapt import Loader
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
 from pgoutbox.core import db
 from pgoutbox.core import wire as envelope
-from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch, wrap_exceptions
+from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch, wrap_exceptions
+
+__all__ = ["CLAIMED_COLUMNS", "WAKEUP_CHANNEL", "DatabaseUnavailable", "OutboxCalls", "WireTimeLoader", "pool"]
 
 log = logging.getLogger("pgoutbox.core.db")
 
@@ -47,9 +51,6 @@ def _log_warning(diag) -> None:
         log.warning("PostgreSQL: %s", diag.message_primary, extra={"action": "db_warning", "hint": diag.message_hint})
 
 
-_CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
-
-
 class WireTimeLoader(Loader):
     """timestamptz -> wire text or envelope.Unrepresentable; never raises (a
     value Python's datetime cannot hold would otherwise fail the whole fetch)."""
@@ -58,92 +59,88 @@ class WireTimeLoader(Loader):
         return envelope.wire_time(bytes(data).decode())
 
 
-async def open_connection(
-    database_url: str | None, *, synchronous_commit: bool = True, wire_times: bool = False, **kwargs
-) -> psycopg.AsyncConnection:
-    """An autocommit connection to a schema this code understands.
-
-    Login refused, database missing and server unreachable all raise
-    DatabaseUnavailable: libpq gives them no SQLSTATE to tell them apart."""
-    options = []
+def pool(
+    database_url: str | None, purpose: str, *, synchronous_commit: bool = True, wire_times: bool = False
+) -> db.Pool:
+    """One long-lived session for one stage of the relay (a db.Pool of one):
+    its prepared statements (psycopg prepares a query run often enough)
+    live as long as the session. Login refused, database missing and server
+    unreachable all raise DatabaseUnavailable: libpq gives them no SQLSTATE
+    to tell them apart."""
+    options = {}
     if not synchronous_commit:
-        options.append("-c synchronous_commit=off")
+        options["synchronous_commit"] = "off"
     if wire_times:  # the rendering WireTimeLoader's fast path expects
-        options.append("-c TimeZone=UTC -c DateStyle=ISO")
-    if options:
-        kwargs["options"] = " ".join(options)
-    try:
-        conn = await db.aconnect(database_url, connect_timeout=5, **kwargs)
-    except _CONNECTION_ERRORS as exc:
-        raise db.unavailable(exc, database_url) from exc
-    try:
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute("SELECT outbox.schema_version()")
-        db.check_schema_version((await cur.fetchone())[0])
-    except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName) as exc:
-        await conn.close()
-        raise SchemaMismatch(f"no pgoutbox schema in {db.describe(database_url)}: run `pgoutbox migrate`") from exc
-    except psycopg.errors.InsufficientPrivilege as exc:
-        await conn.close()
-        raise ConfigError(
-            f"the role of OUTBOX_DATABASE_URL may not use the outbox schema in "
-            f"{db.describe(database_url)}: grant it pgoutbox_relay"
-        ) from exc
-    except BaseException:
-        await conn.close()
-        raise
-    if wire_times:
-        conn.adapters.register_loader("timestamptz", WireTimeLoader)
-    return conn
+        options.update(TimeZone="UTC", DateStyle="ISO")
 
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        conn.row_factory = dict_row
+        # Ids only travel from a claim to the wire and back to a mark:
+        # text avoids building (and re-formatting) a UUID object per id.
+        conn.adapters.register_loader("uuid", TextLoader)
+        if wire_times:
+            conn.adapters.register_loader("timestamptz", WireTimeLoader)
+        conn.add_notice_handler(_log_warning)
 
-def _lost(exc: Exception) -> DatabaseUnavailable:
-    """One line for a connection lost during a call (libpq's text can span lines)."""
-    reason = " / ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    return DatabaseUnavailable(f"PostgreSQL connection lost: {reason or type(exc).__name__}")
+    def refused(exc: psycopg.Error) -> PgOutboxError | None:
+        if isinstance(exc, (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)):
+            return SchemaMismatch(f"no pgoutbox schema in {db.describe(database_url)}: run `pgoutbox migrate`")
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return ConfigError(
+                f"the role of OUTBOX_DATABASE_URL may not use the outbox schema in "
+                f"{db.describe(database_url)}: grant it pgoutbox_relay"
+            )
+        return None
+
+    return db.Pool(database_url, name=f"relay-{purpose}", options=options, configure=configure, refused=refused)
 
 
 class OutboxCalls:
-    """One lazily (re)opened connection and the relay's SQL calls on it."""
+    """The relay's SQL calls on a connection held from a pool of its own
+    (given back, and so replaced, when it breaks)."""
 
     def __init__(
         self, database_url: str | None, purpose: str, *, synchronous_commit: bool = True, wire_times: bool = False
     ):
-        self.database_url = database_url
         self.purpose = purpose
-        self.synchronous_commit = synchronous_commit
-        self.wire_times = wire_times
+        self.pool = pool(database_url, purpose, synchronous_commit=synchronous_commit, wire_times=wire_times)
         self._conn: psycopg.AsyncConnection | None = None
+        self._getting = asyncio.Lock()  # concurrent calls (the monitor's two loops) share the one session
 
     @property
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.closed
 
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
+    async def _give_back(self, conn: psycopg.AsyncConnection | None) -> None:
+        if conn is not None and conn is self._conn:  # not one a concurrent call got since
             self._conn = None
+            await self.pool.putconn(conn)
+
+    async def close(self) -> None:
+        await self._give_back(self._conn)
+        await self.pool.close()
 
     async def _run(self, query: str, params: tuple = (), *, rows: bool = False) -> Any:
-        if not self.connected:
-            self._conn = await open_connection(
-                self.database_url,
-                synchronous_commit=self.synchronous_commit,
-                wire_times=self.wire_times,
-                row_factory=dict_row,
-            )
-            # Ids only travel from a claim to the wire and back to a mark:
-            # text avoids building (and re-formatting) a UUID object per id.
-            self._conn.adapters.register_loader("uuid", TextLoader)
-            self._conn.add_notice_handler(_log_warning)
-            log.info("connected to PostgreSQL", extra={"action": "db_connected", "purpose": self.purpose})
+        conn = self._conn
+        if conn is None:
+            async with self._getting:
+                if self._conn is None:
+                    self._conn = await self.pool.getconn()
+                    log.info("connected to PostgreSQL", extra={"action": "db_connected", "purpose": self.purpose})
+                conn = self._conn
         try:
             with wrap_exceptions():
-                cur = await self._conn.execute(query, params)
+                cur = await conn.execute(query, params)
                 return await cur.fetchall() if rows else (await cur.fetchone())
-        except _CONNECTION_ERRORS as exc:
-            await self.close()
-            raise _lost(exc) from exc
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed or db.is_connection_error(exc):
+                await self._give_back(conn)
+                raise self.pool.lost(exc) from exc
+            raise
+        except BaseException:
+            if conn.broken or conn.closed:  # e.g. cancelled in the middle of a call
+                await self._give_back(conn)
+            raise
 
     async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict]:
         return await self._run(

@@ -18,7 +18,8 @@ import logging
 import time
 
 from pgoutbox.core.backoff import Every, reconnect_delays
-from pgoutbox.outbox.calls import WAKEUP_CHANNEL, DatabaseUnavailable, open_connection
+from pgoutbox.outbox import calls
+from pgoutbox.outbox.calls import WAKEUP_CHANNEL, DatabaseUnavailable
 
 log = logging.getLogger("pgoutbox.outbox.wakeups")
 
@@ -62,10 +63,17 @@ class Wakeups:
 
     async def listen(self, database_url: str | None) -> None:
         """LISTEN forever (cancel to stop), reconnecting after connection loss."""
+        pool = calls.pool(database_url, "listen")  # a session of its own, checked like the others
+        try:
+            await self._listen(pool)
+        finally:
+            await pool.close()
+
+    async def _listen(self, pool) -> None:
         delays, lines = reconnect_delays(), Every()
         while True:
             try:
-                conn = await open_connection(database_url)
+                conn = await pool.getconn()
             except DatabaseUnavailable as exc:
                 if lines():
                     log.warning(
@@ -96,4 +104,5 @@ class Wakeups:
                     )
                 await asyncio.sleep(next(delays))
             finally:
-                await conn.close()
+                await conn.close()  # LISTEN state must not outlive this loop: the pool replaces it
+                await pool.putconn(conn)

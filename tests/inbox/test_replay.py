@@ -14,9 +14,10 @@ import pytest
 from pgoutbox.cli import main as cli
 from pgoutbox.core.backoff import Backoff
 from pgoutbox.inbox import dlq as dlq_wire
+from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.replayer import Replayer
-from pgoutbox.inbox.store import ConnectionPool, Inbox
+from pgoutbox.inbox.store import Inbox
 from support.inbox import (
     FakeHandler,
     add_stream,
@@ -205,7 +206,7 @@ async def test_a_replayer_dying_before_its_commit_loses_nothing(tmp_path, databa
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
     cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="50ms", run_replayer="false")
     ev = event({"answers": [422, 200]})
-    pool = ConnectionPool(database_url, 1)
+    pool = inbox_store.pool(database_url, 1)
     async with jetstream(nats_server.url) as js:
         await add_stream(js)
         async with running_consumer(cfg) as consumer:
