@@ -40,6 +40,7 @@ import functools
 import json
 import logging
 import time
+from typing import Any
 
 import nats
 import nats.errors
@@ -213,8 +214,9 @@ class Consumer:
         self.metrics = ConsumerMetrics()
         self.stopping = asyncio.Event()
         self.health: HealthServer | None = None
-        self.nc = None
-        self.js = None
+        # nats-py's client and JetStream context; None until connected (and after the server closed it).
+        self.nc: Any = None
+        self.js: Any = None
         self.pool: db.Pool | None = None
         self.client: HandlerClient | None = None
         self.replayer: Replayer | None = None
@@ -241,7 +243,7 @@ class Consumer:
                 setting="OUTBOX_CONSUMER_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port",
             )
             self.health.start()
-            self._background.append(asyncio.create_task(self._tick_loop()))
+            self._background.append(asyncio.create_task(self._tick_loop(self.health)))
         await self._connect()
         self.pool = inbox_store.pool(cfg.database_url, cfg.db_pool_size)
         self.inbox = Inbox(self.pool)
@@ -575,9 +577,9 @@ class Consumer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.cfg.backlog_interval)
 
-    async def _tick_loop(self) -> None:
+    async def _tick_loop(self, health: HealthServer) -> None:
         while True:
-            self.health.tick()
+            health.tick()
             await asyncio.sleep(1)
 
     def problems(self) -> list[str]:

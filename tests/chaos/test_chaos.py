@@ -45,10 +45,10 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
     broken = tmp_path / "pgoutbox"
     shutil.copytree(ROOT / "relay", broken)
     (tmp_path / "migrations").symlink_to(ROOT / "migrations")
-    flow = broken / "message_flow.py"
+    flow = broken / "inbox" / "flow.py"
     text = flow.read_text()
     anchor = "        delivery = msg.metadata.num_delivered\n"
-    assert anchor in text, "message_flow.handle changed: update the sabotage"
+    assert anchor in text, "inbox/flow.py MessageFlow.handle changed: update the sabotage"
     flow.write_text(text.replace(anchor, anchor + "        await msg.ack()  # SABOTAGE: ack before the inbox\n", 1))
     result = run_chaos("--seconds", "25", "--faults", "5", pythonpath=tmp_path)
     assert result.returncode == 1

@@ -22,8 +22,9 @@ def run(*args: str) -> subprocess.CompletedProcess:
         [str(BIN / "sqlfluff"), "lint", "sql/", "migrations/", "pgtap/"],
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "ruff"), "format", "--check", "."],
+        [sys.executable, "scripts/typecheck.py"],
     ],
-    ids=["sqlfluff", "ruff-check", "ruff-format"],
+    ids=["sqlfluff", "ruff-check", "ruff-format", "mypy"],
 )
 def test_lint_clean(argv):
     result = run(*argv)
