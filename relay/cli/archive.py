@@ -68,13 +68,19 @@ FETCH_SIZE = settings.Setting(
 
 
 @dataclass(frozen=True)
-class ArchiveConfig:
+class SparkJobConfig:
+    """What every Spark job of pgoutbox needs (archive, report)."""
+
     database_url: str | None = option(settings.DATABASE_URL)
     spark_master: str = option(SPARK_MASTER)
     spark_jars: str = option(SPARK_JARS)
     jdbc_url: str | None = option(JDBC_URL)
     read_partitions: int = option(READ_PARTITIONS)
     fetch_size: int = option(FETCH_SIZE)
+
+
+@dataclass(frozen=True)
+class ArchiveConfig(SparkJobConfig):
     archive_uri: str = option(
         settings.Setting(
             "archive_uri",

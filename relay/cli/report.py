@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pgoutbox.cli.archive import FETCH_SIZE, JDBC_URL, READ_PARTITIONS, SPARK_JARS, SPARK_MASTER
+from pgoutbox.cli.archive import SparkJobConfig
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.core.settings import option
@@ -17,13 +17,7 @@ HELP = "Write the delivery report (table + chart) over the archive and the live 
 
 
 @dataclass(frozen=True)
-class ReportConfig:
-    database_url: str | None = option(settings.DATABASE_URL)
-    spark_master: str = option(SPARK_MASTER)
-    spark_jars: str = option(SPARK_JARS)
-    jdbc_url: str | None = option(JDBC_URL)
-    read_partitions: int = option(READ_PARTITIONS)
-    fetch_size: int = option(FETCH_SIZE)
+class ReportConfig(SparkJobConfig):
     report_uri: str = option(
         settings.Setting(
             "report_uri",
