@@ -31,7 +31,6 @@ from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from pgoutbox.outbox.publisher import message_size
 from support.inbox import (
     FakeHandler,
-    GatedProxy,
     add_stream,
     consumer_config,
     dlq_messages,
@@ -43,6 +42,7 @@ from support.inbox import (
     until,
     write_registry,
 )
+from support.tcp_proxy import TcpProxy
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"
@@ -209,7 +209,7 @@ async def test_a_dlq_publish_that_can_never_succeed_is_recorded_with_a_code_and_
 async def test_a_connection_the_server_closes_is_re_established_and_healthz_says_so_meanwhile(
     tmp_path, database_url, nats_server, handler
 ):
-    proxy = GatedProxy(nats_server.port)
+    proxy = TcpProxy(nats_server.port)
     cfg = consumer_config(database_url, proxy.url, _registry(tmp_path, handler.url), http_port="0")
     before, after = event(), event()
     try:

@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import psycopg
@@ -21,49 +19,9 @@ import pytest
 from pgoutbox.core.errors import ExitCode
 from pgoutbox.dev.embedded import free_port
 from support.outbox import ROOT, RelayProcess, apply_streams, emit, status_counts, wait_for
+from support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
-
-
-class PortForwarder:
-    """Listens on `port` from start() on, forwarding each connection to `upstream`:
-    a PostgreSQL that comes up at a known address while the relay waits for it."""
-
-    def __init__(self, port: int, upstream: int):
-        self.port, self.upstream = port, upstream
-        self._listener: socket.socket | None = None
-
-    def start(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def stop(self) -> None:
-        if self._listener:
-            self._listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.upstream))
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (source, target):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 def with_port(url: str, port: int) -> str:
@@ -122,7 +80,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
         f"database {name} (OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset): "
     )
     assert "\n" not in lines[0]
-    forwarder = PortForwarder(port, int(upstream))
+    forwarder = TcpProxy(int(upstream), port=port, start=False)
     forwarder.start()
     try:
         relay.wait_started(30)
@@ -130,7 +88,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
         wait_for(lambda: status_counts(database_url) == {"COMPLETED": len(ids)}, 20, "events published")
         assert_clean_stop(relay)
     finally:
-        forwarder.stop()
+        forwarder.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -1,33 +1,55 @@
-"""A TCP proxy in front of nats-server that can start dropping what the
-client sends (its acks among them) while still delivering what the server
-sends: a network that loses acks, on demand."""
+"""One TCP proxy on loopback for the tests that need a network that misbehaves
+on demand, in front of nats-server or PostgreSQL:
+
+    drop_client_bytes()   from now on, what clients send never reaches the
+                          server (acks lost) while the server's bytes still arrive
+    open.clear()/.set()   new connections are closed at once while existing ones
+                          keep flowing (a server unreachable for a while)
+    port=                 listen on a given port (a server that comes up at a
+                          known address only when start() is called)
+"""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
 
 class TcpProxy:
-    def __init__(self, upstream_port: int):
+    def __init__(self, upstream_port: int, *, port: int = 0, start: bool = True):
         self.upstream = ("127.0.0.1", upstream_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self.url = f"nats://127.0.0.1:{self.port}"
+        self.port = port
         self.dropping = threading.Event()
+        self.open = threading.Event()
+        self.open.set()
+        self._listener: socket.socket | None = None
         self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        if start:
+            self.start()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
     def drop_client_bytes(self) -> None:
         """From now on, bytes from clients never reach the server."""
         self.dropping.set()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
+            if not self.open.is_set():
+                client.close()
+                continue
             server = socket.create_connection(self.upstream)
             self._sockets += [client, server]
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
@@ -43,12 +65,11 @@ class TcpProxy:
             pass
         finally:
             for s in (source, target):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def close(self) -> None:
-        self._listener.close()
+        if self._listener is not None:
+            self._listener.close()
         for s in self._sockets:
             s.close()
