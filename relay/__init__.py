@@ -4,7 +4,11 @@ The database holds every rule (see sql/); this package is the thin set of
 workers around it: migrations, the relay, the inbox consumer and replayer.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-# The highest migration this code understands; workers refuse other schemas.
-SCHEMA_VERSION = 6
+# The schema this code is built for (its newest migration), and the oldest
+# schema it still runs on. A newer schema is accepted while it says, through
+# outbox.serves_workers_from(), that it still serves code built for
+# SCHEMA_VERSION (docs/upgrading.md).
+SCHEMA_VERSION = 7
+OLDEST_SCHEMA = 6

@@ -30,3 +30,17 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.schema_version() IS
 'Highest applied migration; workers compare it with the version they were built for.';
+
+-- Expand-then-contract: a migration that only adds leaves this number alone,
+-- so workers built for an older schema keep running after it; a contract
+-- migration (one that removes or changes what older workers call) raises it.
+CREATE OR REPLACE FUNCTION outbox.serves_workers_from()
+RETURNS integer
+LANGUAGE sql IMMUTABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT 6;
+$$;
+COMMENT ON FUNCTION outbox.serves_workers_from() IS
+'Oldest schema version a worker may be built for and still run on this schema (raised only by contract migrations).';

@@ -53,7 +53,8 @@ TO pgoutbox_admin;
 -- Read-only functions every worker uses for health and start-up checks; the
 -- relay keeps partitions created ahead as part of its housekeeping.
 GRANT EXECUTE ON FUNCTION
-outbox.schema_version(), outbox.backlog(text), outbox.dead_letters(text, integer),
+outbox.schema_version(), outbox.serves_workers_from(),
+outbox.backlog(text), outbox.dead_letters(text, integer),
 inbox.backlog(text), inbox.dead_letters(text, integer)
 TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
 GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_relay;

@@ -19,7 +19,7 @@ import psycopg.errors
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from pgoutbox import SCHEMA_VERSION
+from pgoutbox import OLDEST_SCHEMA, SCHEMA_VERSION
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch
 from pgoutbox.core.settings import redact
 
@@ -99,7 +99,8 @@ def connect(
         raise _bad_conninfo(exc, database_url) from exc
     if check_schema:
         try:
-            check_schema_version(applied_version(conn))
+            found = applied_version(conn)
+            check_schema_version(found, serves_from(conn) if found > SCHEMA_VERSION else None)
         except BaseException:
             conn.close()
             raise
@@ -115,13 +116,32 @@ def applied_version(conn: psycopg.Connection) -> int:
     return int(version[0]) if version else 0
 
 
-def check_schema_version(found: int) -> None:
-    """Refuse to run against a schema this code does not understand."""
-    if found != SCHEMA_VERSION:
-        raise SchemaMismatch(
-            f"database schema is at version {found}, this pgoutbox expects {SCHEMA_VERSION}: "
-            + ("run `pgoutbox migrate`" if found < SCHEMA_VERSION else "upgrade pgoutbox")
-        )
+def serves_from(conn: psycopg.Connection) -> int | None:
+    """What a schema newer than this code says about older workers (None: it
+    predates outbox.serves_workers_from(), so it serves no other build)."""
+    exists = conn.execute("SELECT to_regprocedure('outbox.serves_workers_from()') IS NOT NULL").fetchone()
+    if not (exists and exists[0]):
+        return None
+    row = conn.execute("SELECT outbox.serves_workers_from()").fetchone()
+    return int(row[0]) if row else None
+
+
+def supported_schemas() -> str:
+    return f"{OLDEST_SCHEMA} to {SCHEMA_VERSION}, and newer schemas that still serve {SCHEMA_VERSION}"
+
+
+def check_schema_version(found: int, serves_workers_from: int | None = None) -> None:
+    """Refuse to run against a schema this code does not understand: one older
+    than OLDEST_SCHEMA, or a newer one that no longer serves this build
+    (serves_workers_from: what the newer schema says, None if it says nothing)."""
+    if OLDEST_SCHEMA <= found <= SCHEMA_VERSION:
+        return
+    if found > SCHEMA_VERSION and serves_workers_from is not None and serves_workers_from <= SCHEMA_VERSION:
+        return
+    raise SchemaMismatch(
+        f"database schema is at version {found}, this pgoutbox runs on {supported_schemas()}: "
+        + ("run `pgoutbox migrate`" if found < OLDEST_SCHEMA else "upgrade pgoutbox")
+    )
 
 
 # The pool's own log lines repeat, per attempt, what our workers already report
@@ -182,6 +202,7 @@ class Pool:
             num_workers=1,
         )
         self._opened = False
+        self.schema_found: int | None = None  # the schema version the last new connection saw
 
     def _fail(self, error: BaseException) -> None:
         """A connect failed: every call waiting for a connection gets `error`."""
@@ -194,9 +215,16 @@ class Pool:
         try:
             try:
                 cur = conn.cursor(row_factory=tuple_row)
-                await cur.execute("SELECT outbox.schema_version()")
-                row = await cur.fetchone()
-                check_schema_version(row[0] if row else 0)
+                await cur.execute(
+                    "SELECT outbox.schema_version(), to_regprocedure('outbox.serves_workers_from()') IS NOT NULL"
+                )
+                found, says = await cur.fetchone() or (0, False)
+                serves = None
+                if found > SCHEMA_VERSION and says:
+                    await cur.execute("SELECT outbox.serves_workers_from()")
+                    serves = (await cur.fetchone() or (None,))[0]
+                check_schema_version(found, serves)
+                self.schema_found = found
             except psycopg.Error as exc:
                 refusal = self._refused(exc) if self._refused else None
                 if refusal is None:

@@ -174,7 +174,13 @@ async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = 
                 log.warning("%s; retrying", exc, extra={"action": "db_retry"})
             await asyncio.sleep(next(delays))
             continue
-        db.check_schema_version(version)
+        # The pool checked it (each new connection is checked): say what it found.
+        log.info(
+            "schema version %s (this pgoutbox runs on %s)",
+            version,
+            db.supported_schemas(),
+            extra={"action": "schema_checked", "schema_version": version},
+        )
         return
 
 

@@ -53,6 +53,7 @@ from typing import TypeVar
 import nats.errors
 import psycopg
 
+from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays
 from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim
 from pgoutbox.core.health import HealthServer
@@ -164,7 +165,13 @@ class OutboxRelay:
 
     async def _start(self) -> None:
         cfg = self.cfg
-        await self._retry_db(self.claims.schema_version, "start-up")  # refuses an unknown schema
+        found = await self._retry_db(self.claims.schema_version, "start-up")  # the pool refuses an unknown schema
+        log.info(
+            "schema version %s (this pgoutbox runs on %s)",
+            found,
+            db.supported_schemas(),
+            extra={"action": "schema_checked", "schema_version": found},
+        )
         self.wakeups.throttle = await self._retry_db(self.claims.notify_throttle, "start-up")
         specs = streams.load(cfg.streams_file) if cfg.streams_file else None
         if specs:

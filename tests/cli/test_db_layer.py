@@ -10,12 +10,13 @@ import time
 import psycopg
 import pytest
 
-from pgoutbox import SCHEMA_VERSION
+from pgoutbox import OLDEST_SCHEMA, SCHEMA_VERSION
 from pgoutbox.core import db
 from pgoutbox.core.errors import DatabaseUnavailable, SchemaMismatch
 from pgoutbox.dev.embedded import free_port
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.outbox.calls import OutboxCalls
+from support.schema import newer_schema
 
 
 def _terminate(database_url: str, pid: int) -> None:
@@ -42,8 +43,7 @@ async def test_a_refused_connect_fails_the_waiting_call_at_once_with_libpqs_reas
 
 
 async def test_every_new_connection_checks_the_schema_version(database_url, empty_database_url):
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("INSERT INTO outbox.schema_migrations (version, name) VALUES (99, '0099_future')")
+    newer_schema(database_url)  # a contract release that no longer serves this code
     for url, expected in ((database_url, "database schema is at version 99"), (empty_database_url, "no pgoutbox")):
         for pool in (inbox_store.pool(url, 2), OutboxCalls(url, "claim").pool):
             try:
@@ -52,6 +52,26 @@ async def test_every_new_connection_checks_the_schema_version(database_url, empt
                         pass
             finally:
                 await pool.close()
+
+
+async def test_a_newer_schema_that_still_serves_this_code_is_accepted_an_older_one_is_not(database_url):
+    # Expand-only release: schema 99 still serves workers built for ours.
+    newer_schema(database_url, serves_workers_from=OLDEST_SCHEMA)
+    for pool in (inbox_store.pool(database_url, 1), OutboxCalls(database_url, "claim").pool):
+        try:
+            async with pool.connection():
+                pass
+            assert pool.schema_found == 99
+        finally:
+            await pool.close()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        db.check_schema_version(db.applied_version(conn), db.serves_from(conn))
+        conn.execute("DELETE FROM outbox.schema_migrations WHERE version >= %s", (OLDEST_SCHEMA,))
+        with pytest.raises(SchemaMismatch, match="run `pgoutbox migrate`"):
+            db.check_schema_version(db.applied_version(conn), db.serves_from(conn))
+    # A schema from before outbox.serves_workers_from() serves no other build.
+    with pytest.raises(SchemaMismatch, match="upgrade pgoutbox"):
+        db.check_schema_version(SCHEMA_VERSION + 1, None)
 
 
 async def test_sessions_are_set_up_once_and_kept(database_url):

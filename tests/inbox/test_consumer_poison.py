@@ -42,6 +42,7 @@ from support.inbox import (
     until,
     write_registry,
 )
+from support.schema import newer_schema
 from support.tcp_proxy import TcpProxy
 
 H = "billing"
@@ -476,8 +477,7 @@ def test_a_signal_during_start_up_with_a_server_unreachable_stops_promptly(
 def test_an_unusable_schema_ends_consume_and_replay_with_one_line_and_exit_3(
     tmp_path, database_url, empty_database_url, nats_server, handler
 ):
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("INSERT INTO outbox.schema_migrations (version, name) VALUES (99, '0099_future')")
+    newer_schema(database_url)  # a contract release that no longer serves this code
     registry_file = str(_registry(tmp_path, handler.url))
     for command in ("consume", "replay"):
         for url, expected in (

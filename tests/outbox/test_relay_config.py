@@ -14,7 +14,6 @@ import socket
 import statistics
 
 import nats
-import psycopg
 import pytest
 
 from pgoutbox.cli import main as cli
@@ -27,6 +26,7 @@ from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.publisher import message_size
 from support.outbox import apply_streams, emit, relay_config, running_relay, status_counts
+from support.schema import newer_schema
 
 
 @pytest.fixture(autouse=True)
@@ -278,8 +278,7 @@ def test_relay_refuses_a_stream_whose_duplicate_window_is_not_longer_than_the_le
 
 
 def test_relay_refuses_an_unknown_schema_version(database_url, nats_server, capsys):
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("INSERT INTO outbox.schema_migrations (version, name) VALUES (99, '0099_future')")
+    newer_schema(database_url)  # a contract release that no longer serves this code
     code = cli.main(["relay", "--database-url", database_url, "--nats-url", nats_server.url, "--http-port", "0"])
     assert code == 3  # ExitCode.DATABASE
     assert "SchemaMismatch: database schema is at version 99" in capsys.readouterr().err

@@ -19,6 +19,7 @@ import pytest
 from pgoutbox.core.errors import ExitCode
 from pgoutbox.dev.embedded import free_port
 from support.outbox import ROOT, RelayProcess, apply_streams, emit, status_counts, wait_for
+from support.schema import newer_schema
 from support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -166,8 +167,7 @@ def test_a_bad_setting_ends_the_relay_with_one_line_and_exit_2(database_url, nat
 def test_an_unsupported_or_missing_schema_ends_the_relay_with_one_line_and_exit_3(
     database_url, empty_database_url, nats_server
 ):
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("INSERT INTO outbox.schema_migrations (version, name) VALUES (99, '0099_future')")
+    newer_schema(database_url)  # a contract release that no longer serves this code
     env = {"OUTBOX_NATS_URL": nats_server.url, "OUTBOX_RELAY_HTTP_PORT": "0"}
     result = run_relay({**env, "OUTBOX_DATABASE_URL": database_url})
     assert_one_line(result, ExitCode.DATABASE, "pgoutbox relay: SchemaMismatch: database schema is at version 99")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,15 @@ def newest(root: Path) -> Path:
     return sorted((root / "migrations").glob("*.up.sql"))[-1]
 
 
+def first_block(root: Path = ROOT) -> tuple[str, str]:
+    """The sql/ file and function of the newest migration's first generated block."""
+    found = re.search(
+        r"^-- generated from (sql/[0-9a-z_]+\.sql): ([a-z_]+\.[a-z_0-9]+)$", newest(root).read_text(), re.M
+    )
+    assert found, "the newest migration repeats no definition"
+    return found.group(1), found.group(2)
+
+
 def test_the_newest_migration_repeats_sql_exactly():
     result = run("--check")
     assert result.returncode == 0, result.stderr
@@ -35,10 +45,11 @@ def test_the_newest_migration_repeats_sql_exactly():
 
 def test_a_changed_definition_is_drift_until_regenerated(tmp_path):
     root = copy_of_the_repository(tmp_path)
-    api = root / "sql" / "30_outbox_api.sql"
-    old = "CREATE OR REPLACE FUNCTION outbox.claim("
+    source, function = first_block(root)
+    api = root / source
+    old = f"CREATE OR REPLACE FUNCTION {function}("
     assert old in api.read_text()
-    api.write_text(api.read_text().replace(old, "-- A new line above claim.\n" + old))
+    api.write_text(api.read_text().replace(old, "-- A new line above it.\n" + old))
 
     drift = run("--check", root=root)
     assert drift.returncode == 1
@@ -47,16 +58,17 @@ def test_a_changed_definition_is_drift_until_regenerated(tmp_path):
     assert run(root=root).returncode == 0
     assert run("--check", root=root).returncode == 0
     text = newest(root).read_text()
-    block = text.split("-- generated from sql/30_outbox_api.sql: outbox.claim\n", 1)[1]
-    assert "-- A new line above claim.\n" + old in block.split("-- end generated", 1)[0]
+    block = text.split(f"-- generated from {source}: {function}\n", 1)[1]
+    assert "-- A new line above it.\n" + old in block.split("-- end generated", 1)[0]
     before = (ROOT / "migrations" / newest(root).name).read_text().splitlines()
-    assert sorted(set(text.splitlines()) - set(before)) == ["-- A new line above claim."], "only the block changed"
+    assert sorted(set(text.splitlines()) - set(before)) == ["-- A new line above it."], "only the block changed"
 
 
 def test_a_definition_outside_a_block_is_refused(tmp_path):
     root = copy_of_the_repository(tmp_path)
     path = newest(root)
-    marker = "-- generated from sql/30_outbox_api.sql: outbox.claim\n"
+    source, function = first_block(root)
+    marker = f"-- generated from {source}: {function}\n"
     text = path.read_text()
     start = text.index(marker)
     end = text.index("-- end generated\n", start)
@@ -64,13 +76,14 @@ def test_a_definition_outside_a_block_is_refused(tmp_path):
 
     result = run("--check", root=root)
     assert result.returncode == 1
-    assert "outbox.claim is defined outside" in result.stderr
+    assert f"{function} is defined outside" in result.stderr
 
 
 def test_a_block_naming_no_definition_is_refused(tmp_path):
     root = copy_of_the_repository(tmp_path)
     path = newest(root)
-    path.write_text(path.read_text().replace(": outbox.claim\n", ": outbox.no_such_function\n", 1))
+    _, function = first_block(root)
+    path.write_text(path.read_text().replace(f": {function}\n", ": outbox.no_such_function\n", 1))
 
     result = run("--check", root=root)
     assert result.returncode == 1

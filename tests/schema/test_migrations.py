@@ -254,9 +254,9 @@ def test_0006_migrates_a_database_holding_what_it_now_refuses(empty_database_url
             "SELECT outbox.emit('order', '1', 'created',"
             " jsonb_build_object('schema_version', 1, 'x', repeat('a', 600000)), context => 'sea')"
         )
-        assert m.migrate(conn) == ["up 0006_poison_proof"]
+        assert m.migrate(conn, target=6) == ["up 0006_poison_proof"]
         assert m.migrate(conn, target=5) == ["down 0006_poison_proof"]
-        assert m.migrate(conn) == ["up 0006_poison_proof"]
+        assert m.migrate(conn, target=6) == ["up 0006_poison_proof"]
         for extra in poison:
             with pytest.raises(PolicyViolation):
                 with wrap_exceptions():
