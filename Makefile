@@ -44,6 +44,9 @@ verify/docs: setup ## README and docs/reference.md: tables match the code, examp
 docs/reference: setup ## Regenerate the settings table of docs/reference.md from the code
 	@$(PY) scripts/reference_tables.py
 
+docs/chart: setup ## Redraw docs/images/delivery_report.png (the delivery chart of docs/archival.md) from sample data
+	@$(PY) scripts/sample_chart.py docs/images/delivery_report.png
+
 lint: setup ## ruff (lint, format), mypy and sqlfluff: what the suite checks too
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
