@@ -109,7 +109,8 @@ def script(path: Path, seeded: list[str], command: str) -> str:
         if _FORBIDDEN.match(s.head):
             raise SystemExit(f"{path.name}: cannot be an extension script: {s.head.splitlines()[0]}")
         if _TRANSACTION.match(s.head):
-            body.append(_without(s, f"{s.head.rstrip(';')}: {command.split()[0]} EXTENSION runs the script in its own transaction"))
+            verb = command.split()[0]
+            body.append(_without(s, f"{s.head.rstrip(';')}: {verb} EXTENSION runs the script in its own transaction"))
         elif _calls_create_partitions(s.head):
             body.append(_without(s, "outbox.create_partitions() (day partitions are never members)"))
         else:

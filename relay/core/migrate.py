@@ -94,7 +94,9 @@ def extension_version(conn: psycopg.Connection) -> int | None:
     return int(row[0]) if row else None
 
 
-def _alter_extension(conn: psycopg.Connection, statement: sql.Composable, version: int) -> None:
+def _extension_command(conn: psycopg.Connection, template: str, version: int) -> None:
+    """Runs template ({} the extension, {} the version) against the extension files on the server."""
+    statement = sql.SQL(template).format(sql.Identifier(EXTENSION), sql.Literal(str(version)))
     try:
         with wrap_exceptions():
             conn.execute(statement)
@@ -110,13 +112,12 @@ def _alter_extension(conn: psycopg.Connection, statement: sql.Composable, versio
 def _migrate_extension(conn: psycopg.Connection, installed: int | None, target: int) -> list[str]:
     """CREATE EXTENSION (installed None) or ALTER EXTENSION ... UPDATE TO target,
     then the day partitions the first migration makes (never extension members)."""
-    version = sql.Literal(str(target))
     ran = []
     if installed is None:
-        _alter_extension(conn, sql.SQL("CREATE EXTENSION {} VERSION {}").format(sql.Identifier(EXTENSION), version), target)
+        _extension_command(conn, "CREATE EXTENSION {} VERSION {}", target)
         ran.append(f"CREATE EXTENSION {EXTENSION} VERSION '{target}'")
     elif installed != target:
-        _alter_extension(conn, sql.SQL("ALTER EXTENSION {} UPDATE TO {}").format(sql.Identifier(EXTENSION), version), target)
+        _extension_command(conn, "ALTER EXTENSION {} UPDATE TO {}", target)
         ran.append(f"ALTER EXTENSION {EXTENSION} UPDATE TO '{target}' (from '{installed}')")
     with wrap_exceptions():
         conn.execute("SELECT count(*) FROM outbox.create_partitions()")

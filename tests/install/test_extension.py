@@ -16,9 +16,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from schema.test_migrations import catalog, columns_in_any_order
-from schema.test_pgtap import FILES as PGTAP_FILES
-from schema.test_pgtap import test_pgtap_file as run_pgtap_file
 
 from conftest import create_database, drop_database
 from pgoutbox import SCHEMA_VERSION
@@ -26,6 +23,9 @@ from pgoutbox.core import db
 from pgoutbox.core import migrate as m
 from pgoutbox.core.errors import MigrationError
 from pgoutbox.dev.embedded import PG_BIN
+from schema.test_migrations import catalog, columns_in_any_order
+from schema.test_pgtap import FILES as PGTAP_FILES
+from schema.test_pgtap import test_pgtap_file as run_pgtap_file
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gen_extension", ROOT / "scripts" / "gen_extension.py")
@@ -194,7 +194,9 @@ def fill_every_table(url: str) -> None:
             " context => 'sea')::text FROM generate_series(1, %s) AS i"
         )
         conn.execute(emit, (7,))
-        claimed = conn.execute("SELECT event_id::text, claim_token::text FROM outbox.claim('w1', 5, '1 hour')").fetchall()
+        claimed = conn.execute(
+            "SELECT event_id::text, claim_token::text FROM outbox.claim('w1', 5, '1 hour')"
+        ).fetchall()
         token = claimed[0][1]
         ids = [r[0] for r in claimed]
         conn.execute("SELECT outbox.mark_published(%s, %s::uuid[])", (token, ids[:1]))
@@ -219,7 +221,7 @@ def fill_every_table(url: str) -> None:
             r[0]
             for r in conn.execute(
                 "SELECT (inbox.receive(gen_random_uuid(), 'billing', 'sea.event.order_created.v1',"
-                " '{\"payload\": {\"schema_version\": 1}}')).message_id::text"
+                ' \'{"payload": {"schema_version": 1}}\')).message_id::text'
                 " FROM generate_series(1, 3)"
             )
         ]
@@ -312,7 +314,12 @@ def test_an_extension_database_survives_dump_and_restore_with_every_row(installe
         conn.execute("SELECT outbox.emit('order', 'new', 'order_created', '{\"schema_version\": 1}', context => 'sea')")
         top = conn.execute("SELECT max(id) FROM outbox.events").fetchone()[0]
         assert top == before["outbox.events_id_seq"][0] + 1
-        assert conn.execute("SELECT count(*) FROM pg_event_trigger WHERE evtname = 'pgoutbox_guard_partitions'").fetchone()[0] == 1
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_event_trigger WHERE evtname = 'pgoutbox_guard_partitions'"
+            ).fetchone()[0]
+            == 1
+        )
         db.check_schema_version(m.applied_version(conn))
 
 
