@@ -160,6 +160,15 @@ def test_migrate_keeps_the_modes_apart(installed, new_database):
         assert m.extension_version(conn) == LATEST
 
 
+def test_migrate_says_when_the_server_lacks_the_files_for_a_version(installed, new_database):
+    with psycopg.connect(new_database(), autocommit=True) as conn:
+        m.migrate(conn, extension=True)
+        with pytest.raises(MigrationError) as info:
+            m._extension_command(conn, "ALTER EXTENSION {} UPDATE TO {}", LATEST + 1)
+        assert "make -C extension install" in str(info.value)
+        assert m.extension_version(conn) == LATEST
+
+
 @pytest.fixture(scope="module")
 def updated_from_first_version(installed, pg_server):
     """CREATE EXTENSION at version 1, ALTER EXTENSION UPDATE to the latest,

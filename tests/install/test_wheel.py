@@ -91,6 +91,10 @@ def test_the_wheel_holds_the_code_the_sql_and_py_typed(wheel):
 def test_the_installed_package_runs_away_from_the_checkout(venv, work):
     out = run(venv / "bin" / "pgoutbox", "--version", cwd=work, env=environment()).stdout
     assert out.strip() == f"pgoutbox {__version__}"
+    listed = run(venv / "bin" / "pgoutbox", "--help", cwd=work, env=environment()).stdout
+    for command in ("migrate", "relay", "consume", "status", "archive", "report", "restore-list"):
+        assert command in listed
+        run(venv / "bin" / "pgoutbox", command, "--help", cwd=work, env=environment())
     where = run(
         venv / "bin" / "python",
         "-c",
