@@ -38,17 +38,6 @@ LATEST = m.discover()[-1].version
 SEEDED = set(gen_extension.seeded_tables(gen_extension.migrations(ROOT / "migrations")))
 
 
-@pytest.fixture(scope="module")
-def installed():
-    """The extension files, installed by PGXS into the server the suite runs."""
-    result = subprocess.run(
-        ["make", "-s", "-C", str(ROOT / "extension"), "install", f"PG_CONFIG={PG_BIN / 'pg_config'}"],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 @pytest.fixture
 def new_database(pg_server):
     made: list[str] = []

@@ -137,12 +137,28 @@ def stop(proc: subprocess.Popen, log: Path) -> None:
     assert proc.returncode == 0, f"exited {proc.returncode}:\n{log.read_text()}"
 
 
-def test_migrate_relay_consume_and_status_from_the_installed_wheel(venv, work, empty_database_url, nats_server):
+@pytest.mark.parametrize("mode", ["plain", "extension"])
+def test_migrate_relay_consume_and_status_from_the_installed_wheel(
+    request, venv, tmp_path, empty_database_url, nats_server, mode
+):
+    """In both install modes: on an extension-mode database (CREATE EXTENSION
+    by a superuser first) `migrate` only adds today's partitions."""
     pgoutbox = venv / "bin" / "pgoutbox"
     base = {"database_url": empty_database_url, "nats_url": nats_server.url}
+    work = tmp_path
+    if mode == "extension":
+        request.getfixturevalue("installed")
+        with psycopg.connect(empty_database_url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pgoutbox")
 
     out = run(pgoutbox, "migrate", cwd=work, env=environment(**base)).stdout
     assert f"schema at version {SCHEMA_VERSION}" in out
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert (migrate.extension_version(conn) is not None) == (mode == "extension")
+        assert (
+            conn.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox.events'::regclass").fetchone()[0]
+            > 1
+        )
 
     streams = work / "streams.toml"
     streams.write_text("[streams.sea]\n")

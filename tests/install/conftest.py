@@ -1,0 +1,24 @@
+"""Fixtures of the install tests: the extension files installed by PGXS."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pgoutbox.dev.embedded import PG_BIN
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def installed():
+    """The extension files of extension/, installed by PGXS (`make -C extension
+    install`) into the PostgreSQL the suite runs."""
+    result = subprocess.run(
+        ["make", "-s", "-C", str(ROOT / "extension"), "install", f"PG_CONFIG={PG_BIN / 'pg_config'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
