@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from pgxs import install_extension
 
 from conftest import create_database, drop_database
 from pgoutbox import SCHEMA_VERSION
@@ -36,6 +37,11 @@ _spec.loader.exec_module(gen_extension)
 
 LATEST = m.discover()[-1].version
 SEEDED = set(gen_extension.seeded_tables(gen_extension.migrations(ROOT / "migrations")))
+
+
+@pytest.fixture(scope="module")
+def installed():
+    install_extension()
 
 
 @pytest.fixture
@@ -118,6 +124,9 @@ def test_create_at_any_version_then_update_builds_the_plain_catalog(installed, n
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE EXTENSION pgoutbox VERSION '{start}'")
         assert m.extension_version(conn) == start == m.applied_version(conn)
+        # As in service: day partitions (not members) and an event before the update.
+        conn.execute("SELECT outbox.create_partitions()")
+        conn.execute("SELECT outbox.emit('order', '1', 'order_created', '{\"schema_version\": 1}', context => 'sea')")
         ran = m.migrate(conn)  # ALTER EXTENSION pgoutbox UPDATE, then today's partitions
         assert ran == ([] if start == LATEST else [f"ALTER EXTENSION pgoutbox UPDATE TO '{LATEST}' (from '{start}')"])
         assert m.extension_version(conn) == LATEST == m.applied_version(conn) == SCHEMA_VERSION
@@ -160,14 +169,14 @@ def test_migrate_says_when_the_server_lacks_the_files_for_a_version(installed, n
 
 @pytest.fixture(scope="module")
 def updated_from_first_version(installed, pg_server):
-    """CREATE EXTENSION at version 1, ALTER EXTENSION UPDATE to the latest,
-    then what a fresh database gets besides: today's partitions, pgTAP."""
+    """CREATE EXTENSION at version 1, today's partitions, ALTER EXTENSION
+    UPDATE to the latest, and pgTAP."""
     name = create_database(pg_server, "template0")
     with psycopg.connect(pg_server.dsn(name), autocommit=True) as conn:
         conn.execute("CREATE EXTENSION pgoutbox VERSION '1'")
+        conn.execute("SELECT outbox.create_partitions()")  # partitions the updates must carry along
         conn.execute("ALTER EXTENSION pgoutbox UPDATE")
         assert m.extension_version(conn) == LATEST
-        conn.execute("SELECT outbox.create_partitions()")
         conn.execute("CREATE EXTENSION pgtap")
     yield name
     drop_database(pg_server, name)

@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import wheelhouse
+from pgxs import install_extension
 
 from pgoutbox import SCHEMA_VERSION, __version__
 from pgoutbox.core import migrate
@@ -139,7 +140,7 @@ def stop(proc: subprocess.Popen, log: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["plain", "extension"])
 def test_migrate_relay_consume_and_status_from_the_installed_wheel(
-    request, venv, tmp_path, empty_database_url, nats_server, mode
+    venv, tmp_path, empty_database_url, nats_server, mode
 ):
     """In both install modes: on an extension-mode database (CREATE EXTENSION
     by a superuser first) `migrate` only adds today's partitions."""
@@ -147,7 +148,7 @@ def test_migrate_relay_consume_and_status_from_the_installed_wheel(
     base = {"database_url": empty_database_url, "nats_url": nats_server.url}
     work = tmp_path
     if mode == "extension":
-        request.getfixturevalue("installed")
+        install_extension()
         with psycopg.connect(empty_database_url, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pgoutbox")
 

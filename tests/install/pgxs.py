@@ -1,21 +1,19 @@
-"""Fixtures of the install tests: the extension files installed by PGXS."""
+"""The extension files of extension/, installed by PGXS (`make -C extension
+install`) into the PostgreSQL the suite runs, once per test run."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
-
-import pytest
 
 from pgoutbox.dev.embedded import PG_BIN
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def installed():
-    """The extension files of extension/, installed by PGXS (`make -C extension
-    install`) into the PostgreSQL the suite runs."""
+@functools.cache
+def install_extension() -> None:
     result = subprocess.run(
         ["make", "-s", "-C", str(ROOT / "extension"), "install", f"PG_CONFIG={PG_BIN / 'pg_config'}"],
         capture_output=True,
