@@ -25,6 +25,9 @@ from support.inbox import FakeHandler
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Builds a wheel and a virtualenv, starts relays and consumers: about a minute.
+pytestmark = pytest.mark.slow
+
 
 def run(*cmd, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kwargs)
