@@ -22,7 +22,7 @@ from conftest import create_database, drop_database
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox.core import db
 from pgoutbox.core import migrate as m
-from pgoutbox.core.errors import MigrationError
+from pgoutbox.core.errors import MigrationError, SqlState
 from pgoutbox.dev.embedded import PG_BIN
 from schema.test_migrations import catalog, columns_in_any_order
 from schema.test_pgtap import FILES as PGTAP_FILES
@@ -156,6 +156,18 @@ def test_migrate_keeps_the_modes_apart(installed, new_database):
         with pytest.raises(MigrationError):
             m.migrate(conn, LATEST + 1)
         assert m.extension_version(conn) == LATEST
+
+
+def test_going_down_refuses_to_lose_data_and_changes_nothing(installed, new_database):
+    """The down scripts keep the down migrations' refusals; ALTER EXTENSION runs
+    the whole path in one transaction, so a refusal leaves the latest version."""
+    with psycopg.connect(new_database(), autocommit=True) as conn:
+        m.migrate(conn, extension=True)
+        conn.execute("SELECT inbox.set_replay('billing', false, 'incident 7')")
+        with pytest.raises(MigrationError) as info:
+            m.migrate(conn, 1)
+        assert info.value.code == SqlState.DATA_WOULD_BE_LOST
+        assert m.extension_version(conn) == LATEST == m.applied_version(conn)
 
 
 def test_migrate_says_when_the_server_lacks_the_files_for_a_version(installed, new_database):
