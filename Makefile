@@ -38,6 +38,22 @@ verify/migrations: setup ## The newest migration's generated blocks equal their 
 generate/migrations: setup ## Rewrite the newest migration's generated blocks from sql/
 	@$(PY) scripts/gen_migrations.py
 
+.PHONY: generate/extension verify/extension install/extension wheel
+
+generate/extension: ## Rewrite extension/ (control file, scripts) from migrations/
+	@python3 scripts/gen_extension.py
+
+verify/extension: ## extension/ equals what migrations/ generate (fails on drift)
+	@python3 scripts/gen_extension.py --check
+
+install/extension: ## Install the extension files into the PostgreSQL that pg_config names (PG_CONFIG=...)
+	@$(MAKE) --no-print-directory -C extension install $(if $(PG_CONFIG),PG_CONFIG=$(PG_CONFIG))
+
+wheel: setup ## Build the wheel and sdist into dist/ (pip install dist/pgoutbox-*.whl)
+	@$(VENV)/bin/pip wheel --no-deps -q -w dist .
+	@$(PY) -c "import setuptools.build_meta as b; b.build_sdist('dist')" >/dev/null
+	@ls dist
+
 verify/docs: setup ## README and docs/reference.md: tables match the code, examples run as written
 	@$(PYTEST) -q tests/cli/test_docs.py tests/outbox/test_relay_docs.py tests/inbox/test_consumer_docs.py
 

@@ -32,6 +32,7 @@ from pgoutbox.cli import (
     replay_switch,
     report,
     requeue,
+    restore_list,
     status,
     streams,
 )
@@ -54,6 +55,7 @@ COMMANDS = (
     registry,
     archive,
     report,
+    restore_list,
     settings_command,
 )
 

@@ -4,20 +4,42 @@ Each file is itself one transaction, serialised by an advisory lock and made
 of idempotent DDL, so `psql -f` works as well as this runner, re-running is a
 no-op and two runners at once are safe. The runner only decides which files
 are pending from outbox.schema_migrations.
+
+On a database where pgoutbox is installed as a PostgreSQL extension
+(docs/extension.md) the same chain runs as the extension's scripts: the runner
+asks for ALTER EXTENSION pgoutbox UPDATE TO the target instead of running files.
+
+The files ship inside the package (pgoutbox.migrations, pgoutbox.sql in the
+wheel) and are read through importlib.resources.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import psycopg
+import psycopg.errors
+from psycopg import sql
 
 from pgoutbox.core import db
 from pgoutbox.core.errors import MigrationError, wrap_exceptions
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+def packaged(folder: str) -> Path:
+    """migrations/ or sql/ as shipped in the package. An editable install maps
+    only the code folders into the package, so there it is the checkout's."""
+    shipped = resources.files("pgoutbox").joinpath(folder)
+    if isinstance(shipped, Path) and shipped.is_dir():
+        return shipped
+    return Path(__file__).resolve().parents[2] / folder
+
+
+MIGRATIONS_DIR = packaged("migrations")
+SQL_DIR = packaged("sql")
+EXTENSION = "pgoutbox"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.(up|down)\.sql$")
 
 
@@ -66,8 +88,52 @@ def _run_file(conn: psycopg.Connection, path: Path) -> None:
         raise
 
 
-def migrate(conn: psycopg.Connection, target: int | None = None, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Moves the schema to target (default: the latest); returns what ran."""
+def extension_version(conn: psycopg.Connection) -> int | None:
+    """The version of the pgoutbox extension installed in the database (None: not an extension)."""
+    row = conn.execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = %s", (EXTENSION,)).fetchone()
+    return int(row[0]) if row else None
+
+
+def _extension_command(conn: psycopg.Connection, template: str, version: int) -> None:
+    """Runs template ({} the extension, {} the version) against the extension files on the server."""
+    statement = sql.SQL(template).format(sql.Identifier(EXTENSION), sql.Literal(str(version)))
+    try:
+        with wrap_exceptions():
+            conn.execute(statement)
+    except (psycopg.errors.UndefinedFile, psycopg.errors.InvalidParameterValue) as exc:
+        # No control file, or no script leading to the version: the server has
+        # older (or no) extension files than this release.
+        raise MigrationError(
+            f"the server has no pgoutbox extension files for version {version}"
+            f" ({exc.diag.message_primary}); install this release's with `make -C extension install`"
+        ) from exc
+
+
+def _migrate_extension(conn: psycopg.Connection, installed: int | None, target: int) -> list[str]:
+    """CREATE EXTENSION (installed None) or ALTER EXTENSION ... UPDATE TO target,
+    then the day partitions the first migration makes (never extension members)."""
+    ran = []
+    if installed is None:
+        _extension_command(conn, "CREATE EXTENSION {} VERSION {}", target)
+        ran.append(f"CREATE EXTENSION {EXTENSION} VERSION '{target}'")
+    elif installed != target:
+        _extension_command(conn, "ALTER EXTENSION {} UPDATE TO {}", target)
+        ran.append(f"ALTER EXTENSION {EXTENSION} UPDATE TO '{target}' (from '{installed}')")
+    with wrap_exceptions():
+        conn.execute("SELECT count(*) FROM outbox.create_partitions()")
+    return ran
+
+
+def migrate(
+    conn: psycopg.Connection,
+    target: int | None = None,
+    directory: Path = MIGRATIONS_DIR,
+    *,
+    extension: bool = False,
+) -> list[str]:
+    """Moves the schema to target (default: the latest); returns what ran.
+    A database with the pgoutbox extension is moved by ALTER EXTENSION; with
+    extension=True an empty one gets CREATE EXTENSION instead of the files."""
     if not conn.autocommit:
         raise MigrationError("migrate() needs an autocommit connection")
     migrations = discover(directory)
@@ -81,7 +147,14 @@ def migrate(conn: psycopg.Connection, target: int | None = None, directory: Path
     # (a session does not block itself) covers the read and every file.
     conn.execute("SELECT pg_advisory_lock(hashtextextended('pgoutbox.migrate', 0))")
     try:
+        installed = extension_version(conn)
         current = applied_version(conn)
+        if installed is not None or extension:
+            if installed is None and current > 0:
+                raise MigrationError("pgoutbox is installed here by plain migrations, not as an extension")
+            if target == 0:
+                raise MigrationError(f"an extension is removed with DROP EXTENSION {EXTENSION}, not by a migration")
+            return _migrate_extension(conn, installed, target)
         ran = []
         for m in migrations:
             if current < m.version <= target:
@@ -94,3 +167,34 @@ def migrate(conn: psycopg.Connection, target: int | None = None, directory: Path
         return ran
     finally:
         conn.execute("SELECT pg_advisory_unlock(hashtextextended('pgoutbox.migrate', 0))")
+
+
+# `pg_restore -l` lines: "<id>; <class> <oid> <TYPE> <schema> <name> [<name>] <owner>".
+_TOC_EXTENSION = re.compile(rf"^\d+; \d+ \d+ EXTENSION - {EXTENSION} ", re.M)
+_TOC_ENTRY = re.compile(r"^\d+; \d+ \d+ (INDEX ATTACH|INDEX|CONSTRAINT) (outbox|inbox) (\S+)(?: (\S+))? ")
+
+
+def restore_list(toc: str) -> tuple[str, int]:
+    """The table of contents of an extension-mode dump (`pg_restore -l`) with
+    the entries a restore must skip commented out, and how many.
+
+    pg_dump writes the day partitions of outbox.events (never extension
+    members) as CREATE TABLE + ATTACH PARTITION, and their indexes and primary
+    key after the data, expecting the parent's indexes to come after them too.
+    In an extension-mode restore the parent comes whole with CREATE EXTENSION,
+    so ATTACH PARTITION already builds each partition's indexes: the dumped
+    ones would fail as duplicates. A dump without the extension (plain
+    migrations) is returned unchanged: there the parent's indexes need them."""
+    if not _TOC_EXTENSION.search(toc):
+        return toc, 0
+    lines = toc.splitlines(keepends=True)
+    attached = {m.group(3) for line in lines if (m := _TOC_ENTRY.match(line)) and m.group(1) == "INDEX ATTACH"}
+    out, skipped = [], 0
+    for line in lines:
+        m = _TOC_ENTRY.match(line)
+        if m and (m.group(4) if m.group(1) == "CONSTRAINT" else m.group(3)) in attached:
+            out.append(";" + line)
+            skipped += 1
+        else:
+            out.append(line)
+    return "".join(out), skipped

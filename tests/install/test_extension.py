@@ -1,0 +1,351 @@
+"""pgoutbox as a PostgreSQL extension (docs/extension.md), installed with PGXS
+into the suite's server from the files scripts/gen_extension.py makes of
+migrations/: they do not drift; CREATE EXTENSION at any version and ALTER
+EXTENSION UPDATE to the latest (and back down) build the catalog the plain
+migrations build, apart from extension membership; the pgTAP suite passes on
+it; `pgoutbox migrate` drives it; and pg_dump/pg_restore keeps every row."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from pgxs import install_extension
+
+from conftest import create_database, drop_database
+from pgoutbox import SCHEMA_VERSION
+from pgoutbox.core import db
+from pgoutbox.core import migrate as m
+from pgoutbox.core.errors import MigrationError, SqlState
+from pgoutbox.dev.embedded import PG_BIN
+from schema.test_migrations import catalog, columns_in_any_order
+from schema.test_pgtap import FILES as PGTAP_FILES
+from schema.test_pgtap import test_pgtap_file as run_pgtap_file
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gen_extension", ROOT / "scripts" / "gen_extension.py")
+assert _spec and _spec.loader
+gen_extension = importlib.util.module_from_spec(_spec)
+sys.modules["gen_extension"] = gen_extension  # dataclasses look their module up
+_spec.loader.exec_module(gen_extension)
+
+LATEST = m.discover()[-1].version
+SEEDED = set(gen_extension.seeded_tables(gen_extension.migrations(ROOT / "migrations")))
+
+
+@pytest.fixture(scope="module")
+def installed():
+    install_extension()
+
+
+@pytest.fixture
+def new_database(pg_server):
+    made: list[str] = []
+
+    def make(template: str = "template0") -> str:
+        made.append(create_database(pg_server, template))
+        return pg_server.dsn(made[-1])
+
+    yield make
+    for name in made:
+        drop_database(pg_server, name)
+
+
+def plain(url: str, target: int | None = None) -> str:
+    with psycopg.connect(url, autocommit=True) as conn:
+        m.migrate(conn, target)
+    return url
+
+
+def members(conn: psycopg.Connection) -> list[tuple[str, str]]:
+    return conn.execute(
+        "SELECT i.type, i.identity FROM pg_depend AS d, pg_identify_object(d.classid, d.objid, 0) AS i"
+        " WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'"
+        " AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pgoutbox') ORDER BY 1, 2"
+    ).fetchall()
+
+
+def without_membership(url: str) -> str:
+    """Every member object released from the extension, then the extension
+    dropped (nothing else goes with it): what is left is the catalog alone."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        found = members(conn)
+        assert ("schema", "outbox") in found and ("table", "outbox.events") in found, found
+        for kind, identity in found:
+            conn.execute(f"ALTER EXTENSION pgoutbox DROP {kind} {identity}")
+        conn.execute("DROP EXTENSION pgoutbox RESTRICT")
+    return catalog(url)
+
+
+def test_the_extension_files_are_what_the_migrations_generate():
+    assert gen_extension.drift() == []
+    files = gen_extension.generate()
+    assert f"default_version = '{LATEST}'" in files["pgoutbox.control"]
+    assert {f"pgoutbox--{v}--{v + 1}.sql" for v in range(1, LATEST)} <= set(files)
+    for name, text in files.items():
+        if name.endswith(".sql"):
+            assert "\nBEGIN;\n" not in text and "\nCOMMIT;\n" not in text, name
+            assert "pg_extension_config_dump" in text, name
+
+
+def test_the_generator_follows_a_migration_added_later(tmp_path):
+    """Generic: a new migration gets its update scripts and moves default_version."""
+    for folder in ("migrations", "extension"):
+        (tmp_path / folder).mkdir()
+    for path in (ROOT / "migrations").glob("*.sql"):
+        (tmp_path / "migrations" / path.name).write_text(path.read_text())
+    nxt = f"{LATEST + 1:04d}_later"
+    (tmp_path / "migrations" / f"{nxt}.up.sql").write_text(
+        "BEGIN;\nCREATE TABLE IF NOT EXISTS outbox.later (x int);\n"
+        "INSERT INTO outbox.schema_migrations (version, name) VALUES (99, 'x');\nCOMMIT;\n"
+    )
+    (tmp_path / "migrations" / f"{nxt}.down.sql").write_text("BEGIN;\nDROP TABLE outbox.later;\nCOMMIT;\n")
+    assert gen_extension.main(["--root", str(tmp_path)]) == 0
+    files = {p.name: p.read_text() for p in (tmp_path / "extension").iterdir()}
+    assert f"default_version = '{LATEST + 1}'" in files["pgoutbox.control"]
+    up = files[f"pgoutbox--{LATEST}--{LATEST + 1}.sql"]
+    assert "CREATE TABLE IF NOT EXISTS outbox.later" in up and "\nBEGIN;" not in up
+    assert f"pgoutbox--{LATEST + 1}--{LATEST}.sql" in files
+    assert gen_extension.main(["--root", str(tmp_path), "--check"]) == 0
+    (tmp_path / "migrations" / f"{nxt}.up.sql").write_text("BEGIN;\nSELECT 1;\nCOMMIT;\n")
+    assert gen_extension.main(["--root", str(tmp_path), "--check"]) == 1, "drift goes unnoticed"
+
+
+@pytest.mark.parametrize("start", range(1, LATEST + 1))
+def test_create_at_any_version_then_update_builds_the_plain_catalog(installed, new_database, start):
+    expected = catalog(plain(new_database()))
+    url = new_database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE EXTENSION pgoutbox VERSION '{start}'")
+        assert m.extension_version(conn) == start == m.applied_version(conn)
+        # As in service: day partitions (not members) and an event before the update.
+        conn.execute("SELECT outbox.create_partitions()")
+        conn.execute("SELECT outbox.emit('order', '1', 'order_created', '{\"schema_version\": 1}', context => 'sea')")
+        ran = m.migrate(conn)  # ALTER EXTENSION pgoutbox UPDATE, then today's partitions
+        assert ran == ([] if start == LATEST else [f"ALTER EXTENSION pgoutbox UPDATE TO '{LATEST}' (from '{start}')"])
+        assert m.extension_version(conn) == LATEST == m.applied_version(conn) == SCHEMA_VERSION
+        db.check_schema_version(m.applied_version(conn))
+    assert without_membership(url) == expected
+
+
+def test_update_down_to_every_version_builds_the_plain_catalog(installed, new_database):
+    url = new_database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert m.migrate(conn, extension=True) == [f"CREATE EXTENSION pgoutbox VERSION '{LATEST}'"]
+        for target in range(LATEST - 1, 0, -1):
+            m.migrate(conn, target)
+            assert m.extension_version(conn) == target == m.applied_version(conn)
+    got = without_membership(url)
+    assert columns_in_any_order(got) == columns_in_any_order(catalog(plain(new_database(), 1)))
+
+
+def test_migrate_keeps_the_modes_apart(installed, new_database):
+    url = plain(new_database())
+    with psycopg.connect(url, autocommit=True) as conn, pytest.raises(MigrationError):
+        m.migrate(conn, extension=True)
+    with psycopg.connect(new_database(), autocommit=True) as conn:
+        m.migrate(conn, extension=True)
+        with pytest.raises(MigrationError):
+            m.migrate(conn, 0)
+        with pytest.raises(MigrationError):
+            m.migrate(conn, LATEST + 1)
+        assert m.extension_version(conn) == LATEST
+
+
+def test_going_down_refuses_to_lose_data_and_changes_nothing(installed, new_database):
+    """The down scripts keep the down migrations' refusals; ALTER EXTENSION runs
+    the whole path in one transaction, so a refusal leaves the latest version."""
+    with psycopg.connect(new_database(), autocommit=True) as conn:
+        m.migrate(conn, extension=True)
+        conn.execute("SELECT inbox.set_replay('billing', false, 'incident 7')")
+        with pytest.raises(MigrationError) as info:
+            m.migrate(conn, 1)
+        assert info.value.code == SqlState.DATA_WOULD_BE_LOST
+        assert m.extension_version(conn) == LATEST == m.applied_version(conn)
+
+
+def test_migrate_says_when_the_server_lacks_the_files_for_a_version(installed, new_database):
+    with psycopg.connect(new_database(), autocommit=True) as conn:
+        m.migrate(conn, extension=True)
+        with pytest.raises(MigrationError) as info:
+            m._extension_command(conn, "ALTER EXTENSION {} UPDATE TO {}", LATEST + 1)
+        assert "make -C extension install" in str(info.value)
+        assert m.extension_version(conn) == LATEST
+
+
+@pytest.fixture(scope="module")
+def updated_from_first_version(installed, pg_server):
+    """CREATE EXTENSION at version 1, today's partitions, ALTER EXTENSION
+    UPDATE to the latest, and pgTAP."""
+    name = create_database(pg_server, "template0")
+    with psycopg.connect(pg_server.dsn(name), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION pgoutbox VERSION '1'")
+        conn.execute("SELECT outbox.create_partitions()")  # partitions the updates must carry along
+        conn.execute("ALTER EXTENSION pgoutbox UPDATE")
+        assert m.extension_version(conn) == LATEST
+        conn.execute("CREATE EXTENSION pgtap")
+    yield name
+    drop_database(pg_server, name)
+
+
+@pytest.mark.parametrize("path", PGTAP_FILES, ids=[p.stem for p in PGTAP_FILES])
+def test_the_pgtap_suite_passes_on_the_updated_extension(pg_server, updated_from_first_version, path):
+    name = create_database(pg_server, updated_from_first_version)
+    try:
+        run_pgtap_file(pg_server.dsn(name), path)
+    finally:
+        drop_database(pg_server, name)
+
+
+def fill_every_table(url: str) -> None:
+    """Rows in every table and partition: events in each status and in each
+    partition, a requeue, inbox rows in each status, a replay switch, a
+    redrive, an archival audit."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        emit = (
+            "SELECT outbox.emit('order', i::text, 'order_created', jsonb_build_object('schema_version', 1, 'n', i),"
+            " context => 'sea')::text FROM generate_series(1, %s) AS i"
+        )
+        conn.execute(emit, (7,))
+        claimed = conn.execute(
+            "SELECT event_id::text, claim_token::text FROM outbox.claim('w1', 5, '1 hour')"
+        ).fetchall()
+        token = claimed[0][1]
+        ids = [r[0] for r in claimed]
+        conn.execute("SELECT outbox.mark_published(%s, %s::uuid[])", (token, ids[:1]))
+        conn.execute(
+            "SELECT outbox.mark_failed(%s, %s::uuid[], %s, ARRAY[now() + interval '1 day', NULL, NULL])",
+            (token, ids[1:4], ["boom", "dead", "dead"]),
+        )
+        conn.execute("SELECT outbox.requeue(%s::uuid[], 'fixed upstream')", (ids[3:4],))
+        # One event in every other partition, routed there by created_at (as the owner).
+        for (part,) in conn.execute(
+            "SELECT c.oid::regclass::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'outbox.events'::regclass"
+            " AND NOT EXISTS (SELECT 1 FROM outbox.events AS e WHERE e.tableoid = c.oid)"
+        ).fetchall():
+            day = "2999-01-01" if part == "outbox.events_default" else f"{part[-8:-4]}-{part[-4:-2]}-{part[-2:]} 12:00"
+            conn.execute(
+                "INSERT INTO outbox.events (context, aggregate_type, aggregate_id, event_type, payload, created_at)"
+                " VALUES ('sea', 'order', 'p', 'order_created', '{\"schema_version\": 1}', %s)",
+                (day,),
+            )
+        messages = [
+            r[0]
+            for r in conn.execute(
+                "SELECT (inbox.receive(gen_random_uuid(), 'billing', 'sea.event.order_created.v1',"
+                ' \'{"payload": {"schema_version": 1}}\')).message_id::text'
+                " FROM generate_series(1, 3)"
+            )
+        ]
+        conn.execute("SELECT inbox.mark_processed(%s, 'billing')", (messages[0],))
+        conn.execute("SELECT inbox.record_error(%s, 'billing', 'poison', true)", (messages[1],))
+        conn.execute("SELECT inbox.set_replay('billing', false, 'incident 7')")
+        conn.execute("SELECT inbox.redrive('billing', %s::uuid[], 'fixed')", ([messages[1]],))
+        conn.execute(
+            "INSERT INTO inbox.messages (message_id, handler, subject, status, received_at, processed_at)"
+            " VALUES (gen_random_uuid(), 'h', 'sea.event.x.v1', 'PROCESSED',"
+            " '2001-01-01 12:00+00', '2001-01-01 12:00:01+00')"
+        )
+        conn.execute(
+            "SELECT outbox.record_archive('inbox.messages', '2001-01-01', f.row_count, f.checksum, 'file:/a')"
+            " FROM outbox.archive_figures('inbox.messages', '2001-01-01') AS f"
+        )
+
+
+def tables(conn: psycopg.Connection) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT c.oid::regclass::text FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname IN ('outbox', 'inbox') AND c.relkind = 'r' ORDER BY 1"
+        )
+    ]
+
+
+# Columns that record when a row was written: the scripts write the seeded
+# rows again when a restore runs CREATE EXTENSION.
+WRITTEN_AT = ("applied_at", "changed_at")
+
+
+def contents(url: str) -> dict[str, object]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        out: dict[str, object] = {}
+        for table in tables(conn):
+            rows = [r[0] for r in conn.execute(f"SELECT to_jsonb(t) FROM {table} AS t")]
+            if table in SEEDED:
+                rows = [{k: v for k, v in r.items() if k not in WRITTEN_AT} for r in rows]
+            out[table] = sorted(json.dumps(r, sort_keys=True) for r in rows)
+        for (seq,) in conn.execute(
+            "SELECT c.oid::regclass::text FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname IN ('outbox', 'inbox') AND c.relkind = 'S' AND c.relpersistence = 'p'"
+        ).fetchall():
+            out[seq] = conn.execute(f"SELECT last_value, is_called FROM {seq}").fetchone()
+        out["version"] = conn.execute(
+            "SELECT outbox.schema_version(), (SELECT extversion FROM pg_extension WHERE extname = 'pgoutbox')"
+        ).fetchone()
+        return out
+
+
+def test_an_extension_database_survives_dump_and_restore_with_every_row(installed, new_database, tmp_path):
+    source = new_database()
+    with psycopg.connect(source, autocommit=True) as conn:
+        m.migrate(conn, extension=True)
+    fill_every_table(source)
+    before = contents(source)
+    empty = [t for t, rows in before.items() if rows == []]
+    assert not empty, f"tables without rows: {empty}"
+
+    dump = tmp_path / "pgoutbox.dump"
+    subprocess.run([str(PG_BIN / "pg_dump"), "-Fc", "-f", str(dump), "-d", source], check=True, capture_output=True)
+    toc = subprocess.run([str(PG_BIN / "pg_restore"), "-l", str(dump)], check=True, capture_output=True, text=True)
+    listed = subprocess.run(
+        [sys.executable, "-m", "pgoutbox.cli.main", "restore-list"],
+        input=toc.stdout,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert listed.stdout != toc.stdout
+    (tmp_path / "pgoutbox.list").write_text(listed.stdout)
+
+    target = new_database()
+    env = {**os.environ, "PGOPTIONS": "-c session_replication_role=replica"}
+    restored = subprocess.run(
+        [str(PG_BIN / "pg_restore"), "--exit-on-error", "-L", str(tmp_path / "pgoutbox.list"), "-d", target, str(dump)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert restored.returncode == 0, restored.stderr
+    after = contents(target)
+    assert after == before
+
+    with psycopg.connect(target, autocommit=True) as conn:
+        # The restored database is as usable as the original: the identity
+        # continues, the guards are back, workers accept its schema.
+        conn.execute("SELECT outbox.emit('order', 'new', 'order_created', '{\"schema_version\": 1}', context => 'sea')")
+        top = conn.execute("SELECT max(id) FROM outbox.events").fetchone()[0]
+        assert top == before["outbox.events_id_seq"][0] + 1
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_event_trigger WHERE evtname = 'pgoutbox_guard_partitions'"
+            ).fetchone()[0]
+            == 1
+        )
+        db.check_schema_version(m.applied_version(conn))
+
+
+def test_restore_list_leaves_a_plain_dump_alone():
+    toc = "; Archive\n3553; 2606 16674 CONSTRAINT outbox events_p20261124 events_p20261124_pkey postgres\n"
+    toc += "3605; 0 0 INDEX ATTACH outbox events_p20261124_pkey postgres\n"
+    assert m.restore_list(toc) == (toc, 0)
+    extension = "2; 3079 16385 EXTENSION - pgoutbox \n" + toc
+    out, skipped = m.restore_list(extension)
+    assert skipped == 2 and out.count("\n;3") == 2
