@@ -23,6 +23,17 @@ class MigrateConfig:
             settings.non_negative_int,
         )
     )
+    extension: bool = option(
+        settings.Setting(
+            "extension",
+            "OUTBOX_MIGRATE_EXTENSION",
+            "false",
+            "On a database without pgoutbox, install it with CREATE EXTENSION (the files must be installed"
+            " on the server: docs/extension.md) instead of the migration files; a database that has the"
+            " extension is always moved with ALTER EXTENSION",
+            settings.boolean,
+        )
+    )
 
 
 CONFIG = MigrateConfig
@@ -31,7 +42,7 @@ SETTINGS = settings.of(CONFIG)
 
 def run(cfg: MigrateConfig, args) -> int:
     with db.connect(cfg.database_url) as conn:
-        ran = migrate.migrate(conn, cfg.target)
+        ran = migrate.migrate(conn, cfg.target, extension=cfg.extension)
         for step in ran:
             print(step)
         print(f"schema at version {migrate.applied_version(conn)}" + ("" if ran else " (nothing to do)"))

@@ -158,6 +158,20 @@ def test_migrate_keeps_the_modes_apart(installed, new_database):
         assert m.extension_version(conn) == LATEST
 
 
+def test_the_migrate_command_creates_the_extension_when_asked(installed, new_database, capsys):
+    from pgoutbox.cli import main as cli
+
+    url = new_database()
+    assert cli.main(["migrate", "--database-url", url, "--extension", "true"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"schema at version {LATEST}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert m.extension_version(conn) == LATEST == m.applied_version(conn)
+    # Without the flag, a database that has the extension is still moved by ALTER EXTENSION.
+    assert cli.main(["migrate", "--database-url", url, "--target", "1"]) == 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert m.extension_version(conn) == 1
+
+
 def test_going_down_refuses_to_lose_data_and_changes_nothing(installed, new_database):
     """The down scripts keep the down migrations' refusals; ALTER EXTENSION runs
     the whole path in one transaction, so a refusal leaves the latest version."""
