@@ -28,7 +28,9 @@ from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.relay import OutboxRelay
 
-DATA = Path(os.environ.get("OUTBOX_DEMO_DIR", Path(__file__).resolve().parents[2] / ".data"))
+# The working directory's .data/, as `make demo` runs it from the checkout (an installed
+# package has no checkout to anchor to).
+DATA = Path(os.environ.get("OUTBOX_DEMO_DIR", ".data")).resolve()
 DEMO_STREAMS = """
 [streams.sea]            # the bounded context "sea": stream SEA_EVENTS, subjects sea.event.>
 max_age = "7d"
