@@ -231,7 +231,9 @@ def business_ledger(
     }
     problems = [f"{len(v)} {k}: {', '.join(map(str, v[:3]))}" for k, v in hard.items() if v]
     if synchronous:
-        problems += [f"{len(v)} {k} (synchronous replication): {', '.join(map(str, v[:3]))}" for k, v in wal.items() if v]
+        problems += [
+            f"{len(v)} {k} (synchronous replication): {', '.join(map(str, v[:3]))}" for k, v in wal.items() if v
+        ]
     figures = {
         "acked": len(ledger.acked),
         "uncertain_commits": len(ledger.uncertain),
