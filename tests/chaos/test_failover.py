@@ -18,6 +18,8 @@ applied by the ledger app.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import random
@@ -36,6 +38,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from chaos.harness import STREAM, Cluster  # noqa: E402
+from pgoutbox.core import db, migrate  # noqa: E402
+from pgoutbox.core.errors import DatabaseUnavailable  # noqa: E402
+from pgoutbox.dev.pg_standby import StandbyPair  # noqa: E402
+from pgoutbox.outbox.calls import OutboxCalls  # noqa: E402
+from pgoutbox.outbox.wakeups import Wakeups  # noqa: E402
 from chaos.pg_failover import BusinessLedger, Failover, business_ledger, wait_settled, write_business  # noqa: E402
 
 WRITERS = 3
@@ -171,3 +178,91 @@ def test_asynchronous_standby_promotion_keeps_atomicity_and_reports_the_loss():
         "asynchronous replication: writer-acknowledged transactions lost with the WAL: "
         f"{figures['lost_with_wal.acknowledged_commits_lost']} of {figures['acked']}"
     )
+
+
+# -- the database layer on a standby pair (no workers: seconds, not minutes) --
+
+
+@pytest.fixture
+def pair():
+    root = Path(tempfile.mkdtemp(prefix="pgoutbox-pair-"))
+    root.chmod(0o755)
+    pair = StandbyPair(root)
+    pair.start()
+    with psycopg.connect(pair.url(), autocommit=True) as conn:
+        migrate.migrate(conn)
+    yield pair
+    pair.stop("immediate")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_session_on_a_standby_fails_as_unavailable_and_is_not_kept(pair):
+    """target_session_attrs=any, standby listed first: libpq lands on the
+    standby. A write there is 25006, which counts as a lost connection: one
+    line naming both nodes, and the pool drops that session."""
+    url = f"host=127.0.0.1,127.0.0.1 port={pair.standby.port},{pair.primary.port} user=postgres dbname=postgres"
+    pool = db.Pool(url, name="t")
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            async with pool.connection() as conn:
+                await conn.execute("SELECT outbox.emit('a', '1', 'e', '{}'::jsonb, context => 'chaos')")
+        message = str(caught.value)
+        assert "does not accept writes" in message
+        assert f"127.0.0.1:{pair.standby.port},127.0.0.1:{pair.primary.port}" in message
+        assert pool._pool.get_stats().get("pool_available", 0) == 0  # the session was closed, not kept
+    finally:
+        await pool.close()
+
+
+async def test_the_relay_follows_a_promotion_on_the_same_pool(pair):
+    """The relay's calls on a multi-host URL: after the crash and promotion the
+    first call fails as DatabaseUnavailable (never anything else), the next
+    reaches the new primary on a new session of the same pool."""
+    calls = OutboxCalls(pair.url(), "claim")
+    try:
+        assert await calls.schema_version() > 0
+        pair.promote("immediate")
+        with pytest.raises(DatabaseUnavailable):
+            await calls.claim("r", 10, 5.0)
+        assert await calls.claim("r", 10, 5.0) == []
+        with psycopg.connect(pair.url(), autocommit=True) as conn:
+            port = conn.info.port
+        assert port == pair.primary.port
+    finally:
+        await calls.close()
+
+
+async def test_the_listen_session_leaves_a_primary_that_stops_taking_writes(pair):
+    """A primary fenced read-only (default_transaction_read_only) while the
+    standby is promoted keeps the old LISTEN session alive but deaf to the
+    new primary's notifications: the liveness call notices and the loop
+    listens anew on the new primary."""
+    wakeups = Wakeups(poll_interval=0.5)
+    task = asyncio.create_task(wakeups.listen(pair.url()))
+
+    async def notified_after_emit(timeout: float) -> bool:
+        before = wakeups.received
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with psycopg.connect(pair.url(), autocommit=True) as conn:
+                conn.execute("SELECT outbox.emit('a', '1', 'e', '{\"schema_version\": 1}'::jsonb, context => 'chaos')")
+            await asyncio.sleep(0.5)
+            if wakeups.received > before:
+                return True
+        return False
+
+    try:
+        assert await notified_after_emit(10)
+        old = pair.primary
+        with psycopg.connect(old.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+            conn.execute("SELECT pg_reload_conf()")
+        with psycopg.connect(pair.standby.dsn(), autocommit=True) as conn:
+            assert conn.execute("SELECT pg_promote(true, 60)").fetchone()[0]
+        pair.primary_index = 1 - pair.primary_index  # the old primary still runs, read-only
+        assert old.running()
+        assert await notified_after_emit(20), "the LISTEN session stayed on the read-only old primary"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
