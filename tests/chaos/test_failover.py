@@ -38,12 +38,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from chaos.harness import STREAM, Cluster  # noqa: E402
+from chaos.pg_failover import BusinessLedger, Failover, business_ledger, wait_settled, write_business  # noqa: E402
 from pgoutbox.core import db, migrate  # noqa: E402
 from pgoutbox.core.errors import DatabaseUnavailable  # noqa: E402
 from pgoutbox.dev.pg_standby import StandbyPair  # noqa: E402
 from pgoutbox.outbox.calls import OutboxCalls  # noqa: E402
 from pgoutbox.outbox.wakeups import Wakeups  # noqa: E402
-from chaos.pg_failover import BusinessLedger, Failover, business_ledger, wait_settled, write_business  # noqa: E402
 
 WRITERS = 3
 RATE = 15.0  # business transactions per second and writer
