@@ -57,8 +57,8 @@ def describe(database_url: str | None) -> str:
         parts = psycopg.conninfo.conninfo_to_dict(conninfo(database_url))
     except psycopg.ProgrammingError:
         return "(unparsable OUTBOX_DATABASE_URL)"
-    hosts = (parts.get("host") or os.environ.get("PGHOST") or "(libpq default host)").split(",")
-    ports = (parts.get("port") or os.environ.get("PGPORT") or "5432").split(",")
+    hosts = str(parts.get("host") or os.environ.get("PGHOST") or "(libpq default host)").split(",")
+    ports = str(parts.get("port") or os.environ.get("PGPORT") or "5432").split(",")
     if len(ports) == 1:  # libpq: one port serves every host
         ports = ports * len(hosts)
     where = ",".join(f"{h or '(libpq default host)'}:{p or '5432'}" for h, p in zip(hosts, ports))

@@ -174,7 +174,8 @@ class StandbyPair:
         old.stop(mode)
         new = self.standby
         with psycopg.connect(new.dsn(), autocommit=True) as conn:
-            if not conn.execute("SELECT pg_promote(true, 60)").fetchone()[0]:
+            done = conn.execute("SELECT pg_promote(true, 60)").fetchone()
+            if not (done and done[0]):
                 raise RuntimeError(f"pg_promote() on port {new.port} did not finish")
             if self.synchronous and relax:
                 conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
@@ -191,7 +192,8 @@ class StandbyPair:
         self._base_backup(self.standby, self.primary)
         if self.synchronous:
             with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
-                if conn.execute("SHOW synchronous_standby_names").fetchone()[0] != "*":
+                names = conn.execute("SHOW synchronous_standby_names").fetchone()
+                if not names or names[0] != "*":
                     conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
                     conn.execute("SELECT pg_reload_conf()")
             self.wait_streaming()
