@@ -224,7 +224,15 @@ async def test_the_relay_follows_a_promotion_on_the_same_pool(pair):
         pair.promote("immediate")
         with pytest.raises(DatabaseUnavailable):
             await calls.claim("r", 10, 5.0)
-        assert await calls.claim("r", 10, 5.0) == []
+        deadline = time.monotonic() + 30  # a loaded machine may fail a connect or two: retried, as a worker does
+        while True:
+            try:
+                assert await calls.claim("r", 10, 5.0) == []
+                break
+            except DatabaseUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
         with psycopg.connect(pair.url(), autocommit=True) as conn:
             port = conn.info.port
         assert port == pair.primary.port
@@ -252,7 +260,7 @@ async def test_the_listen_session_leaves_a_primary_that_stops_taking_writes(pair
         return False
 
     try:
-        assert await notified_after_emit(10)
+        assert await notified_after_emit(30)
         old = pair.primary
         with psycopg.connect(old.dsn(), autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
@@ -261,7 +269,7 @@ async def test_the_listen_session_leaves_a_primary_that_stops_taking_writes(pair
             assert conn.execute("SELECT pg_promote(true, 60)").fetchone()[0]
         pair.primary_index = 1 - pair.primary_index  # the old primary still runs, read-only
         assert old.running()
-        assert await notified_after_emit(20), "the LISTEN session stayed on the read-only old primary"
+        assert await notified_after_emit(45), "the LISTEN session stayed on the read-only old primary"
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
