@@ -274,3 +274,34 @@ async def test_the_listen_session_leaves_a_primary_that_stops_taking_writes(pair
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@pytest.mark.slow
+def test_the_fault_repeats_on_one_url_and_keeps_every_acknowledged_row():
+    """What the soak does: the promote fault again and again (both retirement
+    modes) on the URL given once; each time the other node is back as a
+    synchronous standby and every row committed before is there."""
+    root = Path(tempfile.mkdtemp(prefix="pgoutbox-pair-"))
+    root.chmod(0o755)
+    pg = Failover(root / "postgres", synchronous=True)
+    try:
+        url = pg.start()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE acked (n int PRIMARY KEY)")
+        rng = random.Random(4)  # draws immediate, fast, immediate
+        for n in range(3):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("INSERT INTO acked VALUES (%s)", (n,))
+            before = pg.pair.primary.port
+            print(pg.fault(rng))
+            assert pg.pair.primary.port != before
+            with psycopg.connect(url, autocommit=True) as conn:
+                assert conn.info.port == pg.pair.primary.port
+                assert [r[0] for r in conn.execute("SELECT n FROM acked ORDER BY n")] == list(range(n + 1))
+                assert ("streaming", "sync") in conn.execute(
+                    "SELECT state, sync_state FROM pg_stat_replication"
+                ).fetchall()
+        assert {s.mode for s in pg.switches} == {"immediate", "fast"}
+    finally:
+        pg.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
