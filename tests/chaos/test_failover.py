@@ -24,6 +24,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -212,6 +213,20 @@ async def test_a_session_on_a_standby_fails_as_unavailable_and_is_not_kept(pair)
         assert pool._pool.get_stats().get("pool_available", 0) == 0  # the session was closed, not kept
     finally:
         await pool.close()
+
+
+def test_a_command_run_against_a_standby_says_so_in_one_line(pair):
+    """A one-shot command whose URL reaches only a standby: exit 3 (database)
+    and one line naming the node, not a traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
+    env["OUTBOX_DATABASE_URL"] = pair.standby.dsn()
+    env["OUTBOX_PARTITION_DAYS_AHEAD"] = "60"  # more than exist: a write
+    out = subprocess.run(
+        [sys.executable, "-m", "pgoutbox.cli.main", "partitions"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 3, out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert "does not accept writes" in out.stderr and f"127.0.0.1:{pair.standby.port}" in out.stderr
 
 
 async def test_the_relay_follows_a_promotion_on_the_same_pool(pair):
