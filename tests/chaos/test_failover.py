@@ -10,10 +10,15 @@ Each run ends with the ledger. Synchronous: nothing a writer saw committed
 is lost, nothing processed twice, nothing stuck. Asynchronous: atomicity
 held (no event without its business row, no business row without its event),
 nothing processed twice, nothing stuck; what the crash lost with the WAL is
-reported (it may be zero), not failed. Each run prints how long the switch
-took: until the new primary accepted writes, until the writers' first
-acknowledged commit, and until the first event committed after the fault was
-applied by the ledger app.
+reported (it may be zero), not failed ("nothing stuck" there covers the
+outbox and any inbox row received after the switch: a PROCESSED mark lost
+with the WAL is reported). Each run prints how long the switch took
+(switch_times()). PGOUTBOX_KEEP=1 keeps the data and logs folder.
+
+Quicker tests on a bare standby pair: a session on a standby is dropped from
+the pool, the relay's calls follow a promotion, the LISTEN session leaves a
+primary fenced read-only, a one-shot command against a standby is one line;
+and (slow) the soak's promote fault repeated on one URL.
 """
 
 from __future__ import annotations
