@@ -4,7 +4,7 @@ business writers whose ledger shows what a promotion did to the data.
 
 Interface (what a soak registers; every call blocks until done):
 
-    pg = Failover(root / "postgres", synchronous=True)
+    pg = Failover(root / "postgres", synchronous=True)  # synchronous_commit="on"|"remote_apply"
     url = pg.start()     # both nodes; target_session_attrs=read-write
     pg.url, pg.dsn(db)   # the same URL (drop-in for EmbeddedPostgres.url/.dsn)
     label = pg.fault(rng)  # retire the primary (stop -m immediate or fast,
@@ -58,8 +58,15 @@ class Switch:
 
 
 class Failover:
-    def __init__(self, root: Path, *, synchronous: bool = True, modes: tuple[str, ...] = ("immediate", "fast")):
-        self.pair = StandbyPair(root, synchronous=synchronous)
+    def __init__(
+        self,
+        root: Path,
+        *,
+        synchronous: bool = True,
+        synchronous_commit: str = "on",  # or remote_apply
+        modes: tuple[str, ...] = ("immediate", "fast"),
+    ):
+        self.pair = StandbyPair(root, synchronous=synchronous, synchronous_commit=synchronous_commit)
         self.modes = modes
         self.switches: list[Switch] = []
         self.started_at: list[float] = []  # time.time() of each fault's start
