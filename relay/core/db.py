@@ -4,7 +4,16 @@ variables (an empty conninfo lets libpq read them); no default credentials.
 connect() (one-shot commands) and Pool (the workers, both sides) turn a failed
 or lost connection into DatabaseUnavailable (one line: where, which setting,
 libpq's reason; never the password), so every command and worker reports it
-the same way and retries on that one type."""
+the same way and retries on that one type.
+
+Failover: a conninfo may name several servers (`host=h1,h2 port=p1,p2
+target_session_attrs=read-write`, or postgresql://h1:p1,h2:p2/db?...); libpq
+then connects to whichever accepts writes, so after a standby's promotion every
+new connection reaches the new primary. A session that finds itself on a
+server that no longer accepts writes (25006 read_only_sql_transaction: a
+standby, or a primary fenced with default_transaction_read_only) counts as a
+lost connection: the call fails with DatabaseUnavailable, the caller retries,
+and the pool closes that session rather than keep it (docs/failover.md)."""
 
 from __future__ import annotations
 
@@ -31,6 +40,10 @@ POOL_TIMEOUT = 30.0  # seconds a call waits for a busy pool's connection before 
 # SQLSTATEs of a server that refuses or drops the session rather than a statement
 # (libpq's own connection failures carry none).
 _CONNECTION_STATES = ("08", "57P01", "57P02", "57P03", "53300", "28")
+# A statement refused because the server does not take writes (a standby, a
+# fenced primary): the session is on the wrong server, which a new connection
+# (target_session_attrs=read-write) repairs.
+READ_ONLY = "25006"
 
 
 def conninfo(database_url: str | None) -> str:
@@ -38,20 +51,31 @@ def conninfo(database_url: str | None) -> str:
 
 
 def describe(database_url: str | None) -> str:
-    """Where a conninfo points, for messages: host, port and database, never the password."""
+    """Where a conninfo points, for messages: every host:port, the database and
+    target_session_attrs when given; never the password."""
     try:
         parts = psycopg.conninfo.conninfo_to_dict(conninfo(database_url))
     except psycopg.ProgrammingError:
         return "(unparsable OUTBOX_DATABASE_URL)"
-    host = parts.get("host") or os.environ.get("PGHOST") or "(libpq default host)"
-    port = parts.get("port") or os.environ.get("PGPORT") or "5432"
+    hosts = str(parts.get("host") or os.environ.get("PGHOST") or "(libpq default host)").split(",")
+    ports = str(parts.get("port") or os.environ.get("PGPORT") or "5432").split(",")
+    if len(ports) == 1:  # libpq: one port serves every host
+        ports = ports * len(hosts)
+    where = ",".join(f"{h or '(libpq default host)'}:{p or '5432'}" for h, p in zip(hosts, ports))
     dbname = parts.get("dbname") or os.environ.get("PGDATABASE") or "(default)"
-    return f"{host}:{port} database {dbname}"
+    attrs = parts.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS")
+    return f"{where} database {dbname}" + (f" ({attrs})" if attrs and attrs != "any" else "")
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """The server refused a write because it does not take writes (now)."""
+    return isinstance(exc, psycopg.Error) and exc.sqlstate == READ_ONLY
 
 
 def is_connection_error(exc: BaseException) -> bool:
-    """A failure of the connection itself (unreachable, refused, dropped), not of a statement."""
-    if isinstance(exc, psycopg.InterfaceError):  # e.g. a call on a connection already closed
+    """A failure of the connection itself (unreachable, refused, dropped, or
+    on a server that does not take writes), not of a statement."""
+    if isinstance(exc, psycopg.InterfaceError) or is_read_only(exc):  # e.g. a call on a closed connection
         return True
     if not isinstance(exc, psycopg.OperationalError):
         return False
@@ -68,6 +92,8 @@ def unavailable(exc: BaseException, database_url: str | None, *, lost: bool = Fa
 
     libpq gives connection failures no SQLSTATE, so the reason is shown, never matched on."""
     what = "lost the connection to" if lost else "cannot connect to"
+    if is_read_only(exc):
+        what = "reached a server that does not accept writes (a standby, or a fenced primary) among"
     return DatabaseUnavailable(
         f"{what} PostgreSQL at {describe(database_url)} ({SETTING}): {_reason(exc, database_url)}"
     )
@@ -276,7 +302,10 @@ class Pool:
         await self._pool.putconn(conn)  # it arrived while we gave up on it
 
     async def putconn(self, conn: psycopg.AsyncConnection) -> None:
-        """Back to the pool; a broken connection is replaced."""
+        """Back to the pool; a broken connection, or one on a server that no
+        longer accepts writes, is replaced."""
+        if not conn.closed and on_read_only_server(conn):
+            await conn.close()
         await self._pool.putconn(conn)
 
     def lost(self, exc: BaseException) -> DatabaseUnavailable:
@@ -290,14 +319,23 @@ class Pool:
             yield conn
         except psycopg.Error as exc:
             if conn.broken or conn.closed or is_connection_error(exc):
+                if not conn.closed:
+                    await conn.close()  # e.g. on a standby: the pool connects anew
                 raise self.lost(exc) from exc
             raise
         finally:
-            await self._pool.putconn(conn)
+            await self.putconn(conn)
 
     async def close(self) -> None:
         if self._opened:
             await self._pool.close(timeout=1.0)  # a stop must not wait on a connect in progress
+
+
+def on_read_only_server(conn: psycopg.AsyncConnection) -> bool:
+    """What the server last reported (PostgreSQL 14+ reports both at once when
+    they change): a hot standby, or writes refused by default."""
+    status = conn.info.parameter_status
+    return status("in_hot_standby") == "on" or status("default_transaction_read_only") == "on"
 
 
 def _recording(pool: Pool) -> type[psycopg.AsyncConnection]:

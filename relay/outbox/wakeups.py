@@ -8,6 +8,13 @@ So after each notification the loop also claims once more one interval later
 hint, the table is the truth. After a reconnection the loop is woken at once,
 since notifications sent meanwhile are lost; the relay also asks to be woken
 when a retry it scheduled falls due (no notification announces that).
+
+Failover: notifications come only from the server the session listens on. The
+liveness call also asks whether that server still takes writes; one that no
+longer does (a primary fenced read-only while a standby takes over) is left,
+and the loop listens anew on whichever server the conninfo's
+target_session_attrs=read-write finds. A retired primary simply drops the
+session, with the same outcome.
 """
 
 from __future__ import annotations
@@ -17,11 +24,15 @@ import heapq
 import logging
 import time
 
+from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, reconnect_delays
 from pgoutbox.outbox import calls
 from pgoutbox.outbox.calls import WAKEUP_CHANNEL, DatabaseUnavailable
 
 log = logging.getLogger("pgoutbox.outbox.wakeups")
+
+# Also true on a standby and on a primary fenced with default_transaction_read_only.
+_LIVENESS = "SELECT outbox.schema_version() AS v, current_setting('transaction_read_only') = 'on' AS read_only"
 
 
 class Wakeups:
@@ -94,7 +105,13 @@ class Wakeups:
                     # error: the liveness call below fails on it.
                     async for _ in conn.notifies(timeout=max(self.poll_interval, 5.0)):
                         self.notified()
-                    await conn.execute("SELECT outbox.schema_version()")
+                    cur = await conn.execute(_LIVENESS)
+                    row = await cur.fetchone()
+                    if row and row["read_only"]:  # the pool's sessions return dicts (calls.pool)
+                        raise DatabaseUnavailable(
+                            f"the server of the LISTEN session at {db.describe(pool.database_url)} "
+                            "no longer accepts writes (a standby took over?): listening anew"
+                        )
             except Exception as exc:
                 if lines():
                     log.warning(
