@@ -13,6 +13,7 @@ the checkout's editable install), with the same virtualenv's dependencies."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import signal
@@ -353,3 +354,72 @@ def schema_version(url: str) -> int:
         row = conn.execute("SELECT outbox.schema_version()").fetchone()
     assert row is not None
     return int(row[0])
+
+
+# -- backup and restore ----------------------------------------------------------
+
+
+def dump_and_restore(pg_bin: Path, source_url: str, target_url: str, fmt: str, workdir: Path) -> None:
+    """pg_dump of source in `fmt` ("plain": an SQL script replayed with psql;
+    "custom": an archive read by pg_restore) into target, an empty database of
+    the same cluster (roles are cluster-wide: the dump refers to them)."""
+    if fmt == "plain":
+        script = workdir / "backup.sql"
+        _tool(pg_bin, "pg_dump", "--format=plain", f"--file={script}", "-d", source_url)
+        _tool(pg_bin, "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(script), "-d", target_url)
+    elif fmt == "custom":
+        archive = workdir / "backup.dump"
+        _tool(pg_bin, "pg_dump", "--format=custom", f"--file={archive}", "-d", source_url)
+        _tool(pg_bin, "pg_restore", "--exit-on-error", "-d", target_url, str(archive))
+    else:
+        raise ValueError(fmt)
+
+
+def _tool(pg_bin: Path, name: str, *args: str) -> None:
+    result = subprocess.run([str(pg_bin / name), *args], capture_output=True, text=True, timeout=120)
+    if result.returncode != 0 or "ERROR" in result.stderr or "WARNING" in result.stderr:
+        raise AssertionError(f"{name} {' '.join(args)} exited with {result.returncode}:\n{result.stderr[-4000:]}")
+
+
+def schema_catalog(pg_bin: Path, url: str) -> str:
+    """The schema as pg_dump prints it (owners and grants included), without
+    the per-dump random \\restrict key."""
+    dump = subprocess.run(
+        [str(pg_bin / "pg_dump"), "--schema-only", "-d", url], check=True, capture_output=True, text=True
+    ).stdout
+    lines = [line for line in dump.splitlines() if not line.startswith(("\\restrict", "\\unrestrict"))]
+    # A restore re-parses trigger conditions: PostgreSQL then prints a chain
+    # of ORs built nested (`((a OR b) OR c)`) flat (`(a OR b OR c)`), the same
+    # expression. Compared without their parentheses.
+    return "\n".join(
+        line.replace("(", "").replace(")", "") if line.startswith("CREATE TRIGGER") else line for line in lines
+    )
+
+
+def differences(before: str, after: str, limit: int = 60) -> str:
+    """A unified diff of two texts (empty: equal), cut to `limit` lines."""
+    lines = list(difflib.unified_diff(before.splitlines(), after.splitlines(), "source", "restored", lineterm="", n=1))
+    return "\n".join(lines[:limit])
+
+
+def contents(url: str) -> dict[str, str]:
+    """Every table of the outbox and inbox schemas (partitions one by one),
+    as a digest of its rows, and every sequence's state."""
+    out: dict[str, str] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class AS c"
+            " INNER JOIN pg_namespace AS n ON c.relnamespace = n.oid"
+            " WHERE n.nspname IN ('outbox', 'inbox') AND c.relkind = 'r' ORDER BY 1"
+        ).fetchall()
+        for (table,) in tables:
+            row = conn.execute(
+                f"SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {table} AS t"
+            ).fetchone()
+            out[table] = f"{row[0]} rows, md5 {row[1]}" if row else "?"
+        for name, last, called in conn.execute(
+            "SELECT format('%I.%I', schemaname, sequencename), last_value, last_value IS NOT NULL"
+            " FROM pg_sequences WHERE schemaname IN ('outbox', 'inbox') ORDER BY 1"
+        ).fetchall():
+            out[name] = f"sequence at {last} ({'used' if called else 'unused'})"
+    return out
