@@ -141,6 +141,7 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
         t_migrated = time.monotonic()
         print(ran.stdout.strip())
         assert schema_version(url) == max(new.schema_version, old.schema_version)
+        old.run("status", OUTBOX_DATABASE_URL=url)  # the old release still accepts the schema (exit 0)
         time.sleep(2)
         assert old_relay.alive() and old_consumer.alive(), "an old worker stopped after the migration"
 
