@@ -94,7 +94,11 @@ def _launched(text: str) -> dict | None:
 
 def _describe(package: Path, pythonpath: Path | None, name: str) -> Build:
     probe = subprocess.run(
-        [sys.executable, "-c", "import json, pgoutbox; print(json.dumps([pgoutbox.__version__, pgoutbox.SCHEMA_VERSION]))"],
+        [
+            sys.executable,
+            "-c",
+            "import json, pgoutbox; print(json.dumps([pgoutbox.__version__, pgoutbox.SCHEMA_VERSION]))",
+        ],
         env={
             **{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
             **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}),
@@ -191,9 +195,7 @@ class Worker:
 
     def problems(self) -> list[str]:
         """Log lines at error level or above, and tracebacks."""
-        bad = [
-            f"{self.name}: {e.get('event')}" for e in self.entries() if e.get("level") in ("error", "critical")
-        ]
+        bad = [f"{self.name}: {e.get('event')}" for e in self.entries() if e.get("level") in ("error", "critical")]
         if "Traceback" in self.text():
             bad.append(f"{self.name}: a traceback in {self.log}")
         return bad
@@ -224,6 +226,67 @@ class Worker:
             self.proc.wait(10)
         if self.proc is not None:
             self._out.close()
+
+
+def relay_worker(build: Build, name: str, log_dir: Path, database_url: str, nats_url: str) -> Worker:
+    """`pgoutbox relay` with test-sized timings (lease 3 s, poll 500 ms); the
+    streams file is log_dir/streams.toml."""
+    return Worker(
+        build,
+        "relay",
+        name,
+        log_dir,
+        OUTBOX_DATABASE_URL=database_url,
+        OUTBOX_NATS_URL=nats_url,
+        OUTBOX_LOG_LEVEL="INFO",
+        OUTBOX_STREAMS_FILE=str(log_dir / "streams.toml"),
+        OUTBOX_RELAY_NAME=name,
+        OUTBOX_RELAY_LEASE="3s",
+        OUTBOX_RELAY_PUBLISH_TIMEOUT="2s",
+        OUTBOX_RELAY_POLL_INTERVAL="500ms",
+        OUTBOX_RELAY_HTTP_PORT="0",
+    )
+
+
+def consumer_worker(
+    build: Build, name: str, log_dir: Path, database_url: str, nats_url: str, registry_file: Path
+) -> Worker:
+    """`pgoutbox consume` of the handlers of registry_file, with test-sized timings."""
+    return Worker(
+        build,
+        "consume",
+        name,
+        log_dir,
+        OUTBOX_DATABASE_URL=database_url,
+        OUTBOX_NATS_URL=nats_url,
+        OUTBOX_LOG_LEVEL="INFO",
+        OUTBOX_REGISTRY_FILE=str(registry_file),
+        OUTBOX_REPLAY_WORKER=name,
+        OUTBOX_CONSUMER_HTTP_PORT="0",
+        OUTBOX_CONSUMER_FETCH_TIMEOUT="500ms",
+        OUTBOX_CONSUMER_RETRY_DELAY="200ms",
+        OUTBOX_CONSUMER_DRAIN_TIMEOUT="10s",
+    )
+
+
+def handler_registry(build: Build, workdir: Path, name: str, url: str, subject: str, target: Path) -> Path:
+    """One handler's manifest, and the registry generated from it by `build`
+    (each build reads the registry format it writes)."""
+    manifests = workdir / "handlers"
+    manifests.mkdir(exist_ok=True)
+    (manifests / "check.toml").write_text(
+        f'[[handler]]\nname = "{name}"\nurl = "{url}"\nsubjects = ["{subject}"]\n'
+        'timeout = "5s"\nack_wait = "10s"\nmax_deliver = 100\nreplay_max_attempts = 0\n'
+    )
+    build.run("registry", "generate", "--manifest-dir", str(manifests), "--registry-file", str(target))
+    return target
+
+
+def start_worker(worker: Worker) -> Worker:
+    """Starts it and waits for its own start-up line."""
+    worker.start()
+    worker.wait_ready('"action": "started"' if worker.command == "relay" else '"consumer started"')
+    return worker
 
 
 @dataclass
@@ -336,17 +399,6 @@ def summary(values: list[float]) -> str:
         f"{len(values)} events, p50 {statistics.median(values) * 1000:.0f} ms, "
         f"p99 {p99 * 1000:.0f} ms, max {ordered[-1] * 1000:.0f} ms, {sum(v > 1 for v in values)} over 1 s"
     )
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def schema_version(url: str) -> int:

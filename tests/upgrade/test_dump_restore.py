@@ -46,17 +46,20 @@ from pgoutbox.core.errors import SqlState
 from pgoutbox.dev.embedded import PG_BIN
 from support import archival
 from support.inbox import FakeHandler
-from support.outbox import msg_ids, status_counts, stream_messages
+from support.outbox import msg_ids, status_counts, stream_messages, wait_for
 from support.upgrade import (
     Build,
     Delivery,
     Worker,
+    consumer_worker,
     contents,
     current_build,
     differences,
     dump_and_restore,
+    handler_registry,
+    relay_worker,
     schema_catalog,
-    wait_until,
+    start_worker,
 )
 
 pytestmark = pytest.mark.slow
@@ -65,41 +68,14 @@ HANDLER = "restore_check"
 SUBJECT = "sea.event.order_created.v1"
 
 
-def workers(build: Build, tmp: Path, url: str, nats_url: str, tag: str) -> tuple[Worker, Worker]:
-    common = {"OUTBOX_DATABASE_URL": url, "OUTBOX_NATS_URL": nats_url, "OUTBOX_LOG_LEVEL": "INFO"}
-    relay = Worker(
-        build,
-        "relay",
-        f"relay-{tag}",
-        tmp,
-        **common,
-        OUTBOX_STREAMS_FILE=str(tmp / "streams.toml"),
-        OUTBOX_RELAY_NAME=f"relay-{tag}",
-        OUTBOX_RELAY_LEASE="3s",
-        OUTBOX_RELAY_PUBLISH_TIMEOUT="2s",
-        OUTBOX_RELAY_POLL_INTERVAL="500ms",
-        OUTBOX_RELAY_HTTP_PORT="0",
-    )
-    consumer = Worker(
-        build,
-        "consume",
-        f"consumer-{tag}",
-        tmp,
-        **common,
-        OUTBOX_REGISTRY_FILE=str(tmp / "registry.json"),
-        OUTBOX_REPLAY_WORKER=f"consumer-{tag}",
-        OUTBOX_CONSUMER_HTTP_PORT="0",
-        OUTBOX_CONSUMER_FETCH_TIMEOUT="500ms",
-        OUTBOX_CONSUMER_RETRY_DELAY="200ms",
-    )
+def workers(build: Build, tmp: Path, url: str, nats_url: str, tag: str, started: list[Worker]) -> tuple[Worker, Worker]:
+    """A relay and a consumer, started (recorded in `started` first, for the clean-up)."""
+    relay = relay_worker(build, f"relay-{tag}", tmp, url, nats_url)
+    consumer = consumer_worker(build, f"consumer-{tag}", tmp, url, nats_url, tmp / "registry.json")
+    started += [relay, consumer]
+    for w in (relay, consumer):
+        start_worker(w)
     return relay, consumer
-
-
-def run_both(relay: Worker, consumer: Worker) -> None:
-    relay.start()
-    consumer.start()
-    relay.wait_ready('"action": "started"')
-    consumer.wait_ready('"consumer started"')
 
 
 def emit(conn: psycopg.Connection, n: int, tag: str) -> list[str]:
@@ -191,9 +167,7 @@ def guards_and_wakeups_work(url: str) -> list[str]:
     """What a restore could silently lose: the event trigger that refuses
     DETACH PARTITION (a superuser's object), and the wake-up NOTIFY of emit."""
     with psycopg.connect(url, autocommit=True) as conn:
-        part = conn.execute(
-            "SELECT outbox._partition_name((now() AT TIME ZONE 'UTC')::date)"
-        ).fetchone()[0]
+        part = conn.execute("SELECT outbox._partition_name((now() AT TIME ZONE 'UTC')::date)").fetchone()[0]
         with pytest.raises(psycopg.Error) as refused:
             conn.execute(f"ALTER TABLE outbox.events DETACH PARTITION outbox.{part}")
         assert refused.value.sqlstate == SqlState.DELETE_FORBIDDEN
@@ -213,26 +187,16 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
     (tmp_path / "streams.toml").write_text('[defaults]\nduplicate_window = "2m"\n[streams.sea]\n')
     build.run("streams", OUTBOX_NATS_URL=nats_url, OUTBOX_STREAMS_FILE=str(tmp_path / "streams.toml"))
     handler = FakeHandler()
-    manifests = tmp_path / "handlers"
-    manifests.mkdir()
-    (manifests / "check.toml").write_text(
-        f'[[handler]]\nname = "{HANDLER}"\nurl = "{handler.url}"\nsubjects = ["{SUBJECT}"]\n'
-        'timeout = "5s"\nack_wait = "4s"\nmax_deliver = 100\nreplay_max_attempts = 0\n'
-    )
-    build.run(
-        "registry", "generate", "--manifest-dir", str(manifests), "--registry-file", str(tmp_path / "registry.json")
-    )
+    handler_registry(build, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "registry.json")
     restored_name = create_database(pg_server, "template0")
     restored = pg_server.dsn(restored_name)
     started: list[Worker] = []
     try:
         # The source at work: a first batch handled end to end, then the rest.
-        relay, consumer = workers(build, tmp_path, database_url, nats_url, "source")
-        started += [relay, consumer]
-        run_both(relay, consumer)
+        relay, consumer = workers(build, tmp_path, database_url, nats_url, "source", started)
         with psycopg.connect(database_url, autocommit=True) as conn:
             done = emit(conn, 20, "done-")
-        wait_until(lambda: all(e in Delivery.of(handler).calls for e in done), 30, "the first batch to be handled")
+        wait_for(lambda: all(e in Delivery.of(handler).calls for e in done), 30, "the first batch to be handled")
         assert relay.terminate() == 0 and consumer.terminate() == 0
         ids = mid_work(database_url, nats_url)
         ids["done"] = done
@@ -255,19 +219,17 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
                 "SELECT outbox.requeue(%s::uuid[], 'restored: broker is back')", (ids["dead"],)
             ).fetchone()[0]
             assert moved == len(ids["dead"])
-        relay, consumer = workers(build, tmp_path, restored, nats_url, f"restored-{fmt}")
-        started += [relay, consumer]
-        run_both(relay, consumer)
+        relay, consumer = workers(build, tmp_path, restored, nats_url, f"restored-{fmt}", started)
         with psycopg.connect(restored, autocommit=True) as conn:
             ids["after"] = emit(conn, 10, "after-")
-            new_ids = conn.execute("SELECT min(id) FROM outbox.events WHERE event_id = ANY(%s::uuid[])", (ids["after"],))
+            new_ids = conn.execute(
+                "SELECT min(id) FROM outbox.events WHERE event_id = ANY(%s::uuid[])", (ids["after"],)
+            )
             assert new_ids.fetchone()[0] > max_id, "the identity sequence went back"
         expected = set(ids["processing"]) - set(ids["inbox_dead"])
         expected |= set(ids["failed"]) | set(ids["pending"]) | set(ids["dead"]) | set(ids["after"]) | set(ids["wakeup"])
-        wait_until(
-            lambda: expected <= set(Delivery.of(handler).calls), 60, "every unhandled event to reach the handler"
-        )
-        wait_until(lambda: set(status_counts(restored)) == {"COMPLETED"}, 30, "every event COMPLETED")
+        wait_for(lambda: expected <= set(Delivery.of(handler).calls), 60, "every unhandled event to reach the handler")
+        wait_for(lambda: set(status_counts(restored)) == {"COMPLETED"}, 30, "every event COMPLETED")
         time.sleep(2)  # room for a repeated call to show up
         assert relay.terminate() == 0 and consumer.terminate() == 0
 
