@@ -125,8 +125,8 @@ def previous_release(workdir: Path, commit: str = PREVIOUS_RELEASE) -> Build:
     )
     if probe.returncode != 0:
         raise AssertionError(
-            f"the previous release (commit {commit}) is not in this clone's history: the rolling-upgrade and "
-            "restore tests need it (in CI: fetch the full history, e.g. actions/checkout with fetch-depth: 0)"
+            f"the previous release (commit {commit}) is not in this clone's history: the rolling-upgrade test "
+            "needs it (clone the full history, not with `git clone --depth`)"
         )
     tree = workdir / f"pgoutbox-{commit}"
     tree.mkdir(parents=True)
