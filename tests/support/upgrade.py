@@ -413,7 +413,7 @@ def schema_version(url: str) -> int:
 
 def dump_and_restore(pg_bin: Path, source_url: str, target_url: str, fmt: str, workdir: Path) -> None:
     """pg_dump of source in `fmt` ("plain": an SQL script replayed with psql;
-    "custom": an archive read by pg_restore) into target, an empty database of
+    "custom": an archive read by pg_restore, two jobs in parallel) into target, an empty database of
     the same cluster (roles are cluster-wide: the dump refers to them)."""
     if fmt == "plain":
         script = workdir / "backup.sql"
@@ -422,7 +422,7 @@ def dump_and_restore(pg_bin: Path, source_url: str, target_url: str, fmt: str, w
     elif fmt == "custom":
         archive = workdir / "backup.dump"
         _tool(pg_bin, "pg_dump", "--format=custom", f"--file={archive}", "-d", source_url)
-        _tool(pg_bin, "pg_restore", "--exit-on-error", "-d", target_url, str(archive))
+        _tool(pg_bin, "pg_restore", "--exit-on-error", "--jobs=2", "-d", target_url, str(archive))
     else:
         raise ValueError(fmt)
 
