@@ -269,14 +269,16 @@ def consumer_worker(
     )
 
 
-def handler_registry(build: Build, workdir: Path, name: str, url: str, subject: str, target: Path) -> Path:
+def handler_registry(
+    build: Build, workdir: Path, name: str, url: str, subject: str, target: Path, *, ack_wait: float = 10.0
+) -> Path:
     """One handler's manifest, and the registry generated from it by `build`
     (each build reads the registry format it writes)."""
     manifests = workdir / "handlers"
     manifests.mkdir(exist_ok=True)
     (manifests / "check.toml").write_text(
         f'[[handler]]\nname = "{name}"\nurl = "{url}"\nsubjects = ["{subject}"]\n'
-        'timeout = "5s"\nack_wait = "10s"\nmax_deliver = 100\nreplay_max_attempts = 0\n'
+        f'timeout = "5s"\nack_wait = "{ack_wait:g}s"\nmax_deliver = 100\nreplay_max_attempts = 0\n'
     )
     build.run("registry", "generate", "--manifest-dir", str(manifests), "--registry-file", str(target))
     return target

@@ -50,6 +50,7 @@ pytestmark = pytest.mark.slow
 
 HANDLER = "upgrade_check"
 SUBJECT = "sea.event.order_created.v1"
+ACK_WAIT = 10.0  # the handler's, in seconds
 
 
 def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_server, empty_database_url):
@@ -71,7 +72,9 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
     writers = [Writer(url, ledger, rate=25, name=f"w{i}") for i in range(2)]
     workers: list[Worker] = []
     try:
-        old_registry = handler_registry(old, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "old.registry.json")
+        old_registry = handler_registry(
+            old, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "old.registry.json", ack_wait=ACK_WAIT
+        )
         old_relay = relay_worker(old, "relay-old", tmp_path, url, nats_url)
         old_consumer = consumer_worker(old, "consumer-old", tmp_path, url, nats_url, old_registry)
         workers += [start_worker(old_relay), start_worker(old_consumer)]
@@ -102,7 +105,9 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
         workers.append(start_worker(new_relay))
         time.sleep(3)
         assert old_consumer.terminate() == 0
-        new_registry = handler_registry(new, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "new.registry.json")
+        new_registry = handler_registry(
+            new, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "new.registry.json", ack_wait=ACK_WAIT
+        )
         new_consumer = consumer_worker(new, "consumer-new", tmp_path, url, nats_url, new_registry)
         workers.append(start_worker(new_consumer))
         time.sleep(3)
@@ -168,4 +173,9 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
         silence = longest_silence(delivered, start_at, end_at)
         print(f"  {name:40s} {end_at - start_at:5.1f} s window: {summary(lat)}; longest gap {silence * 1000:.0f} ms")
         report[name] = {"max_latency_ms": round(max(lat, default=0) * 1000), "gap_ms": round(silence * 1000)}
+    # Messages a stopped consumer had been sent for a pull still open wait
+    # for their ack_wait before JetStream redelivers them.
+    waited = [x for x in latencies(ledger, delivered, t0, t_end) if x >= ACK_WAIT * 0.9]
+    print(f"  events that waited for the consumer's ack_wait ({ACK_WAIT:g} s): {len(waited)}")
+    report["waited_for_ack_wait"] = len(waited)
     (tmp_path / "switch_delay.json").write_text(json.dumps(report, indent=2))
