@@ -228,9 +228,11 @@ class Worker:
             self._out.close()
 
 
-def relay_worker(build: Build, name: str, log_dir: Path, database_url: str, nats_url: str) -> Worker:
-    """`pgoutbox relay` with test-sized timings (lease 3 s, poll 500 ms); the
-    streams file is log_dir/streams.toml."""
+def relay_worker(
+    build: Build, name: str, log_dir: Path, database_url: str, nats_url: str, *, lease: float = 3.0
+) -> Worker:
+    """`pgoutbox relay` with test-sized timings (lease 3 s, publish timeout
+    2/3 of it, poll 500 ms); the streams file is log_dir/streams.toml."""
     return Worker(
         build,
         "relay",
@@ -241,8 +243,8 @@ def relay_worker(build: Build, name: str, log_dir: Path, database_url: str, nats
         OUTBOX_LOG_LEVEL="INFO",
         OUTBOX_STREAMS_FILE=str(log_dir / "streams.toml"),
         OUTBOX_RELAY_NAME=name,
-        OUTBOX_RELAY_LEASE="3s",
-        OUTBOX_RELAY_PUBLISH_TIMEOUT="2s",
+        OUTBOX_RELAY_LEASE=f"{lease:g}s",
+        OUTBOX_RELAY_PUBLISH_TIMEOUT=f"{lease * 2 / 3:g}s",
         OUTBOX_RELAY_POLL_INTERVAL="500ms",
         OUTBOX_RELAY_HTTP_PORT="0",
     )

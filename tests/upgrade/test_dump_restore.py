@@ -6,13 +6,14 @@ repeated.
 
 The database holds, when it is dumped:
   * events COMPLETED and handled (a relay and a consumer ran, then stopped);
-  * PROCESSING under a lease, claimed by a relay that died before marking
-    them, half of them already published to JetStream (claimed and published
-    here through outbox.claim and the relay's wire format, as that relay
-    did); the new relay reclaims them after the lease and publishes them with
-    the same Nats-Msg-Id, which JetStream deduplicates;
-  * FAILED with a retry scheduled, DEAD_LETTER (requeued after the restore),
-    PENDING;
+  * PROCESSING under a lease: claimed by a real relay whose bytes to NATS
+    are dropped (a proxy), killed (SIGKILL) while it waits for the acks; half
+    of them then published to JetStream in the relay's wire format, as if its
+    bytes had arrived. The restored relay reclaims them after the lease and
+    publishes them with the same Nats-Msg-Id, which JetStream deduplicates;
+  * FAILED with a retry scheduled and DEAD_LETTER (requeued after the
+    restore), made through outbox.claim and outbox.mark_failed as a relay
+    does, and PENDING;
   * a sealed partition and a sealed and audited one (outbox.seal_partition,
     then outbox.record_archive with the live figures, as the archiver does
     once it has read its export back; no Spark export is made here);
@@ -33,7 +34,6 @@ import asyncio
 import json
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import nats
 import psycopg
@@ -47,8 +47,8 @@ from pgoutbox.dev.embedded import PG_BIN
 from support import archival
 from support.inbox import FakeHandler
 from support.outbox import msg_ids, status_counts, stream_messages, wait_for
+from support.tcp_proxy import TcpProxy
 from support.upgrade import (
-    Build,
     Delivery,
     Worker,
     consumer_worker,
@@ -66,16 +66,14 @@ pytestmark = pytest.mark.slow
 
 HANDLER = "restore_check"
 SUBJECT = "sea.event.order_created.v1"
+LEASE = 10.0  # seconds, of the relay that is killed: the restored relay reclaims its events after it
 
 
-def workers(build: Build, tmp: Path, url: str, nats_url: str, tag: str, started: list[Worker]) -> tuple[Worker, Worker]:
-    """A relay and a consumer, started (recorded in `started` first, for the clean-up)."""
-    relay = relay_worker(build, f"relay-{tag}", tmp, url, nats_url)
-    consumer = consumer_worker(build, f"consumer-{tag}", tmp, url, nats_url, tmp / "registry.json")
-    started += [relay, consumer]
-    for w in (relay, consumer):
+def start_all(*workers: Worker, started: list[Worker]) -> None:
+    """Starts them (recorded in `started` first, for the clean-up)."""
+    started += workers
+    for w in workers:
         start_worker(w)
-    return relay, consumer
 
 
 def emit(conn: psycopg.Connection, n: int, tag: str) -> list[str]:
@@ -104,10 +102,35 @@ async def publish(nats_url: str, rows: list[dict]) -> None:
         await nc.close()
 
 
-def mid_work(url: str, nats_url: str) -> dict[str, list[str]]:
-    """The states listed in the module's docstring (after the first batch was
-    handled); returns the event ids of each."""
-    ids: dict[str, list[str]] = {}
+def killed_mid_publish(relay: Worker, proxy: TcpProxy, url: str, nats_url: str) -> list[str]:
+    """Events a real relay claims and publishes while its bytes to NATS are
+    dropped, killed (SIGKILL) while it waits for the acks: PROCESSING under
+    its lease. Half of them are then published as that relay would have had
+    its bytes arrived (its wire format): JetStream holds them, the outbox
+    does not know. Returns the ids, the published ones first."""
+    proxy.drop_client_bytes()
+    with psycopg.connect(url, autocommit=True) as conn:
+        ids = emit(conn, 8, "processing-")
+        wait_for(
+            lambda: conn.execute(
+                "SELECT count(*) = 8 FROM outbox.events WHERE event_id = ANY(%s::uuid[]) AND status = 'PROCESSING'",
+                (ids,),
+            ).fetchone()[0],
+            10,
+            "the relay to claim them",
+        )
+        relay.kill()
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute("SELECT * FROM outbox.events WHERE event_id = ANY(%s::uuid[]) ORDER BY id", (ids,))
+            claimed = rows.fetchall()
+    assert {r["status"] for r in claimed} == {"PROCESSING"} and {r["claimed_by"] for r in claimed} == {relay.name}
+    asyncio.run(publish(nats_url, claimed[:4]))
+    return [str(r["event_id"]) for r in claimed]
+
+
+def mid_work(url: str, processing: list[str]) -> dict[str, list[str]]:
+    """The other states listed in the module's docstring; returns the event ids of each."""
+    ids: dict[str, list[str]] = {"processing": processing, "published": processing[:4]}
     with psycopg.connect(url, autocommit=True) as conn:
         ids["dead"] = emit(conn, 3, "dead-")
         token = claim(conn, "relay-a", 3, "30s")[0]["claim_token"]
@@ -115,12 +138,6 @@ def mid_work(url: str, nats_url: str) -> dict[str, list[str]]:
             "SELECT outbox.mark_failed(%s, %s::uuid[], %s::text[], %s::timestamptz[])",
             (token, ids["dead"], ["broker said no"] * 3, [None] * 3),
         )
-        ids["processing"] = emit(conn, 8, "processing-")
-        claimed = claim(conn, "relay-killed", 8, "8s")
-        assert sorted(str(r["event_id"]) for r in claimed) == sorted(ids["processing"])
-        published = sorted(claimed, key=lambda r: r["id"])[:4]
-        asyncio.run(publish(nats_url, published))
-        ids["published"] = [str(r["event_id"]) for r in published]
         ids["failed"] = emit(conn, 4, "failed-")
         token = claim(conn, "relay-a", 4, "30s")[0]["claim_token"]
         conn.execute(
@@ -187,18 +204,21 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
     (tmp_path / "streams.toml").write_text('[defaults]\nduplicate_window = "2m"\n[streams.sea]\n')
     build.run("streams", OUTBOX_NATS_URL=nats_url, OUTBOX_STREAMS_FILE=str(tmp_path / "streams.toml"))
     handler = FakeHandler()
-    handler_registry(build, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "registry.json")
+    registry = handler_registry(build, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "registry.json")
     restored_name = create_database(pg_server, "template0")
     restored = pg_server.dsn(restored_name)
     started: list[Worker] = []
+    proxy = TcpProxy(nats_server.port)  # the source relay's way to NATS, cut before it is killed
     try:
         # The source at work: a first batch handled end to end, then the rest.
-        relay, consumer = workers(build, tmp_path, database_url, nats_url, "source", started)
+        relay = relay_worker(build, "relay-source", tmp_path, database_url, proxy.url, lease=LEASE)
+        consumer = consumer_worker(build, "consumer-source", tmp_path, database_url, nats_url, registry)
+        start_all(relay, consumer, started=started)
         with psycopg.connect(database_url, autocommit=True) as conn:
             done = emit(conn, 20, "done-")
         wait_for(lambda: all(e in Delivery.of(handler).calls for e in done), 30, "the first batch to be handled")
-        assert relay.terminate() == 0 and consumer.terminate() == 0
-        ids = mid_work(database_url, nats_url)
+        assert consumer.terminate() == 0
+        ids = mid_work(database_url, killed_mid_publish(relay, proxy, database_url, nats_url))
         ids["done"] = done
         expect_state(database_url, ids)
         before_calls = Delivery.of(handler).calls
@@ -219,7 +239,9 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
                 "SELECT outbox.requeue(%s::uuid[], 'restored: broker is back')", (ids["dead"],)
             ).fetchone()[0]
             assert moved == len(ids["dead"])
-        relay, consumer = workers(build, tmp_path, restored, nats_url, f"restored-{fmt}", started)
+        relay = relay_worker(build, f"relay-restored-{fmt}", tmp_path, restored, nats_url)
+        consumer = consumer_worker(build, f"consumer-restored-{fmt}", tmp_path, restored, nats_url, registry)
+        start_all(relay, consumer, started=started)
         with psycopg.connect(restored, autocommit=True) as conn:
             ids["after"] = emit(conn, 10, "after-")
             new_ids = conn.execute(
@@ -276,4 +298,5 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
         for w in started:
             w.kill()
         handler.close()
+        proxy.close()
         drop_database(pg_server, restored_name)
