@@ -85,9 +85,12 @@ def emit(conn: psycopg.Connection, n: int, tag: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def claim(conn: psycopg.Connection, worker: str, n: int, lease: str) -> list[dict]:
+def claim(conn: psycopg.Connection, worker: str, ids: list[str]) -> str:
+    """Claims these events, as a relay does (they must be the only ones due); returns the claim token."""
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute("SELECT * FROM outbox.claim(%s, %s, %s::interval)", (worker, n, lease)).fetchall()
+        rows = cur.execute("SELECT * FROM outbox.claim(%s, %s, interval '30 seconds')", (worker, len(ids))).fetchall()
+    assert sorted(str(r["event_id"]) for r in rows) == sorted(ids), "claimed other events than these"
+    return str(rows[0]["claim_token"])
 
 
 async def publish(nats_url: str, rows: list[dict]) -> None:
@@ -133,13 +136,13 @@ def mid_work(url: str, processing: list[str]) -> dict[str, list[str]]:
     ids: dict[str, list[str]] = {"processing": processing, "published": processing[:4]}
     with psycopg.connect(url, autocommit=True) as conn:
         ids["dead"] = emit(conn, 3, "dead-")
-        token = claim(conn, "relay-a", 3, "30s")[0]["claim_token"]
+        token = claim(conn, "relay-a", ids["dead"])
         conn.execute(
             "SELECT outbox.mark_failed(%s, %s::uuid[], %s::text[], %s::timestamptz[])",
             (token, ids["dead"], ["broker said no"] * 3, [None] * 3),
         )
         ids["failed"] = emit(conn, 4, "failed-")
-        token = claim(conn, "relay-a", 4, "30s")[0]["claim_token"]
+        token = claim(conn, "relay-a", ids["failed"])
         conn.execute(
             "SELECT outbox.mark_failed(%s, %s::uuid[], %s::text[], ARRAY_FILL(now() + interval '3 seconds', ARRAY[4]))",
             (token, ids["failed"], ["publish timed out"] * 4),
