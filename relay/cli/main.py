@@ -22,6 +22,7 @@ import psycopg.errors
 from pgoutbox import __version__
 from pgoutbox.cli import (
     archive,
+    audit,
     consume,
     migrate,
     partitions,
@@ -46,6 +47,7 @@ COMMANDS = (
     streams,
     status,
     requeue,
+    audit,
     partitions,
     consume,
     replay,
