@@ -127,7 +127,7 @@ def run_audit(db_url: str, nats_url: str, bucket: int) -> dict:
         "missing": set(sample.group(1).split(", ")) if sample else set(),
         "wall": wall,
         "peak_mib": int(re.search(r"maxrss (\d+)", proc.stderr).group(1)) / 1024,  # KiB on Linux
-        "phases": [line for line in proc.stdout.splitlines() if " done at " in line],
+        "phases": [line for line in proc.stdout.splitlines() if re.search(r"done.* at [0-9.]+s$", line)],
     }
 
 
