@@ -29,7 +29,6 @@ import asyncio
 import os
 import random
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -153,8 +152,10 @@ def main() -> None:
         t = time.monotonic()
         fill_outbox(url, args.events)
         deleted = asyncio.run(fill_stream(broker.url, url, args.events, args.lost))
-        print(f"setup: {args.events:,} COMPLETED events and their stream, {args.lost} messages deleted, "
-              f"in {time.monotonic() - t:.0f}s (not measured)")
+        print(
+            f"setup: {args.events:,} COMPLETED events and their stream, {args.lost} messages deleted, "
+            f"in {time.monotonic() - t:.0f}s (not measured)"
+        )
         print(machine.load())
         steal = machine.cpu_ticks()
         runs = {"shipped": args.bucket, "reference: one bucket": 10**9}

@@ -24,13 +24,14 @@ SELECT plan(20);
 -- The move and its log.
 SELECT fixture.event('COMPLETED') AS done_id \gset
 SELECT is(
-    outbox.requeue_completed(ARRAY[:'done_id']::uuid [], 'broker lost it', now() + interval '1 second'),
+    outbox.requeue_completed(ARRAY[:'done_id']::uuid[], 'broker lost it', now() + interval '1 second'),
     1, 'requeue_completed moves one COMPLETED event'
 );
 SELECT is(
     (
         SELECT format('%s|%s|%s|%s', status, attempts, published_at IS NULL, available_at <= now())
-        FROM outbox.events WHERE event_id = :'done_id'
+        FROM outbox.events
+        WHERE event_id = :'done_id'
     ),
     'PENDING|0|t|t',
     'the event is PENDING, unpublished, with no attempts, due now'
@@ -38,7 +39,8 @@ SELECT is(
 SELECT is(
     (
         SELECT format('%s|%s|%s|%s', reason, from_status, published_at_before IS NOT NULL, requeued_by = session_user)
-        FROM outbox.requeue_log WHERE event_id = :'done_id'
+        FROM outbox.requeue_log
+        WHERE event_id = :'done_id'
     ),
     'broker lost it|COMPLETED|t|t',
     'the requeue is logged with why, the status it left, the erased publish time and who'
@@ -46,7 +48,8 @@ SELECT is(
 
 -- By primary key.
 SELECT fixture.event('COMPLETED') AS keyed_id \gset
-SELECT id AS keyed_row FROM outbox.events WHERE event_id = :'keyed_id' \gset
+SELECT id AS keyed_row FROM outbox.events
+WHERE event_id = :'keyed_id' \gset
 SELECT throws_ok(
     format(
         'SELECT outbox.requeue_completed(ARRAY[%L]::uuid[], %L, NULL, ARRAY[%s]::bigint[])',
@@ -55,7 +58,7 @@ SELECT throws_ok(
     'OB040', NULL, 'a row id that is not the event''s finds nothing'
 );
 SELECT is(
-    outbox.requeue_completed(ARRAY[:'keyed_id']::uuid [], 'lost', NULL, ARRAY[:'keyed_row']::bigint []),
+    outbox.requeue_completed(ARRAY[:'keyed_id']::uuid[], 'lost', NULL, ARRAY[:'keyed_row']::bigint[]),
     1, 'the row_ids path requeues the event'
 );
 SELECT is(fixture.status(:'keyed_id'), 'PENDING', 'found by primary key, moved to PENDING');
@@ -111,20 +114,29 @@ SELECT set_config('pgoutbox.requeue_from', '', TRUE);
 
 -- A dead letter's requeue is logged as such.
 SELECT fixture.event('DEAD_LETTER') AS dead_id \gset
-SELECT is(outbox.requeue(ARRAY[:'dead_id']::uuid [], 'fixed'), 1, 'requeue of a dead letter still works');
+SELECT is(outbox.requeue(ARRAY[:'dead_id']::uuid[], 'fixed'), 1, 'requeue of a dead letter still works');
 SELECT is(
-    (SELECT from_status FROM outbox.requeue_log WHERE event_id = :'dead_id'),
+    (
+        SELECT from_status FROM outbox.requeue_log
+        WHERE event_id = :'dead_id'
+    ),
     'DEAD_LETTER', 'and is logged with from_status DEAD_LETTER'
 );
 
 -- Who may call it.
 SELECT ok(
-    has_function_privilege('pgoutbox_admin', 'outbox.requeue_completed(uuid[], text, timestamptz, bigint[])', 'EXECUTE'),
+    has_function_privilege(
+        'pgoutbox_admin', 'outbox.requeue_completed(uuid[], text, timestamptz, bigint[])', 'EXECUTE'
+    ),
     'pgoutbox_admin may requeue COMPLETED events'
 );
 SELECT ok(
-    NOT has_function_privilege('pgoutbox_relay', 'outbox.requeue_completed(uuid[], text, timestamptz, bigint[])', 'EXECUTE')
-    AND NOT has_function_privilege('pgoutbox_writer', 'outbox.requeue_completed(uuid[], text, timestamptz, bigint[])', 'EXECUTE'),
+    NOT has_function_privilege(
+        'pgoutbox_relay', 'outbox.requeue_completed(uuid[], text, timestamptz, bigint[])', 'EXECUTE'
+    )
+    AND NOT has_function_privilege(
+        'pgoutbox_writer', 'outbox.requeue_completed(uuid[], text, timestamptz, bigint[])', 'EXECUTE'
+    ),
     'relays and writers may not'
 );
 

@@ -137,7 +137,9 @@ async def _audit(cfg: AuditConfig, names: list[str], repair: bool) -> list[audit
                     _say(line)
                 reports.append(report)
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
-        raise settings.broker_unavailable(cfg.nats_url, "start nats-server with -js", "JetStream is not enabled") from exc
+        raise settings.broker_unavailable(
+            cfg.nats_url, "start nats-server with -js", "JetStream is not enabled"
+        ) from exc
     finally:
         await nc.close()
     return reports

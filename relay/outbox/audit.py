@@ -52,7 +52,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import nats.errors
 import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -160,7 +159,9 @@ class Report:
             f"{self.read:,} stream messages in {self.seconds:.1f}s ({rate:,.0f} events/s)"
         ]
         if self.left_retention:
-            out.append(f"{self.stream}: {self.left_retention:,} events left the retention during the audit (not judged)")
+            out.append(
+                f"{self.stream}: {self.left_retention:,} events left the retention during the audit (not judged)"
+            )
         if self.foreign:
             out.append(f"{self.stream}: {self.foreign:,} messages without an event id as Nats-Msg-Id (ignored)")
         if not self.missing.count:
@@ -270,11 +271,16 @@ class _Ticker:
         self.every = every
         self.start = self.last = time.monotonic()
 
-    def __call__(self, make: Callable[[float], str], force: bool = False) -> None:
+    def due(self) -> float | None:
+        """Seconds since the start when a progress line is due, else None."""
         now = time.monotonic()
-        if force or now - self.last >= self.every:
-            self.last = now
-            self.progress(make(now - self.start))
+        if now - self.last < self.every:
+            return None
+        self.last = now
+        return now - self.start
+
+    def say(self, line: str) -> None:
+        self.progress(line)
 
 
 _OUTBOX_PAGE = """
@@ -319,10 +325,11 @@ def _outbox_pass(
                 index = subjects.setdefault(subject, len(subjects))
                 spill.bucket(raw).write(pack(raw, row_id, micros, index))
                 found += 1
-            tick(
-                lambda s, start=start: f"{view.name}: outbox pass: ids up to {min(start + opts.page, hi):,} "
-                f"of {hi:,}, {found:,} events in scope ({found / max(s, 1e-9):,.0f}/s)"
-            )
+            if (s := tick.due()) is not None:
+                tick.say(
+                    f"{view.name}: outbox pass: ids up to {min(start + opts.page, hi):,} "
+                    f"of {hi:,}, {found:,} events in scope ({found / max(s, 1e-9):,.0f}/s)"
+                )
         spill.close()
         return spill, list(subjects), now, horizon, found
 
@@ -343,7 +350,7 @@ async def _stream_pass(nc, view: StreamView, start: datetime | None, spill: _Spi
         mem_storage=True,
         num_replicas=1,
         deliver_policy=DeliverPolicy.BY_START_TIME if start else DeliverPolicy.ALL,
-        opt_start_time=_show(start) if start else None,
+        opt_start_time=start,
     )
     consumer = (await js.add_consumer(view.name, config)).name
     assert consumer
@@ -387,7 +394,7 @@ async def _stream_pass(nc, view: StreamView, start: datetime | None, spill: _Spi
                 done.set()
             elif counts["batch"] >= opts.fetch:
                 await pull()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting task
+        except BaseException as exc:
             failure.append(exc)
             done.set()
 
@@ -397,10 +404,11 @@ async def _stream_pass(nc, view: StreamView, start: datetime | None, spill: _Spi
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), 1.0)
-            tick(
-                lambda s: f"{view.name}: stream pass: {counts['read']:,} messages read, at sequence "
-                f"{counts['seq']:,} of {view.last_seq:,} ({counts['read'] / max(s, 1e-9):,.0f}/s)"
-            )
+            if (s := tick.due()) is not None:
+                tick.say(
+                    f"{view.name}: stream pass: {counts['read']:,} messages read, at sequence "
+                    f"{counts['seq']:,} of {view.last_seq:,} ({counts['read'] / max(s, 1e-9):,.0f}/s)"
+                )
         if failure:
             raise failure[0]
     finally:
@@ -446,7 +454,8 @@ def _compare(
                     report.repairable += 1
                     repair.write(record)
             del present
-            tick(lambda s, i=i: f"{report.stream}: compare: bucket {i + 1} of {len(outbox.paths)}")
+            if tick.due() is not None:
+                tick.say(f"{report.stream}: compare: bucket {i + 1} of {len(outbox.paths)}")
 
 
 @contextlib.asynccontextmanager
@@ -464,13 +473,13 @@ async def audit_stream(
     tick = _Ticker(progress, opts.progress_every)
     before = await stream_view(nc, name)
     outbox, subjects, _, horizon, found = await asyncio.to_thread(_outbox_pass, database_url, before, opts, root, tick)
-    tick(lambda s: f"{name}: outbox pass done: {found:,} events in scope at {s:.1f}s", force=True)
+    tick.say(f"{name}: outbox pass done: {found:,} events in scope at {time.monotonic() - started:.1f}s")
     start = horizon - timedelta(seconds=before.duplicate_window + 2 * opts.slack) if horizon else None
     buckets = len(outbox.paths)
     stream = _Spill(root, "stream", buckets)
     view = await stream_view(nc, name)  # the newest last_seq: everything acked before pass 1 ended
     read, foreign = await _stream_pass(nc, view, start, stream, opts, tick)
-    tick(lambda s: f"{name}: stream pass done: {read:,} messages at {s:.1f}s", force=True)
+    tick.say(f"{name}: stream pass done: {read:,} messages at {time.monotonic() - started:.1f}s")
     after = await stream_view(nc, name)
     with read_only(database_url) as conn:
         [(now,)] = conn.execute("SELECT now()").fetchall()
@@ -479,9 +488,11 @@ async def audit_stream(
         horizon_end = horizon
     report = Report(name, horizon_end, before.duplicate_window, opts.slack, read=read, foreign=foreign)
     report.repair_before = now - timedelta(seconds=before.duplicate_window + opts.slack)
-    await asyncio.to_thread(_compare, outbox, stream, subjects, report, horizon_end, report.repair_before, root, opts, tick)
+    await asyncio.to_thread(
+        _compare, outbox, stream, subjects, report, horizon_end, report.repair_before, root, opts, tick
+    )
     report.seconds = time.monotonic() - started
-    tick(lambda s: f"{name}: compare done at {s:.1f}s", force=True)
+    tick.say(f"{name}: compare done at {report.seconds:.1f}s")
     return report
 
 
@@ -493,7 +504,9 @@ def check_repairable(database_url: str | None) -> None:
     with db.connect(database_url, check_schema=True) as conn:
         [(exists,)] = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (REQUEUE_COMPLETED,)).fetchall()
     if not exists:
-        raise SchemaMismatch("this database has no outbox.requeue_completed(), which --repair needs: run `pgoutbox migrate`")
+        raise SchemaMismatch(
+            "this database has no outbox.requeue_completed(), which --repair needs: run `pgoutbox migrate`"
+        )
 
 
 def repair(database_url: str | None, report: Report, reason: str, progress: Progress = print) -> int:

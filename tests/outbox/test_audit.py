@@ -107,7 +107,9 @@ async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(
 ):
     url = nats_server.url
     await apply_streams(url, duplicate_window="2s")
-    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}])
+    registry_file = write_registry(
+        tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
+    )
     consumer = consumer_config(database_url, url, registry_file)
     async with running_relay(relay_config(database_url, url, lease="1500ms", publish_timeout="1s")):
         first = emit(database_url, 30)
