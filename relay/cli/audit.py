@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import nats
 import nats.errors
 import nats.js.errors
 
+from pgoutbox.cli import streams
 from pgoutbox.core import settings
 from pgoutbox.core.errors import ConfigError, ExitCode
 from pgoutbox.core.settings import option
@@ -125,7 +125,7 @@ def _say(line: str) -> None:
 
 
 async def _audit(cfg: AuditConfig, names: list[str], repair: bool) -> list[audit.Report]:
-    nc = await connect(cfg.nats_url)
+    nc = await streams.connect(cfg.nats_url)
     reports = []
     try:
         async with audit.workspace(cfg.options()) as root:
@@ -143,24 +143,3 @@ async def _audit(cfg: AuditConfig, names: list[str], repair: bool) -> list[audit
     finally:
         await nc.close()
     return reports
-
-
-async def connect(url: str):
-    """One connection, no reconnect: an operator's command fails at once (exit 4) when NATS is away."""
-    errors: list[str] = []
-
-    async def note(exc):  # instead of nats-py's traceback on stderr
-        errors.append(f"{type(exc).__name__}: {exc}")
-
-    try:
-        # max_reconnect_attempts=0 would mean "forever" in nats-py 2.16.
-        return await nats.connect(
-            url.split(","),
-            connect_timeout=5,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.1,
-            error_cb=note,
-        )
-    except Exception as exc:
-        raise settings.broker_unavailable(url, errors[-1] if errors else str(exc) or type(exc).__name__) from exc
