@@ -176,6 +176,11 @@ class Report:
         out.append(f"  sample: {', '.join(self.sample)}")
         if self.requeued:
             out.append(f"{self.stream}: requeued {self.requeued:,} events for republishing")
+        elif self.repairable:
+            out.append(
+                f"{self.stream}: {self.repairable:,} of them can be requeued for republishing now: "
+                '`pgoutbox audit --repair --reason "..."`'
+            )
         if self.too_recent:
             out.append(
                 f"{self.stream}: {self.too_recent:,} missing events were published less than the duplicate window "

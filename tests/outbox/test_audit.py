@@ -130,6 +130,11 @@ async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(
 
         # Past the duplicate window (2 s) and the slack, JetStream takes the re-publish.
         await asyncio.sleep(3)
+        env = {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": url}
+        code, out, err = await cli(STREAM, "--slack", "0.5s", env=env)  # without --repair: read-only
+        assert (code, err) == (1, ""), out + err
+        assert f"{len(lost)} of them can be requeued for republishing now" in out
+        assert status_counts(database_url) == {"COMPLETED": 50} and requeue_log(database_url) == []
         code, out, err = await cli(
             STREAM,
             "--repair",
@@ -139,7 +144,7 @@ async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(
             "0.5s",
             "--sample",
             "100",
-            env={"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": url},
+            env=env,
         )
         assert (code, err) == (0, ""), out + err
         assert f"requeued {len(lost)} events for republishing" in out
