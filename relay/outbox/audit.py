@@ -42,6 +42,7 @@ import contextlib
 import json
 import math
 import re
+import resource
 import struct
 import tempfile
 import time
@@ -253,7 +254,10 @@ class _Spill:
 
     def __init__(self, root: Path, kind: str, buckets: int):
         self.paths = [root / f"{kind}.{i}" for i in range(buckets)]
-        self._files: list[BinaryIO] = [p.open("ab", buffering=1 << 16) for p in self.paths]
+        _allow_open_files(buckets + 64)
+        # 64 KiB of buffer per file, 16 MiB at most in all (many buckets: smaller buffers)
+        buffer = max(4096, min(1 << 16, (16 << 20) // buckets))
+        self._files: list[BinaryIO] = [p.open("ab", buffering=buffer) for p in self.paths]
 
     def bucket(self, event_id: bytes) -> BinaryIO:
         return self._files[(event_id[0] << 8 | event_id[1]) % len(self._files)]
@@ -261,6 +265,15 @@ class _Spill:
     def close(self) -> None:
         for f in self._files:
             f.close()
+
+
+def _allow_open_files(n: int) -> None:
+    """One spill's files are open at once (one per bucket): raise the soft limit if it is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < n:
+        if hard != resource.RLIM_INFINITY and hard < n:
+            raise ConfigError(f"the audit needs {n} open files, more than the limit {hard}: raise OUTBOX_AUDIT_BUCKET")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
 
 
 def _records(path: Path, size: int, chunk: int = 10_000) -> Iterator[bytes]:
