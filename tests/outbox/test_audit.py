@@ -13,12 +13,12 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import nats
 import psycopg
 import pytest
 
+from pgoutbox.core import migrate
 from pgoutbox.dev.embedded import free_port
 from pgoutbox.outbox import audit
 from support.inbox import FakeHandler, consumer_config, inbox_row, running_consumer, until, write_registry
@@ -256,9 +256,9 @@ async def test_operator_mistakes_get_one_line_and_an_exit_code(database_url, nat
         assert (got, len(err.strip().splitlines())) == (code, 1), (args, out, err)
         assert text in err and "Traceback" not in err, err
     # --repair needs this release's schema: a database migrated to the one before is told to migrate.
-    down = sorted((Path(ROOT) / "migrations").glob("*.down.sql"))[-1]
+    repair_migration = next(m for m in migrate.discover() if m.name.endswith("_broker_loss_repair"))
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(down.read_text())
+        migrate.migrate(conn, target=repair_migration.version - 1)
     got, out, err = await cli("--repair", "--reason", "x", STREAM, env=env)
     assert got == 3 and "run `pgoutbox migrate`" in err and len(err.strip().splitlines()) == 1, err
 
