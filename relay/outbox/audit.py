@@ -53,6 +53,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import nats.errors
 import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -378,6 +379,7 @@ async def _stream_pass(nc, view: StreamView, start: datetime | None, spill: _Spi
     done = asyncio.Event()
     failure: list[BaseException] = []
     counts = {"read": 0, "foreign": 0, "batch": 0, "seq": 0}
+    activity = [time.monotonic()]  # of the last message or status received
 
     async def pull() -> None:
         counts["batch"] = 0
@@ -386,6 +388,7 @@ async def _stream_pass(nc, view: StreamView, start: datetime | None, spill: _Spi
     async def on_message(msg) -> None:
         if done.is_set():
             return
+        activity[0] = time.monotonic()
         try:
             if not msg.reply:  # a status: the request expired (408) or found nothing (404)
                 if (await js.consumer_info(view.name, consumer)).num_pending == 0:
@@ -422,6 +425,11 @@ async def _stream_pass(nc, view: StreamView, start: datetime | None, spill: _Spi
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), 1.0)
+            if nc.is_closed:
+                raise nats.errors.ConnectionClosedError
+            if time.monotonic() - activity[0] > 10:  # a request (or its expiry status) got lost: ask again
+                activity[0] = time.monotonic()
+                await pull()
             if (s := tick.due()) is not None:
                 tick.say(
                     f"{view.name}: stream pass: {counts['read']:,} messages read, at sequence "
