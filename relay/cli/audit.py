@@ -116,7 +116,7 @@ def run(cfg: AuditConfig, args) -> int:
         raise ConfigError("--repair needs a reason: --reason or OUTBOX_AUDIT_REASON (it is recorded)")
     if args.repair:
         audit.check_repairable(cfg.database_url)
-    reports = asyncio.run(_audit(cfg, args.streams, args.repair))
+    reports = asyncio.run(audit_streams(cfg, args.streams, args.repair))
     return int(ExitCode.FAILED) if any(r.missing.count > r.requeued for r in reports) else 0
 
 
@@ -124,21 +124,35 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-async def _audit(cfg: AuditConfig, names: list[str], repair: bool) -> list[audit.Report]:
+# NATS gone or silent in the middle of an audit (the connection does not reconnect).
+_LOST = (
+    nats.errors.TimeoutError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.StaleConnectionError,
+    nats.errors.UnexpectedEOF,
+)
+
+
+async def audit_streams(cfg: AuditConfig, names: list[str], repair: bool, say=_say) -> list[audit.Report]:
+    """Audits (and repairs) each stream in turn, saying progress and reports through `say`."""
     nc = await streams.connect(cfg.nats_url)
     reports = []
     try:
         async with audit.workspace(cfg.options()) as root:
             for name in names:
-                report = await audit.audit_stream(cfg.database_url, nc, name, cfg.options(), root, _say)
+                report = await audit.audit_stream(cfg.database_url, nc, name, cfg.options(), root, say)
                 if repair:
-                    await asyncio.to_thread(audit.repair, cfg.database_url, report, cfg.reason or "", _say)
+                    await asyncio.to_thread(audit.repair, cfg.database_url, report, cfg.reason or "", say)
                 for line in report.lines():
-                    _say(line)
+                    say(line)
                 reports.append(report)
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
         raise settings.broker_unavailable(
             cfg.nats_url, "start nats-server with -js", "JetStream is not enabled"
+        ) from exc
+    except _LOST as exc:
+        raise settings.broker_unavailable(
+            cfg.nats_url, f"{type(exc).__name__}: {exc}", "lost NATS during the audit"
         ) from exc
     finally:
         await nc.close()

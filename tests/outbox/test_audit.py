@@ -18,7 +18,9 @@ import nats
 import psycopg
 import pytest
 
-from pgoutbox.core import migrate
+from pgoutbox.cli import audit as audit_command
+from pgoutbox.core import migrate, settings
+from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.dev.embedded import free_port
 from pgoutbox.outbox import audit
 from support.inbox import FakeHandler, consumer_config, inbox_row, running_consumer, until, write_registry
@@ -32,6 +34,7 @@ from support.outbox import (
     status_counts,
     stream_messages,
 )
+from support.tcp_proxy import TcpProxy
 
 STREAM = "SEA_EVENTS"
 H = "billing"
@@ -261,6 +264,30 @@ async def test_operator_mistakes_get_one_line_and_an_exit_code(database_url, nat
         migrate.migrate(conn, target=repair_migration.version - 1)
     got, out, err = await cli("--repair", "--reason", "x", STREAM, env=env)
     assert got == 3 and "run `pgoutbox migrate`" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("fault", ["connection closed", "server silent"])
+async def test_losing_nats_in_the_middle_of_an_audit_is_one_broker_error(database_url, nats_server, fault):
+    url = nats_server.url
+    await apply_streams(url)
+    async with running_relay(relay_config(database_url, url)):
+        emit(database_url, 20)
+        await until(completed(database_url, 20), 20, "relayed")
+    proxy = TcpProxy(nats_server.port)
+    cfg = settings.build(
+        audit_command.AuditConfig, environ={}, overrides={"database_url": database_url, "nats_url": proxy.url}
+    )
+
+    def say(line: str) -> None:  # the fault strikes between the outbox pass and the stream pass
+        if "outbox pass done" in line:
+            proxy.close() if fault == "connection closed" else proxy.drop_client_bytes()
+
+    try:
+        with pytest.raises(BrokerUnavailable, match="lost NATS during the audit") as raised:
+            await asyncio.wait_for(audit_command.audit_streams(cfg, [STREAM], False, say), 30)
+    finally:
+        proxy.close()
+    assert raised.value.exit_code == 4
 
 
 def test_horizon_follows_the_retention():
