@@ -196,32 +196,22 @@ BEGIN
         RETURN NEW;
     END IF;
 
-    IF OLD.status = 'DEAD_LETTER' AND NEW.status = 'PENDING' THEN
+    -- COMPLETED -> PENDING only inside outbox.requeue_completed(), which sets
+    -- pgoutbox.requeue_from (sql/35_outbox_repair.sql): the broker lost it.
+    IF NEW.status = 'PENDING' AND (
+        OLD.status = 'DEAD_LETTER'
+        OR (OLD.status = 'COMPLETED' AND current_setting('pgoutbox.requeue_from', true) = 'COMPLETED')
+    ) THEN
         reason := nullif(btrim(current_setting('pgoutbox.requeue_reason', true)), '');
         IF reason IS NULL THEN
             RAISE EXCEPTION 'REASON_REQUIRED: requeueing event % needs a reason', OLD.event_id
                 USING ERRCODE = 'OB014',
-                      HINT = 'Use outbox.requeue(event_ids, reason).';
-        END IF;
-        INSERT INTO outbox.requeue_log (event_id, requeued_by, reason, attempts_before, last_error)
-        VALUES (OLD.event_id, session_user, reason, OLD.attempts, OLD.last_error);
-        RETURN NEW;
-    END IF;
-
-    -- A broker lost the published message: only outbox.requeue_completed()
-    -- sets pgoutbox.requeue_from (sql/35_outbox_repair.sql).
-    IF OLD.status = 'COMPLETED' AND NEW.status = 'PENDING'
-        AND current_setting('pgoutbox.requeue_from', true) = 'COMPLETED' THEN
-        reason := nullif(btrim(current_setting('pgoutbox.requeue_reason', true)), '');
-        IF reason IS NULL THEN
-            RAISE EXCEPTION 'REASON_REQUIRED: requeueing event % needs a reason', OLD.event_id
-                USING ERRCODE = 'OB014',
-                      HINT = 'Use outbox.requeue_completed(event_ids, reason).';
+                      HINT = 'Use outbox.requeue(event_ids, reason) or outbox.requeue_completed(event_ids, reason).';
         END IF;
         INSERT INTO outbox.requeue_log (
             event_id, requeued_by, reason, attempts_before, last_error, from_status, published_at_before
         )
-        VALUES (OLD.event_id, session_user, reason, OLD.attempts, OLD.last_error, 'COMPLETED', OLD.published_at);
+        VALUES (OLD.event_id, session_user, reason, OLD.attempts, OLD.last_error, OLD.status, OLD.published_at);
         RETURN NEW;
     END IF;
 
