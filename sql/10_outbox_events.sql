@@ -7,7 +7,8 @@
 --   PROCESSING   claimed under a lease (available_at)   -> COMPLETED | FAILED | DEAD_LETTER
 --                                                         | PROCESSING (lease expired, re-claim)
 --   FAILED       publish failed, retry at available_at  -> PROCESSING (once due)
---   COMPLETED    acked by JetStream (terminal)
+--   COMPLETED    acked by JetStream                     -> PENDING (outbox.requeue_completed,
+--                                                         audited: the broker lost it)
 --   DEAD_LETTER  gave up; needs an operator             -> PENDING (outbox.requeue, audited)
 --
 -- available_at is "when may a relay take this row next": emit time for

@@ -177,7 +177,8 @@ END;
 $$;
 
 -- Every status move the trigger's WHEN clause (below) lets through: a no-op,
--- an operator requeue, or an illegal move.
+-- an operator requeue (of a dead letter, or of a COMPLETED event whose
+-- message the broker lost), or an illegal move.
 CREATE OR REPLACE FUNCTION outbox.tg_events__guard_update()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -195,15 +196,22 @@ BEGIN
         RETURN NEW;
     END IF;
 
-    IF OLD.status = 'DEAD_LETTER' AND NEW.status = 'PENDING' THEN
+    -- COMPLETED -> PENDING only inside outbox.requeue_completed(), which sets
+    -- pgoutbox.requeue_from (sql/35_outbox_repair.sql): the broker lost it.
+    IF NEW.status = 'PENDING' AND (
+        OLD.status = 'DEAD_LETTER'
+        OR (OLD.status = 'COMPLETED' AND current_setting('pgoutbox.requeue_from', true) = 'COMPLETED')
+    ) THEN
         reason := nullif(btrim(current_setting('pgoutbox.requeue_reason', true)), '');
         IF reason IS NULL THEN
             RAISE EXCEPTION 'REASON_REQUIRED: requeueing event % needs a reason', OLD.event_id
                 USING ERRCODE = 'OB014',
-                      HINT = 'Use outbox.requeue(event_ids, reason).';
+                      HINT = 'Use outbox.requeue(event_ids, reason) or outbox.requeue_completed(event_ids, reason).';
         END IF;
-        INSERT INTO outbox.requeue_log (event_id, requeued_by, reason, attempts_before, last_error)
-        VALUES (OLD.event_id, session_user, reason, OLD.attempts, OLD.last_error);
+        INSERT INTO outbox.requeue_log (
+            event_id, requeued_by, reason, attempts_before, last_error, from_status, published_at_before
+        )
+        VALUES (OLD.event_id, session_user, reason, OLD.attempts, OLD.last_error, OLD.status, OLD.published_at);
         RETURN NEW;
     END IF;
 
@@ -260,8 +268,9 @@ EXECUTE FUNCTION outbox.tg_events__forbid_content_change();
 --   PENDING | FAILED -> PROCESSING   once due (available_at <= now())
 --   PROCESSING -> PROCESSING         once the lease expired, under a new token
 --   PROCESSING -> COMPLETED | FAILED | DEAD_LETTER   under the same token
--- Every other UPDATE goes to the function (DEAD_LETTER -> PENDING with a
--- reason is the one other legal move).
+-- Every other UPDATE goes to the function (DEAD_LETTER -> PENDING, and
+-- COMPLETED -> PENDING through outbox.requeue_completed, with a reason, are
+-- the other legal moves).
 CREATE OR REPLACE TRIGGER _100_guard_update
 BEFORE UPDATE ON outbox.events
 FOR EACH ROW

@@ -49,6 +49,7 @@ outbox.notify_throttle(),
 inbox.redrive(text, uuid[], text),
 inbox.set_replay(text, boolean, text)
 TO pgoutbox_admin;
+GRANT EXECUTE ON FUNCTION outbox.requeue_completed(uuid[], text, timestamptz, bigint[]) TO pgoutbox_admin;
 
 -- Read-only functions every worker uses for health and start-up checks; the
 -- relay keeps partitions created ahead as part of its housekeeping.

@@ -22,6 +22,7 @@ import psycopg.errors
 from pgoutbox import __version__
 from pgoutbox.cli import (
     archive,
+    audit,
     consume,
     migrate,
     partitions,
@@ -47,6 +48,7 @@ COMMANDS = (
     streams,
     status,
     requeue,
+    audit,
     partitions,
     consume,
     replay,

@@ -53,6 +53,17 @@ def run(cfg: StreamsConfig, args) -> int:
 
 
 async def _apply(url: str, specs) -> list[tuple[str, str]]:
+    nc = await connect(url)
+    try:
+        return await streams.apply(nc.jetstream(), specs)
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
+        raise settings.broker_unavailable(url, "start nats-server with -js", "JetStream is not enabled") from exc
+    finally:
+        await nc.close()
+
+
+async def connect(url: str) -> nats.NATS:
+    """One connection, no reconnect: an operator's command fails at once (exit 4) when NATS is away."""
     errors: list[str] = []
 
     async def note(exc):  # instead of nats-py's traceback on stderr
@@ -60,7 +71,7 @@ async def _apply(url: str, specs) -> list[tuple[str, str]]:
 
     try:
         # max_reconnect_attempts=0 would mean "forever" in nats-py 2.16.
-        nc = await nats.connect(
+        return await nats.connect(
             url.split(","),
             connect_timeout=5,
             allow_reconnect=False,
@@ -70,9 +81,3 @@ async def _apply(url: str, specs) -> list[tuple[str, str]]:
         )
     except Exception as exc:
         raise settings.broker_unavailable(url, errors[-1] if errors else str(exc) or type(exc).__name__) from exc
-    try:
-        return await streams.apply(nc.jetstream(), specs)
-    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
-        raise settings.broker_unavailable(url, "start nats-server with -js", "JetStream is not enabled") from exc
-    finally:
-        await nc.close()

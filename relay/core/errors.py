@@ -36,6 +36,8 @@ class SqlState(enum.StrEnum):
     UNKNOWN_MESSAGE = "OB021"
     MESSAGE_NOT_DEAD_LETTER = "OB030"
     MESSAGE_NOT_REPLAYABLE = "OB031"
+    NOT_COMPLETED = "OB040"
+    PUBLISHED_TOO_RECENTLY = "OB041"
     ARCHIVE_UNKNOWN_UNIT = "OB050"
     NOT_CLOSED = "OB051"
     RETENTION_NOT_REACHED = "OB052"
@@ -88,6 +90,14 @@ class StaleClaim(PgOutboxError):
 
 class NotDeadLetter(PgOutboxError):
     """Only DEAD_LETTER events can be requeued."""
+
+
+class NotCompleted(PgOutboxError):
+    """Only COMPLETED events can be requeued for a republish."""
+
+
+class PublishedTooRecently(PgOutboxError):
+    """JetStream would drop the republish as a duplicate: the event was published within the duplicate window."""
 
 
 class UnknownMessage(PgOutboxError):
@@ -163,6 +173,8 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.UNKNOWN_MESSAGE: UnknownMessage,
     SqlState.MESSAGE_NOT_DEAD_LETTER: NotRedrivable,
     SqlState.MESSAGE_NOT_REPLAYABLE: NotRedrivable,
+    SqlState.NOT_COMPLETED: NotCompleted,
+    SqlState.PUBLISHED_TOO_RECENTLY: PublishedTooRecently,
     SqlState.ARCHIVE_UNKNOWN_UNIT: ArchivalRefused,
     SqlState.NOT_CLOSED: ArchivalRefused,
     SqlState.RETENTION_NOT_REACHED: ArchivalRefused,
