@@ -275,6 +275,7 @@ async def _consume(
     n: int,
     processes: int,
     pythonpath: str,
+    settings: list[str],
 ) -> dict[str, float]:
     """`pgoutbox consume` x processes on durable `handler`, default settings."""
     manifests = workdir / f"manifests-{handler}"
@@ -293,6 +294,7 @@ async def _consume(
             "OUTBOX_LOG_LEVEL": "WARNING",
         }
     )
+    env.update(item.split("=", 1) for item in settings)
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", "import sys; from pgoutbox.cli.main import main; sys.exit(main())", "consume"],
@@ -357,46 +359,47 @@ def _line(name: str, rate: float, cpu: float | None = None, pg: float | None = N
 async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Path) -> None:
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
+    n, only = args.messages, args.only
+
+    async def consume(handler: str, processes: int = 1, pythonpath: str = str(ROOT)) -> dict[str, float]:
+        return await _consume(js, workdir, pg, nats_url, url, handler, n, processes, pythonpath, args.setting)
+
     try:
         await js.add_stream(name=STREAM, subjects=["bench.event.>"])
-        await _publish(js, args.messages)
+        await _publish(js, n)
         print("(a) reference")
-        bare = await _bare(js, args.messages)
+        bare = await _bare(js, n)
         _line("bare JetStream fetch + ack", *bare)
-        print(f"(b) fetch -> httpx POST -> ack, no database ({CONCURRENCY} calls at once)")
-        _line("plain httpx loop (one AsyncClient, json=)", *await _plain_httpx(js, args.messages, url))
-        client = await _handler_client(js, args.messages, url)
-        _line("the consumer's HTTP path (HandlerClient)", *client)
-        ref = ("(b) HandlerClient", client[0])
-        print("(c) pgoutbox consume, one process, default settings (16 at once, fetch up to 32)")
-        now = await _consume(js, workdir, pg, nats_url, url, "after1", args.messages, 1, str(ROOT))
-        _line("this build (batched inbox)", now["rate"], now["cpu_us"], now["pg_us"], ref)
-        if not args.skip_before:
-            before = await _consume(
-                js, workdir, pg, nats_url, url, "before1", args.messages, 1, _before_package(workdir)
-            )
-            _line(
-                f"before: release 0.2.0 ({BEFORE}, per-message inbox)",
-                before["rate"],
-                before["cpu_us"],
-                before["pg_us"],
-                ref,
-            )
-        print("(d) in-database handler mode, no HTTP (one connection)")
-        _line("per message (handle_in_transaction, fetch 10)", *await _in_database(js, args.messages, pg.url, False))
-        batched = await _in_database(js, args.messages, pg.url, True)
-        _line("batched (handle_batch_in_transaction, fetch 64)", *batched, None, ("bare", bare[0]))
-        print("(e) consumer processes on one durable (this build)")
-        for count in [int(x) for x in args.processes.split(",")]:
-            res = now
-            if count != 1:
-                res = await _consume(js, workdir, pg, nats_url, url, f"scale{count}", args.messages, count, str(ROOT))
-            _line(f"{count} process(es)", res["rate"], res["cpu_us"], res["pg_us"], ("1 process", now["rate"]))
-        if args.http2:
+        ref = None
+        if "b" in only or "c" in only:
+            print(f"(b) fetch -> httpx POST -> ack, no database ({CONCURRENCY} calls at once)")
+            _line("plain httpx loop (one AsyncClient, json=)", *await _plain_httpx(js, n, url))
+            client = await _handler_client(js, n, url)
+            _line("the consumer's HTTP path (HandlerClient)", *client)
+            ref = ("(b) HandlerClient", client[0])
+        now = None
+        if "c" in only or "e" in only:
+            print(f"(c) pgoutbox consume, one process, default settings {args.setting or ''}")
+            now = await consume("after1")
+            _line("this build (batched inbox)", now["rate"], now["cpu_us"], now["pg_us"], ref)
+        if "c" in only and not args.skip_before:
+            before = await consume("before1", pythonpath=_before_package(workdir))
+            _line(f"before: release 0.2.0 ({BEFORE}, per-message inbox)", *before.values(), ref)
+        if "d" in only:
+            print("(d) in-database handler mode, no HTTP (one connection)")
+            _line("per message (handle_in_transaction, fetch 10)", *await _in_database(js, n, pg.url, False))
+            batched = await _in_database(js, n, pg.url, True)
+            _line("batched (handle_batch_in_transaction, fetch 64)", *batched, None, ("bare", bare[0]))
+        if "e" in only and now is not None:
+            print("(e) consumer processes on one durable (this build)")
+            for count in [int(x) for x in args.processes.split(",")]:
+                res = now if count == 1 else await consume(f"scale{count}", count)
+                _line(f"{count} process(es)", *res.values(), ("1 process", now["rate"]))
+        if "f" in only and args.http2:
             print(f"(f) HTTP/1.1 keep-alive against HTTP/2 (h2c), plain httpx loop, {CONCURRENCY} calls at once")
-            h1 = await _plain_httpx(js, args.messages, url, durable="h1")
+            h1 = await _plain_httpx(js, n, url, durable="h1")
             _line(f"HTTP/1.1, {CONCURRENCY} keep-alive connections", *h1)
-            h2 = await _plain_httpx(js, args.messages, url, http2=True, durable="h2")
+            h2 = await _plain_httpx(js, n, url, http2=True, durable="h2")
             _line(f"HTTP/2, one connection, {CONCURRENCY} streams", *h2, None, ("HTTP/1.1", h1[0]))
     finally:
         await nc.close()
@@ -435,5 +438,9 @@ if __name__ == "__main__":
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--processes", default="1,2,4", help="consumer process counts for (e)")
     parser.add_argument("--http2", action="store_true", help="(f): needs the h2 package (httpx[http2])")
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="OUTBOX_X=V", help="for the consumer processes (repeatable)"
+    )
+    parser.add_argument("--only", default="abcdef", help="the parts to run (a always)")
     parser.add_argument("--skip-before", action="store_true", help="do not run release 0.2.0's consumer")
     main(parser.parse_args())

@@ -119,7 +119,9 @@ async def _batch(
 ) -> list[str | Exception]:
     outcomes: list[str | Exception] = []
     applied: list[str] = []
-    async with conn.transaction():
+    # Pipeline mode: the business changes of the batch go to the server
+    # without waiting for each other's answers (an error still rolls back all).
+    async with conn.pipeline(), conn.transaction():
         rows = await inbox_store.receive_batch(
             conn,
             handler,
