@@ -99,6 +99,10 @@ class Heartbeat:
                     log.warning("in-progress ack failed", extra={"error": repr(exc)})
 
 
+# deadlock_detected, serialization_failure: the transaction rolled back, try again.
+_RETRIED = frozenset({"40P01", "40001"})
+
+
 class Settler:
     """Settles one handler's outcomes in batches: an outcome waits while the
     call before it runs, then goes with every other one that is ready in one
@@ -140,9 +144,7 @@ class Settler:
                 processed = [m for m, error, _ in batch if error is None]
                 failed = [(m, error) for m, error, _ in batch if error is not None]
                 try:
-                    moved = await self.inbox.settle(
-                        self.handler, processed, [m for m, _ in failed], [e for _, e in failed]
-                    )
+                    moved = await self._settle(processed, failed)
                 except BaseException as exc:
                     for _, _, future in batch:
                         if not future.done():
@@ -155,6 +157,18 @@ class Settler:
                         future.set_result(message_id in moved)
         finally:
             self._running = False
+
+    async def _settle(self, processed: list[str], failed: list[tuple[str, str]]) -> set[str]:
+        """inbox.settle(), tried again after a deadlock or serialization
+        failure (two batches sharing ids, in another order: rolled back, nothing
+        recorded), so that such a clash does not call the handlers again."""
+        for attempt in range(3):
+            try:
+                return await self.inbox.settle(self.handler, processed, [m for m, _ in failed], [e for _, e in failed])
+            except psycopg.Error as exc:
+                if exc.sqlstate not in _RETRIED or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
 
 # What the consumer is told as each message of a fetch finishes.
