@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
@@ -50,6 +49,7 @@ from pgoutbox.core import migrate, wire
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from pgoutbox.inbox import registry
 from pgoutbox.inbox.handler_client import HandlerClient, request_body
+from relay_bench import postgres_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "0ca30af"  # release 0.2.0: the consumer before the batched inbox
@@ -246,15 +246,6 @@ async def _in_database(js, n: int, database_url: str, batched: bool) -> tuple[fl
 
 
 # -- consumer processes ------------------------------------------------------------
-def postgres_cpu_seconds(pg: EmbeddedPostgres) -> float:
-    postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
-    total = machine.cpu_seconds(postmaster, reaped_children=True)
-    for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
-        with contextlib.suppress(FileNotFoundError):
-            total += machine.cpu_seconds(int(child))
-    return total
-
-
 async def _acked(js, durable: str) -> int:
     """Messages the durable has acknowledged (its ack floor; 0 before it exists):
     asked of JetStream, so that polling costs PostgreSQL nothing."""

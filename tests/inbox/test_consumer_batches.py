@@ -30,6 +30,7 @@ from support.inbox import (
     FakeHandler,
     add_stream,
     consumer_config,
+    consumer_metric,
     event,
     inbox_row,
     jetstream,
@@ -198,12 +199,6 @@ async def test_a_batch_in_the_database_applies_each_new_message_once_and_isolate
     assert row["status"] == "DEAD_LETTER" and row["last_error"] == "ValueError: negative"
 
 
-def _processed_metric(port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    needle = f'pgoutbox_consumer_messages_total{{handler="{H}",outcome="processed"}} '
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(needle))
-
-
 @pytest.mark.slow
 async def test_two_consumer_processes_on_one_durable_process_every_message_exactly_once(
     tmp_path, database_url, nats_server
@@ -244,8 +239,10 @@ async def test_two_consumer_processes_on_one_durable_process_every_message_exact
                 return row[0] if row else 0
 
             await until(lambda: processed() == len(events), 60, "every message processed")
-            await until(lambda: sum(_processed_metric(p) for p in ports) == len(events), 10, "every ack counted")
-            shares = [_processed_metric(p) for p in ports]
+            await until(
+                lambda: sum(consumer_metric(p, H, "processed") for p in ports) == len(events), 10, "every ack counted"
+            )
+            shares = [consumer_metric(p, H, "processed") for p in ports]
     finally:
         for p in procs:
             p.terminate()
