@@ -13,7 +13,6 @@ and timeout are parsed once; connections are kept alive between calls.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -81,13 +80,14 @@ class HandlerClient:
         self._idle: dict[str, asyncio.Queue[httpx.AsyncClient]] = {}
         self._created: dict[str, int] = {}
         self._all: list[httpx.AsyncClient] = []
-        self._urls: dict[tuple[str, float], tuple[httpx.URL, httpx.Timeout, str]] = {}
+        self._urls: dict[tuple[str, float], tuple[httpx.URL, dict[str, Any], str]] = {}
         # Loading the CA bundle costs ~25 ms: once, not once per client.
         self._tls = httpx.create_ssl_context()
 
-    @contextlib.asynccontextmanager
-    async def _client(self, origin: str):
-        idle = self._idle.setdefault(origin, asyncio.Queue())
+    async def _take(self, origin: str) -> httpx.AsyncClient:
+        idle = self._idle.get(origin)
+        if idle is None:
+            idle = self._idle[origin] = asyncio.Queue()
         if idle.empty() and self._created.get(origin, 0) < self._per_origin:
             self._created[origin] = self._created.get(origin, 0) + 1
             # No redirects: a 3xx is a misconfigured URL, reported as such.
@@ -97,21 +97,17 @@ class HandlerClient:
                 verify=self._tls,
             )
             self._all.append(client)
-        else:
-            client = await idle.get()
-        try:
-            yield client
-        finally:
-            idle.put_nowait(client)
+            return client
+        return await idle.get()
 
-    def _parsed(self, url: str, timeout: float) -> tuple[httpx.URL, httpx.Timeout, str]:
-        """The URL, its timeout and origin, parsed on first use only."""
+    def _parsed(self, url: str, timeout: float) -> tuple[httpx.URL, dict[str, Any], str]:
+        """The URL, its request extensions (the timeout) and origin, made on first use only."""
         key = (url, timeout)
         parsed = self._urls.get(key)
         if parsed is None:
             target = httpx.URL(url)
             origin = str(target.copy_with(path="/", query=None, fragment=None))
-            parsed = self._urls[key] = (target, httpx.Timeout(timeout), origin)
+            parsed = self._urls[key] = (target, {"timeout": httpx.Timeout(timeout).as_dict()}, origin)
         return parsed
 
     async def call(
@@ -119,20 +115,25 @@ class HandlerClient:
     ) -> HandlerAnswer:
         """POSTs `body` (request_body(envelope)) with the envelope's headers."""
         started = time.monotonic()
-        target, limit, origin = self._parsed(url, timeout)
-        async with self._client(origin) as client:
-            try:
-                response = await client.post(
-                    target, content=body, headers=request_headers(envelope, handler, delivery), timeout=limit
-                )
-            except httpx.TimeoutException as exc:
-                return HandlerAnswer(
-                    None, f"timeout after {timeout:g}s ({type(exc).__name__})", None, time.monotonic() - started
-                )
-            except httpx.TransportError as exc:
-                return HandlerAnswer(
-                    None, f"connection error: {type(exc).__name__}: {exc}", None, time.monotonic() - started
-                )
+        target, extensions, origin = self._parsed(url, timeout)
+        # A request built here and sent as it is: none of the client's
+        # defaults to merge (headers, cookies, auth, timeout) on every call.
+        request = httpx.Request(
+            "POST", target, content=body, headers=request_headers(envelope, handler, delivery), extensions=extensions
+        )
+        client = await self._take(origin)
+        try:
+            response = await client.send(request)
+        except httpx.TimeoutException as exc:
+            return HandlerAnswer(
+                None, f"timeout after {timeout:g}s ({type(exc).__name__})", None, time.monotonic() - started
+            )
+        except httpx.TransportError as exc:
+            return HandlerAnswer(
+                None, f"connection error: {type(exc).__name__}: {exc}", None, time.monotonic() - started
+            )
+        finally:
+            self._idle[origin].put_nowait(client)
         return HandlerAnswer(
             response.status_code,
             None,
