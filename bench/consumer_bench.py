@@ -45,16 +45,18 @@ import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 import machine
-from pgoutbox.core import migrate, wire
+from pgoutbox.core import migrate, settings, wire
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from pgoutbox.inbox import registry
+from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox.handler_client import HandlerClient, request_body
 from relay_bench import postgres_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "0ca30af"  # release 0.2.0: the consumer before the batched inbox
 STREAM, SUBJECT = "BENCH_EVENTS", "bench.event.tick.v1"
-CONCURRENCY = 16  # OUTBOX_CONSUMER_CONCURRENCY's default, for the reference loops too
+# OUTBOX_CONSUMER_CONCURRENCY's default: the reference loops keep as many calls in flight.
+CONCURRENCY = int(next(s.default for s in settings.of(cs.ConsumerConfig) if s.name == "concurrency"))
 
 NOOP_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"
 
@@ -370,7 +372,8 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             ref = ("(b) HandlerClient", client[0])
         now = None
         if "c" in only or "e" in only:
-            print(f"(c) pgoutbox consume, one process, default settings {args.setting or ''}")
+            told = " ".join(args.setting)
+            print(f"(c) pgoutbox consume, one process, default settings (concurrency {CONCURRENCY}) {told}")
             now = await consume("after1")
             _line("this build (batched inbox)", now["rate"], now["cpu_us"], now["pg_us"], ref)
         if "c" in only and not args.skip_before:
