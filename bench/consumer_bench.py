@@ -186,7 +186,7 @@ async def _bare(js, n: int) -> tuple[float, float]:
 async def _plain_httpx(js, n: int, url: str, *, http2: bool = False, durable: str = "plain_httpx"):
     """The no-database reference: one httpx.AsyncClient, json=, CONCURRENCY calls at once."""
     limits = httpx.Limits(max_connections=1 if http2 else CONCURRENCY, max_keepalive_connections=CONCURRENCY)
-    async with httpx.AsyncClient(limits=limits, http1=not http2, http2=http2) as client:
+    async with httpx.AsyncClient(limits=limits, http1=not http2, http2=http2, timeout=30) as client:
 
         async def call(msg):
             envelope = wire.from_nats(msg.subject, msg.data, msg.headers)
@@ -200,7 +200,7 @@ async def _plain_httpx(js, n: int, url: str, *, http2: bool = False, durable: st
         return await _fetch_loop(js, durable, n, CONCURRENCY, each)
 
 
-async def _handler_client(js, n: int, url: str) -> tuple[float, float]:
+async def _handler_client(js, n: int, url: str, durable: str = "handler_client") -> tuple[float, float]:
     """The no-database reference on the consumer's own HTTP path."""
     client = HandlerClient(per_origin=CONCURRENCY + 1)
 
@@ -214,21 +214,26 @@ async def _handler_client(js, n: int, url: str) -> tuple[float, float]:
         await asyncio.gather(*(call(m) for m in msgs))
 
     try:
-        return await _fetch_loop(js, "handler_client", n, CONCURRENCY, each)
+        return await _fetch_loop(js, durable, n, CONCURRENCY, each)
     finally:
         await client.aclose()
 
 
 # -- in-database handler mode ---------------------------------------------------
-async def _in_database(js, n: int, database_url: str, batched: bool) -> tuple[float, float]:
+async def _in_database(js, n: int, database_url: str, fetch: int | None) -> tuple[float, float]:
+    """The in-database handler mode: per message like the example (fetch None:
+    fetches of 10), or batched with fetches of `fetch`."""
     from pgoutbox.inbox.in_database import handle_batch_in_transaction, handle_in_transaction
 
-    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
-    await conn.execute("CREATE TABLE IF NOT EXISTS bench_counts (n integer PRIMARY KEY)")
+    batched = fetch is not None
     name = "indb_batch" if batched else "indb_each"
+    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    # The business change: one row per event, in a table of the loop's own.
+    await conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (n integer PRIMARY KEY)")
+    insert = f"INSERT INTO {name} VALUES (%s) ON CONFLICT DO NOTHING"
 
     async def apply(c, envelope):
-        await c.execute("INSERT INTO bench_counts VALUES (%s) ON CONFLICT DO NOTHING", (envelope["payload"]["n"],))
+        await c.execute(insert, (envelope["payload"]["n"],))
 
     async def each(msgs):
         envelopes = [wire.from_nats(m.subject, m.data, m.headers) for m in msgs]
@@ -242,7 +247,7 @@ async def _in_database(js, n: int, database_url: str, batched: bool) -> tuple[fl
 
     try:
         # The example fetches 10 at a time; the batched path takes what a fetch gives.
-        return await _fetch_loop(js, name, n, 64 if batched else 10, each)
+        return await _fetch_loop(js, name, n, fetch or 10, each)
     finally:
         await conn.close()
 
@@ -381,9 +386,9 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             _line(f"before: release 0.2.0 ({BEFORE}, per-message inbox)", *before.values(), ref)
         if "d" in only:
             print("(d) in-database handler mode, no HTTP (one connection)")
-            _line("per message (handle_in_transaction, fetch 10)", *await _in_database(js, n, pg.url, False))
-            batched = await _in_database(js, n, pg.url, True)
-            _line("batched (handle_batch_in_transaction, fetch 64)", *batched, None, ("bare", bare[0]))
+            _line("per message (handle_in_transaction, fetch 10)", *await _in_database(js, n, pg.url, None))
+            batched = await _in_database(js, n, pg.url, args.indb_fetch)
+            _line(f"batched (handle_batch_in_transaction, fetch {args.indb_fetch})", *batched, None, ("bare", bare[0]))
         if "e" in only and now is not None:
             print("(e) consumer processes on one durable (this build)")
             for count in [int(x) for x in args.processes.split(",")]:
@@ -395,6 +400,8 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             _line(f"HTTP/1.1, {CONCURRENCY} keep-alive connections", *h1)
             h2 = await _plain_httpx(js, n, url, http2=True, durable="h2")
             _line(f"HTTP/2, one connection, {CONCURRENCY} streams", *h2, None, ("HTTP/1.1", h1[0]))
+            own = await _handler_client(js, n, url, durable="handler_client_f")
+            _line("HTTP/1.1, HandlerClient (one client per connection)", *own, None, ("HTTP/1.1", h1[0]))
     finally:
         await nc.close()
 
@@ -435,6 +442,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--setting", action="append", default=[], metavar="OUTBOX_X=V", help="for the consumer processes (repeatable)"
     )
+    parser.add_argument("--indb-fetch", type=int, default=256, help="fetch size of the batched in-database loop")
     parser.add_argument("--only", default="abcdef", help="the parts to run (a always)")
     parser.add_argument("--skip-before", action="store_true", help="do not run release 0.2.0's consumer")
     main(parser.parse_args())
