@@ -375,8 +375,21 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             client = await _handler_client(js, n, url)
             _line("the consumer's HTTP path (HandlerClient)", *client)
             ref = ("(b) HandlerClient", client[0])
+        if "f" in only and args.http2:
+            print(f"(f) HTTP/1.1 keep-alive against HTTP/2 (h2c), plain httpx loop, {CONCURRENCY} calls at once")
+            h1 = await _plain_httpx(js, n, url, durable="h1")
+            _line(f"HTTP/1.1, {CONCURRENCY} keep-alive connections", *h1)
+            try:
+                h2 = await _plain_httpx(js, n, url, http2=True, durable="h2")
+                _line(f"HTTP/2, one connection, {CONCURRENCY} streams", *h2, None, ("HTTP/1.1", h1[0]))
+            except httpx.TimeoutException:
+                # Seen in long runs: the test handler's h2c side (the h2 package, pure
+                # Python) stops answering one connection; its figure is then missing.
+                print("  HTTP/2: the test handler stopped answering (ReadTimeout); no figure")
+            own = await _handler_client(js, n, url, durable="handler_client_f")
+            _line("HTTP/1.1, HandlerClient (one client per connection)", *own, None, ("HTTP/1.1", h1[0]))
         now = None
-        if "c" in only or "e" in only:
+        if "c" in only:
             told = " ".join(args.setting)
             print(f"(c) pgoutbox consume, one process, default settings (concurrency {CONCURRENCY}) {told}")
             now = await consume("after1")
@@ -389,19 +402,14 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             _line("per message (handle_in_transaction, fetch 10)", *await _in_database(js, n, pg.url, None))
             batched = await _in_database(js, n, pg.url, args.indb_fetch)
             _line(f"batched (handle_batch_in_transaction, fetch {args.indb_fetch})", *batched, None, ("bare", bare[0]))
-        if "e" in only and now is not None:
+        if "e" in only:
             print("(e) consumer processes on one durable (this build)")
+            # Measured again here, one after the other: the machine's load drifts.
+            base = None
             for count in [int(x) for x in args.processes.split(",")]:
-                res = now if count == 1 else await consume(f"scale{count}", count)
-                _line(f"{count} process(es)", *res.values(), ("1 process", now["rate"]))
-        if "f" in only and args.http2:
-            print(f"(f) HTTP/1.1 keep-alive against HTTP/2 (h2c), plain httpx loop, {CONCURRENCY} calls at once")
-            h1 = await _plain_httpx(js, n, url, durable="h1")
-            _line(f"HTTP/1.1, {CONCURRENCY} keep-alive connections", *h1)
-            h2 = await _plain_httpx(js, n, url, http2=True, durable="h2")
-            _line(f"HTTP/2, one connection, {CONCURRENCY} streams", *h2, None, ("HTTP/1.1", h1[0]))
-            own = await _handler_client(js, n, url, durable="handler_client_f")
-            _line("HTTP/1.1, HandlerClient (one client per connection)", *own, None, ("HTTP/1.1", h1[0]))
+                res = await consume(f"scale{count}", count)
+                base = base or ("first", res["rate"])
+                _line(f"{count} process(es)", *res.values(), base)
     finally:
         await nc.close()
 
