@@ -145,13 +145,15 @@ class Settler:
                 failed = [(m, error) for m, error, _ in batch if error is not None]
                 try:
                     moved = await self._settle(processed, failed)
-                except BaseException as exc:
+                except Exception as exc:
                     for _, _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
                     continue
+                except BaseException:
+                    for _, _, future in batch:
+                        future.cancel()
+                    raise
                 for message_id, _, future in batch:
                     if not future.done():
                         future.set_result(message_id in moved)
@@ -260,6 +262,15 @@ class MessageFlow:
         as each one finishes: a metrics label, the exception that left it
         unacknowledged, or None when it was cancelled."""
         self.heartbeat.track(msgs, h.progress_interval)
+        try:
+            await self._handle_fetch(msgs, h, done)
+        finally:
+            # Each message is untracked as it finishes; this is for a fetch
+            # cancelled half-way: no in-progress acks for a message nobody handles.
+            for msg in msgs:
+                self.heartbeat.done(msg)
+
+    async def _handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
         work = []
         for msg in msgs:
