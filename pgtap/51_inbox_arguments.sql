@@ -13,9 +13,11 @@
 --     reason over 1,000 characters; NULL ids still mean "all"
 --   * set_replay: a reason over 1,000 characters
 --   * backlog / dead_letters: a bad context, a handler over 128, bad max_rows
+--   * receive_batch / settle: a malformed handler, a NULL id, arrays of
+--     different lengths, a bad subject, over 10,000 ids, a blank error
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(23);
+SELECT plan(30);
 
 -- receive
 SELECT throws_ok(
@@ -106,6 +108,36 @@ SELECT throws_ok(
 );
 SELECT throws_ok(
     $$SELECT * FROM inbox.dead_letters('h', -1)$$, 'OB006', NULL, 'inbox.dead_letters: negative max_rows is refused'
+);
+
+-- the batched calls
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_batch('bad handler', ARRAY[gen_random_uuid()], '{sea.event.x.v1}', '{NULL}')$$,
+    'OB020', NULL, 'receive_batch: a malformed handler is refused'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_batch('h', ARRAY[NULL::uuid], '{sea.event.x.v1}', '{NULL}')$$,
+    'OB020', NULL, 'receive_batch: a NULL message id is refused'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_batch('h', ARRAY[gen_random_uuid()], '{}', '{}')$$,
+    'OB006', NULL, 'receive_batch: arrays of different lengths are refused'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_batch('h', ARRAY[gen_random_uuid()], '{"sea.event x.v1"}', '{NULL}')$$,
+    'OB020', NULL, 'receive_batch: a subject with white space refuses the batch'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_batch('h', ARRAY[gen_random_uuid()], '{sea.event.x.v1}', ARRAY['[1]'::jsonb])$$,
+    'OB020', NULL, 'receive_batch: an envelope that is not an object refuses the batch'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.settle('h', ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 10001)))$$,
+    'OB006', NULL, 'settle: over 10,000 ids are refused'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.settle('h', '{}', ARRAY[gen_random_uuid()], '{""}')$$,
+    'OB006', NULL, 'settle: a blank error text is refused'
 );
 
 SELECT * FROM finish();

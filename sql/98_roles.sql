@@ -38,7 +38,9 @@ GRANT EXECUTE ON FUNCTION
 inbox.receive(uuid, text, text, jsonb),
 inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval),
-inbox.claim_replays(text, integer)
+inbox.claim_replays(text, integer),
+inbox.receive_batch(text, uuid[], text[], jsonb[]),
+inbox.settle(text, uuid[], uuid[], text[])
 TO pgoutbox_consumer;
 
 GRANT EXECUTE ON FUNCTION

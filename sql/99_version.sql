@@ -5,7 +5,8 @@ VALUES
 (1, '0001_initial'), (2, '0002_inbox_replay'), (3, '0003_archival'), (4, '0004_wakeup_sequence'),
 (5, '0005_claim_mark_path'), (6, '0006_poison_proof'),
 (7, '0007_worker_compatibility'),
-(8, '0008_broker_loss_repair')
+(8, '0008_broker_loss_repair'),
+(9, '0009_inbox_batches')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

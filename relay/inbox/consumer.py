@@ -192,21 +192,22 @@ class Slots:
     def __init__(self, size: int):
         self.size = size
         self.free = size
-        self._changed = asyncio.Condition()
+        self._freed: asyncio.Event | None = None
 
     async def take(self, most: int) -> int:
         least = max(1, min(most, self.size) // 2)
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.free >= least)
-            taken = min(most, self.free)
-            self.free -= taken
-            return taken
+        while self.free < least:
+            self._freed = asyncio.Event()
+            await self._freed.wait()
+        taken = min(most, self.free)
+        self.free -= taken
+        return taken
 
-    async def give(self, count: int) -> None:
+    def give(self, count: int) -> None:
         if count:
-            async with self._changed:
-                self.free += count
-                self._changed.notify_all()
+            self.free += count
+            if self._freed is not None:
+                self._freed.set()
 
 
 class Consumer:
@@ -267,6 +268,7 @@ class Consumer:
         )
         await self._bind_all()
         self._started = True
+        self._background.append(asyncio.create_task(self.flow.heartbeat.run()))
         self._background.append(asyncio.create_task(self._backlog_loop()))
         self._background.append(asyncio.create_task(self._keep_connected()))
         if cfg.run_replayer:
@@ -496,43 +498,43 @@ class Consumer:
             except (TimeoutError, nats.errors.TimeoutError):  # idle: nothing to fetch
                 msgs = []
             except asyncio.CancelledError:
-                await slots.give(wanted)
+                slots.give(wanted)
                 raise
             except Exception as exc:
-                await slots.give(wanted)
+                slots.give(wanted)
                 if every.due():
                     log.warning("fetch failed; retrying: %r", exc, extra={"handler": h.name, "error": repr(exc)})
                 await asyncio.sleep(1)
                 continue
-            await slots.give(wanted - len(msgs))
-            for msg in msgs:
-                task = asyncio.create_task(self._process(h, msg, slots))
+            slots.give(wanted - len(msgs))
+            if msgs:
+                task = asyncio.create_task(self._process(h, msgs, slots))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
 
-    async def _process(self, h: HandlerRuntime, msg, slots: Slots) -> None:
+    async def _process(self, h: HandlerRuntime, msgs: list, slots: Slots) -> None:
+        """One fetch, through message_flow; each message frees its slot and
+        is counted as soon as it finishes."""
         gauge = self.metrics.in_flight.labels(h.name)
-        gauge.inc()
-        try:
-            outcome = await self.flow.handle(msg, h)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            outcome = "error"
-            if isinstance(exc, DatabaseUnavailable):
-                self._db_ok = False  # the backlog check says when it is back
-            log.error(
-                "message left unacknowledged after an error",
-                exc_info=True,
-                extra={
-                    "handler": h.name,
-                    "subject": msg.subject,
-                },
-            )
-        finally:
+        gauge.inc(len(msgs))
+
+        def done(msg, outcome: str | Exception | None) -> None:
             gauge.dec()
-            await slots.give(1)
-        self.metrics.count(h.name, outcome)
+            slots.give(1)
+            if outcome is None:  # cancelled: redelivered, not counted
+                return
+            if isinstance(outcome, Exception):
+                if isinstance(outcome, DatabaseUnavailable):
+                    self._db_ok = False  # the backlog check says when it is back
+                log.error(
+                    "message left unacknowledged after an error",
+                    exc_info=outcome,
+                    extra={"handler": h.name, "subject": msg.subject},
+                )
+                outcome = "error"
+            self.metrics.count(h.name, outcome)
+
+        await self.flow.handle_fetch(msgs, h, done)
 
     async def _on_max_deliveries(self, h: HandlerRuntime, advisory_msg) -> None:
         try:

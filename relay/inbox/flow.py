@@ -1,17 +1,23 @@
-"""What happens to one delivered message (recorded in the inbox before the
-handler is called, acked only after the outcome is recorded):
+"""What happens to delivered messages (recorded in the inbox before the
+handler is called, acked only after the outcome is recorded). A fetch goes
+through together as far as the database is concerned, and each message on
+its own otherwise:
 
   1. build the envelope from the NATS message alone (message_id = the
      canonical text of Nats-Msg-Id; context, type, version from the subject);
      unreadable, or refused by the inbox as data PostgreSQL cannot store ->
      `.invalid` notice naming the header or body at fault, ack;
-  2. inbox.receive() first, committed before anything else happens:
+  2. record the whole fetch in the inbox with one call (inbox.receive_batch;
+     inbox.receive per message on schema 7, or when the batch is refused, to
+     learn which message is at fault), committed before anything else:
      PROCESSED -> ack, handler not called (duplicate);
      DEAD_LETTER -> ack (parked; its notice is already in the DLQ);
-  3. POST the envelope to the handler, sending in-progress acks meanwhile
-     so that a long handler does not outlive ack_wait;
+  3. POST each envelope to the handler, concurrently; a call that outlives a
+     third of ack_wait gets in-progress acks from the consumer's one
+     heartbeat (Heartbeat), so that a long handler does not outlive ack_wait;
   4. act on the answer (handler_contract):
-     processed   -> inbox.mark_processed, then ack;
+     processed   -> inbox.settle (with the other outcomes that are ready:
+                    Settler), then ack;
      dead letter -> DLQ notice, then inbox.record_error(dead, replay_after),
                     then ack. The notice comes first: a DEAD_LETTER row has
                     its notice, and a crash in between only repeats the
@@ -19,21 +25,24 @@ handler is called, acked only after the outcome is recorded):
                     under max_payload (it references the original by stream
                     sequence when copying it would not); one JetStream refuses
                     for good is not retried: last_error says why instead;
-     retry       -> inbox.record_error, then nak with a backoff delay; on the
-                    delivery that reaches max_deliver, dead letter instead.
+     retry       -> inbox.settle (FAILED), then nak with a backoff delay; on
+                    the delivery that reaches max_deliver, dead letter instead.
 
 A failure of PostgreSQL or NATS in the middle raises: the message is left
 unacknowledged and JetStream redelivers it after ack_wait, where the inbox
 tells what was already done. A handler is called again for a message it
-already answered when mark_processed (or record_error) did not commit after
-its answer: docs/consumer.md lists the cases.
+already answered when its outcome did not commit after its answer:
+docs/consumer.md lists the cases.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -43,7 +52,7 @@ from pgoutbox.core.backoff import Backoff
 from pgoutbox.core.errors import IllegalTransition, PolicyViolation, SqlState
 from pgoutbox.core.wire import InvalidMessage, PublishError
 from pgoutbox.inbox import dlq
-from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient
+from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.settings import HandlerRuntime
@@ -52,25 +61,140 @@ from pgoutbox.inbox.store import Inbox
 log = logging.getLogger("pgoutbox.inbox.consumer")
 
 
-@contextlib.asynccontextmanager
-async def kept_in_progress(msg, every: float):
-    """Sends +WPI every `every` seconds until the block exits."""
+class Heartbeat:
+    """In-progress acks for the messages that need them, from one task for
+    the whole consumer: a message is tracked from its fetch until it is
+    settled (a dict entry, nothing more), and gets a +WPI each `interval`
+    (a third of ack_wait) only once it has been in flight that long. Most
+    messages finish long before: they never cost a beat or a task."""
 
-    async def beat() -> None:
+    def __init__(self) -> None:
+        # id(msg) -> (msg, next beat, interval): nats-py's Msg is not hashable.
+        self._due: dict[int, tuple[Any, float, float]] = {}
+        self._tick = 1.0
+
+    def track(self, msgs, interval: float) -> None:
+        due = time.monotonic() + interval
+        for msg in msgs:
+            self._due[id(msg)] = (msg, due, interval)
+        # Beats are at most a quarter of an interval late.
+        self._tick = min(self._tick, interval / 4)
+
+    def done(self, msg) -> None:
+        self._due.pop(id(msg), None)
+
+    async def run(self) -> None:
+        """Until cancelled: also while the consumer drains its in-flight messages."""
         while True:
-            await asyncio.sleep(every)
-            try:
-                await msg.in_progress()
-            except Exception as exc:
-                log.warning("in-progress ack failed", extra={"error": repr(exc)})
+            await asyncio.sleep(self._tick)
+            now = time.monotonic()
+            late = [(key, msg, interval) for key, (msg, due, interval) in self._due.items() if due <= now]
+            for key, msg, interval in late:
+                if key not in self._due:
+                    continue  # settled while an earlier beat was sent
+                self._due[key] = (msg, now + interval, interval)
+                try:
+                    await msg.in_progress()
+                except Exception as exc:
+                    log.warning("in-progress ack failed", extra={"error": repr(exc)})
 
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+
+# deadlock_detected, serialization_failure: the transaction rolled back, try again.
+_RETRIED = frozenset({"40P01", "40001"})
+
+
+class Settler:
+    """Settles one handler's outcomes in batches: an outcome waits while the
+    call before it runs, then goes with every other one that is ready in one
+    inbox.settle() (one transaction). When nothing is running, an outcome goes
+    at once: batching never adds a wait of its own. On schema 7 (no
+    inbox.settle) each outcome is its own mark_processed/record_error."""
+
+    def __init__(self, inbox: Inbox, handler: str):
+        self.inbox = inbox
+        self.handler = handler
+        self._waiting: list[tuple[str, str | None, asyncio.Future]] = []
+        self._running = False
+        self._task: asyncio.Task | None = None
+
+    async def settle(self, message_id: str, error: str | None = None) -> bool:
+        """PROCESSED (error None) or FAILED; False when the row was no longer
+        RECEIVED/FAILED (another delivery settled it first)."""
+        if not self.inbox.batches:
+            if error is None:
+                return await _settles(self.inbox.mark_processed(message_id, self.handler))
+            return await _settles(self.inbox.record_error(message_id, self.handler, error))
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append((message_id, error, future))
+        if not self._running:
+            self._running = True
+            self._task = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                items, self._waiting = self._waiting, []
+                batch: list[tuple[str, str | None, asyncio.Future]] = []
+                seen: set[str] = set()
+                for item in items:
+                    # The same id twice (two deliveries at once): the second waits for the next call.
+                    (self._waiting if item[0] in seen else batch).append(item)
+                    seen.add(item[0])
+                processed = [m for m, error, _ in batch if error is None]
+                failed = [(m, error) for m, error, _ in batch if error is not None]
+                try:
+                    moved = await self._settle(processed, failed)
+                except Exception as exc:
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                except BaseException:
+                    for _, _, future in batch:
+                        future.cancel()
+                    raise
+                for message_id, _, future in batch:
+                    if not future.done():
+                        future.set_result(message_id in moved)
+        finally:
+            self._running = False
+
+    async def _settle(self, processed: list[str], failed: list[tuple[str, str]]) -> set[str]:
+        """inbox.settle(), tried again after a deadlock or serialization
+        failure (two batches sharing ids, in another order: rolled back, nothing
+        recorded), so that such a clash does not call the handlers again."""
+        for attempt in range(3):
+            try:
+                return await self.inbox.settle(self.handler, processed, [m for m, _ in failed], [e for _, e in failed])
+            except psycopg.Error as exc:
+                if exc.sqlstate not in _RETRIED or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+# What the consumer is told as each message of a fetch finishes.
+Done = Callable[[Any, "str | Exception | None"], None]
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A readable delivery: its envelope, and the request body, serialised once."""
+
+    msg: Any
+    envelope: dict[str, Any]
+    delivery: int
+    body: bytes
+
+    def stored(self) -> str:
+        """The envelope as the inbox stores it (JSON text): the body plus the trace context."""
+        trace = json.dumps(self.envelope.get("trace") or {}, separators=(",", ":"))
+        return f'{self.body[:-1].decode()},"trace":{trace}}}'
+
+
+async def _acked(msg, outcome: str) -> str:
+    await msg.ack()
+    return outcome
 
 
 # Prefix of last_error when no DLQ notice could be published for a dead letter.
@@ -130,9 +254,54 @@ class MessageFlow:
         self.retry_backoff = retry_backoff
         self.replay_backoff = replay_backoff
         self.stopping = stopping
+        self.heartbeat = Heartbeat()
+        self._settlers: dict[str, Settler] = {}
 
-    async def handle(self, msg, h: HandlerRuntime) -> str:
-        """Processes one delivery; returns its outcome (a metrics label)."""
+    async def handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
+        """Processes the messages of one fetch, and calls done(msg, outcome)
+        as each one finishes: a metrics label, the exception that left it
+        unacknowledged, or None when it was cancelled."""
+        self.heartbeat.track(msgs, h.progress_interval)
+        try:
+            await self._handle_fetch(msgs, h, done)
+        finally:
+            # Each message is untracked as it finishes; this is for a fetch
+            # cancelled half-way: no in-progress acks for a message nobody handles.
+            for msg in msgs:
+                self.heartbeat.done(msg)
+
+    async def _handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
+        admitted: list[Admitted] = []
+        work = []
+        for msg in msgs:
+            got = await self._admit(msg, h)
+            if isinstance(got, str):
+                work.append(self._run(msg, self._unreadable(msg, h, got), done))
+            else:
+                admitted.append(got)
+        try:
+            rows = await self._receive_all(h, admitted)
+        except Exception as exc:
+            for a in admitted:
+                self.heartbeat.done(a.msg)
+                done(a.msg, exc)
+            admitted, rows = [], []
+        for a, row in zip(admitted, rows, strict=True):
+            if isinstance(row, str):
+                work.append(self._run(a.msg, self._unreadable(a.msg, h, row), done))
+            elif row["status"] == "PROCESSED":
+                work.append(self._run(a.msg, _acked(a.msg, "duplicate"), done))
+            elif row["status"] == "DEAD_LETTER":
+                work.append(self._run(a.msg, _acked(a.msg, "parked"), done))
+            else:
+                work.append(self._run(a.msg, self._process(a, h, row), done))
+        if len(work) == 1:
+            await work[0]
+        elif work:
+            await asyncio.gather(*work)
+
+    async def _admit(self, msg, h: HandlerRuntime) -> Admitted | str:
+        """A delivery read: its envelope and request body, or why it is unreadable."""
         delivery = msg.metadata.num_delivered
         if delivery > 1:
             self.metrics.redeliveries.labels(h.name).inc()
@@ -140,9 +309,54 @@ class MessageFlow:
             envelope = dlq.envelope_from(msg.subject, msg.data, msg.headers)
             _consumed_by(envelope, h)
         except InvalidMessage as exc:
-            return await self._unreadable(msg, h, str(exc))
-        async with kept_in_progress(msg, h.progress_interval):
-            return await self._process(msg, h, envelope, delivery)
+            return str(exc)
+        return Admitted(msg, envelope, delivery, request_body(envelope))
+
+    async def _run(self, msg, work, done: Done) -> None:
+        try:
+            outcome = await work
+        except asyncio.CancelledError:
+            self.heartbeat.done(msg)
+            done(msg, None)
+            raise
+        except Exception as exc:
+            outcome = exc
+        self.heartbeat.done(msg)
+        done(msg, outcome)
+
+    async def _receive_all(self, h: HandlerRuntime, admitted: list[Admitted]) -> list[dict[str, Any] | str]:
+        """The inbox rows of a fetch, recorded with one call (receive_batch);
+        one by one on schema 7, or when the batch is refused (to learn which
+        message is at fault and refuse only that one)."""
+        if not admitted:
+            return []
+        if self.inbox.batches:
+            try:
+                rows = await self.inbox.receive_batch(
+                    h.name,
+                    [a.envelope["message_id"] for a in admitted],
+                    [a.envelope["subject"] for a in admitted],
+                    [a.stored() for a in admitted],
+                )
+            except PolicyViolation:
+                pass
+            except psycopg.Error as exc:
+                if not _refuses_data(exc):
+                    raise
+            else:
+                ordered: list[dict[str, Any] | str] = [row for row in rows]
+                if [row["ordinal"] for row in rows] != list(range(1, len(admitted) + 1)):
+                    raise RuntimeError("inbox.receive_batch() did not return one row per message")
+                return ordered
+        if len(admitted) == 1:
+            return [await self._receive(h, admitted[0].envelope)]
+        return list(await asyncio.gather(*(self._receive(h, a.envelope) for a in admitted)))
+
+    def _settler(self, h: HandlerRuntime) -> Settler:
+        settler = self._settlers.get(h.name)
+        if settler is None:
+            settler = self._settlers[h.name] = Settler(self.inbox, h.name)
+        return settler
 
     def use(self, nc, js) -> None:
         """The connection to publish on, after the consumer re-established it."""
@@ -183,29 +397,22 @@ class MessageFlow:
             else "duplicate"
         )
 
-    async def _process(self, msg, h: HandlerRuntime, envelope: dict[str, Any], delivery: int) -> str:
+    async def _process(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> str:
+        msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
-        row = await self._receive(h, envelope)
-        if isinstance(row, str):
-            return await self._unreadable(msg, h, row)
-        if row["status"] == "PROCESSED":
-            await msg.ack()
-            return "duplicate"
-        if row["status"] == "DEAD_LETTER":
-            await msg.ack()
-            return "parked"
-
-        answer = await self.client.call(h.spec.url, envelope, handler=h.name, delivery=delivery, timeout=h.timeout)
+        answer = await self.client.call(
+            h.spec.url, a.body, envelope, handler=h.name, delivery=delivery, timeout=h.timeout
+        )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         action = decide(answer)
         if action is Action.PROCESSED:
-            if not await _settles(self.inbox.mark_processed(message_id, h.name)):
+            if not await self._settler(h).settle(message_id):
                 return await self._settled_elsewhere(msg, h, message_id)
             await msg.ack()
             return "processed"
         last = delivery >= h.max_deliver
         if action is Action.RETRY and not last:
-            if not await _settles(self.inbox.record_error(message_id, h.name, answer.summary)):
+            if not await self._settler(h).settle(message_id, answer.summary):
                 return await self._settled_elsewhere(msg, h, message_id)
             delay = self._retry_delay(answer, delivery)
             await msg.nak(delay=delay)

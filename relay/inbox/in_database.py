@@ -16,6 +16,8 @@ role needs pgoutbox_consumer (the inbox functions are granted to it).
 
 from __future__ import annotations
 
+import json
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -62,3 +64,83 @@ async def handle_in_transaction(
                 conn, message_id, handler, f"{type(exc).__name__}: {exc}", dead=last_delivery
             )
         raise
+
+
+async def handle_batch_in_transaction(
+    conn: psycopg.AsyncConnection,
+    handler: str,
+    envelopes: list[dict[str, Any]],
+    apply: Apply,
+    *,
+    last_deliveries: list[bool] | None = None,
+) -> list[str | Exception]:
+    """handle_in_transaction() for a whole fetch: one transaction records the
+    batch in the inbox (inbox.receive_batch), runs apply for each message
+    that is not PROCESSED / DEAD_LETTER yet, and marks them processed
+    (inbox.settle). Returns one outcome per envelope, in order: "processed",
+    "duplicate", "parked", or the exception its apply raised (do not ack
+    that one). When anything in the batch fails, the whole batch rolls back
+    and each message goes through handle_in_transaction() on its own, so
+    that one failure costs the others nothing but a second try. On a schema
+    without the batched functions (7), it is message by message throughout."""
+    lasts = last_deliveries or [False] * len(envelopes)
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE and await _has_batches(conn):
+        try:
+            return await _batch(conn, handler, envelopes, apply)
+        except Exception:
+            if conn.broken:
+                raise
+    outcomes: list[str | Exception] = []
+    for envelope, last in zip(envelopes, lasts, strict=True):
+        try:
+            outcomes.append(await handle_in_transaction(conn, handler, envelope, apply, last_delivery=last))
+        except Exception as exc:
+            if conn.broken:
+                raise
+            outcomes.append(exc)
+    return outcomes
+
+
+# Per connection: whether its schema has the batched functions (asked once).
+_BATCHES: weakref.WeakKeyDictionary[psycopg.AsyncConnection, bool] = weakref.WeakKeyDictionary()
+
+
+async def _has_batches(conn: psycopg.AsyncConnection) -> bool:
+    known = _BATCHES.get(conn)
+    if known is None:
+        cur = await conn.execute("SELECT outbox.schema_version()")
+        row = await cur.fetchone()
+        known = _BATCHES[conn] = row is not None and row[0] >= inbox_store.BATCHES_FROM
+    return known
+
+
+async def _batch(
+    conn: psycopg.AsyncConnection, handler: str, envelopes: list[dict[str, Any]], apply: Apply
+) -> list[str | Exception]:
+    outcomes: list[str | Exception] = []
+    applied: list[str] = []
+    # Pipeline mode: the business changes of the batch go to the server
+    # without waiting for each other's answers (an error still rolls back all).
+    async with conn.pipeline(), conn.transaction():
+        rows = await inbox_store.receive_batch(
+            conn,
+            handler,
+            [e["message_id"] for e in envelopes],
+            [e["subject"] for e in envelopes],
+            [json.dumps(e, separators=(",", ":")) for e in envelopes],
+        )
+        seen: set[str] = set()
+        for envelope, row in zip(envelopes, rows, strict=True):
+            message_id = envelope["message_id"]
+            if row["status"] == "PROCESSED" or message_id in seen:  # seen: the same id earlier in this batch
+                outcomes.append("duplicate")
+            elif row["status"] == "DEAD_LETTER":
+                outcomes.append("parked")
+            else:
+                await apply(conn, envelope)
+                applied.append(message_id)
+                outcomes.append("processed")
+            seen.add(message_id)
+        if applied:
+            await inbox_store.settle(conn, handler, applied, [], [])
+    return outcomes

@@ -108,8 +108,8 @@ class ConsumerConfig:
         S(
             "concurrency",
             "OUTBOX_CONSUMER_CONCURRENCY",
-            "16",
-            "Messages processed at once per handler",
+            "64",
+            "Messages processed at once per handler (handler calls in flight, per process)",
             settings.positive_int,
         )
     )

@@ -17,6 +17,10 @@ from psycopg.types.json import Jsonb
 from pgoutbox.core import db
 from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, SchemaMismatch, wrap_exceptions
 
+# The first schema with inbox.receive_batch() and inbox.settle(); on an older
+# one (7 or 8) the consumer records and settles message by message.
+BATCHES_FROM = 9
+
 _NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema_name
 _PERMISSION_DENIED = "42501"
 
@@ -91,11 +95,49 @@ async def record_error(
     )
 
 
+async def receive_batch(conn, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]) -> list[dict]:
+    """inbox.receive_batch(): one row per message, in the order given;
+    `envelopes` are JSON texts (serialised once by the caller)."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        with wrap_exceptions():
+            await cur.execute(
+                "SELECT * FROM inbox.receive_batch(%s, %s::uuid[], %s::text[], %s::jsonb[])",
+                (handler, ids, subjects, envelopes),
+            )
+            return await cur.fetchall()
+
+
+async def settle(conn, handler: str, processed: list[str], failed: list[str], errors: list[str]) -> set[str]:
+    """inbox.settle(): the ids of the rows it moved."""
+    async with conn.cursor() as cur:
+        with wrap_exceptions():
+            await cur.execute(
+                "SELECT message_id::text FROM inbox.settle(%s, %s::uuid[], %s::uuid[], %s::text[])",
+                (handler, processed, failed, errors),
+            )
+            return {row[0] for row in await cur.fetchall()}
+
+
 class Inbox:
     """The same calls, each on a pooled connection in its own transaction."""
 
     def __init__(self, pool: db.Pool):
         self.pool = pool
+
+    @property
+    def batches(self) -> bool:
+        """Whether the schema found has the batched calls (receive_batch, settle)."""
+        return (self.pool.schema_found or 0) >= BATCHES_FROM
+
+    async def receive_batch(
+        self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
+    ) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            return await receive_batch(conn, handler, ids, subjects, envelopes)
+
+    async def settle(self, handler: str, processed: list[str], failed: list[str], errors: list[str]) -> set[str]:
+        async with self.pool.connection() as conn:
+            return await settle(conn, handler, processed, failed, errors)
 
     async def receive(self, message_id: str, handler: str, subject: str, envelope: dict) -> dict[str, Any]:
         async with self.pool.connection() as conn:

@@ -7,12 +7,21 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 
 from pgoutbox.dev.embedded import free_port
-from support.inbox import FakeHandler, add_stream, event, inbox_row, jetstream, publish, until, write_registry
+from support.inbox import (
+    FakeHandler,
+    add_stream,
+    consumer_metric,
+    event,
+    inbox_row,
+    jetstream,
+    publish,
+    until,
+    write_registry,
+)
 from support.tcp_proxy import TcpProxy
 
 H = "billing"
@@ -24,9 +33,7 @@ def _start(env: dict[str, str], log_path) -> subprocess.Popen:
 
 
 def _metric(port: int, outcome: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    needle = f'pgoutbox_consumer_messages_total{{handler="{H}",outcome="{outcome}"}} '
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(needle))
+    return consumer_metric(port, H, outcome)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -236,3 +237,10 @@ async def dlq_messages(js, context: str = "sea", subject: str | None = None) -> 
         if subject is None or msg.subject.startswith(subject):
             found.append(msg)
     return found
+
+
+def consumer_metric(port: int, handler: str, outcome: str) -> float:
+    """pgoutbox_consumer_messages_total{handler, outcome} of a consumer process's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    needle = f'pgoutbox_consumer_messages_total{{handler="{handler}",outcome="{outcome}"}} '
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(needle))

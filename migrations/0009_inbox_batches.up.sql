@@ -1,0 +1,187 @@
+-- 0009_inbox_batches (up): the consumer records a whole fetch in the inbox,
+-- and settles its outcomes, with one call each instead of one call per
+-- message (issue 13: the inbox cost far below the HTTP call's).
+--
+--   * inbox.receive_batch(handler, message_ids, subjects, envelopes):
+--     inbox.receive() for every message of a fetch, one row back for each;
+--   * inbox.settle(handler, processed, failed, errors): mark_processed()
+--     and record_error() (FAILED) for a batch of outcomes, returning the rows
+--     it moved.
+--
+-- Expand only: receive(), mark_processed() and record_error() stay as they
+-- were, for the consumers of release 0.2.0 and for in-database handlers.
+--
+-- Apply with `pgoutbox migrate`, or `psql -v ON_ERROR_STOP=1 -f` this file.
+-- Safe to re-run and to run twice at once (one transaction, advisory lock,
+-- idempotent DDL). Refuses to run unless the schema is at version 8 or 9.
+-- Catalog changes only: no row is read or rewritten.
+
+BEGIN;
+
+SELECT pg_advisory_xact_lock(hashtextextended('pgoutbox.migrate', 0));
+
+DO $$
+BEGIN
+    -- Nested IFs: plpgsql plans each condition only when it reaches it.
+    IF to_regclass('outbox.schema_migrations') IS NULL THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0009 needs 0001 to 0008 applied first'
+            USING ERRCODE = 'OB090';
+    END IF;
+    IF (SELECT coalesce(max(version), 0) FROM outbox.schema_migrations) NOT IN (8, 9) THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0009 applies on version 8 (or re-runs on 9) only'
+            USING ERRCODE = 'OB090';
+    END IF;
+END;
+$$;
+
+-- generated from sql/50_inbox.sql: inbox._check_batch
+-- A batch's handler and ids: a well-formed name, ids given and none NULL,
+-- at most 10,000 of them.
+CREATE OR REPLACE FUNCTION inbox._check_batch(handler text, message_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: handler % is not a name of 1-128 letters, digits, _ . -', quote_literal(left(coalesce(handler, 'NULL'), 150))
+            USING ERRCODE = 'OB020';
+    END IF;
+    IF message_ids IS NULL OR array_position(message_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: message ids are required'
+            USING ERRCODE = 'OB020';
+    END IF;
+    IF cardinality(message_ids) > 10000 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: at most 10000 messages in one call, got %', cardinality(message_ids)
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+-- end generated
+
+-- generated from sql/50_inbox.sql: inbox.receive_batch
+-- Records every delivery of a fetch, first or repeated, and returns each
+-- row as it now stands, in the order given (ordinal: 1-based position in
+-- message_ids; an id given twice is recorded once and returned twice).
+-- Process only RECEIVED/FAILED. One value that receive() would refuse
+-- refuses the whole call (OB020): receive the messages one by one to learn
+-- which.
+CREATE OR REPLACE FUNCTION inbox.receive_batch(
+    handler text,
+    message_ids uuid[],
+    subjects text[],
+    envelopes jsonb[]
+)
+RETURNS TABLE (
+    ordinal integer,
+    message_id uuid,
+    status text,
+    attempts integer,
+    last_error text,
+    dlq_metadata jsonb
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_batch(receive_batch.handler, receive_batch.message_ids);
+    IF cardinality(receive_batch.subjects) IS DISTINCT FROM cardinality(receive_batch.message_ids)
+        OR cardinality(receive_batch.envelopes) IS DISTINCT FROM cardinality(receive_batch.message_ids) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: message_ids, subjects and envelopes must have the same length'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF EXISTS (
+        SELECT FROM unnest(receive_batch.subjects, receive_batch.envelopes) AS i (subject, envelope)
+        WHERE nullif(btrim(i.subject), '') IS NULL OR i.subject ~ '\s' OR length(i.subject) > 1024
+            OR jsonb_typeof(i.envelope) IS DISTINCT FROM 'object' AND i.envelope IS NOT NULL
+            OR octet_length(i.envelope::text) > 67108864
+    ) THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: a subject or envelope of this batch is refused; inbox.receive() tells which and why'
+            USING ERRCODE = 'OB020';
+    END IF;
+    -- In message_id order: two batches sharing ids lock them in one order.
+    INSERT INTO inbox.messages AS m (message_id, handler, subject, envelope)
+    SELECT DISTINCT ON (i.id) i.id, receive_batch.handler, i.subject, i.envelope
+    FROM unnest(receive_batch.message_ids, receive_batch.subjects, receive_batch.envelopes)
+        WITH ORDINALITY AS i (id, subject, envelope, n)
+    ORDER BY i.id, i.n
+    ON CONFLICT ON CONSTRAINT messages_pkey DO UPDATE
+    SET attempts = m.attempts + 1
+    WHERE m.status IN ('RECEIVED', 'FAILED');
+    -- A new statement, a new snapshot: it sees the rows as they now stand,
+    -- those another transaction settled since this call started included.
+    RETURN QUERY
+    SELECT i.n::integer, m.message_id, m.status, m.attempts, m.last_error, m.dlq_metadata
+    FROM unnest(receive_batch.message_ids) WITH ORDINALITY AS i (id, n)
+    INNER JOIN inbox.messages AS m ON m.message_id = i.id AND m.handler = receive_batch.handler
+    ORDER BY i.n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.receive_batch(text, uuid[], text[], jsonb[]) IS
+'inbox.receive() for a whole fetch of one handler: one row per message, in order; process only RECEIVED/FAILED.';
+-- end generated
+
+-- generated from sql/50_inbox.sql: inbox.settle
+-- Settles a batch of one handler's outcomes: `processed` -> PROCESSED,
+-- `failed` -> FAILED with the error of the same position. Returns the rows
+-- it moved; a message it does not return was not RECEIVED/FAILED (another
+-- delivery settled it first: its outcome stands) or has no inbox row.
+-- Dead letters go through record_error(), after their DLQ notice.
+CREATE OR REPLACE FUNCTION inbox.settle(
+    handler text,
+    processed uuid[],
+    failed uuid[] DEFAULT '{}',
+    errors text[] DEFAULT '{}'
+)
+RETURNS TABLE (message_id uuid, status text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_batch(settle.handler, settle.processed || settle.failed);
+    IF cardinality(settle.errors) IS DISTINCT FROM cardinality(settle.failed) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: failed and errors must have the same length'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF EXISTS (SELECT FROM unnest(settle.errors) AS e (error) WHERE nullif(btrim(e.error), '') IS NULL) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required for every failed message'
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT p.id, NULL::text AS error FROM unnest(settle.processed) AS p (id)
+        UNION ALL
+        SELECT f.id, f.error FROM unnest(settle.failed, settle.errors) AS f (id, error)
+    ),
+    moved AS (
+        UPDATE inbox.messages AS m
+        SET status = CASE WHEN w.error IS NULL THEN 'PROCESSED' ELSE 'FAILED' END,
+            processed_at = CASE WHEN w.error IS NULL THEN greatest(now(), m.received_at) END,
+            last_error = outbox._clip_error(w.error)
+        FROM wanted AS w
+        WHERE m.message_id = w.id AND m.handler = settle.handler
+            AND m.status IN ('RECEIVED', 'FAILED')
+        RETURNING m.message_id, m.status
+    )
+    SELECT mv.message_id, mv.status FROM moved AS mv;
+END;
+$$;
+COMMENT ON FUNCTION inbox.settle(text, uuid[], uuid[], text[]) IS
+'Batch of outcomes for one handler: processed -> PROCESSED, failed -> FAILED (errors); returns the rows moved.';
+-- end generated
+
+REVOKE ALL ON FUNCTION inbox._check_batch(text, uuid[]) FROM public;
+REVOKE ALL ON FUNCTION inbox.receive_batch(text, uuid[], text[], jsonb[]) FROM public;
+REVOKE ALL ON FUNCTION inbox.settle(text, uuid[], uuid[], text[]) FROM public;
+GRANT EXECUTE ON FUNCTION
+inbox.receive_batch(text, uuid[], text[], jsonb[]),
+inbox.settle(text, uuid[], uuid[], text[])
+TO pgoutbox_consumer;
+
+INSERT INTO outbox.schema_migrations (version, name)
+VALUES (9, '0009_inbox_batches')
+ON CONFLICT (version) DO NOTHING;
+
+COMMIT;
