@@ -13,7 +13,7 @@ import pytest
 
 from pgoutbox.dev.embedded import free_port
 from support.inbox import FakeHandler, add_stream, event, inbox_row, jetstream, publish, until, write_registry
-from support.tcp_proxy import TcpProxy
+from pgoutbox.dev.tcp_proxy import TcpProxy
 
 H = "billing"
 

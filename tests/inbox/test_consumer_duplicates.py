@@ -21,7 +21,7 @@ from support.inbox import (
     until,
     write_registry,
 )
-from support.tcp_proxy import TcpProxy
+from pgoutbox.dev.tcp_proxy import TcpProxy
 
 H = "billing"
 

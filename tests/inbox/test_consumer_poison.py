@@ -43,7 +43,7 @@ from support.inbox import (
     write_registry,
 )
 from support.schema import newer_schema
-from support.tcp_proxy import TcpProxy
+from pgoutbox.dev.tcp_proxy import TcpProxy
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"
