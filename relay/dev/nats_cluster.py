@@ -34,6 +34,17 @@ from .tcp_proxy import TcpProxy
 CLUSTER_NAME = "pgoutbox"
 
 
+async def connect(urls: str, **options) -> nats.NATS:
+    """A client on every node of a comma-separated URL list, without nats-py's
+    traceback on stderr for each node that is down at the moment."""
+
+    async def quiet(exc: Exception) -> None:
+        pass
+
+    options = {"connect_timeout": 2, "max_reconnect_attempts": 2, "reconnect_time_wait": 0.2, **options}
+    return await nats.connect(urls.split(","), error_cb=quiet, **options)
+
+
 def node_name(i: int) -> str:
     return f"n{i + 1}"
 
@@ -105,7 +116,7 @@ class NatsCluster:
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                nc = await nats.connect(self.urls.split(","), connect_timeout=2, max_reconnect_attempts=1)
+                nc = await connect(self.urls)
                 try:
                     await nc.jetstream(timeout=2).account_info()
                     return
@@ -155,7 +166,7 @@ class NatsCluster:
 
     async def stream_cluster(self, stream: str, timeout: float = 5):
         """The stream's cluster info (leader and replicas) from the JetStream API."""
-        nc = await nats.connect(self.urls.split(","), connect_timeout=2, max_reconnect_attempts=2)
+        nc = await connect(self.urls)
         try:
             return (await nc.jetstream(timeout=timeout).stream_info(stream)).cluster
         finally:

@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 
 from pgoutbox.dev.embedded import free_port
-from support.inbox import FakeHandler, add_stream, event, inbox_row, jetstream, publish, until, write_registry
 from pgoutbox.dev.tcp_proxy import TcpProxy
+from support.inbox import FakeHandler, add_stream, event, inbox_row, jetstream, publish, until, write_registry
 
 H = "billing"
 
