@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 TOPOLOGIES = ("single", "cluster")
 PLUGINS = ("chaos.pg_failover",)
-RECOVERY_TIMEOUT = 60.0  # a NATS node back and its stream replica current
+RECOVERY_TIMEOUT = 90.0  # a NATS node back and healthy
 
 
 @dataclass(frozen=True)
@@ -157,11 +157,14 @@ def restart_nats(pipeline: Pipeline, rng: random.Random) -> str:
 # -- three clustered nodes -------------------------------------------------------------------------
 
 
-def _recovered(pipeline: Pipeline) -> str:
-    """Waits until the stream has all its replicas current again; says how it went."""
+def _recovered(pipeline: Pipeline, node: int) -> str:
+    """Waits until the node is healthy again (its /healthz: every stream and
+    consumer replica on it current) and the stream has all its replicas."""
     t0 = time.monotonic()
-    ok = asyncio.run(pipeline.nats.wait_until_current(pipeline.stream, RECOVERY_TIMEOUT))
-    return f"replicas current after {time.monotonic() - t0:.1f}s" if ok else "replicas NOT current"
+    ok = pipeline.nats.wait_healthy(node, RECOVERY_TIMEOUT) and asyncio.run(
+        pipeline.nats.wait_until_current(pipeline.stream, RECOVERY_TIMEOUT)
+    )
+    return f"healthy after {time.monotonic() - t0:.1f}s" if ok else "NOT healthy"
 
 
 @fault("kill_nats_leader", topologies=("cluster",))
@@ -174,7 +177,7 @@ def kill_nats_leader(pipeline: Pipeline, rng: random.Random) -> str:
     elected = time.monotonic() - t0
     time.sleep(rng.uniform(0.5, 3.0))
     pipeline.nats.start_node(leader)
-    return f"n{leader + 1} (new leader n{new + 1} in {elected:.1f}s), {_recovered(pipeline)}"
+    return f"n{leader + 1} (new leader n{new + 1} in {elected:.1f}s), {_recovered(pipeline, leader)}"
 
 
 @fault("kill_nats_node", topologies=("cluster",))
@@ -185,7 +188,7 @@ def kill_nats_node(pipeline: Pipeline, rng: random.Random) -> str:
     pipeline.nats.kill(i)
     time.sleep(rng.uniform(0.5, 3.0))
     pipeline.nats.start_node(i)
-    return f"n{i + 1}, {_recovered(pipeline)}"
+    return f"n{i + 1}, {_recovered(pipeline, i)}"
 
 
 @fault("rolling_restart_nats", topologies=("cluster",))
@@ -194,8 +197,7 @@ def rolling_restart_nats(pipeline: Pipeline, rng: random.Random) -> str:
     notes = []
     for i in range(pipeline.nats.size):
         pipeline.nats.restart(i)
-        time.sleep(2.0)  # the leader marks a restarted replica behind only once it misses it
-        notes.append(f"n{i + 1}: {_recovered(pipeline)}")
+        notes.append(f"n{i + 1}: {_recovered(pipeline, i)}")
     return "; ".join(notes)
 
 
@@ -207,4 +209,4 @@ def partition_nats_node(pipeline: Pipeline, rng: random.Random) -> str:
     pipeline.nats.partition(i)
     time.sleep(rng.uniform(3.0, 10.0))
     pipeline.nats.heal(i)
-    return f"n{i + 1}{' (leader)' if i == leader else ''}, {_recovered(pipeline)}"
+    return f"n{i + 1}{' (leader)' if i == leader else ''}, {_recovered(pipeline, i)}"

@@ -59,6 +59,7 @@ from .ledger_app import SCHEMA, LedgerApp
 CONTEXT = "chaos"
 HANDLER = "ledger"
 STREAM = "CHAOS_EVENTS"
+SUBJECT = f"{CONTEXT}.event.ledger_entry.v1"
 LEASE_SECONDS = 3.0
 
 
@@ -204,7 +205,7 @@ class Pipeline:
         manifests.mkdir(exist_ok=True)
         (manifests / "ledger.toml").write_text(
             f'[[handler]]\nname = "{HANDLER}"\nurl = "{self.app.url}"\n'
-            f'subjects = ["{CONTEXT}.event.ledger_entry.v1"]\n'
+            f'subjects = ["{SUBJECT}"]\n'
             'timeout = "2s"\nack_wait = "5s"\nmax_deliver = 1000\nmax_ack_pending = 256\n'
             "concurrency = 16\nreplay_max_attempts = 0\n"
         )
@@ -391,12 +392,21 @@ async def read_stream(nats_url: str, stream: str, parallel: int = 64) -> list[tu
         await nc.close()
 
 
-async def consumer_state(nats_url: str) -> tuple[int, int]:
-    """(num_pending, num_ack_pending) of the handler's durable."""
+async def consumer_state(nats_url: str) -> tuple[int, int, int]:
+    """(num_pending, num_ack_pending, unacked) of the handler's durable;
+    unacked: the stream sequences past its ack floor up to the last message
+    of its subject as the stream leader has it (a consumer led by a replica
+    that is behind reports nothing pending while it is)."""
     nc = await nats_cluster.connect(nats_url)
     try:
-        info = await nc.jetstream().consumer_info(STREAM, HANDLER)
-        return info.num_pending, info.num_ack_pending
+        js = nc.jetstream()
+        info = await js.consumer_info(STREAM, HANDLER)
+        try:
+            last = (await js.get_last_msg(STREAM, SUBJECT)).seq or 0
+        except nats.js.errors.NotFoundError:
+            last = 0
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        return info.num_pending or 0, info.num_ack_pending or 0, max(0, last - (floor or 0))
     finally:
         await nc.close()
 
@@ -416,14 +426,14 @@ def wait_for_quiescence(
                     "SELECT coalesce(sum(unpublished), 0), coalesce(sum(dead_letter), 0) FROM outbox.backlog()"
                 ).fetchone()
                 inbox = c.execute("SELECT coalesce(sum(unprocessed), 0) FROM inbox.backlog()").fetchone()[0]
-            pending, ack_pending = asyncio.run(consumer_state(pipeline.nats.url))
+            pending, ack_pending, unacked = asyncio.run(consumer_state(pipeline.nats.url))
             new_state = (
                 f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
-                f"jetstream pending={pending} ack_pending={ack_pending}"
+                f"jetstream pending={pending} ack_pending={ack_pending} past_ack_floor={unacked}"
             )
             if new_state != state:
                 state, since = new_state, time.monotonic()
-            if outbox[0] == 0 and inbox == 0 and pending == 0 and ack_pending == 0:
+            if outbox[0] == 0 and inbox == 0 and pending == 0 and ack_pending == 0 and unacked == 0:
                 return True, state
         except Exception as exc:
             state, since = f"unreachable: {exc!r}", time.monotonic()
@@ -485,7 +495,7 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected]) -> tuple
         problems.append(f"inbox DEAD_LETTER rows {len(dead_inbox - hostile_ids)} != poison events {len(poison)}")
     with psycopg.connect(pipeline.database_url, autocommit=True) as c:
         hostile_figures, hostile_problems = poison_writer.check(
-            c, ledger.hostile, copies, effect_count, dead_inbox, f"{CONTEXT}.event.ledger_entry.v1"
+            c, ledger.hostile, copies, effect_count, dead_inbox, SUBJECT
         )
     problems += hostile_problems
 
@@ -640,7 +650,7 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         if missing_kinds:
             problems.append(f"fault kinds never injected: {missing_kinds}")
         problems += [f"fault {f.kind} at {f.started:.0f}: {f.detail}" for f in injected if "FAILED" in f.detail]
-        problems += [f"fault {f.kind}: {f.detail}" for f in injected if "NOT current" in f.detail]
+        problems += [f"fault {f.kind}: {f.detail}" for f in injected if "NOT healthy" in f.detail]
         if problems:
             print("VIOLATIONS:\n  " + "\n  ".join(problems))
             print(f"logs kept in {root}")

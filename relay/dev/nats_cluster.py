@@ -20,8 +20,10 @@ gossip; the explicit routes through the proxies are retried forever.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +58,7 @@ class NatsCluster:
     nodes: list[EmbeddedNats] = field(default_factory=list)
     route_ports: list[int] = field(default_factory=list)
     proxies: dict[tuple[int, int], TcpProxy] = field(default_factory=dict)
+    monitor_ports: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -67,6 +70,7 @@ class NatsCluster:
                 for j in range(self.size)
                 if i != j
             }
+            self.monitor_ports = [free_port() for _ in range(self.size)]
             nowhere = free_port()  # nothing listens here: gossiped route addresses lead nowhere
             self.nodes = [
                 EmbeddedNats(
@@ -74,6 +78,8 @@ class NatsCluster:
                     extra_args=[
                         "-n",
                         node_name(i),
+                        "-m",
+                        str(self.monitor_ports[i]),
                         "--cluster_name",
                         CLUSTER_NAME,
                         "--cluster",
@@ -126,6 +132,23 @@ class NatsCluster:
                 last = exc
             await asyncio.sleep(0.25)
         raise TimeoutError(f"JetStream cluster not ready after {timeout}s: {last!r}")
+
+    def healthy(self, i: int) -> bool:
+        """The node's own /healthz: up, and every stream and consumer replica on it current."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_ports[i]}/healthz", timeout=2) as r:
+                return json.load(r).get("status") == "ok"
+        except (OSError, ValueError):  # refused, 503 (HTTPError is an OSError), unreadable
+            return False
+
+    def wait_healthy(self, i: int, timeout: float = 60) -> bool:
+        """Until node i reports healthy (what a rolling restart waits for before the next node)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.healthy(i):
+                return True
+            time.sleep(0.25)
+        return False
 
     def running(self, i: int) -> bool:
         process = self.nodes[i].process

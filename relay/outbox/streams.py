@@ -26,9 +26,11 @@ current), not only from the configuration, and reported in Findings.replicas.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import re
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +56,7 @@ _CONTEXT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the SQL check context_is_a
 _STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 log = logging.getLogger("pgoutbox.outbox.streams")
+UNAVAILABLE_WAIT = 30.0  # seconds a start-up check waits for a cluster's JetStream to answer
 _SIZE_UNIT = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
@@ -251,15 +254,24 @@ def captures_outbox_subjects(filter_subject: str) -> bool:
     return len(tokens) == len(shape)
 
 
-async def _all_streams(js) -> list:
-    streams: list = []
-    offset = 0
+async def _all_streams(js, unavailable_for: float = UNAVAILABLE_WAIT) -> list:
+    """Every stream's info; waits out a cluster electing its JetStream meta
+    leader (503 "temporarily unavailable", seconds after a node is lost)."""
+    deadline = time.monotonic() + unavailable_for
     while True:
-        page = await js.streams_info(offset)
-        if not page:
-            return streams
-        streams.extend(page)
-        offset += len(page)
+        try:
+            streams: list = []
+            offset = 0
+            while True:
+                page = await js.streams_info(offset)
+                if not page:
+                    return streams
+                streams.extend(page)
+                offset += len(page)
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def _sync_always(monitor_url: str) -> bool | None:

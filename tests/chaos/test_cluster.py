@@ -53,39 +53,44 @@ async def _until(cluster: NatsCluster, via: int, predicate, timeout: float = 30)
 
 
 @pytest.mark.slow
-async def test_startup_check_counts_the_replicas_the_cluster_holds(tmp_path):
+def test_startup_check_counts_the_replicas_the_cluster_holds(tmp_path):
     cluster = NatsCluster(tmp_path / "nats")
     cluster.start()
     try:
-        nc = await connect(cluster.urls)
-        js = nc.jetstream()
-        await streams.apply(js, streams.loads("[streams.sea]\nreplicas = 3\n"))
-        for i in range(20):
-            await js.publish("sea.event.x.v1", b"{}", headers={"Nats-Msg-Id": str(i)})
-        await nc.close()
-        assert await cluster.wait_until_current("SEA_EVENTS")
-        leader = await cluster.stream_leader("SEA_EVENTS")
-        healthy = await _until(cluster, leader, lambda r: r.current == 3)
-        assert (healthy.configured, healthy.current, healthy.leader) == (3, 3, f"n{leader + 1}")
-
-        # kill -9 of a follower: the configuration still says 3, the cluster holds 2.
-        follower = (leader + 1) % 3
-        cluster.kill(follower)
-        seen = await _until(cluster, leader, lambda r: r.current < 3)
-        assert (seen.configured, seen.current) == (3, 2) and seen.behind == (f"n{follower + 1}",)
-        nc = await connect(cluster.nodes[leader].url)
-        findings = await streams.check(nc.jetstream(), 30, streams.loads("[streams.sea]\nreplicas = 3\n"))
-        await nc.close()
-        assert any("SEA_EVENTS: 2 of 3 replica(s) current" in d for d in findings.durability)
-        cluster.start_node(follower)
-        assert await cluster.wait_until_current("SEA_EVENTS")
-
-        # A partition: the follower is up, its routes are cut; the leader sees it fall behind.
-        cluster.partition(follower)
-        seen = await _until(cluster, leader, lambda r: r.current < 3)
-        assert seen.current == 2 and seen.behind == (f"n{follower + 1}",)
-        cluster.heal(follower)
-        back = await _until(cluster, leader, lambda r: r.current == 3)
-        assert back.current == 3
+        asyncio.run(_kill_and_partition(cluster))
     finally:
         cluster.stop()
+
+
+async def _kill_and_partition(cluster: NatsCluster) -> None:
+    nc = await connect(cluster.urls)
+    js = nc.jetstream()
+    await streams.apply(js, streams.loads("[streams.sea]\nreplicas = 3\n"))
+    await cluster.stream_leader("SEA_EVENTS")  # elected: the stream takes messages
+    for i in range(20):
+        await js.publish("sea.event.x.v1", b"{}", headers={"Nats-Msg-Id": str(i)})
+    await nc.close()
+    assert await cluster.wait_until_current("SEA_EVENTS")
+    leader = await cluster.stream_leader("SEA_EVENTS")
+    healthy = await _until(cluster, leader, lambda r: r.current == 3)
+    assert (healthy.configured, healthy.current, healthy.leader) == (3, 3, f"n{leader + 1}")
+
+    # kill -9 of a follower: the configuration still says 3, the cluster holds 2.
+    follower = (leader + 1) % 3
+    cluster.kill(follower)
+    seen = await _until(cluster, leader, lambda r: r.current < 3)
+    assert (seen.configured, seen.current) == (3, 2) and seen.behind == (f"n{follower + 1}",)
+    nc = await connect(cluster.nodes[leader].url)
+    findings = await streams.check(nc.jetstream(), 30, streams.loads("[streams.sea]\nreplicas = 3\n"))
+    await nc.close()
+    assert any("SEA_EVENTS: 2 of 3 replica(s) current" in d for d in findings.durability)
+    cluster.start_node(follower)
+    assert await cluster.wait_until_current("SEA_EVENTS")
+
+    # A partition: the follower is up, its routes are cut; the leader sees it fall behind.
+    cluster.partition(follower)
+    seen = await _until(cluster, leader, lambda r: r.current < 3)
+    assert seen.current == 2 and seen.behind == (f"n{follower + 1}",)
+    cluster.heal(follower)
+    back = await _until(cluster, leader, lambda r: r.current == 3)
+    assert back.current == 3
