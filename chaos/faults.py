@@ -107,22 +107,25 @@ def kinds_for(topology: str, only: tuple[str, ...] | None = None) -> list[FaultK
 # -- workers and PostgreSQL (both topologies) ----------------------------------------------------
 
 
+def _kill_and_restart(processes: list, start: Callable[[int], None], rng: random.Random) -> str:
+    i = rng.randrange(len(processes))
+    process = processes[i]
+    if process is not None:  # kill -9 of a worker the harness started
+        process.kill()
+        process.wait()
+    time.sleep(rng.uniform(0.2, 1.5))
+    start(i)
+    return f"#{i}"
+
+
 @fault("kill_relay")
 def kill_relay(pipeline: Pipeline, rng: random.Random) -> str:
-    i = rng.randrange(len(pipeline.relays))
-    pipeline.kill(pipeline.relays[i])
-    time.sleep(rng.uniform(0.2, 1.5))
-    pipeline.start_relay(i)
-    return f"#{i}"
+    return _kill_and_restart(pipeline.relays, pipeline.start_relay, rng)
 
 
 @fault("kill_consumer")
 def kill_consumer(pipeline: Pipeline, rng: random.Random) -> str:
-    i = rng.randrange(len(pipeline.consumers))
-    pipeline.kill(pipeline.consumers[i])
-    time.sleep(rng.uniform(0.2, 1.5))
-    pipeline.start_consumer(i)
-    return f"#{i}"
+    return _kill_and_restart(pipeline.consumers, pipeline.start_consumer, rng)
 
 
 @fault("pause_relay")

@@ -119,13 +119,6 @@ class Pipeline:
         self.seed = seed
         self.logs = root / "logs"
 
-    @staticmethod
-    def kill(process: subprocess.Popen | None) -> None:
-        """kill -9 of a worker we started."""
-        if process is not None:
-            process.kill()
-            process.wait()
-
     def env(self, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
         env.update(

@@ -28,7 +28,7 @@ def test_stream_leader_kill_under_load_keeps_the_ledger():
     assert figures["committed"] > 1000 and figures["by_fault_kind"]["kill_nats_leader"]["events_during"] > 0
     # Each kill hit the leader of the moment, and another node took over.
     kills = [line for line in result.stdout.splitlines() if " kill_nats_leader n" in line]
-    assert len(kills) == 2 and all("new leader n" in k and "replicas current" in k for k in kills)
+    assert len(kills) == 2 and all("new leader n" in k and "healthy after" in k for k in kills)
     for line in kills:
         killed, new = line.split("kill_nats_leader ")[1].split(" (new leader ")
         assert killed != new.split(" ")[0]
