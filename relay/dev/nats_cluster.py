@@ -14,6 +14,7 @@ gossip; the explicit routes through the proxies are retried forever.
     cluster.kill(i) / start_node(i)   kill -9 of a node, and back
     cluster.restart(i)                SIGTERM, then start again
     cluster.partition(i) / heal(i)    cut node i's routes, and restore them
+    cluster.wait_healthy(i)           until node i's /healthz says every replica on it is current
     await cluster.stream_leader(name) index of the node leading a stream
 """
 
