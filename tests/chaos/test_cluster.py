@@ -1,7 +1,8 @@
 """The pipeline on a three-node JetStream cluster (streams at replicas 3):
 the stream leader killed (kill -9) under load, then the chaos ledger; and the
 relay's start-up check counting the replicas the cluster really holds, with a
-node killed and with a node cut off by a network partition."""
+node killed and with a node cut off by a network partition; and the fault
+registry the soak draws from."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+from chaos import faults
 from pgoutbox.dev.nats_cluster import NatsCluster, connect
 from pgoutbox.outbox import streams
 from support.chaos_run import run_chaos
@@ -94,3 +96,29 @@ async def _kill_and_partition(cluster: NatsCluster) -> None:
     cluster.heal(follower)
     back = await _until(cluster, leader, lambda r: r.current == 3)
     assert back.current == 3
+
+
+def test_a_fault_kind_is_one_registration():
+    builtin = {k.name for k in faults.kinds_for("cluster")}
+    assert {"kill_nats_leader", "kill_nats_node", "rolling_restart_nats", "partition_nats_node"} <= builtin
+    assert "restart_nats" not in builtin and "restart_nats" in {k.name for k in faults.kinds_for("single")}
+
+    @faults.fault("test_only_kind", topologies=("cluster",))
+    def _inject(pipeline, rng) -> str:
+        return ""
+
+    try:
+        assert "test_only_kind" in {k.name for k in faults.kinds_for("cluster")}
+        assert "test_only_kind" not in {k.name for k in faults.kinds_for("single")}
+        with pytest.raises(ValueError, match="registered twice"):
+            faults.fault("test_only_kind")(_inject)
+        with pytest.raises(ValueError, match="not for topology single"):
+            faults.kinds_for("single", ("test_only_kind",))
+    finally:
+        del faults.REGISTRY["test_only_kind"]
+
+
+def test_an_unknown_fault_kind_is_a_usage_error():
+    result = run_chaos("--profile", "cluster-short", "--kinds", "kill_nats_leader,no_such_fault")
+    assert result.returncode == 2
+    assert "no_such_fault" in result.stderr and "kill_nats_leader" in result.stderr
