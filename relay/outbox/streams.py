@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats.errors
 import nats.js.errors
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
@@ -256,7 +257,8 @@ def captures_outbox_subjects(filter_subject: str) -> bool:
 
 async def _all_streams(js, unavailable_for: float = UNAVAILABLE_WAIT) -> list:
     """Every stream's info; waits out a cluster electing its JetStream meta
-    leader (503 "temporarily unavailable", seconds after a node is lost)."""
+    leader (503 "temporarily unavailable", or no answer at all, for seconds
+    after a node is lost)."""
     deadline = time.monotonic() + unavailable_for
     while True:
         try:
@@ -268,7 +270,7 @@ async def _all_streams(js, unavailable_for: float = UNAVAILABLE_WAIT) -> list:
                     return streams
                 streams.extend(page)
                 offset += len(page)
-        except nats.js.errors.ServiceUnavailableError:
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.5)
