@@ -1,9 +1,11 @@
-"""python -m chaos [--profile short|long] [--seed N] [--seconds S] [--rate R] [--faults F] [--poison-share P]"""
+"""python -m chaos [--profile short|long|cluster-short|cluster] [--seed N] [--seconds S] [--rate R]
+[--faults F] [--kinds K,K] [--poison-share P]"""
 
 import argparse
 import dataclasses
 import sys
 
+from .faults import kinds_for
 from .harness import PROFILES, run
 
 
@@ -19,6 +21,9 @@ def main() -> int:
         type=float,
         help="share of emits drawn from tests/poison.py (hostile input; 0 switches the poison writer off)",
     )
+    ap.add_argument(
+        "--kinds", help="comma-separated fault kinds to draw from (default: every kind of the profile's topology)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the data and logs folder")
     args = ap.parse_args()
     overrides = {k: v for k, v in (("seconds", args.seconds), ("rate", args.rate), ("faults", args.faults)) if v}
@@ -26,7 +31,13 @@ def main() -> int:
         if not 0 <= args.poison_share <= 1:
             ap.error("--poison-share must be between 0 and 1")
         overrides["hostile_share"] = args.poison_share
+    if args.kinds:
+        overrides["kinds"] = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     profile = dataclasses.replace(PROFILES[args.profile], **overrides)
+    try:
+        kinds_for(profile.topology, profile.kinds)
+    except ValueError as exc:  # an unknown fault kind
+        ap.error(str(exc))
     print(f"chaos: profile {args.profile} {profile}, seed {args.seed}", flush=True)
     return run(profile, args.seed, keep=args.keep)
 

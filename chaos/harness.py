@@ -4,9 +4,14 @@ then a ledger check. Seeded, bounded in time and count, loopback only.
     emit (writers, some rolled back) -> outbox -> 2 relays -> JetStream
         -> 2 consumers -> HTTP ledger app (side effect + inbox marker, one txn)
 
-Faults, at moments drawn from the seed, one at a time: kill -9 of a relay or
-a consumer (restarted), a NATS restart, a PostgreSQL restart, and SIGSTOP of
-a relay for longer than its lease (then SIGCONT). When the load stops the
+Two topologies: "single" (one nats-server) and "cluster" (three clustered
+nats-server nodes on loopback, relays and consumers given every node's URL,
+streams at replicas 3). Faults, at moments drawn from the seed, one at a
+time, from the kinds registered in chaos/faults.py for the topology: kill -9
+of a relay or a consumer (restarted), a PostgreSQL restart, SIGSTOP of a
+relay for longer than its lease (then SIGCONT); a NATS restart (single); kill
+-9 of the stream leader or of another node, a rolling restart of all three
+nodes, a network partition of one node (pipeline). When the load stops the
 harness waits for quiescence and checks that every committed emit is
 COMPLETED and in the stream exactly once, that no rolled-back emit appears
 anywhere, that every event has exactly one side effect (none for poison),
@@ -37,21 +42,25 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats
 import psycopg
 
 from pgoutbox.core import migrate
+from pgoutbox.dev import nats_cluster
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
+from pgoutbox.dev.nats_cluster import NatsCluster
 
+from . import faults as fault_registry
 from . import poison_writer
 from .ledger_app import SCHEMA, LedgerApp
 
 CONTEXT = "chaos"
 HANDLER = "ledger"
 STREAM = "CHAOS_EVENTS"
+SUBJECT = f"{CONTEXT}.event.ledger_entry.v1"
 LEASE_SECONDS = 3.0
-FAULT_KINDS = ("kill_relay", "kill_consumer", "restart_nats", "restart_postgres", "pause_relay")
 
 
 @dataclass(frozen=True)
@@ -65,11 +74,16 @@ class Profile:
     hostile_share: float = 0.01  # emits drawn from tests/poison.py (the poison writer)
     keys: int = 50  # ordering keys used by half of the events
     quiesce_timeout: float = 180.0
+    topology: str = "single"  # or "cluster"
+    kinds: tuple[str, ...] | None = None  # fault kinds drawn from; None: all of the topology
 
 
 PROFILES = {
     "short": Profile(seconds=40, rate=75, writers=3, faults=6),
     "long": Profile(seconds=1200, rate=100, writers=4, faults=60, quiesce_timeout=600),
+    "cluster-short": Profile(seconds=45, rate=60, writers=3, faults=8, topology="cluster"),
+    # >= 100,000 committed events and >= 50 faults in about 20 minutes here.
+    "cluster": Profile(seconds=1080, rate=108, writers=4, faults=56, topology="cluster", quiesce_timeout=600),
 }
 
 
@@ -85,13 +99,20 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class Cluster:
+class Pipeline:
     """The processes under test, started and stopped by PID."""
 
-    def __init__(self, root: Path, seed: int):
+    stream = STREAM
+    lease_seconds = LEASE_SECONDS
+
+    def __init__(self, root: Path, seed: int, topology: str = "single", kinds: list | None = None):
         self.root = root
+        self.topology = topology
         self.pg = EmbeddedPostgres(root / "postgres")
-        self.nats = EmbeddedNats(root / "nats")
+        self.nats: Any = NatsCluster(root / "nats") if topology == "cluster" else EmbeddedNats(root / "nats")
+        self.database_url = ""  # set at start; a fault's prepare() may replace it
+        self.extras: dict[str, Any] = {}  # state of the fault kinds' prepare()
+        self.kinds = kinds or []
         self.relays: list[subprocess.Popen | None] = [None, None]
         self.consumers: list[subprocess.Popen | None] = [None, None]
         self.app: LedgerApp | None = None
@@ -102,7 +123,7 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
         env.update(
             {
-                "OUTBOX_DATABASE_URL": self.pg.url,
+                "OUTBOX_DATABASE_URL": self.database_url,
                 "OUTBOX_NATS_URL": self.nats.url,
                 "OUTBOX_LOG_LEVEL": "WARNING",
             }
@@ -155,20 +176,29 @@ class Cluster:
     def start(self, app_url_holder: list[str]) -> None:
         self.pg.start()
         self.nats.start()
+        self.database_url = self.pg.url
         with psycopg.connect(self.pg.url, autocommit=True) as conn:
             migrate.migrate(conn)
             conn.execute(SCHEMA)
-        self.app = LedgerApp(self.pg.url)
+        for kind in self.kinds:
+            if kind.prepare:
+                kind.prepare(self)
+        self.app = LedgerApp(self.database_url)
         self.app.start()
         app_url_holder.append(self.app.url)
-        (self.root / "streams.toml").write_text(
-            f'[streams.{CONTEXT}]\nname = "{STREAM}"\nduplicate_window = "2m"\nmax_age = "1d"\n'
+        streams = (
+            f"[defaults]\nreplicas = {self.nats.size if self.topology == 'cluster' else 1}\n"
+            'duplicate_window = "2m"\nmax_age = "1d"\n'
+            f'[streams.{CONTEXT}]\nname = "{STREAM}"\n'
         )
+        if self.topology == "cluster":  # else the consumer creates it, with one replica
+            streams += f'[streams.{CONTEXT}_dlq]\nname = "{CONTEXT.upper()}_DLQ"\nsubjects = ["{CONTEXT}.dlq.>"]\n'
+        (self.root / "streams.toml").write_text(streams)
         manifests = self.root / "handlers"
         manifests.mkdir(exist_ok=True)
         (manifests / "ledger.toml").write_text(
             f'[[handler]]\nname = "{HANDLER}"\nurl = "{self.app.url}"\n'
-            f'subjects = ["{CONTEXT}.event.ledger_entry.v1"]\n'
+            f'subjects = ["{SUBJECT}"]\n'
             'timeout = "2s"\nack_wait = "5s"\nmax_deliver = 1000\nmax_ack_pending = 256\n'
             "concurrency = 16\nreplay_max_attempts = 0\n"
         )
@@ -203,6 +233,12 @@ class Cluster:
                     p.wait()
         if self.app:
             self.app.stop()
+        for kind in self.kinds:
+            if kind.stop:
+                try:
+                    kind.stop(self)
+                except Exception as exc:
+                    print(f"fault {kind.name}: stop failed: {exc!r}")
         self.nats.stop()
         self.pg.stop()
 
@@ -217,7 +253,7 @@ class Cluster:
 
 
 def write_load(
-    cluster: Cluster,
+    pipeline: Pipeline,
     profile: Profile,
     rng_seed: int,
     ledger: Ledger,
@@ -236,7 +272,7 @@ def write_load(
         if hostile and rng.random() < profile.hostile_share:
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(cluster.pg.url, connect_timeout=3)
+                    conn = psycopg.connect(pipeline.database_url, connect_timeout=3)
                 conn = poison_writer.emit(conn, hostile[rng.randrange(len(hostile))], ledger.hostile)
             except psycopg.Error:
                 conn = None
@@ -250,7 +286,7 @@ def write_load(
         event_id = None
         try:
             if conn is None or conn.closed:
-                conn = psycopg.connect(cluster.pg.url, connect_timeout=3)
+                conn = psycopg.connect(pipeline.database_url, connect_timeout=3)
             event_id = conn.execute(
                 "SELECT outbox.emit('account', %s, 'ledger_entry', %s::jsonb, context => %s, ordering_key => %s)",
                 (str(rng.randrange(10_000)), json.dumps({"schema_version": 1, "poison": poison}), CONTEXT, key),
@@ -284,10 +320,26 @@ def write_load(
                 ledger.keyed[event_id] = key
 
 
+@dataclass(frozen=True)
+class Injected:
+    kind: str
+    started: float  # wall clock (time.time()), comparable with commit times
+    ended: float
+    detail: str
+
+
 def inject_faults(
-    cluster: Cluster, profile: Profile, rng: random.Random, stop: threading.Event, done: Counter, log: list[str]
+    pipeline: Pipeline,
+    profile: Profile,
+    rng: random.Random,
+    stop: threading.Event,
+    done: list[Injected],
+    log: list[str],
 ) -> None:
-    kinds = list(FAULT_KINDS) + [rng.choice(FAULT_KINDS) for _ in range(max(0, profile.faults - len(FAULT_KINDS)))]
+    """Every kind at least once, the rest drawn at random; one at a time, each
+    with its recovery, at moments drawn from the seed."""
+    names = [k.name for k in pipeline.kinds]
+    kinds = names + [rng.choice(names) for _ in range(max(0, profile.faults - len(names)))]
     rng.shuffle(kinds)
     span = profile.seconds - 8
     moments = sorted(4 + rng.random() * span for _ in kinds)
@@ -296,68 +348,64 @@ def inject_faults(
         while time.monotonic() - t0 < at:
             if stop.wait(0.1):
                 return
-        i = rng.randrange(2)
-        started = time.monotonic()
-        label = kind + (f" #{i}" if kind.endswith(("relay", "consumer")) else "")
-        if kind == "kill_relay":
-            cluster.relays[i].kill()
-            cluster.relays[i].wait()
-            time.sleep(rng.uniform(0.2, 1.5))
-            cluster.start_relay(i)
-        elif kind == "kill_consumer":
-            cluster.consumers[i].kill()
-            cluster.consumers[i].wait()
-            time.sleep(rng.uniform(0.2, 1.5))
-            cluster.start_consumer(i)
-        elif kind == "restart_nats":
-            cluster.nats.stop()
-            time.sleep(rng.uniform(0.5, 2.0))
-            cluster.nats.start()
-        elif kind == "restart_postgres":
-            cluster.pg.restart()
-        elif kind == "pause_relay":
-            cluster.relays[i].send_signal(signal.SIGSTOP)
-            time.sleep(LEASE_SECONDS + rng.uniform(1.0, 2.5))
-            cluster.relays[i].send_signal(signal.SIGCONT)
-        done[kind] += 1
-        log.append(f"{started - t0:6.1f}s {label} ({time.monotonic() - started:.1f}s)")
+        started, wall = time.monotonic(), time.time()
+        try:
+            detail = fault_registry.REGISTRY[kind].inject(pipeline, rng)
+        except Exception as exc:  # the fault itself failed: the run says so and goes on
+            detail = f"FAULT FAILED: {exc!r}"
+        done.append(Injected(kind, wall, time.time(), detail))
+        log.append(f"{started - t0:6.1f}s {kind} {detail} ({time.monotonic() - started:.1f}s)")
 
 
-async def read_stream(nats_url: str, stream: str) -> list[tuple[int, str, bytes, dict]]:
+async def read_stream(nats_url: str, stream: str, parallel: int = 64) -> list[tuple[int, str, bytes, dict]]:
     """Every message of a stream: (sequence, subject, data, headers)."""
-    nc = await nats.connect(nats_url)
+    nc = await nats_cluster.connect(nats_url)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=10)
         try:
             info = await js.stream_info(stream)
         except nats.js.errors.NotFoundError:
             return []
-        out = []
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
-            if info.state.messages == 0:
-                break
+        if info.state.messages == 0:
+            return []
+
+        async def get(seq: int):
             try:
                 msg = await js.get_msg(stream, seq)
             except nats.js.errors.NotFoundError:
-                continue
-            out.append((msg.seq, msg.subject, msg.data or b"", dict(msg.headers or {})))
+                return None
+            return (msg.seq, msg.subject, msg.data or b"", dict(msg.headers or {}))
+
+        out = []
+        seqs = range(info.state.first_seq, info.state.last_seq + 1)
+        for i in range(0, len(seqs), parallel):
+            out += [m for m in await asyncio.gather(*map(get, seqs[i : i + parallel])) if m]
         return out
     finally:
         await nc.close()
 
 
-async def consumer_state(nats_url: str) -> tuple[int, int]:
-    """(num_pending, num_ack_pending) of the handler's durable."""
-    nc = await nats.connect(nats_url)
+async def consumer_state(nats_url: str) -> tuple[int, int, int]:
+    """(num_pending, num_ack_pending, unacked) of the handler's durable;
+    unacked: the stream sequences past its ack floor up to the last message
+    of its subject as the stream leader has it (a consumer led by a replica
+    that is behind reports nothing pending while it is)."""
+    nc = await nats_cluster.connect(nats_url)
     try:
-        info = await nc.jetstream().consumer_info(STREAM, HANDLER)
-        return info.num_pending, info.num_ack_pending
+        js = nc.jetstream()
+        info = await js.consumer_info(STREAM, HANDLER)
+        try:
+            last = (await js.get_last_msg(STREAM, SUBJECT)).seq or 0
+        except nats.js.errors.NotFoundError:
+            last = 0
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        return info.num_pending or 0, info.num_ack_pending or 0, max(0, last - (floor or 0))
     finally:
         await nc.close()
 
 
 def wait_for_quiescence(
-    cluster: Cluster, ledger: Ledger, timeout: float, stuck_after: float = 30.0
+    pipeline: Pipeline, ledger: Ledger, timeout: float, stuck_after: float = 30.0
 ) -> tuple[bool, str]:
     """Waits until nothing is unpublished, unprocessed or unacked; gives up
     at the timeout, or once the state has not changed for stuck_after
@@ -366,19 +414,19 @@ def wait_for_quiescence(
     state, since = "not checked", time.monotonic()
     while time.monotonic() < deadline and time.monotonic() - since < stuck_after:
         try:
-            with psycopg.connect(cluster.pg.url, autocommit=True) as c:
+            with psycopg.connect(pipeline.database_url, autocommit=True) as c:
                 outbox = c.execute(
                     "SELECT coalesce(sum(unpublished), 0), coalesce(sum(dead_letter), 0) FROM outbox.backlog()"
                 ).fetchone()
                 inbox = c.execute("SELECT coalesce(sum(unprocessed), 0) FROM inbox.backlog()").fetchone()[0]
-            pending, ack_pending = asyncio.run(consumer_state(cluster.nats.url))
+            pending, ack_pending, unacked = asyncio.run(consumer_state(pipeline.nats.url))
             new_state = (
                 f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
-                f"jetstream pending={pending} ack_pending={ack_pending}"
+                f"jetstream pending={pending} ack_pending={ack_pending} past_ack_floor={unacked}"
             )
             if new_state != state:
                 state, since = new_state, time.monotonic()
-            if outbox[0] == 0 and inbox == 0 and pending == 0 and ack_pending == 0:
+            if outbox[0] == 0 and inbox == 0 and pending == 0 and ack_pending == 0 and unacked == 0:
                 return True, state
         except Exception as exc:
             state, since = f"unreachable: {exc!r}", time.monotonic()
@@ -386,9 +434,9 @@ def wait_for_quiescence(
     return False, state
 
 
-def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
+def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected]) -> tuple[dict, list[str]]:
     problems: list[str] = []
-    with psycopg.connect(cluster.pg.url, autocommit=True) as c:
+    with psycopg.connect(pipeline.database_url, autocommit=True) as c:
         rows = c.execute("SELECT event_id, status FROM outbox.events").fetchall()
         effects = c.execute(
             "SELECT event_id, count(*), max(handled_at) FROM chaos.side_effects GROUP BY event_id"
@@ -410,7 +458,7 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
 
     not_completed = [e for e in committed if status.get(e) != "COMPLETED"]
     ghosts = [e for e in ledger.rolled_back if e in status]
-    stream = asyncio.run(read_stream(cluster.nats.url, STREAM))
+    stream = asyncio.run(read_stream(pipeline.nats.url, STREAM))
     copies = Counter(h.get("Nats-Msg-Id") for _, _, _, h in stream)
     missing = [e for e in committed if copies[str(e)] == 0]
     doubled = [e for e in committed if copies[str(e)] > 1]
@@ -419,7 +467,7 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
     no_effect = [e for e in expected_effects if effect_count.get(e, 0) == 0]
     dup_effects = [e for e, n in effect_count.items() if n > 1]
     wrong_effects = [e for e in effect_count if e not in expected_effects and e not in hostile_ids]
-    dlq = asyncio.run(read_stream(cluster.nats.url, f"{CONTEXT.upper()}_DLQ"))
+    dlq = asyncio.run(read_stream(pipeline.nats.url, f"{CONTEXT.upper()}_DLQ"))
     dlq_ids = Counter()
     unreadable = 0
     for _, subject, data, _ in dlq:
@@ -438,14 +486,14 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
         problems.append("a poison event has several DLQ notices")
     if dead_inbox - hostile_ids != poison:
         problems.append(f"inbox DEAD_LETTER rows {len(dead_inbox - hostile_ids)} != poison events {len(poison)}")
-    with psycopg.connect(cluster.pg.url, autocommit=True) as c:
+    with psycopg.connect(pipeline.database_url, autocommit=True) as c:
         hostile_figures, hostile_problems = poison_writer.check(
-            c, ledger.hostile, copies, effect_count, dead_inbox, f"{CONTEXT}.event.ledger_entry.v1"
+            c, ledger.hostile, copies, effect_count, dead_inbox, SUBJECT
         )
     problems += hostile_problems
 
     # Per-key order: within a key, stream order must be emit order (outbox id).
-    with psycopg.connect(cluster.pg.url, autocommit=True) as c:
+    with psycopg.connect(pipeline.database_url, autocommit=True) as c:
         emit_order = {
             r[0]: r[1] for r in c.execute("SELECT event_id, id FROM outbox.events WHERE ordering_key IS NOT NULL")
         }
@@ -477,11 +525,12 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
     if out_of_order:
         problems.append(f"{out_of_order} per-key order inversions in the stream")
 
-    latencies = sorted(
-        (r[2].timestamp() - committed[r[0]])
+    latency = {
+        r[0]: r[2].timestamp() - committed[r[0]]
         for r in effects
         if r[0] in committed and committed[r[0]] == committed[r[0]]  # not NaN
-    )
+    }
+    latencies = sorted(latency.values())
     figures = {
         "committed": len(committed),
         "rolled_back": len(ledger.rolled_back),
@@ -493,22 +542,60 @@ def check(cluster: Cluster, ledger: Ledger) -> tuple[dict, list[str]]:
         "duplicated_side_effects": len(dup_effects),
         "stuck": len(not_completed),
         "order_inversions": out_of_order,
-        "e2e_p50_ms": round(1000 * latencies[len(latencies) // 2], 1) if latencies else None,
-        "e2e_p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 1) if latencies else None,
-        "e2e_max_ms": round(1000 * latencies[-1], 1) if latencies else None,
+        **{f"e2e_{k}_ms": v for k, v in percentiles(latencies).items()},
         **hostile_figures,
+        "by_fault_kind": by_fault_kind(injected, committed, latency),
     }
     return figures, problems
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p90, p99 and max of sorted seconds, in milliseconds."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "max": None}
+    at = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+    out: dict[str, float | None] = {k: round(1000 * values[int(len(values) * q)], 1) for k, q in at.items()}
+    out["max"] = round(1000 * values[-1], 1)
+    return out
+
+
+def by_fault_kind(injected: list[Injected], committed: dict[uuid.UUID, float], latency: dict) -> dict[str, dict]:
+    """Per fault kind: how many, how long each took (injection and recovery),
+    and the end-to-end latency of the events committed while one was under way."""
+    starts = sorted((f.started, f.ended, f.kind) for f in injected)
+    during: dict[str, list[float]] = defaultdict(list)
+    for event_id, at in committed.items():
+        if event_id not in latency:
+            continue
+        for started, ended, kind in starts:
+            if started > at:
+                break
+            if at <= ended:
+                during[kind].append(latency[event_id])
+                break
+    out = {}
+    for kind in sorted({f.kind for f in injected}):
+        seconds = sorted(f.ended - f.started for f in injected if f.kind == kind)
+        out[kind] = {
+            "count": len(seconds),
+            "seconds_p50": round(seconds[len(seconds) // 2], 1),
+            "seconds_max": round(seconds[-1], 1),
+            "events_during": len(during[kind]),
+            **{f"e2e_{k}_ms": v for k, v in percentiles(sorted(during[kind])).items()},
+        }
+    return out
 
 
 def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = False) -> int:
     root = root or Path(tempfile.mkdtemp(prefix="pgoutbox-chaos-"))
     root.chmod(0o755)  # PostgreSQL runs as the postgres user below it
     rng = random.Random(seed)
-    cluster = Cluster(root, seed)
+    kinds = fault_registry.kinds_for(profile.topology, profile.kinds)
+    print(f"fault kinds: {', '.join(k.name for k in kinds)}", flush=True)
+    pipeline = Pipeline(root, seed, profile.topology, kinds)
     ledger = Ledger()
     stop_writers, stop_faults = threading.Event(), threading.Event()
-    faults: Counter = Counter()
+    injected: list[Injected] = []
     fault_log: list[str] = []
     t_start = time.monotonic()
     try:
@@ -517,16 +604,16 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
             expected = profile.seconds * profile.rate * profile.hostile_share
             hostile = poison_writer.draw_cases(seed, min(400, int(2 * expected) + 20), CONTEXT, "ledger_entry")
             print(f"poison writer: {len(hostile)} hostile cases drawn, share {profile.hostile_share}", flush=True)
-        cluster.start([])
+        pipeline.start([])
         writers = [
             threading.Thread(
-                target=write_load, args=(cluster, profile, rng.getrandbits(32), ledger, stop_writers, hostile)
+                target=write_load, args=(pipeline, profile, rng.getrandbits(32), ledger, stop_writers, hostile)
             )
             for _ in range(profile.writers)
         ]
         injector = threading.Thread(
             target=inject_faults,
-            args=(cluster, profile, random.Random(rng.getrandbits(32)), stop_faults, faults, fault_log),
+            args=(pipeline, profile, random.Random(rng.getrandbits(32)), stop_faults, injected, fault_log),
         )
         for t in (*writers, injector):
             t.start()
@@ -535,15 +622,16 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         for t in writers:
             t.join()
         injector.join()  # lets a fault in progress finish (restarts included)
-        quiet, state = wait_for_quiescence(cluster, ledger, profile.quiesce_timeout)
-        figures, problems = check(cluster, ledger)
+        quiet, state = wait_for_quiescence(pipeline, ledger, profile.quiesce_timeout)
+        figures, problems = check(pipeline, ledger, injected)
         if not quiet:
             problems.append(f"no quiescence: {state}")
-        problems += [f"worker died on its own: {c}" for c in cluster.crashed()]
+        problems += [f"worker died on its own: {c}" for c in pipeline.crashed()]
         figures.update(
             {
-                "faults": dict(faults),
-                "faults_total": sum(faults.values()),
+                "topology": profile.topology,
+                "faults": dict(Counter(f.kind for f in injected)),
+                "faults_total": len(injected),
                 "writer_errors": ledger.writer_errors,
                 "seed": seed,
                 "seconds": round(time.monotonic() - t_start, 1),
@@ -551,9 +639,11 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         )
         print("fault log:\n  " + "\n  ".join(fault_log))
         print("figures: " + json.dumps(figures, sort_keys=True))
-        missing_kinds = [k for k in FAULT_KINDS if not faults[k]]
+        missing_kinds = [k.name for k in kinds if k.name not in figures["faults"]]
         if missing_kinds:
             problems.append(f"fault kinds never injected: {missing_kinds}")
+        problems += [f"fault {f.kind} at {f.started:.0f}: {f.detail}" for f in injected if "FAILED" in f.detail]
+        problems += [f"fault {f.kind}: {f.detail}" for f in injected if "NOT healthy" in f.detail]
         if problems:
             print("VIOLATIONS:\n  " + "\n  ".join(problems))
             print(f"logs kept in {root}")
@@ -564,6 +654,6 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
     finally:
         stop_writers.set()
         stop_faults.set()
-        cluster.stop()
+        pipeline.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

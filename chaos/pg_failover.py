@@ -15,8 +15,8 @@ Interface (what a soak registers; every call blocks until done):
     pg.stop()
 
 KIND ("pg_failover") is the fault's name. Failover has the attributes of
-EmbeddedPostgres that chaos.harness.Cluster uses (start, stop, restart, url,
-dsn), so a Cluster runs on it when given it as its `pg`. Workers, writers and
+EmbeddedPostgres that chaos.harness.Pipeline uses (start, stop, restart, url,
+dsn), so a Pipeline runs on it when given it as its `pg`. Workers, writers and
 the ledger app must be given `pg.url`; they follow a promotion without being
 restarted. With synchronous=True nothing a writer saw committed may be lost,
 so the soak's ledger keeps its usual verdicts; with synchronous=False a crash
@@ -253,3 +253,35 @@ def business_ledger(
         **{"lost_with_wal." + k.replace(" ", "_"): len(v) for k, v in wal.items()},
     }
     return figures, problems
+
+
+# -- the soak's fault kind ------------------------------------------------------------------------
+
+
+def _prepare(pipeline) -> None:
+    """Moves the pipeline onto a synchronous primary + standby pair before any
+    writer or worker starts: the single PostgreSQL the harness started is
+    replaced (migrated the same way, then stopped), and everything connects
+    through the pair's multi-host URL from then on."""
+    from chaos.ledger_app import SCHEMA
+    from pgoutbox.core import migrate
+
+    pair = Failover(pipeline.root / "postgres-pair", synchronous=True)
+    pair.start()
+    with psycopg.connect(pair.url, autocommit=True) as conn:
+        migrate.migrate(conn)
+        conn.execute(SCHEMA)
+    pipeline.pg.stop()
+    pipeline.pg = pair  # restart_postgres restarts its primary; the harness stops both at the end
+    pipeline.database_url = pair.url
+
+
+def _register() -> None:
+    from chaos.faults import fault
+
+    @fault(KIND, topologies=("cluster",), prepare=_prepare)
+    def promote_standby(pipeline, rng: random.Random) -> str:
+        return pipeline.pg.fault(rng)
+
+
+_register()

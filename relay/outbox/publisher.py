@@ -175,7 +175,7 @@ class Publisher:
 
         try:
             self.nc = await nats.connect(
-                self.url.split(","),
+                [u.strip() for u in self.url.split(",") if u.strip()],  # every node of a cluster
                 name=self.name,
                 max_reconnect_attempts=-1,  # also retries the first connect
                 reconnect_time_wait=0.25,

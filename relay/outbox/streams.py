@@ -18,19 +18,26 @@ apply() makes the server match the file (create, update or leave alone:
 idempotent). check() is what the relay runs before it claims anything: a
 stream that captures outbox subjects with a duplicate window not longer than
 the lease would let a re-claimed event be stored twice, so that refuses; weak
-durability (fewer replicas than configured, no fsync on every write) warns.
+durability (fewer replicas than configured, fewer replicas current than the
+stream's own replica count, no fsync on every write) warns. The replica
+count is read from the cluster (the stream leader and the replicas it sees
+current), not only from the configuration, and reported in Findings.replicas.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import re
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import nats.errors
 import nats.js.errors
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
@@ -49,6 +56,8 @@ _STREAM_KEYS = {"name", "subjects", "description", *DEFAULTS}
 _CONTEXT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the SQL check context_is_a_subject_token
 _STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
+log = logging.getLogger("pgoutbox.outbox.streams")
+UNAVAILABLE_WAIT = 30.0  # seconds a start-up check waits for a cluster's JetStream to answer
 _SIZE_UNIT = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
@@ -246,15 +255,25 @@ def captures_outbox_subjects(filter_subject: str) -> bool:
     return len(tokens) == len(shape)
 
 
-async def _all_streams(js) -> list:
-    streams: list = []
-    offset = 0
+async def _all_streams(js, unavailable_for: float = UNAVAILABLE_WAIT) -> list:
+    """Every stream's info; waits out a cluster electing its JetStream meta
+    leader (503 "temporarily unavailable", or no answer at all, for seconds
+    after a node is lost)."""
+    deadline = time.monotonic() + unavailable_for
     while True:
-        page = await js.streams_info(offset)
-        if not page:
-            return streams
-        streams.extend(page)
-        offset += len(page)
+        try:
+            streams: list = []
+            offset = 0
+            while True:
+                page = await js.streams_info(offset)
+                if not page:
+                    return streams
+                streams.extend(page)
+                offset += len(page)
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def _sync_always(monitor_url: str) -> bool | None:
@@ -270,6 +289,34 @@ class Findings:
     errors: list[str] = dataclasses.field(default_factory=list)  # refuse to start
     durability: list[str] = dataclasses.field(default_factory=list)  # warn (refuse when strict)
     notices: list[str] = dataclasses.field(default_factory=list)  # warn
+    replicas: dict[str, Replicas] = dataclasses.field(default_factory=dict)  # per outbox stream
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """A stream's replicas as the cluster reports them (stream info `cluster`)."""
+
+    configured: int  # num_replicas
+    current: int  # the leader plus the replicas it sees current and online
+    leader: str | None
+    behind: tuple[str, ...] = ()  # replicas offline or not current
+
+    def describe(self, stream: str) -> str:
+        where = f"leader {self.leader}" if self.leader else "no leader"
+        late = f", behind: {', '.join(self.behind)}" if self.behind else ""
+        return f"stream {stream}: {self.current} of {self.configured} replica(s) current ({where}{late})"
+
+
+def replicas(si) -> Replicas:
+    """Counts what the cluster holds now; a server outside a cluster is its own leader."""
+    configured = si.config.num_replicas or 1
+    cluster = si.cluster
+    if cluster is None or (cluster.leader is None and not cluster.replicas):
+        return Replicas(configured, 1, getattr(cluster, "leader", None))
+    peers = cluster.replicas or []
+    current = [p.name for p in peers if p.current and not p.offline]
+    behind = tuple(p.name for p in peers if not (p.current and not p.offline))
+    return Replicas(configured, (1 if cluster.leader else 0) + len(current), cluster.leader, behind)
 
 
 async def check(js, lease: float, specs: list[StreamSpec] | None = None, monitor_url: str | None = None) -> Findings:
@@ -287,6 +334,12 @@ async def check(js, lease: float, specs: list[StreamSpec] | None = None, monitor
             out.durability.append(
                 f"stream {c.name} has {c.num_replicas} replica(s), the streams file asks for "
                 f"{spec.replicas}: run `pgoutbox streams`"
+            )
+        seen = out.replicas[c.name] = replicas(si)
+        log.info(seen.describe(c.name), extra={"action": "stream_replicas", "stream": c.name})
+        if seen.current < seen.configured:
+            out.durability.append(
+                seen.describe(c.name) + ": an acknowledged event is stored on fewer servers than configured"
             )
         if c.storage == StorageType.MEMORY:
             out.durability.append(f"stream {c.name} uses memory storage: a server restart loses its messages")

@@ -6,36 +6,19 @@ must fail."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from support.chaos_run import run_chaos
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_chaos(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON"))}
-    env["PYTHONPATH"] = f"{pythonpath}:{ROOT}" if pythonpath else str(ROOT)
-    result = subprocess.run(
-        [sys.executable, "-m", "chaos", "--profile", "short", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    print(result.stdout[-3000:])
-    print(result.stderr[-3000:], file=sys.stderr)
-    return result
 
 
 @pytest.mark.slow
 def test_short_chaos_run_keeps_the_ledger():
-    result = run_chaos()
+    result = run_chaos("--profile", "short")
     assert result.returncode == 0
     assert "ledger OK" in result.stdout
 
@@ -50,7 +33,7 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
     anchor = "        delivery = msg.metadata.num_delivered\n"
     assert anchor in text, "inbox/flow.py MessageFlow.handle changed: update the sabotage"
     flow.write_text(text.replace(anchor, anchor + "        await msg.ack()  # SABOTAGE: ack before the inbox\n", 1))
-    result = run_chaos("--seconds", "25", "--faults", "5", pythonpath=tmp_path)
+    result = run_chaos("--profile", "short", "--seconds", "25", "--faults", "5", pythonpath=tmp_path)
     assert result.returncode == 1
     assert "VIOLATIONS" in result.stdout
     assert "without its side effect" in result.stdout

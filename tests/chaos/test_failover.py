@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from chaos.harness import STREAM, Cluster  # noqa: E402
+from chaos.harness import STREAM, Pipeline  # noqa: E402
 from chaos.pg_failover import BusinessLedger, Failover, business_ledger, wait_settled, write_business  # noqa: E402
 from pgoutbox.core import db, migrate  # noqa: E402
 from pgoutbox.core.errors import DatabaseUnavailable  # noqa: E402
@@ -60,7 +60,7 @@ def run_failover(synchronous: bool, seed: int) -> tuple[dict, list[str]]:
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-failover-"))
     root.chmod(0o755)  # PostgreSQL runs as the postgres user below it
     pg = Failover(root / "postgres", synchronous=synchronous, modes=("immediate",))
-    cluster = Cluster(root, seed)
+    cluster = Pipeline(root, seed)
     cluster.pg = pg  # type: ignore[assignment]  # the harness's pipeline on the standby pair
     ledger = BusinessLedger()
     stop = threading.Event()

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from pgoutbox.dev.embedded import free_port
+from pgoutbox.dev.tcp_proxy import TcpProxy
 from support.inbox import (
     FakeHandler,
     add_stream,
@@ -22,7 +23,6 @@ from support.inbox import (
     until,
     write_registry,
 )
-from support.tcp_proxy import TcpProxy
 
 H = "billing"
 

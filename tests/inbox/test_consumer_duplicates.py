@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from pgoutbox.dev.tcp_proxy import TcpProxy
 from support.inbox import (
     FakeHandler,
     add_stream,
@@ -21,7 +22,6 @@ from support.inbox import (
     until,
     write_registry,
 )
-from support.tcp_proxy import TcpProxy
 
 H = "billing"
 

@@ -28,6 +28,7 @@ from nats.js.api import StreamConfig
 from pgoutbox.cli import main as cli
 from pgoutbox.core import migrate, wire
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from pgoutbox.dev.tcp_proxy import TcpProxy
 from pgoutbox.outbox.publisher import message_size
 from support.inbox import (
     FakeHandler,
@@ -43,7 +44,6 @@ from support.inbox import (
     write_registry,
 )
 from support.schema import newer_schema
-from support.tcp_proxy import TcpProxy
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"

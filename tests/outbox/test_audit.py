@@ -22,6 +22,7 @@ from pgoutbox.cli import audit as audit_command
 from pgoutbox.core import migrate, settings
 from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.dev.embedded import free_port
+from pgoutbox.dev.tcp_proxy import TcpProxy
 from pgoutbox.outbox import audit
 from support.inbox import FakeHandler, consumer_config, inbox_row, running_consumer, until, write_registry
 from support.outbox import (
@@ -34,7 +35,6 @@ from support.outbox import (
     status_counts,
     stream_messages,
 )
-from support.tcp_proxy import TcpProxy
 
 STREAM = "SEA_EVENTS"
 H = "billing"

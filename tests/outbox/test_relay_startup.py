@@ -18,9 +18,9 @@ import pytest
 
 from pgoutbox.core.errors import ExitCode
 from pgoutbox.dev.embedded import free_port
+from pgoutbox.dev.tcp_proxy import TcpProxy
 from support.outbox import ROOT, RelayProcess, apply_streams, emit, status_counts, wait_for
 from support.schema import newer_schema
-from support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 

@@ -44,10 +44,10 @@ from conftest import create_database, drop_database
 from pgoutbox.core import wire
 from pgoutbox.core.errors import SqlState
 from pgoutbox.dev.embedded import PG_BIN
+from pgoutbox.dev.tcp_proxy import TcpProxy
 from support import archival
 from support.inbox import FakeHandler
 from support.outbox import msg_ids, status_counts, stream_messages, wait_for
-from support.tcp_proxy import TcpProxy
 from support.upgrade import (
     Delivery,
     Worker,

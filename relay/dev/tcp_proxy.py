@@ -7,6 +7,8 @@ on demand, in front of nats-server or PostgreSQL:
                           keep flowing (a server unreachable for a while)
     port=                 listen on a given port (a server that comes up at a
                           known address only when start() is called)
+    cut() / heal()        every connection closed and new ones refused, until
+                          heal() (a network partition between two processes)
 """
 
 from __future__ import annotations
@@ -50,7 +52,11 @@ class TcpProxy:
             if not self.open.is_set():
                 client.close()
                 continue
-            server = socket.create_connection(self.upstream)
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:  # the server is down: so is the connection through us
+                client.close()
+                continue
             self._sockets += [client, server]
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
@@ -68,8 +74,22 @@ class TcpProxy:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
 
+    def cut(self) -> None:
+        """Closes every connection through the proxy and refuses new ones until heal()."""
+        self.open.clear()
+        self._close_connections()
+
+    def heal(self) -> None:
+        self.open.set()
+
+    def _close_connections(self) -> None:
+        sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked in recv()
+            s.close()
+
     def close(self) -> None:
         if self._listener is not None:
             self._listener.close()
-        for s in self._sockets:
-            s.close()
+        self._close_connections()
