@@ -364,7 +364,11 @@ COMMENT ON FUNCTION outbox.void_archive(text, date, text, interval) IS
 'Voids the standing audit of a day whose rows are still live and unseals it (admins; reason required).';
 -- end generated
 
-REVOKE ALL ON FUNCTION outbox.seal_figures(text) FROM public;
+REVOKE ALL ON FUNCTION
+outbox.tg_archive_seal__guard(),
+outbox._check_seal(text, bigint, numeric),
+outbox.seal_figures(text)
+FROM public;
 GRANT EXECUTE ON FUNCTION outbox.seal_figures(text) TO pgoutbox_archiver, pgoutbox_admin;
 GRANT SELECT ON outbox.archive_seal TO pgoutbox_admin;
 
