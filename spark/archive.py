@@ -46,7 +46,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pgoutbox.core.errors import ConfigError, PgOutboxError
+from pgoutbox.core.errors import ArchiveMismatch, ConfigError, PgOutboxError, SqlState
 
 from . import database as db
 from . import failures, jdbc, session, storage
@@ -182,13 +182,16 @@ def archive_unit(
                 archived = None  # missing, damaged or different: export again from the live rows
         if archived is None:
             archived = export(spark, store, source_frame, unit, options.archive_uri, final, columns, hook)
-        if archived.row_count != expected_rows:
-            raise ArchiveFailure(
-                Failure.ARCHIVE_INCOMPLETE,
-                f"{final} holds {archived.row_count} rows, the day {expected_rows}: nothing was removed "
-                "(an archive folder that the executors do not share?)",
-            )
-        db.record(conn, unit.source, unit.day, archived, final)
+        try:
+            db.record(conn, unit.source, unit.day, archived, final)
+        except ArchiveMismatch as exc:
+            if exc.code == SqlState.ARCHIVE_MISMATCH and archived.row_count != expected_rows:
+                raise ArchiveFailure(
+                    Failure.ARCHIVE_INCOMPLETE,
+                    f"{final} holds {archived.row_count} rows, the day {expected_rows}: nothing was removed "
+                    "(an archive folder that the executors do not share?)",
+                ) from exc
+            raise
         hook("audited", unit)
         if not options.drop:
             return Outcome(unit.source, unit.day, "archived", archived.row_count, final)

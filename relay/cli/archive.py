@@ -255,12 +255,17 @@ def archive_days(spark, conn, cfg: ArchiveConfig) -> int:
     from pgoutbox_spark import archive, jdbc
 
     opts = options(cfg)
-    target = jdbc.from_connection(conn, cfg.jdbc_url)
-    outcomes = archive.run(spark, conn, target, opts)
+    outcomes = archive.run(spark, conn, jdbc.from_connection(conn, cfg.jdbc_url), opts)
+    return print_outcomes(outcomes, opts.archive_uri)
+
+
+def print_outcomes(outcomes, archive_uri: str) -> int:
+    """One line per day (removed, archived, blocked, busy, done or failed with
+    its code), a summary; the exit code: 1 when a day failed."""
     for o in outcomes:
         rows = "" if o.rows is None else f"{o.rows} rows"
         print(f"{o.source:15} {o.day}  {o.state:8} {rows:>14}  {o.detail}", flush=True)
     failed = sum(o.failed for o in outcomes)
     done = sum(o.state in ("removed", "archived") for o in outcomes)
-    print(f"archived {done} day(s) to {opts.archive_uri}; {failed} failed", flush=True)
+    print(f"archived {done} day(s) to {archive_uri}; {failed} failed", flush=True)
     return 1 if failed else 0
