@@ -168,7 +168,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.seal_figures(text) IS
-'Row count and checksum of a sealed day partition, taken once right after the seal; the figures its archive must match.';
+'Row count and checksum of a sealed day partition, taken once right after the seal: what its archive must match.';
 -- end generated
 
 -- generated from sql/95_archival_steps.sql: outbox.record_archive

@@ -356,10 +356,15 @@ SELECT is(
 SELECT is(inbox.purge_archived(:'d40'), 0::bigint, 'purging again is a no-op');
 
 -- Seal figures (a fresh day, d12).
-SELECT today - 12 AS d12, outbox._partition_name(today - 12) AS p12
+SELECT
+    today - 12 AS d12,
+    outbox._partition_name(today - 12) AS p12
 FROM (SELECT (now() AT TIME ZONE 'UTC')::date AS today) AS t \gset
 SELECT outbox.create_partitions(0, :'d12');
-SELECT fixture.old_event(:'d12') AS e12a, fixture.old_event(:'d12') AS e12b \gset
+SELECT
+    fixture.old_event(:'d12') AS e12a,
+    fixture.old_event(:'d12') AS e12b
+\gset
 SELECT throws_ok(
     format('SELECT * FROM outbox.seal_figures(%L)', :'p12'), 'OB061', NULL,
     'no seal figures before the seal'
@@ -410,7 +415,10 @@ SELECT lives_ok(
     format('SELECT outbox.void_archive(%L, %L, %L)', 'outbox.events', :'d12', 'tests'), 'void'
 );
 SELECT ok(
-    (SELECT voided_at IS NOT NULL FROM outbox.archive_seal WHERE day = :'d12'),
+    (
+        SELECT voided_at IS NOT NULL FROM outbox.archive_seal
+        WHERE day = :'d12'
+    ),
     'void voids the seal figures with the audit'
 );
 SELECT throws_ok(

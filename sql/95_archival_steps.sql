@@ -127,7 +127,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.seal_figures(text) IS
-'Row count and checksum of a sealed day partition, taken once right after the seal; the figures its archive must match.';
+'Row count and checksum of a sealed day partition, taken once right after the seal: what its archive must match.';
 
 -- Bounds for the report's parallel reads of the live tables (index lookups).
 CREATE OR REPLACE FUNCTION outbox.id_range()
