@@ -162,7 +162,7 @@ def main() -> int:
         shutil.rmtree(pg_root, ignore_errors=True)
 
     names = {
-        "sealed": "seal (checks, triggers)",
+        "sealed": "seal (checks, triggers) + seal figures (checksum in PostgreSQL)",
         "written": "export: JDBC read + Parquet write",
         "committed": "commit (rename)",
         "verified": "verify: re-read + checksum in Spark",
@@ -185,7 +185,7 @@ def main() -> int:
     )
     print("where the archival time went:")
     for step, seconds in steps:
-        print(f"  {names[step]:40} {seconds:6.1f} s")
+        print(f"  {names[step]:66} {seconds:6.1f} s")
     return 0
 
 

@@ -312,9 +312,11 @@ class SparkCluster:
 
 def tasks_per_executor(event_log_dir: Path, app_id: str) -> dict[str, int]:
     """Finished tasks per executor id, from the application's Spark event log."""
-    (log,) = [p for p in event_log_dir.iterdir() if p.name.startswith(app_id)]
+    # One file, or a folder of rolled files (eventlog_v2_<app id>/events_<n>_<app id>).
+    (log,) = [p for p in event_log_dir.iterdir() if app_id in p.name]
+    files = sorted(log.glob("events_*")) if log.is_dir() else [log]
     counts: dict[str, int] = {}
-    for line in log.read_text().splitlines():
+    for line in (line for f in files for line in f.read_text().splitlines()):
         event = json.loads(line)
         if event.get("Event") == "SparkListenerTaskEnd":
             executor = event["Task Info"]["Executor ID"]
