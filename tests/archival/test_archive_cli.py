@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from pgoutbox.cli import main as cli
+from pgoutbox.core import migrate
 from pgoutbox.core.errors import ExitCode
 from support.archival import events, today
 
@@ -74,5 +75,19 @@ def test_a_wait_without_bound_is_refused_before_anything_runs(conn, database_url
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"pgoutbox archive: ConfigError: {env}={value!r}: must be from "), line
     assert "wait for ever" in line
+    sealed = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = '_050_archived_read_only'").fetchone()[0]
+    assert sealed == 0
+
+
+def test_on_the_previous_schema_the_archiver_asks_for_migrate(conn, database_url, capsys):
+    """This archiver takes seal figures, which the previous schema lacks: it
+    refuses before anything is sealed (the previous release's archiver keeps
+    working on the new schema, which only adds)."""
+    previous = migrate.discover()[-2].version
+    migrate.migrate(conn, target=previous)
+    events(conn, today() - timedelta(days=10), 3)
+    assert cli.main(["archive", "--database-url", database_url]) == ExitCode.DATABASE
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("pgoutbox archive: SchemaMismatch: ") and "run `pgoutbox migrate`" in line, line
     sealed = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = '_050_archived_read_only'").fetchone()[0]
     assert sealed == 0
