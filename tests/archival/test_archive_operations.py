@@ -6,6 +6,8 @@ two archivers at once; changes behind the seal; a void keeps its archive."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +23,7 @@ from pgoutbox.core.errors import ExitCode
 from pgoutbox.dev.embedded import free_port
 from pgoutbox_spark import archive, jdbc, storage
 from pgoutbox_spark import database as db
-from support.archival import archived_rows, events, inbox_for, live_rows, today
+from support.archival import archived_rows, events, inbox_for, live_rows, spark_env, today
 
 pytestmark = pytest.mark.spark
 
@@ -307,3 +309,32 @@ def test_a_void_keeps_the_voided_archive_and_the_new_run_writes_beside_it(spark,
     assert standing.archive_uri == storage.day_uri(opts.archive_uri, OUTBOX, day, attempt=2) != first.archive_uri
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()} == kept
     assert archived_rows(spark, voided.archive_uri) == archived_rows(spark, standing.archive_uri) == before
+
+
+@pytest.mark.slow
+def test_two_archiver_processes_at_once_both_exit_0(conn, database_url, tmp_path):
+    """The operator's case: two `pgoutbox archive` processes started together
+    on the same database and archive location, each with its own Spark."""
+    days = [today() - timedelta(days=k) for k in (14, 13, 12, 11, 10)]
+    for day in days:
+        inbox_for(conn, events(conn, day, 10))
+    env = spark_env(
+        OUTBOX_DATABASE_URL=database_url,
+        OUTBOX_ARCHIVE_URI=str(tmp_path / "archive"),
+        OUTBOX_INBOX_RETENTION="8d",
+        OUTBOX_SPARK_MASTER="local[1]",
+    )
+    command = [sys.executable, "-m", "pgoutbox.cli.main", "archive"]
+    procs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    removed = [line for out, _ in outputs for line in out.splitlines() if " removed " in line]
+    for source in (OUTBOX, INBOX):
+        for day in days:
+            assert len([line for line in removed if line.startswith(f"{source:15} {day} ")]) == 1, (source, day)
+            audits = [a for a in db.audits(conn, source) if a.day == day]
+            assert len(audits) == 1 and audits[0].removed_at is not None
+    assert not any(" failed " in out or "Traceback" in err for out, err in outputs), outputs
