@@ -110,7 +110,7 @@ def preflight(spark: SparkSession, store: storage.Storage, target: jdbc.JdbcTarg
             "file system (hdfs://, s3a://, gs://), or set OUTBOX_ARCHIVE_SHARED=true if this path is "
             "the same shared mount on every host"
         )
-    unconfigured = failures.hdfs_unconfigured(options.archive_uri)
+    unconfigured = failures.hdfs_unconfigured(options.archive_uri, store.default_fs())
     if unconfigured is not None:
         raise failures.unavailable(unconfigured)
     try:

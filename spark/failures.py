@@ -189,11 +189,15 @@ def not_configured(uri: str, reason: str = "") -> ArchiveFailure:
     )
 
 
-def hdfs_unconfigured(uri: str) -> ArchiveFailure | None:
-    """hdfs:/// with no NameNode in the URI and no Hadoop configuration to name one."""
+def hdfs_unconfigured(uri: str, default_fs: str | None) -> ArchiveFailure | None:
+    """hdfs:/// with no NameNode in the URI and no Hadoop configuration to name
+    one (default_fs: the session's fs.defaultFS, from HADOOP_CONF_DIR or
+    spark.hadoop.fs.defaultFS)."""
     parsed = urlparse(uri)
-    if parsed.scheme == "hdfs" and not parsed.netloc and not os.environ.get("HADOOP_CONF_DIR"):
-        return not_configured(uri, "the URI names no NameNode and HADOOP_CONF_DIR is not set")
+    if parsed.scheme == "hdfs" and not parsed.netloc and not urlparse(default_fs or "").netloc:
+        conf_dir = os.environ.get("HADOOP_CONF_DIR")
+        where = f"HADOOP_CONF_DIR={conf_dir} names none" if conf_dir else "HADOOP_CONF_DIR is not set"
+        return not_configured(uri, f"the URI names no NameNode and {where}")
     return None
 
 

@@ -111,6 +111,11 @@ class Storage:
         if not fs.rename(self._path(staging), target):
             raise ArchiveFailure(Failure.STORAGE_FAILED, f"cannot rename {staging} to {final}")
 
+    def default_fs(self) -> str | None:
+        """fs.defaultFS of the session's Hadoop configuration (file:/// unless configured)."""
+        value = self._conf.get("fs.defaultFS")
+        return None if value is None else str(value)
+
     def check_writable(self, root: str) -> None:
         """Creates the root if needed and writes and deletes a probe file in it
         (raises what the file system raises)."""
