@@ -23,12 +23,17 @@
 --     audit (OB054), rolls back when the day changed since (OB053), and
 --     otherwise removes exactly that day; DELETE and TRUNCATE outside purge
 --     are refused (OB012)
+--   * seal figures: taken once after the seal (OB061 before it), returned
+--     as taken; a change behind the seal (replica mode) or disabled seal
+--     triggers fail record and drop with SEAL_BROKEN (OB062), also when the
+--     archive equals the changed rows; void voids them; the archiver may
+--     take them
 --   * privileges: the archiver lists and records, and reads the partitions it
 --     sealed (not others, nor voided ones), but cannot void, delete or update;
 --     a writer cannot drop
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(65);
+SELECT plan(76);
 \ir fixtures/events.sql
 \ir fixtures/archival.sql
 
@@ -349,6 +354,77 @@ SELECT is(
     'exactly that day is gone (2001-01-01, d20 and d3 remain)'
 );
 SELECT is(inbox.purge_archived(:'d40'), 0::bigint, 'purging again is a no-op');
+
+-- Seal figures (a fresh day, d12).
+SELECT
+    today - 12 AS d12,
+    outbox._partition_name(today - 12) AS p12
+FROM (SELECT (now() AT TIME ZONE 'UTC')::date AS today) AS t \gset
+SELECT outbox.create_partitions(0, :'d12');
+SELECT
+    fixture.old_event(:'d12') AS e12a,
+    fixture.old_event(:'d12') AS e12b
+\gset
+SELECT throws_ok(
+    format('SELECT * FROM outbox.seal_figures(%L)', :'p12'), 'OB061', NULL,
+    'no seal figures before the seal'
+);
+SELECT * FROM outbox.seal_partition(:'p12') \gset
+SET LOCAL ROLE pgoutbox_archiver;
+SELECT * FROM outbox.seal_figures(:'p12') \gset s12_
+RESET ROLE;
+SELECT is(:s12_row_count::bigint, 2::bigint, 'the archiver takes the seal figures: the sealed rows');
+SELECT is(
+    (SELECT format('%s/%s', row_count, checksum) FROM outbox.seal_figures(:'p12')),
+    format('%s/%s', :s12_row_count, :s12_checksum), 'taken once, then returned as taken'
+);
+SET LOCAL session_replication_role = replica;  -- a change behind the seal, before any export
+UPDATE outbox.events SET last_error = 'forged'
+WHERE event_id = :'e12a';
+RESET session_replication_role;
+SELECT * FROM outbox.archive_figures('outbox.events', :'d12') \gset t12_
+SELECT throws_ok(
+    format(
+        'SELECT outbox.record_archive(%L, %L, %s, %s, %L)',
+        'outbox.events', :'d12', :t12_row_count, :t12_checksum, 'file:/a/day12'
+    ),
+    'OB062', NULL, 'an archive of rows changed since the seal is not recorded, though it matches them'
+);
+SET LOCAL session_replication_role = replica;
+UPDATE outbox.events SET last_error = NULL
+WHERE event_id = :'e12a';
+RESET session_replication_role;
+SELECT lives_ok(
+    format(
+        'SELECT outbox.record_archive(%L, %L, %s, %s, %L)',
+        'outbox.events', :'d12', :s12_row_count, :s12_checksum, 'file:/a/day12'
+    ),
+    'the sealed rows themselves are recorded'
+);
+SELECT lives_ok(
+    format('ALTER TABLE outbox.%I DISABLE TRIGGER _050_archived_read_only', :'p12'), 'the owner disables the seal'
+);
+SELECT throws_ok(
+    format('SELECT outbox.drop_archived(%L)', :'p12'), 'OB062', NULL,
+    'a partition whose seal triggers are disabled is not dropped, even unchanged'
+);
+SELECT lives_ok(
+    format('ALTER TABLE outbox.%I ENABLE TRIGGER _050_archived_read_only', :'p12'), 'the owner enables it again'
+);
+SELECT lives_ok(
+    format('SELECT outbox.void_archive(%L, %L, %L)', 'outbox.events', :'d12', 'tests'), 'void'
+);
+SELECT ok(
+    (
+        SELECT voided_at IS NOT NULL FROM outbox.archive_seal
+        WHERE day = :'d12'
+    ),
+    'void voids the seal figures with the audit'
+);
+SELECT throws_ok(
+    format('UPDATE outbox.archive_seal SET row_count = 0 WHERE day = %L', :'d12'), 'OB060', NULL,
+    'seal figures cannot be changed'
+);
 
 -- Privileges.
 SET LOCAL ROLE pgoutbox_archiver;

@@ -18,6 +18,18 @@ next one, without loss or duplication:
 A re-run that finds a standing audit re-verifies the archive against it
 and skips the export when it matches.
 
+Before anything is sealed the run checks what every day needs (preflight):
+an archive location the executors share, Spark executors, and a writable
+archive location; without them it stops with one line (SparkUnavailable,
+exit code 5, or ConfigError) and nothing sealed. After that, each day
+fails on its own: any error of JDBC, the file system or Spark becomes one
+coded line for that day (failures.py) and the run goes on.
+
+Any number of archivers may run at once: a day is handled under its
+advisory lock by one of them; another reports it `busy`, and one whose day
+list went stale while it waited finds the day's audit marked removed and
+reports it `done`.
+
 `hook(step, unit)` is called after each step (sealed, written, committed,
 verified, audited, removed); the tests make it raise to stand for a crash.
 """
@@ -34,21 +46,18 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pgoutbox.core.errors import PgOutboxError
+from pgoutbox.core.errors import ArchiveMismatch, ConfigError, PgOutboxError, SqlState
 
 from . import database as db
-from . import jdbc, storage
+from . import failures, jdbc, session, storage
 from .checksum import ChecksumColumn, Figures, figures
+from .failures import ArchiveFailure, Failure
 
 Hook = Callable[[str, db.Unit], None]
 
 
 def no_hook(step: str, unit: db.Unit) -> None:
     """Default hook: nothing."""
-
-
-class ArchiveError(Exception):
-    """The archive of a day could not be written or verified; nothing was removed."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +71,15 @@ class ArchiveOptions:
     drop: bool
     lock_timeout: timedelta
     sources: tuple[str, ...] = db.SOURCES
+    shared_storage: bool = False  # the operator says a local path is the same disk on every executor
+    start_timeout: timedelta = timedelta(minutes=2)
 
 
 @dataclass(frozen=True)
 class Outcome:
     source: str
     day: date
-    state: str  # removed | archived | blocked | busy | failed
+    state: str  # removed | archived | blocked | busy | done | failed
     rows: int | None = None
     detail: str = ""
 
@@ -86,6 +97,29 @@ def plan(conn: psycopg.Connection, options: ArchiveOptions) -> list[db.Unit]:
     return found
 
 
+def preflight(spark: SparkSession, store: storage.Storage, target: jdbc.JdbcTarget, options: ArchiveOptions) -> int:
+    """What every day needs, checked before anything is sealed; returns the
+    number of executors. Raises ConfigError (a local archive folder under a
+    cluster master) or SparkUnavailable (no executor, no usable archive
+    location)."""
+    master = spark.sparkContext.master
+    if not session.is_local(spark) and storage.is_local(options.archive_uri) and not options.shared_storage:
+        raise ConfigError(
+            f"OUTBOX_ARCHIVE_URI={options.archive_uri} is a folder of one host's disk, and master {master} runs "
+            "executors on other hosts: each would write its share of a day to its own disk. Use a shared "
+            "file system (hdfs://, s3a://, gs://), or set OUTBOX_ARCHIVE_SHARED=true if this path is "
+            "the same shared mount on every host"
+        )
+    unconfigured = failures.hdfs_unconfigured(options.archive_uri, store.default_fs())
+    if unconfigured is not None:
+        raise failures.unavailable(unconfigured)
+    try:
+        store.check_writable(options.archive_uri)
+    except (*failures.SPARK_ERRORS, ArchiveFailure, OSError) as exc:
+        raise failures.unavailable(failures.classify(exc, jdbc_url=target.url, uri=options.archive_uri)) from exc
+    return session.wait_for_executors(spark, options.start_timeout.total_seconds())
+
+
 def run(
     spark: SparkSession,
     conn: psycopg.Connection,
@@ -95,19 +129,20 @@ def run(
 ) -> list[Outcome]:
     """Archives every eligible day; a day that fails is reported and the run
     goes on with the next one (nothing of a failed day is removed)."""
+    store = storage.Storage(spark)
+    preflight(spark, store, target, options)
     outcomes: list[Outcome] = []
     columns = {source: db.checksum_columns(conn, source) for source in options.sources}
-    store = storage.Storage(spark)
     for unit in plan(conn, options):
         if not unit.eligible:
             outcomes.append(Outcome(unit.source, unit.day, "blocked", unit.row_count, unit.blocked_by or ""))
             continue
         try:
             outcomes.append(archive_unit(spark, conn, target, store, unit, options, columns[unit.source], hook))
-        except (PgOutboxError, ArchiveError) as exc:
-            code = getattr(exc, "code", None)
-            detail = f"{type(exc).__name__}{f' [{code}]' if code else ''}: {exc}"
-            outcomes.append(Outcome(unit.source, unit.day, "failed", None, detail))
+        except PgOutboxError as exc:
+            code = f" [{exc.code}]" if exc.code else ""
+            message = " / ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            outcomes.append(Outcome(unit.source, unit.day, "failed", None, f"{type(exc).__name__}{code}: {message}"))
     return outcomes
 
 
@@ -123,29 +158,48 @@ def archive_unit(
 ) -> Outcome:
     if not db.try_lock(conn, unit):
         return Outcome(unit.source, unit.day, "busy", None, "another archiver is on this day")
+    where = options.archive_uri
     try:
+        audits = [a for a in db.audits(conn, unit.source) if a.day == unit.day]
+        audit = next((a for a in audits if a.standing), None)
+        if audit is not None and audit.removed_at is not None:
+            # Listed before another archiver finished it: nothing left to do.
+            return Outcome(unit.source, unit.day, "done", audit.row_count, f"removed by {audit.removed_by}")
+        final = (
+            audit.archive_uri
+            if audit is not None
+            else storage.free_day_uri(
+                options.archive_uri, unit.source, unit.day, {a.archive_uri for a in audits if not a.standing}
+            )
+        )
+        where = final
         source_frame, expected_rows = open_unit(spark, conn, target, unit, options)
         hook("sealed", unit)
-        final = storage.day_uri(options.archive_uri, unit.source, unit.day)
-        audit = db.standing_audit(conn, unit.source, unit.day)
         archived = None
         if audit is not None and store.exists(final):
             archived = readable_figures(spark, final, source_frame, columns)
             if archived != audit.figures:
                 archived = None  # missing, damaged or different: export again from the live rows
         if archived is None:
-            archived = export(spark, store, source_frame, unit, options.archive_uri, columns, hook)
-        if archived.row_count != expected_rows:
-            raise ArchiveError(
-                f"{unit.source} {unit.day}: the archive holds {archived.row_count} rows, the day {expected_rows}"
-            )
-        db.record(conn, unit.source, unit.day, archived, final)
+            archived = export(spark, store, source_frame, unit, options.archive_uri, final, columns, hook)
+        try:
+            db.record(conn, unit.source, unit.day, archived, final)
+        except ArchiveMismatch as exc:
+            if exc.code == SqlState.ARCHIVE_MISMATCH and archived.row_count != expected_rows:
+                raise ArchiveFailure(
+                    Failure.ARCHIVE_INCOMPLETE,
+                    f"{final} holds {archived.row_count} rows, the day {expected_rows}: nothing was removed "
+                    "(an archive folder that the executors do not share?)",
+                ) from exc
+            raise
         hook("audited", unit)
         if not options.drop:
             return Outcome(unit.source, unit.day, "archived", archived.row_count, final)
         db.remove(conn, unit, options.lock_timeout)
         hook("removed", unit)
         return Outcome(unit.source, unit.day, "removed", archived.row_count, final)
+    except (*failures.SPARK_ERRORS, OSError) as exc:
+        raise failures.classify(exc, jdbc_url=target.url, uri=where) from exc
     finally:
         db.unlock(conn, unit)
 
@@ -153,24 +207,26 @@ def archive_unit(
 def open_unit(
     spark: SparkSession, conn: psycopg.Connection, target: jdbc.JdbcTarget, unit: db.Unit, options: ArchiveOptions
 ) -> tuple[DataFrame, int]:
-    """Seals an outbox partition; returns the (lazy) JDBC frame of the unit's
-    rows and how many rows it must hold (as listed: a sealed partition cannot
-    change, and a row added before the seal shows as a count mismatch)."""
+    """Seals an outbox partition and takes its seal figures (which
+    record_archive and drop_archived compare with); returns the (lazy) JDBC
+    frame of the unit's rows and how many rows its archive must hold (outbox:
+    as sealed; inbox: as listed)."""
     read = dict(fetch_size=options.fetch_size)
     if unit.source == db.OUTBOX:
         # The partition itself: exactly the relation that is verified and dropped.
-        sealed = db.seal(conn, unit.partition, options.retention, options.dead_letter_retention, options.lock_timeout)
+        bounds = db.seal(conn, unit.partition, options.retention, options.dead_letter_retention, options.lock_timeout)
+        sealed = db.seal_figures(conn, unit.partition)
         frame = jdbc.read(
             spark,
             target,
             jdbc.relation(conn, "outbox", unit.partition),
             **read,
             partition_column="id",
-            lower=sealed.min_id,
-            upper=None if sealed.max_id is None else sealed.max_id + 1,
-            partitions=max(1, min(options.read_partitions, unit.row_count)),
+            lower=bounds.min_id,
+            upper=None if bounds.max_id is None else bounds.max_id + 1,
+            partitions=max(1, min(options.read_partitions, sealed.row_count)),
         )
-        return frame, unit.row_count
+        return frame, sealed.row_count
     range_from, range_to = db.day_range(unit.day)
     frame = jdbc.read(
         spark,
@@ -191,23 +247,23 @@ def export(
     source_frame: DataFrame,
     unit: db.Unit,
     archive_uri: str,
+    final: str,
     columns: Sequence[ChecksumColumn],
     hook: Hook = no_hook,
 ) -> Figures:
     """Writes the day (partitioned by context) to staging, renames it into
-    place, reads it back and returns its figures."""
+    place (final), reads it back and returns its figures."""
     leftovers = storage.staging_day_uri(archive_uri, unit.source, unit.day)
     store.delete(leftovers)  # from runs that died mid-write; the day lock keeps others out
     staging = storage.fresh_staging_uri(archive_uri, unit.source, unit.day)
     source_frame.write.mode("errorifexists").partitionBy("context").parquet(staging)
     hook("written", unit)
-    final = storage.day_uri(archive_uri, unit.source, unit.day)
     store.replace(staging, final)
     store.delete(leftovers)
     hook("committed", unit)
     archived = readable_figures(spark, final, source_frame, columns)
     if archived is None:
-        raise ArchiveError(f"{final} cannot be read back")
+        raise ArchiveFailure(Failure.STORAGE_FAILED, f"{final} cannot be read back")
     hook("verified", unit)
     return archived
 

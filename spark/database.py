@@ -116,6 +116,18 @@ def seal(
         ).fetchone()
 
 
+def seal_figures(conn: psycopg.Connection, partition: str) -> Figures:
+    """The row count and checksum of a sealed partition, taken once right after its seal."""
+    with wrap_exceptions():
+        row_count, checksum = conn.execute("SELECT * FROM outbox.seal_figures(%s)", (partition,)).fetchone()
+    return Figures(row_count, checksum)
+
+
+def has_seal_figures(conn: psycopg.Connection) -> bool:
+    """Whether the schema takes seal figures (older ones cannot: run `pgoutbox migrate`)."""
+    return conn.execute("SELECT to_regprocedure('outbox.seal_figures(text)') IS NOT NULL").fetchone()[0]
+
+
 def audits(conn: psycopg.Connection, source: str | None = None) -> list[Audit]:
     with wrap_exceptions(), conn.cursor(row_factory=class_row(Audit)) as cur:
         return cur.execute("SELECT * FROM outbox.archive_audits(%s)", (source,)).fetchall()

@@ -5,6 +5,8 @@ through Hadoop's FileSystem API so that any Hadoop-compatible store works
 Layout under the archive root:
     outbox_events/day=YYYY-MM-DD/context=<ctx>/part-*.parquet
     inbox_messages/day=YYYY-MM-DD/context=<ctx>/part-*.parquet
+    outbox_events/day=YYYY-MM-DD.attempt-N/...        (the day archived again after
+                                                     N-1 voided audits: beside them)
     _staging/<dataset>/day=YYYY-MM-DD/<run id>/...   (a day being written)
 
 A day is written to a fresh staging folder and then renamed into place as a
@@ -23,6 +25,8 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from .failures import ArchiveFailure, Failure
+
 DATASETS = {"outbox.events": "outbox_events", "inbox.messages": "inbox_messages"}
 
 
@@ -37,8 +41,24 @@ def dataset_uri(root: str, source: str) -> str:
     return f"{root.rstrip('/')}/{DATASETS[source]}"
 
 
-def day_uri(root: str, source: str, day: date) -> str:
-    return f"{dataset_uri(root, source)}/day={day.isoformat()}"
+def day_uri(root: str, source: str, day: date, attempt: int = 1) -> str:
+    """The final folder of a day; attempt > 1 when earlier archives of it were
+    voided (each keeps its own folder)."""
+    suffix = "" if attempt == 1 else f".attempt-{attempt}"
+    return f"{dataset_uri(root, source)}/day={day.isoformat()}{suffix}"
+
+
+def free_day_uri(root: str, source: str, day: date, taken: set[str]) -> str:
+    """The first day folder that no voided audit points to."""
+    attempt = 1
+    while day_uri(root, source, day, attempt) in taken:
+        attempt += 1
+    return day_uri(root, source, day, attempt)
+
+
+def is_local(uri: str) -> bool:
+    """A folder of one host's disk (file: URI), as opposed to a shared file system."""
+    return urlparse(uri).scheme in ("", "file")
 
 
 def staging_day_uri(root: str, source: str, day: date) -> str:
@@ -84,9 +104,31 @@ class Storage:
         target = self._path(final)
         if fs.exists(target):
             fs.delete(target, True)
-        fs.mkdirs(target.getParent())
+        if not fs.mkdirs(target.getParent()):
+            raise ArchiveFailure(
+                Failure.STORAGE_UNWRITABLE, f"cannot create the folder {target.getParent().toString()}"
+            )
         if not fs.rename(self._path(staging), target):
-            raise OSError(f"could not rename {staging} to {final}")
+            raise ArchiveFailure(Failure.STORAGE_FAILED, f"cannot rename {staging} to {final}")
+
+    def default_fs(self) -> str | None:
+        """fs.defaultFS of the session's Hadoop configuration (file:/// unless configured)."""
+        value = self._conf.get("fs.defaultFS")
+        return None if value is None else str(value)
+
+    def check_writable(self, root: str) -> None:
+        """Creates the root if needed and writes and deletes a probe file in it
+        (raises what the file system raises)."""
+        probe = f"{root.rstrip('/')}/_probe-{uuid.uuid4().hex}"
+        fs = self._fs(root)
+        if not fs.mkdirs(self._path(root)):
+            raise ArchiveFailure(Failure.STORAGE_UNWRITABLE, f"cannot create the folder {root}")
+        out = fs.create(self._path(probe), True)
+        try:
+            out.write(bytearray(b"pgoutbox"))
+        finally:
+            out.close()
+        fs.delete(self._path(probe), False)
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         fs = self._fs(uri)

@@ -119,6 +119,64 @@ CREATE OR REPLACE TRIGGER _100_forbid_truncate
 BEFORE TRUNCATE ON outbox.archive_audit
 FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_archive_audit__guard();
 
+-- The figures of a sealed partition, taken right after its seal (before any
+-- export): the rows the archive must hold. record_archive and drop_archived
+-- compare against them, so a change made after the seal by someone who
+-- bypasses the read-only triggers (an owner with session_replication_role =
+-- replica, or who disabled them) fails the archive instead of being archived
+-- and dropped. Voided with the audit by void_archive (the partition is
+-- unsealed then); one standing row per day.
+CREATE TABLE IF NOT EXISTS outbox.archive_seal (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    day date NOT NULL,
+    relation text NOT NULL,
+    row_count bigint NOT NULL,
+    checksum numeric NOT NULL,
+    sealed_at timestamptz NOT NULL DEFAULT now(),
+    sealed_by text NOT NULL DEFAULT session_user,
+    voided_at timestamptz,
+    CONSTRAINT seal_row_count_is_non_negative CHECK (row_count >= 0),
+    CONSTRAINT seal_checksum_is_a_non_negative_integer CHECK (
+        checksum >= 0 AND checksum = trunc(checksum)
+    )
+);
+COMMENT ON TABLE outbox.archive_seal IS
+'Row count and checksum of each sealed outbox day partition, taken right after the seal.';
+
+CREATE UNIQUE INDEX IF NOT EXISTS archive_seal_one_standing_per_day
+ON outbox.archive_seal (day) WHERE voided_at IS NULL;
+
+-- Seal figures are evidence too: inserted, then voided once.
+CREATE OR REPLACE FUNCTION outbox.tg_archive_seal__guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'UPDATE'
+        AND (NEW.id, NEW.day, NEW.relation, NEW.row_count, NEW.checksum, NEW.sealed_at, NEW.sealed_by)
+        IS NOT DISTINCT FROM
+        (OLD.id, OLD.day, OLD.relation, OLD.row_count, OLD.checksum, OLD.sealed_at, OLD.sealed_by)
+        AND OLD.voided_at IS NULL THEN
+        RETURN NEW;  -- voiding a standing seal
+    END IF;
+    RAISE EXCEPTION 'AUDIT_IMMUTABLE: seal figures are only voided, once'
+        USING ERRCODE = 'OB060';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_guard_update
+BEFORE UPDATE ON outbox.archive_seal
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_archive_seal__guard();
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON outbox.archive_seal
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_archive_seal__guard();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON outbox.archive_seal
+FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_archive_seal__guard();
+
 -- The inbox retention floor. One row; only admins change it (set_stream_max_age),
 -- so an archiver cannot lower it for its own session.
 CREATE TABLE IF NOT EXISTS inbox.retention_policy (

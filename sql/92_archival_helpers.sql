@@ -164,3 +164,39 @@ BEGIN
     PERFORM set_config('lock_timeout', saved, true);
 END;
 $$;
+
+-- Whether the seal of a partition still holds: its read-only triggers are
+-- enabled (an owner may disable them: ALTER TABLE ... DISABLE TRIGGER), and
+-- the given figures (the live rows', or an archive's) equal the figures
+-- taken right after the seal (outbox.seal_figures), when there are any.
+-- SEAL_BROKEN otherwise: the partition changed behind the seal.
+CREATE OR REPLACE FUNCTION outbox._check_seal(partition_name text, row_count bigint, checksum numeric)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    sealed outbox.archive_seal;
+BEGIN
+    IF EXISTS (
+        SELECT 1 FROM pg_trigger AS t
+        WHERE t.tgrelid = to_regclass(format('outbox.%I', partition_name))
+            AND t.tgname IN ('_050_archived_read_only', '_050_archived_no_truncate')
+            AND t.tgenabled = 'D'
+    ) THEN
+        RAISE EXCEPTION 'SEAL_BROKEN: the read-only triggers of partition % are disabled', partition_name
+            USING ERRCODE = 'OB062',
+                  HINT = 'Nothing was removed. Find out who disabled them; void the archive to archive the day again.';
+    END IF;
+    SELECT * INTO sealed FROM outbox.archive_seal AS s
+    WHERE s.day = outbox._partition_day(partition_name) AND s.voided_at IS NULL;
+    IF FOUND AND (sealed.row_count, sealed.checksum) IS DISTINCT FROM (row_count, checksum) THEN
+        RAISE EXCEPTION 'SEAL_BROKEN: partition % changed since it was sealed', partition_name
+            USING ERRCODE = 'OB062',
+                  DETAIL = format('sealed: %s rows, checksum %s; now: %s rows, checksum %s',
+                      sealed.row_count, sealed.checksum, row_count, checksum),
+                  HINT = 'Nothing was removed. Only a trigger-bypassing owner can change a sealed partition; '
+                      'find out who did, then void the archive to archive the day again.';
+    END IF;
+END;
+$$;

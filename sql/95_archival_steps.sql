@@ -86,6 +86,49 @@ $$;
 COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
 'Checks a day partition is archivable and makes it read-only; returns its range and id bounds.';
 
+-- The figures of a sealed partition, taken once, right after its seal and
+-- before any export, then returned as taken: the rows its archive must hold.
+-- From then on a change behind the seal (by an owner who bypasses the
+-- triggers) makes record_archive and drop_archived fail with SEAL_BROKEN.
+-- (Not in seal_partition's transaction: counting and hashing the day there
+-- would hold the lock that keeps writers out, and every relay's claim, for
+-- as long as the hash takes.)
+CREATE OR REPLACE FUNCTION outbox.seal_figures(partition_name text)
+RETURNS TABLE (row_count bigint, checksum numeric)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part_day date := outbox._partition_day(partition_name);
+    sealed outbox.archive_seal;
+BEGIN
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', part_day));
+    IF NOT outbox._is_partition(partition_name) THEN
+        RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', partition_name
+            USING ERRCODE = 'OB050';
+    END IF;
+    IF NOT outbox._is_sealed(partition_name) THEN
+        RAISE EXCEPTION 'NOT_SEALED: partition % must be sealed before its figures are taken', partition_name
+            USING ERRCODE = 'OB061', HINT = 'Call outbox.seal_partition() first.';
+    END IF;
+    SELECT * INTO sealed FROM outbox.archive_seal AS s WHERE s.day = part_day AND s.voided_at IS NULL;
+    IF FOUND THEN
+        row_count := sealed.row_count;
+        checksum := sealed.checksum;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT f.row_count, f.checksum INTO row_count, checksum FROM outbox.archive_figures('outbox.events', part_day) AS f;
+    PERFORM outbox._check_seal(partition_name, row_count, checksum);
+    INSERT INTO outbox.archive_seal (day, relation, row_count, checksum)
+    VALUES (part_day, partition_name, seal_figures.row_count, seal_figures.checksum);
+    RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION outbox.seal_figures(text) IS
+'Row count and checksum of a sealed day partition, taken once right after the seal: what its archive must match.';
+
 -- Bounds for the report's parallel reads of the live tables (index lookups).
 CREATE OR REPLACE FUNCTION outbox.id_range()
 RETURNS TABLE (min_id bigint, max_id bigint)
@@ -153,6 +196,11 @@ BEGIN
         END IF;
     END IF;
     SELECT * INTO live FROM outbox.archive_figures(source, day);
+    IF source = 'outbox.events' THEN
+        -- The live rows must still be the sealed ones (the archive is compared
+        -- with them next): a change since the seal is not archived.
+        PERFORM outbox._check_seal(outbox._partition_name(day), live.row_count, live.checksum);
+    END IF;
     IF (live.row_count, live.checksum) IS DISTINCT FROM (record_archive.row_count, record_archive.checksum) THEN
         RAISE EXCEPTION 'ARCHIVE_MISMATCH: the archive of % % does not match the live rows', source, day
             USING ERRCODE = 'OB053',
@@ -232,8 +280,9 @@ END;
 $$;
 
 -- Drops an audited partition after re-checking its live figures against
--- the audit. The partition is sealed, so only a trigger-bypassing owner could
--- change it between the check and the DROP. Already dropped: returns 0.
+-- the audit and the seal figures. The partition is sealed, so only a
+-- trigger-bypassing owner could change it between the check and the DROP.
+-- Already dropped: returns 0.
 CREATE OR REPLACE FUNCTION outbox.drop_archived(
     partition_name text,
     lock_timeout interval DEFAULT interval '5 seconds'
@@ -265,6 +314,8 @@ BEGIN
         RAISE EXCEPTION 'NOT_SEALED: partition % lost its seal after audit %', partition_name, standing.id
             USING ERRCODE = 'OB061';
     END IF;
+    -- The live rows equal the audit (just checked); they must equal the seal too.
+    PERFORM outbox._check_seal(partition_name, standing.row_count, standing.checksum);
     -- DROP takes ACCESS EXCLUSIVE on outbox.events for the rest of this short
     -- transaction; lock_timeout keeps emitters from queueing behind us.
     PERFORM outbox._with_lock_timeout(format('DROP TABLE outbox.%I', partition_name), lock_timeout);
@@ -354,6 +405,10 @@ BEGIN
         UPDATE outbox.archive_audit
         SET voided_at = now(), voided_by = session_user, void_reason = reason
         WHERE id = standing.id;
+    END IF;
+    IF source = 'outbox.events' THEN
+        UPDATE outbox.archive_seal AS s SET voided_at = now()
+        WHERE s.day = void_archive.day AND s.voided_at IS NULL;
     END IF;
     IF source = 'outbox.events' AND outbox._is_sealed(part) THEN
         PERFORM outbox._with_lock_timeout(

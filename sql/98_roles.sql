@@ -82,6 +82,7 @@ $$;
 GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_archiver;
 GRANT SELECT ON outbox.events, inbox.messages TO pgoutbox_archiver;
 GRANT SELECT ON outbox.archive_audit, inbox.retention_policy TO pgoutbox_admin;
+GRANT SELECT ON outbox.archive_seal TO pgoutbox_admin;
 
 GRANT EXECUTE ON FUNCTION
 outbox.checksum_columns(text),
@@ -90,6 +91,7 @@ outbox.archivable_partitions(interval, interval),
 inbox.archivable_days(interval, interval),
 inbox.stream_max_age(),
 outbox.seal_partition(text, interval, interval, interval),
+outbox.seal_figures(text),
 outbox.id_range(),
 inbox.received_range(),
 outbox.record_archive(text, date, bigint, numeric, text),

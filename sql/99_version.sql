@@ -6,7 +6,8 @@ VALUES
 (5, '0005_claim_mark_path'), (6, '0006_poison_proof'),
 (7, '0007_worker_compatibility'),
 (8, '0008_broker_loss_repair'),
-(9, '0009_inbox_batches')
+(9, '0009_inbox_batches'),
+(10, '0010_archival_operations')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

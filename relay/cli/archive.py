@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from pgoutbox.core import db, settings
-from pgoutbox.core.errors import ConfigError
+from pgoutbox.core.errors import ConfigError, SchemaMismatch
 from pgoutbox.core.settings import option
 
 COMMAND = "archive"
@@ -22,6 +22,29 @@ SOURCE_NAMES = {"outbox": "outbox.events", "inbox": "inbox.messages"}
 
 def interval(text: str) -> timedelta:
     return timedelta(seconds=settings.duration(text))
+
+
+def bound(text: str, *, floor: timedelta, ceiling: timedelta) -> timedelta:
+    """A duration that bounds a wait: 0 (which PostgreSQL and Spark read as
+    "wait for ever") and anything below floor or above ceiling are refused."""
+    value = interval(text)
+    if not floor <= value <= ceiling:
+        raise ValueError(f"must be from {_shown(floor)} to {_shown(ceiling)}: 0 or less would wait for ever")
+    return value
+
+
+def _shown(value: timedelta) -> str:
+    seconds = value.total_seconds()
+    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+def lock_timeout(text: str) -> timedelta:
+    """As outbox._check_lock_timeout: 1 ms to 1 hour."""
+    return bound(text, floor=timedelta(milliseconds=1), ceiling=timedelta(hours=1))
+
+
+def start_timeout(text: str) -> timedelta:
+    return bound(text, floor=timedelta(seconds=1), ceiling=timedelta(hours=1))
 
 
 def sources(text: str) -> tuple[str, ...]:
@@ -131,8 +154,8 @@ class ArchiveConfig(SparkJobConfig):
             "lock_timeout",
             "OUTBOX_ARCHIVE_LOCK_TIMEOUT",
             "5s",
-            "Longest wait for the locks to seal or drop a partition (then: busy, retried next run)",
-            interval,
+            "Longest wait for the locks to seal or drop a partition (then: busy, retried next run); 1ms to 1h",
+            lock_timeout,
         )
     )
     sources: tuple[str, ...] = option(
@@ -142,6 +165,25 @@ class ArchiveConfig(SparkJobConfig):
             "outbox,inbox",
             "Which tables to archive: outbox, inbox or both",
             sources,
+        )
+    )
+    archive_shared: bool = option(
+        settings.Setting(
+            "archive_shared",
+            "OUTBOX_ARCHIVE_SHARED",
+            "false",
+            "true: a local OUTBOX_ARCHIVE_URI is one shared mount on every Spark host (refused otherwise "
+            "under a cluster master)",
+            settings.boolean,
+        )
+    )
+    spark_start_timeout: timedelta = option(
+        settings.Setting(
+            "spark_start_timeout",
+            "OUTBOX_SPARK_START_TIMEOUT",
+            "2m",
+            "Longest wait for a cluster to give the job an executor, before anything is sealed; 1s to 1h",
+            start_timeout,
         )
     )
     dry_run: bool = option(
@@ -173,6 +215,8 @@ def options(cfg: ArchiveConfig):
         drop=cfg.drop,
         lock_timeout=cfg.lock_timeout,
         sources=cfg.sources,
+        shared_storage=cfg.archive_shared,
+        start_timeout=cfg.spark_start_timeout,
     )
 
 
@@ -186,21 +230,42 @@ def _print_plan(units) -> None:
 
 def run(cfg: ArchiveConfig, args) -> int:
     try:
-        from pgoutbox_spark import archive, jdbc, session
+        from pgoutbox_spark import archive, session
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(f"pgoutbox archive needs the spark extra (pip install 'pgoutbox[spark]'): {exc}") from exc
-    opts = options(cfg)
     with db.connect(cfg.database_url, check_schema=True) as conn:
         if cfg.dry_run:
-            _print_plan(archive.plan(conn, opts))
+            _print_plan(archive.plan(conn, options(cfg)))
             return 0
-        target = jdbc.from_connection(conn, cfg.jdbc_url)
+        check_schema(conn)
         with session.spark_session(cfg.spark_master, cfg.spark_jars, "pgoutbox-archive") as spark:
-            outcomes = archive.run(spark, conn, target, opts)
+            return archive_days(spark, conn, cfg)
+
+
+def check_schema(conn) -> None:
+    from pgoutbox_spark import database
+
+    if not database.has_seal_figures(conn):
+        raise SchemaMismatch("this archiver takes seal figures (outbox.seal_figures): run `pgoutbox migrate`")
+
+
+def archive_days(spark, conn, cfg: ArchiveConfig) -> int:
+    """The run on a session already started: one line per day, then a summary;
+    1 when a day failed."""
+    from pgoutbox_spark import archive, jdbc
+
+    opts = options(cfg)
+    outcomes = archive.run(spark, conn, jdbc.from_connection(conn, cfg.jdbc_url), opts)
+    return print_outcomes(outcomes, opts.archive_uri)
+
+
+def print_outcomes(outcomes, archive_uri: str) -> int:
+    """One line per day (removed, archived, blocked, busy, done or failed with
+    its code), a summary; the exit code: 1 when a day failed."""
     for o in outcomes:
         rows = "" if o.rows is None else f"{o.rows} rows"
-        print(f"{o.source:15} {o.day}  {o.state:8} {rows:>14}  {o.detail}")
+        print(f"{o.source:15} {o.day}  {o.state:8} {rows:>14}  {o.detail}", flush=True)
     failed = sum(o.failed for o in outcomes)
     done = sum(o.state in ("removed", "archived") for o in outcomes)
-    print(f"archived {done} day(s) to {opts.archive_uri}; {failed} failed")
+    print(f"archived {done} day(s) to {archive_uri}; {failed} failed", flush=True)
     return 1 if failed else 0

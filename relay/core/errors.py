@@ -50,6 +50,7 @@ class SqlState(enum.StrEnum):
     ARCHIVE_BUSY = "OB059"
     AUDIT_IMMUTABLE = "OB060"
     NOT_SEALED = "OB061"
+    SEAL_BROKEN = "OB062"
     MIGRATION_OUT_OF_ORDER = "OB090"
     DATA_WOULD_BE_LOST = "OB091"
 
@@ -62,12 +63,13 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # a bad flag, setting or argument, or a request the database refused
     DATABASE = 3  # PostgreSQL unreachable, login refused, database missing, schema version not supported
     BROKER = 4  # NATS unreachable or refused the connection
+    SPARK = 5  # archive: Spark or the archive location cannot be used (nothing was sealed)
 
 
 class PgOutboxError(Exception):
     """pgoutbox error."""
 
-    code: SqlState | None = None
+    code: SqlState | str | None = None  # str: a failure without a SQLSTATE (archival)
     exit_code: ExitCode = ExitCode.USAGE
 
     def __init__(self, message: str | None = None, *, code: SqlState | None = None):
@@ -145,6 +147,12 @@ class ConfigError(PgOutboxError):
     """The configuration is invalid."""
 
 
+class SparkUnavailable(PgOutboxError):
+    """Spark or the archive location cannot be used for any day; nothing was sealed."""
+
+    exit_code = ExitCode.SPARK
+
+
 class BrokerUnavailable(PgOutboxError):
     """NATS could not be reached or refused the connection."""
 
@@ -187,6 +195,7 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.ARCHIVE_BUSY: ArchivalRefused,
     SqlState.AUDIT_IMMUTABLE: IllegalTransition,
     SqlState.NOT_SEALED: ArchivalRefused,
+    SqlState.SEAL_BROKEN: ArchiveMismatch,
     SqlState.MIGRATION_OUT_OF_ORDER: MigrationError,
     SqlState.DATA_WOULD_BE_LOST: MigrationError,
 }

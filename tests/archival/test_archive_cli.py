@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from pgoutbox.cli import main as cli
+from pgoutbox.core import migrate
+from pgoutbox.core.errors import ExitCode
 from support.archival import events, today
 
 
@@ -49,6 +53,41 @@ def test_every_archival_setting_has_an_environment_twin(capsys):
         "OUTBOX_JDBC_URL=",
         "OUTBOX_SPARK_READ_PARTITIONS=4",
         "OUTBOX_SPARK_FETCH_SIZE=10000",
+        "OUTBOX_ARCHIVE_SHARED=false",
+        "OUTBOX_SPARK_START_TIMEOUT=2m",
         "OUTBOX_REPORT_URI=.data/report",
     ):
         assert env in out, env
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "env"),
+    [
+        ("--lock-timeout", "0s", "OUTBOX_ARCHIVE_LOCK_TIMEOUT"),  # PostgreSQL reads 0 as "wait for ever"
+        ("--lock-timeout", "0.5ms", "OUTBOX_ARCHIVE_LOCK_TIMEOUT"),  # rounds to 0 ms
+        ("--lock-timeout", "2h", "OUTBOX_ARCHIVE_LOCK_TIMEOUT"),
+        ("--spark-start-timeout", "0", "OUTBOX_SPARK_START_TIMEOUT"),
+    ],
+)
+def test_a_wait_without_bound_is_refused_before_anything_runs(conn, database_url, capsys, flag, value, env):
+    events(conn, today() - timedelta(days=10), 3)
+    assert cli.main(["archive", "--database-url", database_url, flag, value]) == ExitCode.USAGE
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"pgoutbox archive: ConfigError: {env}={value!r}: must be from "), line
+    assert "wait for ever" in line
+    sealed = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = '_050_archived_read_only'").fetchone()[0]
+    assert sealed == 0
+
+
+def test_on_the_previous_schema_the_archiver_asks_for_migrate(conn, database_url, capsys):
+    """This archiver takes seal figures, which the previous schema lacks: it
+    refuses before anything is sealed (the previous release's archiver keeps
+    working on the new schema, which only adds)."""
+    previous = migrate.discover()[-2].version
+    migrate.migrate(conn, target=previous)
+    events(conn, today() - timedelta(days=10), 3)
+    assert cli.main(["archive", "--database-url", database_url]) == ExitCode.DATABASE
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("pgoutbox archive: SchemaMismatch: ") and "run `pgoutbox migrate`" in line, line
+    sealed = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = '_050_archived_read_only'").fetchone()[0]
+    assert sealed == 0

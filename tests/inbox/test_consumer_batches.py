@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from pgoutbox import SCHEMA_VERSION
+from pgoutbox import OLDEST_SCHEMA
 from pgoutbox.core import migrate
 from pgoutbox.core.backoff import Backoff
 from pgoutbox.dev.embedded import free_port
@@ -151,7 +151,7 @@ async def test_on_schema_7_the_consumer_records_and_settles_message_by_message(
     tmp_path, empty_database_url, nats_server, handler
 ):
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        migrate.migrate(conn, target=SCHEMA_VERSION - 1)
+        migrate.migrate(conn, target=OLDEST_SCHEMA)  # the oldest this consumer runs on
         assert conn.execute("SELECT to_regproc('inbox.receive_batch')").fetchone() == (None,)
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
     cfg = consumer_config(empty_database_url, nats_server.url, registry_file)

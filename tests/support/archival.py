@@ -1,18 +1,48 @@
 """Generated data for the archival tests: events of past days, written as the
 table owner with explicit created_at (the insert policies still apply) and
 walked to their status through the guarded transitions in bulk; inbox rows
-for them with explicit received_at; and readers that snapshot the rows of a
-day from PostgreSQL or from the archive in one comparable form."""
+for them with explicit received_at; readers that snapshot the rows of a
+day from PostgreSQL or from the archive in one comparable form; and a
+loopback Spark standalone cluster."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 from psycopg.rows import dict_row
 
+from pgoutbox.dev.embedded import free_port
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+VENV_BIN = Path(sys.executable).parent
+
+
+def spark_home() -> Path:
+    """The pip-installed pyspark: its bin/ holds spark-class and spark-submit."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def spark_env(**more: str) -> dict[str, str]:
+    """The environment of a Spark process: our pyspark, our Python, loopback only."""
+    return {
+        **os.environ,
+        "SPARK_HOME": str(spark_home()),
+        "PYSPARK_PYTHON": str(VENV_BIN / "python"),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        **more,
+    }
+
+
 # Values that a sloppy canonical form would confuse: the separator, the
 # escape, the NULL mark as text, quotes, non-ASCII.
 TRICKY = ["a|b", "c\\d", "\\N", 'q"uote', "ünï|cödé\\", ""]
@@ -192,3 +222,103 @@ def archived_rows(spark, uri: str) -> list[tuple]:
                 record[key] = json.loads(record[key])
         out.append(_canonical(record))
     return sorted(out)
+
+
+# ------------------------------------------------- a loopback Spark cluster
+
+
+class SparkCluster:
+    """A Spark standalone master and `workers` workers on 127.0.0.1 (free
+    ports, one core and `memory` each), started with spark-class from the
+    venv's pyspark; stopped by PID. Their JSON status pages tell which
+    executors ran where."""
+
+    def __init__(self, root: Path, workers: int = 2, memory: str = "1g"):
+        self.root = root
+        self.count = workers
+        self.memory = memory
+        self.procs: list[subprocess.Popen] = []
+        self.port = free_port()
+        self.ui = free_port()
+        self.worker_uis = [free_port() for _ in range(workers)]
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _spark_class(self, name: str, *args: str, log: str) -> None:
+        # No REST submission server: it would listen on a fixed port (6066).
+        env = spark_env(SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
+        out = (self.root / log).open("wb")
+        self.procs.append(
+            subprocess.Popen(
+                [str(spark_home() / "bin" / "spark-class"), name, *args], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        )
+
+    def start(self, timeout: float = 240) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._spark_class(
+            "org.apache.spark.deploy.master.Master",
+            *("--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui)),
+            log="master.log",
+        )
+        for i, ui in enumerate(self.worker_uis):
+            work = self.root / f"worker{i}"
+            work.mkdir(exist_ok=True)
+            self._spark_class(
+                "org.apache.spark.deploy.worker.Worker",
+                *("--host", "127.0.0.1", "--port", str(free_port()), "--webui-port", str(ui)),
+                *("--cores", "1", "--memory", self.memory, "--work-dir", str(work), self.url),
+                log=f"worker{i}.log",
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                alive = [w for w in self.master()["workers"] if w["state"] == "ALIVE"]
+            except OSError:
+                alive = []
+            if len(alive) == self.count:
+                return
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"the Spark cluster did not come up; logs in {self.root}")
+
+    @staticmethod
+    def _json(port: int) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/", timeout=5) as response:
+            return json.loads(response.read())
+
+    def master(self) -> dict:
+        return self._json(self.ui)
+
+    def worker_pages(self) -> list[dict]:
+        return [self._json(ui) for ui in self.worker_uis]
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+
+
+def tasks_per_executor(event_log_dir: Path, app_id: str) -> dict[str, int]:
+    """Finished tasks per executor id, from the application's Spark event log."""
+    # One file, or a folder of rolled files (eventlog_v2_<app id>/events_<n>_<app id>).
+    (log,) = [p for p in event_log_dir.iterdir() if app_id in p.name]
+    files = sorted(log.glob("events_*")) if log.is_dir() else [log]
+    counts: dict[str, int] = {}
+    for line in (line for f in files for line in f.read_text().splitlines()):
+        event = json.loads(line)
+        if event.get("Event") == "SparkListenerTaskEnd":
+            executor = event["Task Info"]["Executor ID"]
+            counts[executor] = counts.get(executor, 0) + 1
+    return counts
