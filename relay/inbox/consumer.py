@@ -48,7 +48,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import db
-from pgoutbox.core.backoff import reconnect_delays
+from pgoutbox.core.backoff import Every, reconnect_delays
 from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable
 from pgoutbox.core.health import HealthServer
 from pgoutbox.inbox import dlq
@@ -62,24 +62,6 @@ from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backof
 from pgoutbox.inbox.store import Inbox
 
 log = logging.getLogger("pgoutbox.inbox.consumer")
-
-# Seconds between two log lines about the same unavailable server.
-LOG_EVERY = 5.0
-
-
-class Every:
-    """True at most once per `seconds`: rate-limits the lines of a retry loop."""
-
-    def __init__(self, seconds: float = LOG_EVERY):
-        self.seconds = seconds
-        self._last = float("-inf")
-
-    def due(self) -> bool:
-        now = time.monotonic()
-        if now - self._last < self.seconds:
-            return False
-        self._last = now
-        return True
 
 
 def nats_servers(url: str) -> list[str]:
@@ -112,14 +94,14 @@ async def until_stopped(aw, stopping: asyncio.Event) -> bool:
 
 async def connect_nats(url: str, name: str, *, retry: bool = True, closed_cb=None):
     """A NATS connection. retry: wait for as long as NATS is unreachable (one
-    log line per attempt, at most every LOG_EVERY seconds; nats-py then
+    log line per attempt, at most every 5 seconds; nats-py then
     reconnects a lost connection by itself); otherwise BrokerUnavailable."""
     where = nats_where(url)
     every = Every()
     made: list = []
 
     async def error(exc: Exception) -> None:
-        if retry and every.due():
+        if retry and every():
             log.warning(
                 "NATS unavailable at %s (OUTBOX_NATS_URL): %s; retrying",
                 where,
@@ -170,7 +152,7 @@ async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = 
         except DatabaseUnavailable as exc:
             if not retry or not exc.retryable:
                 raise
-            if every.due():
+            if every():
                 log.warning("%s; retrying", exc, extra={"action": "db_retry"})
             await asyncio.sleep(next(delays))
             continue
@@ -235,6 +217,7 @@ class Consumer:
         self._background: list[asyncio.Task] = []
         self._in_flight: set[asyncio.Task] = set()
         self._db_ok = False
+        self._db_lost_every = Every()  # one "left for redelivery" line per outage
 
     # -- life cycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -431,7 +414,7 @@ class Consumer:
                     nats.errors.ConnectionClosedError,
                     nats.errors.ConnectionReconnectingError,
                 ) as exc:
-                    if every.due():
+                    if every():
                         log.warning(
                             "JetStream unavailable at %s (%s); retrying",
                             nats_where(self.cfg.nats_url),
@@ -502,7 +485,7 @@ class Consumer:
                 raise
             except Exception as exc:
                 slots.give(wanted)
-                if every.due():
+                if every():
                     log.warning("fetch failed; retrying: %r", exc, extra={"handler": h.name, "error": repr(exc)})
                 await asyncio.sleep(1)
                 continue
@@ -523,9 +506,20 @@ class Consumer:
             slots.give(1)
             if outcome is None:  # cancelled: redelivered, not counted
                 return
-            if isinstance(outcome, Exception):
-                if isinstance(outcome, DatabaseUnavailable):
-                    self._db_ok = False  # the backlog check says when it is back
+            if isinstance(outcome, DatabaseUnavailable):
+                # PostgreSQL is away (a restart, a failover): one line per outage
+                # rather than a traceback per message, and the message comes back
+                # after the retry delay instead of after ack_wait.
+                self._db_ok = False  # the backlog check says when it is back
+                if self._db_lost_every():
+                    log.warning(
+                        "messages left for redelivery: %s",
+                        outcome,
+                        extra={"handler": h.name, "action": "db_retry"},
+                    )
+                self._nak_later(msg)
+                outcome = "error"
+            elif isinstance(outcome, Exception):
                 log.error(
                     "message left unacknowledged after an error",
                     exc_info=outcome,
@@ -535,6 +529,15 @@ class Consumer:
             self.metrics.count(h.name, outcome)
 
         await self.flow.handle_fetch(msgs, h, done)
+
+    def _nak_later(self, msg) -> None:
+        async def nak() -> None:
+            with contextlib.suppress(Exception):  # no connection: ack_wait redelivers it anyway
+                await msg.nak(delay=self.cfg.retry_delay)
+
+        task = asyncio.create_task(nak())
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
 
     async def _on_max_deliveries(self, h: HandlerRuntime, advisory_msg) -> None:
         try:
@@ -580,7 +583,7 @@ class Consumer:
                 self._db_ok = True
             except Exception as exc:
                 self._db_ok = False
-                if every.due():
+                if every():
                     log.warning("inbox.backlog() failed: %s", exc, extra={"error": repr(exc)})
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.cfg.backlog_interval)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 
 import nats.errors
 import psycopg
 
+from pgoutbox.core.backoff import Every
 from pgoutbox.core.errors import DatabaseUnavailable
 from pgoutbox.core.wire import PublishError, message_size
 from pgoutbox.inbox import dlq
@@ -33,7 +33,6 @@ from pgoutbox.inbox.store import Inbox
 
 log = logging.getLogger("pgoutbox.inbox.replayer")
 
-LOG_EVERY = 5.0  # seconds between two lines about failing passes
 # Prefix of last_error of a dead letter whose replay can never be published.
 UNPUBLISHABLE = "REPLAY_UNPUBLISHABLE"
 
@@ -120,14 +119,13 @@ class Replayer:
         return len(published)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        logged = float("-inf")
+        every = Every()  # one line per outage, not per pass
         while not stopping.is_set():
             try:
                 done = await self.run_once()
             except Exception as exc:
                 done = 0
-                if time.monotonic() - logged >= LOG_EVERY:  # one line per outage, not per pass
-                    logged = time.monotonic()
+                if every():
                     if isinstance(
                         exc, (DatabaseUnavailable, psycopg.OperationalError, nats.errors.Error, asyncio.TimeoutError)
                     ):
