@@ -39,17 +39,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from chaos.harness import STREAM, Pipeline  # noqa: E402
-from chaos.pg_failover import BusinessLedger, Failover, business_ledger, wait_settled, write_business  # noqa: E402
-from pgoutbox.core import db, migrate  # noqa: E402
-from pgoutbox.core.errors import DatabaseUnavailable  # noqa: E402
-from pgoutbox.dev.pg_standby import StandbyPair  # noqa: E402
-from pgoutbox.outbox.calls import OutboxCalls  # noqa: E402
-from pgoutbox.outbox.wakeups import Wakeups  # noqa: E402
+from chaos.harness import STREAM, Pipeline
+from chaos.pg_failover import BusinessLedger, Failover, business_ledger, wait_settled, write_business
+from pgoutbox.core import db, migrate
+from pgoutbox.core.errors import DatabaseUnavailable
+from pgoutbox.dev.pg_standby import StandbyPair
+from pgoutbox.outbox.calls import OutboxCalls
+from pgoutbox.outbox.wakeups import Wakeups
 
 WRITERS = 3
 RATE = 15.0  # business transactions per second and writer
