@@ -111,7 +111,7 @@ def nats_urls(text: str) -> str:
             raise ValueError(f"{where}not a host:port (port 1-65535)") from None
         if not url.hostname:
             raise ValueError(f"{where}no host")
-    return text
+    return ",".join(parts)  # spaces around the commas gone: every user splits on ","
 
 
 def boolean(text: str) -> bool:
