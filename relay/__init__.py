@@ -4,7 +4,7 @@ The database holds every rule (see sql/); this package is the thin set of
 workers around it: migrations, the relay, the inbox consumer and replayer.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # The schema this code is built for (its newest migration), and the oldest
 # schema it still runs on. A newer schema is accepted while it says, through
