@@ -10,5 +10,5 @@ __version__ = "0.2.0"
 # schema it still runs on. A newer schema is accepted while it says, through
 # outbox.serves_workers_from(), that it still serves code built for
 # SCHEMA_VERSION (docs/upgrading.md).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 OLDEST_SCHEMA = 6

@@ -4,136 +4,153 @@
 
 -- Policies, checked once per row at INSERT whoever inserts, and raised with
 -- the codes of the error table (docs/reference.md); then the subject is
--- derived from the parts just checked, and the relays woken when due. Besides the content rules, they refuse
--- what no relay could deliver (docs/reference.md, "Limits"): times the wire
--- format cannot express, values a NATS header cannot carry, sizes over the maximums, which
--- keep the payload and every header together well under NATS's default
--- max_payload (1 MiB). Limits live here, not in CHECK constraints: rows
--- written before them must stay valid, and CHECKs would run at every UPDATE.
+-- derived from the parts just checked, and the relays are woken when due.
+-- Besides the content rules, they refuse what no relay could deliver
+-- (docs/reference.md, "Limits"): times the wire format cannot express, values
+-- a NATS header cannot carry, sizes over the maximums, which keep the payload
+-- and every header together well under NATS's default max_payload (1 MiB).
+-- Limits live here, not in CHECK constraints: rows written before them must
+-- stay valid, and CHECKs would run at every UPDATE.
+--
+-- Shaped for emit, which every business transaction pays (docs/relay.md,
+-- "What emit costs"): all the rules are one CASE, whose first broken rule
+-- names the error, because plpgsql prepares each expression of a function
+-- anew in every transaction, and that cost more than the tests themselves
+-- when each rule was an IF of its own. The messages are built only for a
+-- row that is refused.
 CREATE OR REPLACE FUNCTION outbox.tg_events__check_policies()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    field text;
-    names jsonb;
+    broken text;
 BEGIN
-    IF nullif(btrim(NEW.context), '') IS NULL
-        OR nullif(btrim(NEW.aggregate_type), '') IS NULL
-        OR nullif(btrim(NEW.aggregate_id), '') IS NULL
-        OR nullif(btrim(NEW.event_type), '') IS NULL
-        OR NEW.event_id IS NULL THEN
-        RAISE EXCEPTION 'INVALID_OUTBOX: context, aggregate_type, aggregate_id, event_type and event_id are required'
-            USING ERRCODE = 'OB001',
-                  HINT = 'Pass context => ... or set pgoutbox.context for the database or role.';
-    END IF;
-    -- Finite and within what ISO 8601 and every client's date type carry.
-    IF NOT (NEW.occurred_at >= '1900-01-01 00:00:00+00' AND NEW.occurred_at < '10000-01-01 00:00:00+00'
-        AND NEW.created_at >= '1900-01-01 00:00:00+00' AND NEW.created_at < '10000-01-01 00:00:00+00'
-        AND NEW.available_at >= '1900-01-01 00:00:00+00' AND NEW.available_at < '10000-01-01 00:00:00+00') THEN
-        RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: occurred_at, created_at and available_at must be finite times from 1900 to 9999 (UTC)'
-            USING ERRCODE = 'OB008',
-                  DETAIL = format('occurred_at=%s, created_at=%s, available_at=%s',
-                      NEW.occurred_at, NEW.created_at, NEW.available_at);
-    END IF;
-    IF NEW.occurred_at > now() + interval '1 minute' THEN
-        RAISE EXCEPTION 'FUTURE_EVENT: occurred_at % is more than a minute ahead of the database clock', NEW.occurred_at
-            USING ERRCODE = 'OB002';
-    END IF;
-    -- A bounded repetition ({1,64}) costs PostgreSQL's regex engine about
-    -- 5 µs a match here, a + and a length test a tenth of it.
-    IF NEW.context !~ '^[A-Za-z0-9_-]+$' OR length(NEW.context) > 64 THEN
-        RAISE EXCEPTION 'INVALID_SUBJECT_PART: context % is not a subject token ([A-Za-z0-9_-], 1-64 chars)', quote_literal(left(NEW.context, 100))
-            USING ERRCODE = 'OB003';
-    END IF;
-    IF NEW.event_type !~ '^[A-Za-z0-9_-]+$' OR length(NEW.event_type) > 128 THEN
-        RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_type % is not a subject token ([A-Za-z0-9_-], 1-128 chars)', quote_literal(left(NEW.event_type, 150))
-            USING ERRCODE = 'OB003';
-    END IF;
-    IF NEW.event_version IS NULL OR NEW.event_version < 1 THEN
-        RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_version must be a positive integer, got %', NEW.event_version
-            USING ERRCODE = 'OB003';
-    END IF;
-    -- The metadata travels as NATS header values (Pgoutbox-*): no line
-    -- breaks, and no leading or trailing white space (clients trim it).
-    field := CASE
+    broken := CASE
+        WHEN nullif(btrim(NEW.context), '') IS NULL
+            OR nullif(btrim(NEW.aggregate_type), '') IS NULL
+            OR nullif(btrim(NEW.aggregate_id), '') IS NULL
+            OR nullif(btrim(NEW.event_type), '') IS NULL
+            OR NEW.event_id IS NULL THEN 'required'
+        -- Finite and within what ISO 8601 and every client's date type carry.
+        WHEN NOT (NEW.occurred_at >= '1900-01-01 00:00:00+00' AND NEW.occurred_at < '10000-01-01 00:00:00+00'
+            AND NEW.created_at >= '1900-01-01 00:00:00+00' AND NEW.created_at < '10000-01-01 00:00:00+00'
+            AND NEW.available_at >= '1900-01-01 00:00:00+00' AND NEW.available_at < '10000-01-01 00:00:00+00')
+            THEN 'time range'
+        WHEN NEW.occurred_at > now() + interval '1 minute' THEN 'future'
+        -- A bounded repetition ({1,64}) costs PostgreSQL's regex engine about
+        -- 5 µs a match here; a + and a length test, a tenth of it.
+        WHEN NEW.context !~ '^[A-Za-z0-9_-]+$' OR length(NEW.context) > 64 THEN 'context'
+        WHEN NEW.event_type !~ '^[A-Za-z0-9_-]+$' OR length(NEW.event_type) > 128 THEN 'event_type'
+        WHEN NEW.event_version IS NULL OR NEW.event_version < 1 THEN 'event_version'
         WHEN length(NEW.aggregate_type) > 255 THEN 'aggregate_type (255)'
         WHEN length(NEW.aggregate_id) > 1024 THEN 'aggregate_id (1024)'
         WHEN length(NEW.tenant_id) > 255 THEN 'tenant_id (255)'
         WHEN length(NEW.ordering_key) > 512 THEN 'ordering_key (512)'
-    END;
-    IF field IS NOT NULL THEN
-        RAISE EXCEPTION 'VALUE_TOO_LARGE: % is longer than its maximum (characters)', field
-            USING ERRCODE = 'OB009';
-    END IF;
-    field := CASE
+        -- The metadata travels as NATS header values (Pgoutbox-*): no line
+        -- breaks, and no leading or trailing white space (clients trim it).
         WHEN NEW.aggregate_type ~ '[\r\n]|^\s|\s$' THEN 'aggregate_type'
         WHEN NEW.aggregate_id ~ '[\r\n]|^\s|\s$' THEN 'aggregate_id'
         WHEN NEW.tenant_id ~ '[\r\n]|^\s|\s$|^$' THEN 'tenant_id'
         WHEN NEW.ordering_key ~ '[\r\n]|^\s|\s$|^$' THEN 'ordering_key'
+        WHEN NEW.payload IS NULL OR jsonb_typeof(NEW.payload) <> 'object' THEN 'payload'
+        -- Its digits, not its value: 1.0 or 1e0 would reach consumers as a float.
+        WHEN jsonb_typeof(NEW.payload -> 'schema_version') IS DISTINCT FROM 'number'
+            OR (NEW.payload -> 'schema_version')::text !~ '^[1-9][0-9]{0,9}$'
+            OR (NEW.payload -> 'schema_version')::text::bigint > 2147483647 THEN 'schema_version'
+        -- The payload is the message body, as this very text.
+        WHEN octet_length(NEW.payload::text) > 524288 THEN 'payload size'
+        WHEN NEW.headers IS NULL OR jsonb_typeof(NEW.headers) <> 'object' THEN 'headers'
+        -- _headers_pass raises a header's error itself, or says true.
+        WHEN NEW.headers <> '{}'::jsonb AND NOT outbox._headers_pass(NEW.headers) THEN 'headers'
+        WHEN NEW.status <> 'PENDING' OR NEW.attempts <> 0 OR NEW.claim_token IS NOT NULL
+            OR NEW.published_at IS NOT NULL THEN 'state'
     END;
-    IF field IS NOT NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: % is empty, has a line break, or starts or ends with white space', field
+    IF broken IS NULL THEN
+        NEW.subject := NEW.context || '.event.' || NEW.event_type || '.v' || NEW.event_version::text;
+        -- The row passed: wake the relays if a wake-up is due (40_outbox_wakeup.sql).
+        IF outbox._wakeup_is_due() THEN
+            PERFORM outbox._wake_relays(NEW.context);
+        END IF;
+        RETURN NEW;
+    ELSIF broken = 'required' THEN
+        RAISE EXCEPTION 'INVALID_OUTBOX: context, aggregate_type, aggregate_id, event_type and event_id are required'
+            USING ERRCODE = 'OB001',
+                  HINT = 'Pass context => ... or set pgoutbox.context for the database or role.';
+    ELSIF broken = 'time range' THEN
+        RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: occurred_at, created_at and available_at must be finite times from 1900 to 9999 (UTC)'
+            USING ERRCODE = 'OB008',
+                  DETAIL = format('occurred_at=%s, created_at=%s, available_at=%s',
+                      NEW.occurred_at, NEW.created_at, NEW.available_at);
+    ELSIF broken = 'future' THEN
+        RAISE EXCEPTION 'FUTURE_EVENT: occurred_at % is more than a minute ahead of the database clock', NEW.occurred_at
+            USING ERRCODE = 'OB002';
+    ELSIF broken = 'context' THEN
+        RAISE EXCEPTION 'INVALID_SUBJECT_PART: context % is not a subject token ([A-Za-z0-9_-], 1-64 chars)', quote_literal(left(NEW.context, 100))
+            USING ERRCODE = 'OB003';
+    ELSIF broken = 'event_type' THEN
+        RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_type % is not a subject token ([A-Za-z0-9_-], 1-128 chars)', quote_literal(left(NEW.event_type, 150))
+            USING ERRCODE = 'OB003';
+    ELSIF broken = 'event_version' THEN
+        RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_version must be a positive integer, got %', NEW.event_version
+            USING ERRCODE = 'OB003';
+    ELSIF broken LIKE '%)' THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: % is longer than its maximum (characters)', broken
+            USING ERRCODE = 'OB009';
+    ELSIF broken IN ('aggregate_type', 'aggregate_id', 'tenant_id', 'ordering_key') THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % is empty, has a line break, or starts or ends with white space', broken
             USING ERRCODE = 'OB006', HINT = 'It travels as a NATS header value, which cannot carry these.';
-    END IF;
-    IF NEW.payload IS NULL OR jsonb_typeof(NEW.payload) <> 'object' THEN
+    ELSIF broken = 'payload' THEN
         RAISE EXCEPTION 'INVALID_PAYLOAD: payload must be a JSON object, got %', coalesce(jsonb_typeof(NEW.payload), 'NULL')
             USING ERRCODE = 'OB004';
-    END IF;
-    -- Its digits, not its value: 1.0 or 1e0 would reach consumers as a float.
-    IF jsonb_typeof(NEW.payload -> 'schema_version') IS DISTINCT FROM 'number'
-        OR (NEW.payload -> 'schema_version')::text !~ '^[1-9][0-9]{0,9}$'
-        OR (NEW.payload -> 'schema_version')::text::bigint > 2147483647 THEN
+    ELSIF broken = 'schema_version' THEN
         RAISE EXCEPTION 'INVALID_SCHEMA_VERSION: payload.schema_version must be an integer from 1 to 2147483647, got %', left(coalesce(NEW.payload -> 'schema_version', 'null'::jsonb)::text, 100)
             USING ERRCODE = 'OB005';
-    END IF;
-    -- The payload is the message body, as this very text.
-    IF octet_length(NEW.payload::text) > 524288 THEN
+    ELSIF broken = 'payload size' THEN
         RAISE EXCEPTION 'VALUE_TOO_LARGE: payload is % bytes of JSON, more than 524288 (512 KiB)', octet_length(NEW.payload::text)
             USING ERRCODE = 'OB009';
-    END IF;
-    IF NEW.headers IS NULL OR jsonb_typeof(NEW.headers) <> 'object' THEN
+    ELSIF broken = 'headers' THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: headers must be a JSON object'
             USING ERRCODE = 'OB006';
     END IF;
-    IF NEW.headers <> '{}'::jsonb THEN
-        -- Headers that are plainly fine skip _check_headers, a query (about
-        -- 10 µs): this test is one expression, and true only where that
-        -- query would raise nothing. Names that are HTTP tokens need no
-        -- escape in JSON text, so a list of them reads ["name", "name"].
-        names := jsonb_path_query_array(NEW.headers, '$.keyvalue().key');
-        IF NOT (
-            octet_length(NEW.headers::text) <= 16384
-            AND octet_length(names::text) <= 260
-            AND names::text ~ '^\["[-!#$%&''*+.^_`|~0-9A-Za-z]+"(, "[-!#$%&''*+.^_`|~0-9A-Za-z]+")*\]$'
-            AND lower(names::text) !~ '"(nats-|pgoutbox-|status"|description")'
-            -- no name twice in any letter case: as many names once lowered
-            AND (
-                lower(names::text) = names::text
-                OR jsonb_array_length(jsonb_path_query_array(lower(NEW.headers::text)::jsonb, '$.keyvalue()'))
-                = jsonb_array_length(names)
-            )
-            AND NOT jsonb_path_exists(
-                NEW.headers,
-                '$.keyvalue() ? (@.value.type() == "string" && (@.value like_regex "[\\r\\n]|^\\s|\\s$"'
-                ' || (@.key like_regex "^trace(parent|state)$" flag "i" && !(@.value like_regex "^[\\t\\x20-\\x7e]*$"))))'
-            )
-        ) THEN
-            PERFORM outbox._check_headers(NEW.headers);
-        END IF;
+    RAISE EXCEPTION 'ILLEGAL_TRANSITION: an event is born PENDING with no attempts and no claim'
+        USING ERRCODE = 'OB010';
+END;
+$$;
+
+-- True when the headers are plainly fine, which is one expression instead
+-- of _check_headers' query (about 10 µs); otherwise that query decides, and
+-- raises the error (the result is then true too). Plainly fine is only ever
+-- said where the query would raise nothing. Names that are HTTP tokens need
+-- no escape in JSON text, so a list of them reads ["name", "name", ...].
+CREATE OR REPLACE FUNCTION outbox._headers_pass(headers jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    names jsonb := jsonb_path_query_array(headers, '$.keyvalue().key');
+BEGIN
+    IF NOT (
+        octet_length(headers::text) <= 16384
+        AND octet_length(names::text) <= 260
+        AND names::text ~ '^\["[-!#$%&''*+.^_`|~0-9A-Za-z]+"(, "[-!#$%&''*+.^_`|~0-9A-Za-z]+")*\]$'
+        AND names::text !~* '"(nats-|pgoutbox-|status"|description")'
+        -- no name twice in any letter case: as many names once lowered
+        AND (
+            names::text !~ '[A-Z]'
+            OR jsonb_array_length(jsonb_path_query_array(lower(headers::text)::jsonb, '$.keyvalue()'))
+            = jsonb_array_length(names)
+        )
+        AND NOT jsonb_path_exists(
+            headers,
+            '$.keyvalue() ? (@.value.type() == "string" && (@.value like_regex "[\\r\\n]|^\\s|\\s$"'
+            ' || (@.key like_regex "^trace(parent|state)$" flag "i" && !(@.value like_regex "^[\\t\\x20-\\x7e]*$"))))'
+        )
+    ) THEN
+        PERFORM outbox._check_headers(headers);
     END IF;
-    IF NEW.status <> 'PENDING' OR NEW.attempts <> 0 OR NEW.claim_token IS NOT NULL
-        OR NEW.published_at IS NOT NULL THEN
-        RAISE EXCEPTION 'ILLEGAL_TRANSITION: an event is born PENDING with no attempts and no claim'
-            USING ERRCODE = 'OB010';
-    END IF;
-    NEW.subject := NEW.context || '.event.' || NEW.event_type || '.v' || NEW.event_version::text;
-    -- The row passed: wake the relays if a wake-up is due (40_outbox_wakeup.sql).
-    IF outbox._wakeup_is_due() THEN
-        PERFORM outbox._wake_relays(NEW.context);
-    END IF;
-    RETURN NEW;
+    RETURN TRUE;
 END;
 $$;
 

@@ -103,20 +103,17 @@ AS $$
 $$;
 
 -- Sends the wake-up for an event of context (delivered at commit) and sets
--- the next one due one throttle interval from now.
+-- the next one due one throttle interval from now: one statement.
 CREATE OR REPLACE FUNCTION outbox._wake_relays(context text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
-DECLARE
-    throttle interval;
 BEGIN
-    SELECT p.notify_throttle INTO throttle FROM outbox.wakeup_policy AS p;
-    PERFORM setval(
-        'outbox.wakeup_due_at',
-        (extract(epoch FROM clock_timestamp() + coalesce(throttle, interval '5 milliseconds')) * 1000000)::bigint
-    );
-    PERFORM pg_notify('outbox_v1', context);
+    PERFORM
+        setval('outbox.wakeup_due_at', (extract(epoch FROM clock_timestamp() + coalesce(
+            (SELECT p.notify_throttle FROM outbox.wakeup_policy AS p), interval '5 milliseconds'
+        )) * 1000000)::bigint),
+        pg_notify('outbox_v1', context);
 END;
 $$;

@@ -4,7 +4,8 @@ INSERT INTO outbox.schema_migrations (version, name)
 VALUES
 (1, '0001_initial'), (2, '0002_inbox_replay'), (3, '0003_archival'), (4, '0004_wakeup_sequence'),
 (5, '0005_claim_mark_path'), (6, '0006_poison_proof'),
-(7, '0007_worker_compatibility')
+(7, '0007_worker_compatibility'),
+(8, '0008_emit_path')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();
