@@ -1,13 +1,18 @@
 """Invariants of issue 11 that need COMMIT or several sessions: the wake-up
 throttle one writer cannot change for another, and TRUNCATE / DETACH of a
-partition refused for the table's owner (the superuser that migrated it)."""
+partition refused for the table's owner (the superuser that migrated it).
+And of issue 13: emit's shortcut for plainly fine headers agrees with the
+full header check."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pgoutbox.core.errors import IllegalTransition, SqlState, wrap_exceptions
 
@@ -105,3 +110,75 @@ def test_the_owner_cannot_detach_a_partition(database_url):
         assert info.value.code == SqlState.DELETE_FORBIDDEN
         assert other.execute(partitions).fetchone()[0] == before, "every partition still attached"
         assert other.execute("SELECT count(*) FROM outbox.events").fetchone()[0] == 1
+
+
+# Header names near every rule: tokens, names NATS or pgoutbox reserve in any
+# letter case, non-tokens (a quote and a backslash need escapes in JSON
+# text), the trace headers, and the longest names around 256.
+TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+header_name = st.one_of(
+    st.text(TOKEN, min_size=1, max_size=12),
+    st.sampled_from(["traceparent", "TraceParent", "tracestate", "TRACESTATE", "x-id", "X-Id", "X-ID"]),
+    st.sampled_from(["nats-x", "Nats-Msg-Id", "PGOUTBOX-Context", "status", "Status", "description", "natsx"]),
+    st.sampled_from(["", " ", "a b", "a:b", 'a"b', "a\\b", "ä", "a\tb", "a\nb"]),
+    st.sampled_from(["x" * 256, "x" * 257, "X" * 255]),
+)
+header_value = st.one_of(
+    st.text(st.sampled_from(["a", "Z", "0", " ", "\t", "\n", "\r", "\u00a0", "\u2003", "é", '"', "\\", ","]), max_size=6),
+    st.sampled_from(["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "a, ", ": x", "]", "x\u0085"]),
+    st.integers(),
+    st.none(),
+    st.booleans(),
+    st.dictionaries(st.sampled_from(["a", " b"]), st.sampled_from(["x", " y"]), max_size=2),
+)
+headers = st.one_of(
+    st.dictionaries(header_name, header_value, min_size=1, max_size=5),
+    st.integers(100, 400).map(lambda n: {f"x-h{i}": "v" * 40 for i in range(n)}),  # over 16 KiB or near it
+)
+
+
+def _outcome(conn: psycopg.Connection, sql: str, value: str) -> str | None:
+    """None, or the SQLSTATE the call raised."""
+    try:
+        with conn.transaction():
+            conn.execute(sql, (value,))
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    return None
+
+
+def test_plainly_fine_headers_are_those_the_full_check_accepts(database_url):
+    """emit skips the header query (_check_headers) for headers its one
+    expression calls plainly fine: that must never let through what the
+    query refuses. The function statistics tell which way each call took."""
+    calls = "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_check_headers'"
+    verdicts = {"shortcut": 0, "query": 0}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SET track_functions = 'pl'")
+
+        def took_shortcut(value: str) -> bool:
+            try:
+                with conn.transaction():  # (counts not yet reported carry over: compare)
+                    before = conn.execute(calls).fetchone()[0]
+                    conn.execute("SELECT outbox._headers_pass(%s::jsonb)", (value,))
+                    return conn.execute(calls).fetchone()[0] == before
+            except psycopg.Error:
+                return False  # only the query raises
+
+        @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(headers)
+        def check(h: dict) -> None:
+            value = json.dumps(h, ensure_ascii=False)
+            full = _outcome(conn, "SELECT outbox._check_headers(%s::jsonb)", value)
+            if took_shortcut(value):
+                verdicts["shortcut"] += 1
+                assert full is None, f"{value!r} passed the shortcut but the query raises {full}"
+            else:
+                verdicts["query"] += 1
+                assert _outcome(conn, "SELECT outbox._headers_pass(%s::jsonb)", value) == full
+
+        check()
+        fine = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "X-Id": 7, "b": None}
+        assert took_shortcut(json.dumps(fine)), "a traceparent, a mixed-case name and a null take the shortcut"
+        assert not took_shortcut(json.dumps({"X-Id": "1", "x-id": "2"}))
+    assert verdicts["shortcut"] > 20 and verdicts["query"] > 20, verdicts
