@@ -149,7 +149,9 @@ class Pipeline:
 
     def env(self, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
-        env.update({"OUTBOX_DATABASE_URL": self.pg.url, "OUTBOX_NATS_URL": self.nats.url, "OUTBOX_LOG_LEVEL": "WARNING"})
+        env.update(
+            {"OUTBOX_DATABASE_URL": self.pg.url, "OUTBOX_NATS_URL": self.nats.url, "OUTBOX_LOG_LEVEL": "WARNING"}
+        )
         env.update(extra)
         return env
 

@@ -19,8 +19,13 @@ durability (fsync on, synchronous_commit as given). Printed per side: the
 median transactions/s, the ratio to the plain INSERT (median of the rounds'
 ratios), and CPU per transaction: the writers' backends (from /proc), the
 whole PostgreSQL server (postmaster and every child: WAL writer and
-checkpointer included) and the Python writers themselves; then the hypervisor's
-steal over the run.
+checkpointer included) and the Python writers themselves. Then emit and
+plain run at once, as many writers each, so that both meet the same moment
+of this shared machine (its disk and CPUs are shared with other work): the
+ratio of their rates. Then the same transactions inside the server, a
+procedure that runs `statement; COMMIT` 5,000 times (no client, no network,
+synchronous_commit off in that session): backend CPU per transaction, what
+emit itself costs. Last, the hypervisor's steal over the run.
 
     .venv/bin/python bench/emit_bench.py [--writers 1,4] [--rounds 5] [--seconds 2]
         [--synchronous-commit on|off] [--sides emit,plain,before] [--headers]
@@ -65,9 +70,7 @@ EMIT_HEADERS = (
     "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea',"
     " headers => %(headers)s::jsonb)"
 )
-PLAIN = (
-    "INSERT INTO public.outbox_plain (subject, payload) VALUES ('sea.event.order_created.v1', %(payload)s::jsonb)"
-)
+PLAIN = "INSERT INTO public.outbox_plain (subject, payload) VALUES ('sea.event.order_created.v1', %(payload)s::jsonb)"
 
 
 def _writer(url: str, statement: str, headers: str, start_at: float, seconds: float, out: mp.Queue) -> None:
@@ -93,27 +96,64 @@ def _writer(url: str, statement: str, headers: str, start_at: float, seconds: fl
     out.put((n, own, server))
 
 
-def measure(pg: EmbeddedPostgres, url: str, statement: str, headers: str, writers: int, seconds: float) -> dict:
-    """One side alone for one window: transactions/s and CPU µs per transaction."""
-    out: mp.Queue = mp.Queue()
+def measure(pg: EmbeddedPostgres, runs: dict[str, tuple[str, str]], headers: str, writers: int, seconds: float) -> dict:
+    """The sides of runs ({side: (url, statement)}) over one window, all at
+    once: {side: transactions/s and CPU µs per transaction}. The server's CPU
+    is reported for a side measured alone only."""
+    out: dict[str, mp.Queue] = {side: mp.Queue() for side in runs}
     start_at = time.time() + 0.7
-    procs = [mp.Process(target=_writer, args=(url, statement, headers, start_at, seconds, out)) for _ in range(writers)]
+    procs = [
+        mp.Process(target=_writer, args=(url, statement, headers, start_at, seconds, out[side]))
+        for side, (url, statement) in runs.items()
+        for _ in range(writers)
+    ]
     for p in procs:
         p.start()
     while time.time() < start_at:
         time.sleep(0.001)
     server = postgres_cpu_seconds(pg)
-    results = [out.get() for _ in procs]
+    results = {side: [out[side].get() for _ in range(writers)] for side in runs}
     server = postgres_cpu_seconds(pg) - server
     for p in procs:
         p.join()
-    n = sum(r[0] for r in results)
-    return {
-        "tps": n / seconds,
-        "backend_us": sum(r[2] for r in results) / n * 1e6,
-        "server_us": server / n * 1e6,
-        "client_us": sum(r[1] for r in results) / n * 1e6,
-    }
+    got = {}
+    for side, rs in results.items():
+        n = sum(r[0] for r in rs)
+        got[side] = {
+            "tps": n / seconds,
+            "backend_us": sum(r[2] for r in rs) / n * 1e6,
+            "server_us": server / n * 1e6 if len(runs) == 1 else float("nan"),
+            "client_us": sum(r[1] for r in rs) / n * 1e6,
+        }
+    return got
+
+
+# The same transactions inside the server: no client, no network, no wait
+# for the disk (synchronous_commit off in that session): what emit itself
+# costs a transaction, in backend CPU.
+LOOP = """
+CREATE OR REPLACE PROCEDURE public.bench_loop(n integer) LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1..n LOOP
+        {statement};
+        COMMIT;
+    END LOOP;
+END;
+$$;
+"""
+PAYLOAD_SQL = "'" + PAYLOAD.replace("'", "''") + "'::jsonb"
+LOOP_EMIT = f"PERFORM outbox.emit('order', i::text, 'order_created', {PAYLOAD_SQL}, context => 'sea')"
+LOOP_PLAIN = f"INSERT INTO public.outbox_plain (subject, payload) VALUES ('sea.event.order_created.v1', {PAYLOAD_SQL})"
+
+
+def server_loop(url: str, n: int) -> float:
+    """Backend CPU µs per transaction of bench_loop(n)."""
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SET synchronous_commit = off")
+        c.execute("CALL public.bench_loop(200)")
+        cpu = machine.cpu_seconds(c.info.backend_pid)
+        c.execute("CALL public.bench_loop(%s)", (n,))
+        return (machine.cpu_seconds(c.info.backend_pid) - cpu) / n * 1e6
 
 
 def setup(pg: EmbeddedPostgres, server_url: str, sides: list[str]) -> dict[str, str]:
@@ -125,6 +165,7 @@ def setup(pg: EmbeddedPostgres, server_url: str, sides: list[str]) -> dict[str, 
                 c.execute(PLAIN_TABLE)
             else:
                 migrate.migrate(c, target=SCHEMA_VERSION - 1 if side == "before" else None)
+            c.execute(LOOP.replace("{statement}", LOOP_PLAIN if side == "plain" else LOOP_EMIT))
         urls[side] = url
     return urls
 
@@ -167,7 +208,9 @@ def main() -> None:
             got: dict[str, list[dict]] = {s: [] for s in sides}
             for r in range(args.rounds):
                 for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
-                    got[side].append(measure(pg, urls[side], statements[side], headers, writers, args.seconds))
+                    got[side] += [
+                        measure(pg, {side: (urls[side], statements[side])}, headers, writers, args.seconds)[side]
+                    ]
             print(
                 f"\n{writers} writer{'s' if writers > 1 else ''}: {'side':<8}{'tx/s':>8}{'vs plain':>10}"
                 f"{'rounds':>28}   CPU us/tx: {'backend':>8}{'server':>8}{'writer':>8}"
@@ -182,8 +225,34 @@ def main() -> None:
                 print(
                     f"{'':12}{side:<8}{statistics.median(x['tps'] for x in rows):>8,.0f}{ratio:>10}"
                     f"{rounds:>28}   {'':11}"
-                    + "".join(f"{statistics.median(x[k] for x in rows):>8.0f}" for k in ("backend_us", "server_us", "client_us"))
+                    + "".join(
+                        f"{statistics.median(x[k] for x in rows):>8.0f}"
+                        for k in ("backend_us", "server_us", "client_us")
+                    )
                 )
+            if "plain" in sides and "emit" in sides:
+                ratios = []
+                for _ in range(args.rounds):
+                    both = measure(
+                        pg, {k: (urls[k], statements[k]) for k in ("emit", "plain")}, headers, writers, args.seconds
+                    )
+                    ratios.append(both["emit"]["tps"] / both["plain"]["tps"])
+                print(
+                    f"{'':12}emit and plain at once ({writers} writer{'s' if writers > 1 else ''} each, sharing the"
+                    f" machine's moment): emit / plain {statistics.median(ratios):.2f} {[round(x, 2) for x in ratios]}"
+                )
+        n = 5000
+        loops: dict[str, list[float]] = {s: [] for s in sides}
+        for r in range(args.rounds):
+            for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
+                loops[side].append(server_loop(urls[side], n))
+        print(
+            f"\ninside the server (a procedure: statement; COMMIT; {n:,} times, synchronous_commit off),"
+            f" backend CPU us per transaction, median of {args.rounds} interleaved rounds [all rounds]:"
+        )
+        for side in sides:
+            xs = loops[side]
+            print(f"{'':12}{side:<8}{statistics.median(xs):>8.1f}   {[round(x, 1) for x in xs]}")
         print("\ntarget: emit >= 0.9 x plain at 1 and 4 writers")
         print(f"during the run: {machine.steal_since(ticks)}; {machine.load()}")
     finally:

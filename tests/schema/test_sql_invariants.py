@@ -124,7 +124,9 @@ header_name = st.one_of(
     st.sampled_from(["x" * 256, "x" * 257, "X" * 255]),
 )
 header_value = st.one_of(
-    st.text(st.sampled_from(["a", "Z", "0", " ", "\t", "\n", "\r", "\u00a0", "\u2003", "é", '"', "\\", ","]), max_size=6),
+    st.text(
+        st.sampled_from(["a", "Z", "0", " ", "\t", "\n", "\r", "\u00a0", "\u2003", "é", '"', "\\", ","]), max_size=6
+    ),
     st.sampled_from(["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "a, ", ": x", "]", "x\u0085"]),
     st.integers(),
     st.none(),
