@@ -324,6 +324,10 @@ def main() -> int:
                 f"  ({res['samples']} samples, {res['missing']} missing; CPU per event: relay"
                 f" {res['relay_us']:.0f} us, consumers {res['consumer_us']:.0f} us)"
             )
+            if res["achieved"] < 0.95 * rate:
+                print(
+                    f"    the writers fell behind the pace ({res['achieved']:,.0f} of {rate:,}/s): the machine is saturated"
+                )
             code = code or (1 if res["missing"] else 0)
         print("  target: p99 < 500 ms")
         print(f"done: {machine.load()}; {machine.steal_since(ticks)}")

@@ -142,7 +142,7 @@ END;
 $$;
 """
 PAYLOAD_SQL = "'" + PAYLOAD.replace("'", "''") + "'::jsonb"
-LOOP_EMIT = f"PERFORM outbox.emit('order', i::text, 'order_created', {PAYLOAD_SQL}, context => 'sea')"
+LOOP_EMIT = f"PERFORM outbox.emit('order', i::text, 'order_created', {PAYLOAD_SQL}, context => 'sea'{{headers}})"
 LOOP_PLAIN = f"INSERT INTO public.outbox_plain (subject, payload) VALUES ('sea.event.order_created.v1', {PAYLOAD_SQL})"
 
 
@@ -156,7 +156,7 @@ def server_loop(url: str, n: int) -> float:
         return (machine.cpu_seconds(c.info.backend_pid) - cpu) / n * 1e6
 
 
-def setup(pg: EmbeddedPostgres, server_url: str, sides: list[str]) -> dict[str, str]:
+def setup(server_url: str, sides: list[str], headers: str) -> dict[str, str]:
     urls = {}
     for side in sides:
         url = new_database(server_url, f"emit_{side}")
@@ -165,7 +165,8 @@ def setup(pg: EmbeddedPostgres, server_url: str, sides: list[str]) -> dict[str, 
                 c.execute(PLAIN_TABLE)
             else:
                 migrate.migrate(c, target=SCHEMA_VERSION - 1 if side == "before" else None)
-            c.execute(LOOP.replace("{statement}", LOOP_PLAIN if side == "plain" else LOOP_EMIT))
+            emit = LOOP_EMIT.replace("{headers}", "" if headers == "{}" else f", headers => '{headers}'::jsonb")
+            c.execute(LOOP.replace("{statement}", LOOP_PLAIN if side == "plain" else emit))
         urls[side] = url
     return urls
 
@@ -192,10 +193,10 @@ def main() -> None:
         },
     )
     try:
-        urls = setup(pg, pg.start(), sides)
+        headers = TRACEPARENT if args.headers else "{}"
+        urls = setup(pg.start(), sides, headers)
         emit_sql = EMIT_HEADERS if args.headers else EMIT
         statements = {"emit": emit_sql, "before": emit_sql, "plain": PLAIN}
-        headers = TRACEPARENT if args.headers else "{}"
         print(
             f"emit bench: PostgreSQL 15, fsync on, synchronous_commit={args.synchronous_commit}; one event per"
             f" transaction; {args.rounds} interleaved rounds of {args.seconds:g} s per side;"
