@@ -326,7 +326,8 @@ def main() -> int:
             )
             if res["achieved"] < 0.95 * rate:
                 print(
-                    f"    the writers fell behind the pace ({res['achieved']:,.0f} of {rate:,}/s): the machine is saturated"
+                    f"    the writers fell behind the pace ({res['achieved']:,.0f} of {rate:,}/s):"
+                    " the machine is saturated"
                 )
             code = code or (1 if res["missing"] else 0)
         print("  target: p99 < 500 ms")
