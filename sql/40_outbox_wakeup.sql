@@ -93,13 +93,16 @@ COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS
 -- at most the largest throttle (1 minute): a clock set back further cannot
 -- mute wake-ups for long. A sequence never set (fresh, or reset by a crash)
 -- reads NULL: due. No SET clause and no SECURITY DEFINER, so that it is
--- inlined (it runs inside the policy trigger, under its search_path).
+-- inlined (it runs inside the policy trigger, under its search_path). A
+-- range rather than BETWEEN, which would read the sequence and the clock twice.
 CREATE OR REPLACE FUNCTION outbox._wakeup_is_due()
 RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT coalesce(pg_catalog.pg_sequence_last_value('outbox.wakeup_due_at'), 0)
-        - (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint NOT BETWEEN 1 AND 60000000;
+    SELECT NOT pg_catalog.int8range(1, 60000000, '[]') @> (
+        coalesce(pg_catalog.pg_sequence_last_value('outbox.wakeup_due_at'), 0)
+        - (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint
+    );
 $$;
 
 -- Sends the wake-up for an event of context (delivered at commit) and sets
