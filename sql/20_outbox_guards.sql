@@ -60,8 +60,8 @@ BEGIN
                 AND NEW.available_at >= '1900-01-01 00:00:00+00' AND NEW.available_at < '10000-01-01 00:00:00+00')
                 THEN 'time range'
             WHEN NEW.occurred_at > now() + interval '1 minute' THEN 'future'
-            -- A bounded repetition ({1,64}) costs PostgreSQL's regex engine about
-            -- 5 µs a match here; a + and a length test, a tenth of it.
+            -- A bounded repetition ({1,128}) costs PostgreSQL's regex engine up
+            -- to 5 µs a match here; a + and a length test, a tenth of it.
             WHEN NEW.context !~ '^[A-Za-z0-9_-]+$' OR length(NEW.context) > 64 THEN 'context'
             WHEN NEW.event_type !~ '^[A-Za-z0-9_-]+$' OR length(NEW.event_type) > 128 THEN 'event_type'
             WHEN NEW.event_version IS NULL OR NEW.event_version < 1 THEN 'event_version'
