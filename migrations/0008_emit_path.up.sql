@@ -2,11 +2,12 @@
 -- (issue 13), measured by bench/emit_bench.py; docs/relay.md, "What emit
 -- costs", has the figures. Every policy, code and guarantee stays.
 --
---   * the INSERT policy trigger tests every rule in one CASE (plpgsql
---     prepares each expression anew in every transaction), with its two
---     bounded regular expressions ({1,64}, {1,128}: ~5 µs a match) written
---     as + and a length test; plainly fine headers skip _check_headers' query
---     (_headers_pass);
+--   * the INSERT policy trigger first tests a row with one small expression
+--     (plpgsql prepares each expression anew in every transaction), and only
+--     a row that fails it goes rule by rule, in one CASE, to name the error;
+--     its two bounded regular expressions ({1,64}, {1,128}: up to 5 µs a
+--     match) are written as + and a length test; plainly fine headers skip
+--     _check_headers' query (_headers_pass);
 --   * the wake-up is decided at the end of that trigger (_wakeup_is_due,
 --     inlined; _wake_relays when due) instead of by a trigger of its own
 --     (_900_wakeup, dropped), and no longer plans outbox.notify_throttle()
