@@ -1,11 +1,12 @@
 """Invariants of issue 11 that need COMMIT or several sessions: the wake-up
 throttle one writer cannot change for another, and TRUNCATE / DETACH of a
 partition refused for the table's owner (the superuser that migrated it).
-And of issue 13: emit's shortcut for plainly fine headers agrees with the
-full header check."""
+And of issue 13: emit's shortcuts (one test for a row that breaks no rule,
+one for plainly fine headers) refuse exactly what the full checks refuse."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -14,7 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pgoutbox import SCHEMA_VERSION
+from pgoutbox.core import migrate
 from pgoutbox.core.errors import IllegalTransition, SqlState, wrap_exceptions
+from support.poison import EmitCase, any_emit
 
 EMIT = "SELECT outbox.emit('order', %s, 'created', '{\"schema_version\": 1}', context => %s)"
 
@@ -184,3 +188,76 @@ def test_plainly_fine_headers_are_those_the_full_check_accepts(database_url):
         assert took_shortcut(json.dumps(fine)), "a traceparent, a mixed-case name and a null take the shortcut"
         assert not took_shortcut(json.dumps({"X-Id": "1", "x-id": "2"}))
     assert verdicts["shortcut"] > 20 and verdicts["query"] > 20, verdicts
+
+
+# Each rule's edge, one or two fields at a time in an otherwise valid emit:
+# lengths at and over their maximum, white space and line breaks, version
+# digits, times at the ends of the range, headers.
+EDGES: dict[str, list] = {
+    "context": ["a" * 64, "a" * 65, "", " ", "se a", "sea\n", None],
+    "event_type": ["e" * 128, "e" * 129, "x.y", "", None],
+    "event_version": [0, -1, 2147483647, None],
+    "aggregate_type": ["t" * 255, "t" * 256, " order", "order ", "a\tb", "\t", "", "  ", None],
+    "aggregate_id": ["i" * 1024, "i" * 1025, "4\r2", "42\u00a0", "\u2003", "", None],
+    "tenant_id": ["t1", "n" * 255, "n" * 256, "", " ", "t\n"],
+    "ordering_key": ["k1", "k" * 512, "k" * 513, "", "k ", "\u00e9" * 512],
+    "payload": [
+        {"schema_version": 999999999},
+        {"schema_version": 1000000000},
+        {"schema_version": 2147483647},
+        {"schema_version": 2147483648},
+        {"schema_version": 1.0},
+        {"schema_version": "1"},
+        {"schema_version": 0},
+        {"v": 1},
+        [1],
+        "x",
+        None,
+    ],
+    "occurred_at": [
+        "1900-01-01 00:00:00+00",
+        "1899-12-31 23:59:59+00",
+        "infinity",
+        "-infinity",
+        "9999-12-31 23:59:59+00",
+        "2100-01-01 00:00:00+00",
+    ],
+    "headers": [{"traceparent": "00-ab-01"}, {"Status": "1"}, {"a": " x"}, {"A": "1", "a": "2"}, [], None],
+}
+edge = st.sampled_from(sorted(EDGES)).flatmap(lambda f: st.sampled_from(EDGES[f]).map(lambda v: {f: v}))
+edge_emit = st.lists(edge, min_size=1, max_size=2).map(
+    lambda changes: dataclasses.replace(EmitCase("edges"), **{k: v for c in changes for k, v in c.items()})
+)
+
+
+def test_emit_refuses_what_the_previous_schema_refused(database_url, empty_database_url):
+    """The same emits against this schema and the one before it (whose
+    policies were checked rule by rule): the same answer, SQLSTATE for
+    SQLSTATE, for generated hostile input and for every rule's edge."""
+    with (
+        psycopg.connect(database_url, autocommit=True) as now,
+        psycopg.connect(empty_database_url, autocommit=True) as before,
+    ):
+        migrate.migrate(before, target=SCHEMA_VERSION - 1)
+        outcomes: set[str | None] = set()
+
+        def answer(conn: psycopg.Connection, case: EmitCase) -> str | None:
+            sql, params = case.sql()
+            try:
+                with conn.transaction(force_rollback=True):
+                    conn.execute(sql, params)
+            except psycopg.Error as exc:
+                return exc.sqlstate
+            return None
+
+        @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(st.one_of(any_emit(), edge_emit))
+        def check(case: EmitCase) -> None:
+            if case.has_nul_text():
+                return  # psycopg refuses to send it
+            got, expected = answer(now, case), answer(before, case)
+            assert got == expected, f"{case.short()}: {got} here, {expected} before"
+            outcomes.add(got)
+
+        check()
+    assert {None, "OB001", "OB003", "OB005", "OB006", "OB008", "OB009", "OB016"} <= outcomes, outcomes
