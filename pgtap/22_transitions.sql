@@ -10,9 +10,13 @@
 --     and for the subject (a plain column since version 5); rewriting a
 --     content column with its own value is allowed; a no-op UPDATE is not a move
 --   * DELETE and TRUNCATE are refused (OB012)
+--   * a legal move that would leave the row inconsistent (PROCESSING with no
+--     claim, COMPLETED with no published_at, FAILED with no error, negative
+--     attempts) is refused (OB010): the lifecycle invariants, CHECK
+--     constraints until version 8, now the _500_check_state trigger
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(38);
+SELECT plan(42);
 \ir fixtures/events.sql
 
 -- The 7 legal moves.
@@ -140,6 +144,27 @@ SELECT lives_ok(
 SELECT lives_ok(
     format($$UPDATE outbox.events SET status = status WHERE event_id = %L$$, fixture.event('COMPLETED')),
     'a no-op UPDATE is not a move'
+);
+SELECT throws_ok(
+    format($$UPDATE outbox.events SET status = 'PROCESSING', attempts = 1, claimed_at = now(), claimed_by = 't',
+        available_at = now() + interval '1 minute' WHERE event_id = %L$$, fixture.event('PENDING')),
+    'OB010', NULL, 'PROCESSING needs a claim token'
+);
+SELECT throws_ok(
+    format($$UPDATE outbox.events SET status = 'COMPLETED'
+        WHERE event_id = %L$$, fixture.event('PROCESSING', due => FALSE)),
+    'OB010', NULL, 'COMPLETED needs a published_at'
+);
+SELECT throws_ok(
+    format($$UPDATE outbox.events SET status = 'FAILED'
+        WHERE event_id = %L$$, fixture.event('PROCESSING', due => FALSE)),
+    'OB010', NULL, 'FAILED needs an error'
+);
+SELECT throws_ok(
+    format($$UPDATE outbox.events SET status = 'PROCESSING', attempts = -1, claim_token = gen_random_uuid(),
+        claimed_at = now(), claimed_by = 't', available_at = now() + interval '1 minute'
+        WHERE event_id = %L$$, fixture.event('PENDING')),
+    'OB010', NULL, 'attempts cannot be negative'
 );
 SELECT throws_ok(
     $$DELETE FROM outbox.events$$, 'OB012', NULL, 'DELETE is refused, even to the owner'

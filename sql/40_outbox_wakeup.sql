@@ -7,15 +7,18 @@
 -- wake-up is sent per throttle interval (outbox.notify_throttle(), default
 -- 5 ms) for all contexts together: relays claim across contexts, so a wake-up
 -- for one context serves them all. Shaped for emit, the hot path of every
--- application using pgoutbox (bench/sql_bench.py):
+-- application using pgoutbox (bench/emit_bench.py, bench/sql_bench.py):
 --   * the throttle state is one number, the time (µs since the epoch) from
 --     which the next wake-up is due, in an unlogged sequence: setval takes no
 --     row lock, writes no WAL and is visible at once, so an insert that is
 --     not due costs one sequence read;
---   * a BEFORE INSERT row trigger, after the policies (_100): PostgreSQL's
---     AFTER trigger machinery (event queue, re-reading the row, firing at
---     commit) measured about 25 µs a transaction, five times the whole
---     wake-up otherwise;
+--   * the test runs at the end of the INSERT policy trigger
+--     (_100_check_policies, 20_outbox_guards.sql), once the row has passed
+--     the policies: a BEFORE row trigger of its own cost 2-3 µs an event
+--     more, and PostgreSQL's AFTER trigger machinery (event queue, re-reading
+--     the row, firing at commit) about 25 µs. The test, _wakeup_is_due, is a
+--     SQL function that PostgreSQL inlines into the trigger's expression;
+--     only a due insert calls _wake_relays, which reads the throttle;
 --   * a bulk insert notifies once per throttle interval while it runs, and
 --     PostgreSQL folds a transaction's identical notifications into one: at
 --     most one per context per transaction;
@@ -44,7 +47,7 @@ CREATE TABLE IF NOT EXISTS outbox.wakeup_policy (
     changed_at timestamptz NOT NULL DEFAULT now(),
     changed_by text NOT NULL DEFAULT session_user,
     CONSTRAINT one_row_only CHECK (singleton),
-    -- The upper bound is also tg_events__wakeup's guard against a clock set
+    -- The upper bound is also _wakeup_is_due's guard against a clock set
     -- back: keep the two equal.
     CONSTRAINT notify_throttle_is_in_range CHECK (
         notify_throttle >= interval '0' AND notify_throttle <= interval '1 minute'
@@ -86,27 +89,34 @@ $$;
 COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS
 'Sets the minimum gap between two wake-ups for every writer (admins); relays read it at start-up.';
 
-CREATE OR REPLACE FUNCTION outbox.tg_events__wakeup()
-RETURNS trigger
+-- Whether the next wake-up is due. Not due while the due time lies ahead, by
+-- at most the largest throttle (1 minute): a clock set back further cannot
+-- mute wake-ups for long. A sequence never set (fresh, or reset by a crash)
+-- reads NULL: due. No SET clause and no SECURITY DEFINER, so that it is
+-- inlined (it runs inside the policy trigger, under its search_path). A
+-- range rather than BETWEEN, which would read the sequence and the clock twice.
+CREATE OR REPLACE FUNCTION outbox._wakeup_is_due()
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT NOT pg_catalog.int8range(1, 60000000, '[]') @> (
+        coalesce(pg_catalog.pg_sequence_last_value('outbox.wakeup_due_at'), 0)
+        - (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint
+    );
+$$;
+
+-- Sends the wake-up for an event of context (delivered at commit) and sets
+-- the next one due one throttle interval from now: one statement.
+CREATE OR REPLACE FUNCTION outbox._wake_relays(context text)
+RETURNS void
 LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
-DECLARE
-    now_us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-    due_us bigint := coalesce(pg_sequence_last_value('outbox.wakeup_due_at'), 0);
 BEGIN
-    -- Not due while the due time lies ahead, by at most the largest throttle
-    -- (1 minute): a clock set back further cannot mute wake-ups for long. A
-    -- sequence never set (fresh, or reset by a crash) reads NULL: due.
-    IF due_us - now_us BETWEEN 1 AND 60000000 THEN
-        RETURN new;
-    END IF;
-    PERFORM setval('outbox.wakeup_due_at', now_us + (extract(epoch FROM outbox.notify_throttle()) * 1000000)::bigint);
-    PERFORM pg_notify('outbox_v1', new.context);
-    RETURN new;
+    PERFORM
+        setval('outbox.wakeup_due_at', (extract(epoch FROM clock_timestamp() + coalesce(
+            (SELECT p.notify_throttle FROM outbox.wakeup_policy AS p), interval '5 milliseconds'
+        )) * 1000000)::bigint),
+        pg_notify('outbox_v1', context);
 END;
 $$;
-
-CREATE OR REPLACE TRIGGER _900_wakeup
-BEFORE INSERT ON outbox.events
-FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__wakeup();

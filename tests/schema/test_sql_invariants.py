@@ -1,15 +1,24 @@
 """Invariants of issue 11 that need COMMIT or several sessions: the wake-up
 throttle one writer cannot change for another, and TRUNCATE / DETACH of a
-partition refused for the table's owner (the superuser that migrated it)."""
+partition refused for the table's owner (the superuser that migrated it).
+And of issue 13: emit's shortcuts (one test for a row that breaks no rule,
+one for plainly fine headers) refuse exactly what the full checks refuse."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from pgoutbox import SCHEMA_VERSION
+from pgoutbox.core import migrate
 from pgoutbox.core.errors import IllegalTransition, SqlState, wrap_exceptions
+from support.poison import EmitCase, any_emit
 
 EMIT = "SELECT outbox.emit('order', %s, 'created', '{\"schema_version\": 1}', context => %s)"
 
@@ -105,3 +114,150 @@ def test_the_owner_cannot_detach_a_partition(database_url):
         assert info.value.code == SqlState.DELETE_FORBIDDEN
         assert other.execute(partitions).fetchone()[0] == before, "every partition still attached"
         assert other.execute("SELECT count(*) FROM outbox.events").fetchone()[0] == 1
+
+
+# Header names near every rule: tokens, names NATS or pgoutbox reserve in any
+# letter case, non-tokens (a quote and a backslash need escapes in JSON
+# text), the trace headers, and the longest names around 256.
+TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+header_name = st.one_of(
+    st.text(TOKEN, min_size=1, max_size=12),
+    st.sampled_from(["traceparent", "TraceParent", "tracestate", "TRACESTATE", "x-id", "X-Id", "X-ID"]),
+    st.sampled_from(["nats-x", "Nats-Msg-Id", "PGOUTBOX-Context", "status", "Status", "description", "natsx"]),
+    st.sampled_from(["", " ", "a b", "a:b", 'a"b', "a\\b", "ä", "a\tb", "a\nb"]),
+    st.sampled_from(["x" * 256, "x" * 257, "X" * 255]),
+)
+header_value = st.one_of(
+    st.text(
+        st.sampled_from(["a", "Z", "0", " ", "\t", "\n", "\r", "\u00a0", "\u2003", "é", '"', "\\", ","]), max_size=6
+    ),
+    st.sampled_from(["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "a, ", ": x", "]", "x\u0085"]),
+    st.integers(),
+    st.none(),
+    st.booleans(),
+    st.dictionaries(st.sampled_from(["a", " b"]), st.sampled_from(["x", " y"]), max_size=2),
+)
+headers = st.one_of(
+    st.dictionaries(header_name, header_value, min_size=1, max_size=5),
+    st.integers(100, 400).map(lambda n: {f"x-h{i}": "v" * 40 for i in range(n)}),  # over 16 KiB or near it
+)
+
+
+def _outcome(conn: psycopg.Connection, sql: str, value: str) -> str | None:
+    """None, or the SQLSTATE the call raised."""
+    try:
+        with conn.transaction():
+            conn.execute(sql, (value,))
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    return None
+
+
+def test_plainly_fine_headers_are_those_the_full_check_accepts(database_url):
+    """emit skips the header query (_check_headers) for headers its one
+    expression calls plainly fine: that must never let through what the
+    query refuses. The function statistics tell which way each call took."""
+    calls = "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_check_headers'"
+    verdicts = {"shortcut": 0, "query": 0}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SET track_functions = 'pl'")
+
+        def took_shortcut(value: str) -> bool:
+            try:
+                with conn.transaction():  # (counts not yet reported carry over: compare)
+                    before = conn.execute(calls).fetchone()[0]
+                    conn.execute("SELECT outbox._headers_pass(%s::jsonb)", (value,))
+                    return conn.execute(calls).fetchone()[0] == before
+            except psycopg.Error:
+                return False  # only the query raises
+
+        @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(headers)
+        def check(h: dict) -> None:
+            value = json.dumps(h, ensure_ascii=False)
+            full = _outcome(conn, "SELECT outbox._check_headers(%s::jsonb)", value)
+            if took_shortcut(value):
+                verdicts["shortcut"] += 1
+                assert full is None, f"{value!r} passed the shortcut but the query raises {full}"
+            else:
+                verdicts["query"] += 1
+                assert _outcome(conn, "SELECT outbox._headers_pass(%s::jsonb)", value) == full
+
+        check()
+        fine = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "X-Id": 7, "b": None}
+        assert took_shortcut(json.dumps(fine)), "a traceparent, a mixed-case name and a null take the shortcut"
+        assert not took_shortcut(json.dumps({"X-Id": "1", "x-id": "2"}))
+    assert verdicts["shortcut"] > 20 and verdicts["query"] > 20, verdicts
+
+
+# Each rule's edge, one or two fields at a time in an otherwise valid emit:
+# lengths at and over their maximum, white space and line breaks, version
+# digits, times at the ends of the range, headers.
+EDGES: dict[str, list] = {
+    "context": ["a" * 64, "a" * 65, "", " ", "se a", "sea\n", None],
+    "event_type": ["e" * 128, "e" * 129, "x.y", "", None],
+    "event_version": [0, -1, 2147483647, None],
+    "aggregate_type": ["t" * 255, "t" * 256, " order", "order ", "a\tb", "\t", "", "  ", None],
+    "aggregate_id": ["i" * 1024, "i" * 1025, "4\r2", "42\u00a0", "\u2003", "", None],
+    "tenant_id": ["t1", "n" * 255, "n" * 256, "", " ", "t\n"],
+    "ordering_key": ["k1", "k" * 512, "k" * 513, "", "k ", "\u00e9" * 512],
+    "payload": [
+        {"schema_version": 999999999},
+        {"schema_version": 1000000000},
+        {"schema_version": 2147483647},
+        {"schema_version": 2147483648},
+        {"schema_version": 1.0},
+        {"schema_version": "1"},
+        {"schema_version": 0},
+        {"v": 1},
+        [1],
+        "x",
+        None,
+    ],
+    "occurred_at": [
+        "1900-01-01 00:00:00+00",
+        "1899-12-31 23:59:59+00",
+        "infinity",
+        "-infinity",
+        "9999-12-31 23:59:59+00",
+        "2100-01-01 00:00:00+00",
+    ],
+    "headers": [{"traceparent": "00-ab-01"}, {"Status": "1"}, {"a": " x"}, {"A": "1", "a": "2"}, [], None],
+}
+edge = st.sampled_from(sorted(EDGES)).flatmap(lambda f: st.sampled_from(EDGES[f]).map(lambda v: {f: v}))
+edge_emit = st.lists(edge, min_size=1, max_size=2).map(
+    lambda changes: dataclasses.replace(EmitCase("edges"), **{k: v for c in changes for k, v in c.items()})
+)
+
+
+def test_emit_refuses_what_the_previous_schema_refused(database_url, empty_database_url):
+    """The same emits against this schema and the one before it (whose
+    policies were checked rule by rule): the same answer, SQLSTATE for
+    SQLSTATE, for generated hostile input and for every rule's edge."""
+    with (
+        psycopg.connect(database_url, autocommit=True) as now,
+        psycopg.connect(empty_database_url, autocommit=True) as before,
+    ):
+        migrate.migrate(before, target=SCHEMA_VERSION - 1)
+        outcomes: set[str | None] = set()
+
+        def answer(conn: psycopg.Connection, case: EmitCase) -> str | None:
+            sql, params = case.sql()
+            try:
+                with conn.transaction(force_rollback=True):
+                    conn.execute(sql, params)
+            except psycopg.Error as exc:
+                return exc.sqlstate
+            return None
+
+        @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(st.one_of(any_emit(), edge_emit))
+        def check(case: EmitCase) -> None:
+            if case.has_nul_text():
+                return  # psycopg refuses to send it
+            got, expected = answer(now, case), answer(before, case)
+            assert got == expected, f"{case.short()}: {got} here, {expected} before"
+            outcomes.add(got)
+
+        check()
+    assert {None, "OB001", "OB003", "OB005", "OB006", "OB008", "OB009", "OB016"} <= outcomes, outcomes

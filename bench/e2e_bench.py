@@ -1,0 +1,343 @@
+"""End-to-end latency benchmark (figures, not a test): from a writer's commit of
+outbox.emit() to the handler's receipt of the HTTP call, through a real
+`pgoutbox relay` and N `pgoutbox consume` processes, at paced emit rates.
+
+Everything runs on this host, started by the bench on free loopback ports
+and stopped by PID: a private PostgreSQL 15 (fsync on, synchronous_commit
+on), nats-server with JetStream (file storage), the relay, the consumers
+(inbox in the same PostgreSQL, HTTP handler mode, the product's default
+settings otherwise) and a fake handler: a keep-alive HTTP/1.1 server in a
+process of its own that answers 200 at once and records when each message
+id arrived. The writers run in a process of their own: each event is one
+transaction (`SELECT outbox.emit(...)` in autocommit) from one of 8
+sessions, paced to the rate; the commit time is taken right after the
+statement returns. Both sides read CLOCK_MONOTONIC, one clock for every
+process on the host. The first second of each rate is left out (connections
+and prepared statements warm up); a message delivered twice counts at its
+first arrival.
+
+Prints per rate: the rate achieved, p50, p99 and max latency, events that
+never reached the handler within the wait, the consumer processes used, and
+the CPU the relay and the consumers spent per event; then the hypervisor's
+steal over the run.
+
+    .venv/bin/python bench/e2e_bench.py [--rates 500,2000] [--consumers 2,4] [--seconds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+
+import machine
+from pgoutbox.core import migrate
+from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+
+CONTEXT = "e2e"
+SUBJECT = f"{CONTEXT}.event.order_created.v1"
+WRITERS = 8
+EMIT = (
+    "SELECT outbox.emit('order', %(n)s::text, 'order_created',"
+    " jsonb_build_object('schema_version', 1, 'order_id', %(n)s::text::int, 'total_cents', 3490,"
+    " 'lines', jsonb_build_array(jsonb_build_object('sku', 'SKU-1', 'qty', 2))),"
+    f" context => '{CONTEXT}',"
+    " headers => jsonb_build_object('traceparent',"
+    " '00-' || md5(%(n)s::text) || '-' || left(md5(%(n)s::text || 's'), 16) || '-01'))"
+)
+
+
+# ---- the fake handler (a process of its own: `e2e_bench.py --handler PORT`) ----
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"
+
+
+def serve_handler(port: int) -> None:
+    arrivals: dict[str, float] = {}
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                now = time.monotonic()
+                length, message_id = 0, None
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    name = name.strip().lower()
+                    if name == b"content-length":
+                        length = int(value)
+                    elif name == b"pgoutbox-message-id":
+                        message_id = value.strip().decode()
+                if length:
+                    await reader.readexactly(length)
+                if head.startswith(b"GET /arrivals"):
+                    body = json.dumps(arrivals).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                else:
+                    if message_id is not None:
+                        arrivals.setdefault(message_id, now)
+                    writer.write(OK)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(connection, "127.0.0.1", port, backlog=1024)
+        print("ready", flush=True)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+# ---- the writers (a process of its own: `e2e_bench.py --writers URL RATE SECONDS FIRST`) ----
+
+
+async def write_at_rate(url: str, rate: int, seconds: float, first: int) -> dict:
+    """Emits rate events/s for seconds from WRITERS sessions; returns
+    {started, finished, total, committed: {event_id: monotonic time after the commit}}."""
+    committed: dict[str, float] = {}
+    total = int(rate * seconds)
+    conns = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(WRITERS)]
+    for c in conns:  # prepared before the clock starts
+        for _ in range(6):
+            await c.execute("SELECT outbox.emit('warm', '0', 'warm', '{\"schema_version\": 1}', context => 'warm')")
+    started = time.monotonic() + 0.2
+
+    async def writer(k: int) -> None:
+        for i in range(k, total, WRITERS):
+            delay = started + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            cur = await conns[k].execute(EMIT, {"n": str(first + i)})
+            event_id = (await cur.fetchone())[0]
+            committed[str(event_id)] = time.monotonic()
+
+    await asyncio.gather(*(writer(k) for k in range(WRITERS)))
+    for c in conns:
+        await c.close()
+    return {"started": started, "finished": time.monotonic(), "total": total, "committed": committed}
+
+
+# ---- the bench ----
+
+
+class Pipeline:
+    """PostgreSQL, NATS, the handler, the relay and the consumers, all ours."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.pg = EmbeddedPostgres(root / "pg", settings={"max_wal_size": "4GB"})
+        self.nats = EmbeddedNats(root / "nats")
+        self.handler: subprocess.Popen | None = None
+        self.handler_url = ""
+        self.relay: subprocess.Popen | None = None
+        self.consumers: list[subprocess.Popen] = []
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
+        env.update(
+            {"OUTBOX_DATABASE_URL": self.pg.url, "OUTBOX_NATS_URL": self.nats.url, "OUTBOX_LOG_LEVEL": "WARNING"}
+        )
+        env.update(extra)
+        return env
+
+    def spawn(self, command: str, name: str, extra: dict[str, str]) -> subprocess.Popen:
+        log = (self.root / f"{name}.log").open("ab")
+        return subprocess.Popen(
+            [sys.executable, "-m", "pgoutbox.cli.main", command], env=self.env(extra), stdout=log, stderr=log
+        )
+
+    def start(self) -> None:
+        self.pg.start()
+        self.nats.start()
+        with psycopg.connect(self.pg.url, autocommit=True) as conn:
+            migrate.migrate(conn)
+        port = free_port()
+        self.handler = subprocess.Popen(
+            [sys.executable, __file__, "--handler", str(port)], stdout=subprocess.PIPE, text=True
+        )
+        assert self.handler.stdout is not None and self.handler.stdout.readline().strip() == "ready"
+        self.handler_url = f"http://127.0.0.1:{port}"
+        streams = self.root / "streams.toml"
+        streams.write_text(f'[streams.{CONTEXT}]\nname = "E2E_EVENTS"\nduplicate_window = "2m"\nmax_age = "1h"\n')
+        manifests = self.root / "handlers"
+        manifests.mkdir()
+        (manifests / "orders.toml").write_text(
+            f'[[handler]]\nname = "orders"\nurl = "{self.handler_url}/orders"\nsubjects = ["{SUBJECT}"]\n'
+        )
+        for argv in (
+            ["streams", "--streams-file", str(streams)],
+            ["registry", "generate", "--manifest-dir", str(manifests), "--registry-file", str(self.root / "reg.json")],
+        ):
+            subprocess.run(
+                [sys.executable, "-m", "pgoutbox.cli.main", *argv], env=self.env({}), check=True, capture_output=True
+            )
+        self.relay = self.spawn(
+            "relay",
+            "relay",
+            {"OUTBOX_RELAY_NAME": "e2e", "OUTBOX_STREAMS_FILE": str(streams), "OUTBOX_RELAY_HTTP_PORT": "0"},
+        )
+
+    def set_consumers(self, n: int) -> None:
+        self.stop_consumers()
+        self.consumers = [
+            self.spawn(
+                "consume",
+                f"consumer-{i}",
+                {
+                    "OUTBOX_REGISTRY_FILE": str(self.root / "reg.json"),
+                    "OUTBOX_CONSUMER_HTTP_PORT": "0",
+                    "OUTBOX_REPLAY_WORKER": f"consumer-{i}",
+                },
+            )
+            for i in range(n)
+        ]
+
+    def stop_consumers(self) -> None:
+        for p in self.consumers:
+            p.send_signal(signal.SIGTERM)
+        for p in self.consumers:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.consumers = []
+
+    def arrivals(self) -> dict[str, float]:
+        return httpx.get(f"{self.handler_url}/arrivals", timeout=30).json()
+
+    def stop(self) -> None:
+        self.stop_consumers()
+        for p in (self.relay, self.handler):
+            if p and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.nats.stop()
+        self.pg.stop("immediate")
+
+
+def wait_ready(pipe: Pipeline, timeout: float = 60) -> None:
+    """Until an event emitted now reaches the handler: relay and consumers bound."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(pipe.pg.url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            event_id = str(conn.execute(EMIT, {"n": "0"}).fetchone()[0])
+            until = time.monotonic() + 3
+            while time.monotonic() < until:
+                if event_id in pipe.arrivals():
+                    return
+                time.sleep(0.1)
+    raise RuntimeError(f"the pipeline did not deliver within {timeout}s; see the logs under {pipe.root}")
+
+
+def run_rate(pipe: Pipeline, rate: int, consumers: int, seconds: float, first: int) -> dict:
+    pipe.set_consumers(consumers)
+    wait_ready(pipe)
+    procs = [p for p in (pipe.relay, *pipe.consumers) if p]
+    cpu = {p.pid: machine.cpu_seconds(p.pid) for p in procs}
+    out = subprocess.run(
+        [sys.executable, __file__, "--writers", pipe.pg.url, str(rate), str(seconds), str(first)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    run = json.loads(out)
+    committed: dict[str, float] = run["committed"]
+    deadline = time.monotonic() + 30
+    arrivals = pipe.arrivals()
+    while set(committed) - set(arrivals) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        arrivals = pipe.arrivals()
+    spent = {pid: machine.cpu_seconds(pid) - c for pid, c in cpu.items()}
+    warm = run["started"] + 1.0
+    lat = sorted((arrivals[e] - t) * 1000 for e, t in committed.items() if e in arrivals and t >= warm)
+    q = statistics.quantiles(lat, n=100)
+    n = len(committed)
+    return {
+        "achieved": run["total"] / (run["finished"] - run["started"]),
+        "p50": q[49],
+        "p99": q[98],
+        "max": lat[-1],
+        "samples": len(lat),
+        "missing": len(set(committed) - set(arrivals)),
+        "relay_us": spent[pipe.relay.pid] / n * 1e6 if pipe.relay else 0.0,
+        "consumer_us": sum(spent[p.pid] for p in pipe.consumers) / n * 1e6,
+    }
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--handler"]:
+        serve_handler(int(sys.argv[2]))
+        return 0
+    if sys.argv[1:2] == ["--writers"]:
+        url, rate, seconds, first = sys.argv[2:6]
+        print(json.dumps(asyncio.run(write_at_rate(url, int(rate), float(seconds), int(first)))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", default="500,2000", help="comma-separated emit rates (events/s)")
+    ap.add_argument(
+        "--consumers",
+        default="2,4",
+        help="consumer processes per rate, comma-separated (one pgoutbox consume handles ~600-700 msg/s here)",
+    )
+    ap.add_argument("--seconds", type=float, default=15.0, help="emit duration per rate")
+    args = ap.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+    consumers = [int(c) for c in args.consumers.split(",")]
+    if len(consumers) != len(rates):
+        ap.error("--consumers needs one count per rate")
+
+    root = Path(tempfile.mkdtemp(prefix="pgoutbox-e2e-bench-"))
+    root.chmod(0o755)  # PostgreSQL runs as another user
+    pipe = Pipeline(root)
+    print(f"e2e bench: emit commit -> relay -> JetStream -> pgoutbox consume -> HTTP handler; {machine.load()}")
+    ticks = machine.cpu_ticks()
+    code = 0
+    try:
+        pipe.start()
+        first = 1_000_000
+        for rate, n in zip(rates, consumers):
+            res = run_rate(pipe, rate, n, args.seconds, first)
+            first += 10_000_000
+            print(
+                f"  {rate:5d} events/s (achieved {res['achieved']:,.0f}/s), {n} consumer processes:"
+                f" p50 {res['p50']:7.1f} ms  p99 {res['p99']:7.1f} ms  max {res['max']:7.1f} ms"
+                f"  ({res['samples']} samples, {res['missing']} missing; CPU per event: relay"
+                f" {res['relay_us']:.0f} us, consumers {res['consumer_us']:.0f} us)"
+            )
+            if res["achieved"] < 0.95 * rate:
+                print(
+                    f"    the writers fell behind the pace ({res['achieved']:,.0f} of {rate:,}/s):"
+                    " the machine is saturated"
+                )
+            code = code or (1 if res["missing"] else 0)
+        print("  target: p99 < 500 ms")
+        print(f"done: {machine.load()}; {machine.steal_since(ticks)}")
+    finally:
+        with contextlib.suppress(Exception):
+            pipe.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
