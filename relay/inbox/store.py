@@ -127,7 +127,9 @@ async def receive_processed(
     async with conn.cursor() as cur:
         with wrap_exceptions():
             await cur.execute(
-                "SELECT ordinal, status FROM inbox.receive_processed(%s, %s::uuid[], %s::text[], %s::jsonb[])",
+                # %b: arrays in the binary format, sent as they are; in text,
+                # psycopg escapes every quote of every JSON text in Python.
+                "SELECT ordinal, status FROM inbox.receive_processed(%s, %b::uuid[], %b::text[], %b::jsonb[])",
                 (handler, ids, subjects, envelopes),
             )
             return await cur.fetchall()
