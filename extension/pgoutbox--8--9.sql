@@ -262,7 +262,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION inbox.receive_processed(text, uuid[], text[], jsonb[]) IS
-'In-database handlers: records a fetch as PROCESSED in the caller''s transaction; returns the messages it did not record (duplicates, parked).';
+'In-database handlers: a fetch recorded PROCESSED in the caller''s transaction; returns what it did not record.';
 -- end generated
 
 REVOKE ALL ON FUNCTION inbox._check_batch(text, uuid[]) FROM public;

@@ -179,7 +179,10 @@ SELECT throws_ok(
     'OB020', NULL, 'receive_processed: one blank subject refuses the whole batch'
 );
 SELECT is(
-    (SELECT count(*) FROM inbox.messages WHERE message_id = '00000000-0000-4000-8000-0000000000d1'), 0::bigint,
+    (
+        SELECT count(*) FROM inbox.messages
+        WHERE message_id = '00000000-0000-4000-8000-0000000000d1'
+    ), 0::bigint,
     'receive_processed: a refused call writes no row, not even for its good messages'
 );
 

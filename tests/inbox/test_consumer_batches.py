@@ -199,7 +199,6 @@ async def test_a_batch_in_the_database_applies_each_new_message_once_and_isolate
     assert row["status"] == "DEAD_LETTER" and row["last_error"] == "ValueError: negative"
 
 
-
 def _receive_processed(conn, envelopes: list[dict]) -> list[tuple]:
     return conn.execute(
         "SELECT ordinal, message_id::text, status FROM inbox.receive_processed(%s, %s::uuid[], %s::text[], %s::jsonb[])",
