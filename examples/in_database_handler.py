@@ -102,6 +102,8 @@ async def handle_fetch(conn: psycopg.AsyncConnection, msgs: list) -> None:
         except wire.InvalidMessage as exc:  # no usable id: it cannot enter the inbox
             await msg.term()
             _print({"message_id": None, "delivery": msg.metadata.num_delivered, "outcome": f"refused: {exc}"})
+    if not taken:
+        return
     deliveries = [msg.metadata.num_delivered for msg in taken]
     recorded = True
     try:
