@@ -8,8 +8,10 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
       this build, and the release before it (commit 0ca30af, per-message
       inbox calls) run from a copy of its package: msg/s, and CPU per message
       of the consumer process and of PostgreSQL;
-  (d) the in-database handler mode (no HTTP): the example's per-message path
-      (handle_in_transaction) and the batched one (handle_batch_in_transaction);
+  (d) the in-database handler mode (no HTTP): per message (handle_in_transaction,
+      fetches of 10) and batched like the example (handle_batch_in_transaction:
+      one transaction per fetch, inbox rows written once, PROCESSED), both
+      against (a); `--only d` runs (a) and (d) alone;
   (e) 1, 2 and 4 consumer processes on one durable;
   (f) --http2: HTTP/1.1 keep-alive against HTTP/2 (h2c, prior knowledge) on
       a handler speaking both, through httpx.
@@ -21,6 +23,7 @@ separate process, so that it does not compete for the GIL. PostgreSQL runs
 with the default durability (synchronous_commit on).
 
     .venv/bin/python bench/consumer_bench.py [--messages 10000] [--processes 1,2,4] [--http2]
+    .venv/bin/python bench/consumer_bench.py --only d [--indb-fetch 256]   # (a) and (d) only
 """
 
 from __future__ import annotations
@@ -220,14 +223,15 @@ async def _handler_client(js, n: int, url: str, durable: str = "handler_client")
 
 
 # -- in-database handler mode ---------------------------------------------------
-async def _in_database(js, n: int, database_url: str, fetch: int | None) -> tuple[float, float]:
-    """The in-database handler mode: per message like the example (fetch None:
-    fetches of 10), or batched with fetches of `fetch`."""
+async def _in_database(js, n: int, pg: EmbeddedPostgres, fetch: int | None) -> tuple[float, float, float]:
+    """The in-database handler mode: per message (fetch None: fetches of 10),
+    or batched like the example, with fetches of `fetch`; (msg/s, this
+    process's CPU us per message, PostgreSQL's CPU us per message)."""
     from pgoutbox.inbox.in_database import handle_batch_in_transaction, handle_in_transaction
 
     batched = fetch is not None
     name = "indb_batch" if batched else "indb_each"
-    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    conn = await psycopg.AsyncConnection.connect(pg.url, autocommit=True)
     # The business change: one row per event, in a table of the loop's own.
     await conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (n integer PRIMARY KEY)")
     insert = f"INSERT INTO {name} VALUES (%s) ON CONFLICT DO NOTHING"
@@ -246,8 +250,10 @@ async def _in_database(js, n: int, database_url: str, fetch: int | None) -> tupl
             await m.ack()
 
     try:
-        # The example fetches 10 at a time; the batched path takes what a fetch gives.
-        return await _fetch_loop(js, name, n, fetch or 10, each)
+        # The batched path takes what a fetch gives.
+        pg0 = postgres_cpu_seconds(pg)
+        rate, cpu = await _fetch_loop(js, name, n, fetch or 10, each)
+        return rate, cpu, (postgres_cpu_seconds(pg) - pg0) / n * 1e6
     finally:
         await conn.close()
 
@@ -399,9 +405,10 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             _line(f"before: release 0.2.0 ({BEFORE}, per-message inbox)", *before.values(), ref)
         if "d" in only:
             print("(d) in-database handler mode, no HTTP (one connection)")
-            _line("per message (handle_in_transaction, fetch 10)", *await _in_database(js, n, pg.url, None))
-            batched = await _in_database(js, n, pg.url, args.indb_fetch)
-            _line(f"batched (handle_batch_in_transaction, fetch {args.indb_fetch})", *batched, None, ("bare", bare[0]))
+            each = await _in_database(js, n, pg, None)
+            _line("per message (handle_in_transaction, fetch 10)", *each, ("bare", bare[0]))
+            batched = await _in_database(js, n, pg, args.indb_fetch)
+            _line(f"batched (handle_batch_in_transaction, fetch {args.indb_fetch})", *batched, ("bare", bare[0]))
         if "e" in only:
             print("(e) consumer processes on one durable (this build)")
             # Measured again here, one after the other: the machine's load drifts.

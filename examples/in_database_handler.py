@@ -7,7 +7,12 @@ A duplicate delivery, whenever it comes, changes nothing.
         python examples/in_database_handler.py [--idle-exit SECONDS]
 
 It reads `sea.event.order_created.v1` from the SEA_EVENTS stream through its
-own durable `order_totals`, and prints one JSON line per delivery. With
+own durable `order_totals`, a fetch of up to 64 messages at a time, and
+handles each fetch in ONE transaction (handle_batch_in_transaction): the
+inbox rows are written once, already PROCESSED, with the business changes,
+and the fetch is acked after the commit. When one message's change fails,
+the fetch rolls back and each message is handled again on its own, so only
+that one fails. It prints one JSON line per delivery. With
 --idle-exit N it exits (code 0) once N seconds have passed without a message;
 without it, it runs until interrupted.
 """
@@ -27,11 +32,11 @@ import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from pgoutbox.core import wire
-from pgoutbox.inbox.in_database import handle_in_transaction
+from pgoutbox.inbox.in_database import handle_batch_in_transaction
 
 HANDLER = "order_totals"
 STREAM, SUBJECT = "SEA_EVENTS", "sea.event.order_created.v1"
-MAX_DELIVER, RETRY_DELAY = 3, 0.2
+MAX_DELIVER, RETRY_DELAY, FETCH = 3, 0.2, 64
 
 SETUP = """
 CREATE SCHEMA IF NOT EXISTS shop;
@@ -75,30 +80,51 @@ async def main(idle_exit: float | None) -> int:
     last_message = time.monotonic()
     while (left := _idle_left(idle_exit, last_message)) > 0:
         try:
-            msgs = await sub.fetch(10, timeout=min(0.5, max(left, 0.05)))
+            msgs = await sub.fetch(FETCH, timeout=min(0.5, max(left, 0.05)))
         except (TimeoutError, nats.errors.TimeoutError):
             continue
-        for msg in msgs:
-            envelope = wire.from_nats(msg.subject, msg.data, msg.headers)
-            delivery = msg.metadata.num_delivered
-            try:
-                outcome = await handle_in_transaction(
-                    conn, HANDLER, envelope, add_order, last_delivery=delivery >= MAX_DELIVER
-                )
-                await msg.ack()  # only after the commit
-            except (ValueError, psycopg.Error) as exc:
-                outcome = f"failed: {exc}"
-                if delivery >= MAX_DELIVER:
-                    await msg.ack()  # dead-lettered in the inbox: inbox.dead_letters() lists it
-                else:
-                    await msg.nak(delay=RETRY_DELAY)
-            print(
-                json.dumps({"message_id": envelope["message_id"], "delivery": delivery, "outcome": outcome}), flush=True
-            )
+        await handle_fetch(conn, msgs)
         last_message = time.monotonic()  # idle time counts from the end of the last delivery handled
     await nc.close()
     await conn.close()
     return 0
+
+
+async def handle_fetch(conn: psycopg.AsyncConnection, msgs: list) -> None:
+    """One transaction for the fetch; each message acked after the commit, or
+    nak'ed for a retry when its change failed (acked on its last delivery:
+    dead-lettered in the inbox, inbox.dead_letters() lists it)."""
+    taken, envelopes = [], []
+    for msg in msgs:
+        try:
+            envelopes.append(wire.from_nats(msg.subject, msg.data, msg.headers))
+            taken.append(msg)
+        except wire.InvalidMessage as exc:  # no usable id: it cannot enter the inbox
+            await msg.term()
+            _print({"message_id": None, "delivery": msg.metadata.num_delivered, "outcome": f"refused: {exc}"})
+    if not taken:
+        return
+    deliveries = [msg.metadata.num_delivered for msg in taken]
+    recorded = True
+    try:
+        outcomes = await handle_batch_in_transaction(
+            conn, HANDLER, envelopes, add_order, last_deliveries=[d >= MAX_DELIVER for d in deliveries]
+        )
+    except psycopg.Error as exc:  # the connection failed: nothing could be recorded
+        outcomes, recorded = [exc] * len(taken), False
+    for msg, envelope, delivery, outcome in zip(taken, envelopes, deliveries, outcomes, strict=True):
+        if not isinstance(outcome, Exception):
+            await msg.ack()  # only after the commit
+        elif recorded and delivery >= MAX_DELIVER:
+            await msg.ack()  # the inbox holds it as a dead letter
+        else:
+            await msg.nak(delay=RETRY_DELAY)
+        text = outcome if isinstance(outcome, str) else f"failed: {outcome}"
+        _print({"message_id": envelope["message_id"], "delivery": delivery, "outcome": text})
+
+
+def _print(line: dict) -> None:
+    print(json.dumps(line), flush=True)
 
 
 def _idle_left(idle_exit: float | None, last_message: float) -> float:

@@ -20,8 +20,10 @@ BEGIN
 END;
 $$;
 
+DROP FUNCTION IF EXISTS inbox.receive_processed(text, uuid[], text[], jsonb[]);
 DROP FUNCTION IF EXISTS inbox.settle(text, uuid[], uuid[], text[]);
 DROP FUNCTION IF EXISTS inbox.receive_batch(text, uuid[], text[], jsonb[]);
+DROP FUNCTION IF EXISTS inbox._check_receipts(text, uuid[], text[], jsonb[]);
 DROP FUNCTION IF EXISTS inbox._check_batch(text, uuid[]);
 
 DELETE FROM outbox.schema_migrations

@@ -6,7 +6,11 @@
 --     inbox.receive() for every message of a fetch, one row back for each;
 --   * inbox.settle(handler, processed, failed, errors): mark_processed()
 --     and record_error() (FAILED) for a batch of outcomes, returning the rows
---     it moved.
+--     it moved;
+--   * inbox.receive_processed(handler, message_ids, subjects, envelopes):
+--     for in-database handlers, records a fetch already PROCESSED in the
+--     caller's transaction (each row written once), returning the messages
+--     it did not record (duplicates, parked).
 --
 -- Expand only: receive(), mark_processed() and record_error() stay as they
 -- were, for the consumers of release 0.2.0 and for in-database handlers.
@@ -59,6 +63,39 @@ END;
 $$;
 -- end generated
 
+-- generated from sql/50_inbox.sql: inbox._check_receipts
+-- A fetch to record: _check_batch(), one subject and one envelope per id,
+-- and each as receive() takes it (one refused value refuses the call).
+CREATE OR REPLACE FUNCTION inbox._check_receipts(
+    handler text,
+    message_ids uuid[],
+    subjects text[],
+    envelopes jsonb[]
+)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_batch(handler, message_ids);
+    IF cardinality(subjects) IS DISTINCT FROM cardinality(message_ids)
+        OR cardinality(envelopes) IS DISTINCT FROM cardinality(message_ids) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: message_ids, subjects and envelopes must have the same length'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF EXISTS (
+        SELECT FROM unnest(subjects, envelopes) AS i (subject, envelope)
+        WHERE nullif(btrim(i.subject), '') IS NULL OR i.subject ~ '\s' OR length(i.subject) > 1024
+            OR jsonb_typeof(i.envelope) IS DISTINCT FROM 'object' AND i.envelope IS NOT NULL
+            OR octet_length(i.envelope::text) > 67108864
+    ) THEN
+        RAISE EXCEPTION 'INVALID_MESSAGE: a subject or envelope of this batch is refused; inbox.receive() tells which and why'
+            USING ERRCODE = 'OB020';
+    END IF;
+END;
+$$;
+-- end generated
+
 -- generated from sql/50_inbox.sql: inbox.receive_batch
 -- Records every delivery of a fetch, first or repeated, and returns each
 -- row as it now stands, in the order given (ordinal: 1-based position in
@@ -85,21 +122,9 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM inbox._check_batch(receive_batch.handler, receive_batch.message_ids);
-    IF cardinality(receive_batch.subjects) IS DISTINCT FROM cardinality(receive_batch.message_ids)
-        OR cardinality(receive_batch.envelopes) IS DISTINCT FROM cardinality(receive_batch.message_ids) THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: message_ids, subjects and envelopes must have the same length'
-            USING ERRCODE = 'OB006';
-    END IF;
-    IF EXISTS (
-        SELECT FROM unnest(receive_batch.subjects, receive_batch.envelopes) AS i (subject, envelope)
-        WHERE nullif(btrim(i.subject), '') IS NULL OR i.subject ~ '\s' OR length(i.subject) > 1024
-            OR jsonb_typeof(i.envelope) IS DISTINCT FROM 'object' AND i.envelope IS NOT NULL
-            OR octet_length(i.envelope::text) > 67108864
-    ) THEN
-        RAISE EXCEPTION 'INVALID_MESSAGE: a subject or envelope of this batch is refused; inbox.receive() tells which and why'
-            USING ERRCODE = 'OB020';
-    END IF;
+    PERFORM inbox._check_receipts(
+        receive_batch.handler, receive_batch.message_ids, receive_batch.subjects, receive_batch.envelopes
+    );
     -- In message_id order: two batches sharing ids lock them in one order.
     INSERT INTO inbox.messages AS m (message_id, handler, subject, envelope)
     SELECT DISTINCT ON (i.id) i.id, receive_batch.handler, i.subject, i.envelope
@@ -172,12 +197,80 @@ COMMENT ON FUNCTION inbox.settle(text, uuid[], uuid[], text[]) IS
 'Batch of outcomes for one handler: processed -> PROCESSED, failed -> FAILED (errors); returns the rows moved.';
 -- end generated
 
+-- generated from sql/50_inbox.sql: inbox.receive_processed
+-- The in-database batched path: a handler whose work commits in the same
+-- transaction as the inbox rows records a whole fetch as PROCESSED at once,
+-- each row written once. New ids are inserted PROCESSED; RECEIVED/FAILED
+-- rows (an earlier delivery failed) move to PROCESSED. Returns only the
+-- messages it did NOT record, by ordinal (1-based position in message_ids):
+-- status PROCESSED is a duplicate (an id given twice comes back from its
+-- second position on), DEAD_LETTER is parked. Do the handler's work for
+-- every other message in the same transaction, or roll back: then nothing of
+-- the call is kept. A delivery running at the same time waits on the other
+-- transaction's uncommitted rows, then finds them PROCESSED. Same arguments
+-- and refusals as receive_batch().
+CREATE OR REPLACE FUNCTION inbox.receive_processed(
+    handler text,
+    message_ids uuid[],
+    subjects text[],
+    envelopes jsonb[]
+)
+RETURNS TABLE (ordinal integer, message_id uuid, status text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    recorded uuid[];
+BEGIN
+    PERFORM inbox._check_receipts(
+        receive_processed.handler, receive_processed.message_ids, receive_processed.subjects,
+        receive_processed.envelopes
+    );
+    -- In message_id order: two batches sharing ids lock them in one order.
+    WITH written AS (
+        INSERT INTO inbox.messages AS m (message_id, handler, subject, envelope, status, processed_at)
+        SELECT DISTINCT ON (i.id) i.id, receive_processed.handler, i.subject, i.envelope, 'PROCESSED', now()
+        FROM unnest(receive_processed.message_ids, receive_processed.subjects, receive_processed.envelopes)
+            WITH ORDINALITY AS i (id, subject, envelope, n)
+        ORDER BY i.id, i.n
+        ON CONFLICT ON CONSTRAINT messages_pkey DO UPDATE
+        SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL,
+            attempts = m.attempts + 1
+        WHERE m.status IN ('RECEIVED', 'FAILED')
+        RETURNING m.message_id
+    )
+    SELECT coalesce(array_agg(w.message_id), '{}') INTO recorded FROM written AS w;
+    IF cardinality(recorded) = cardinality(receive_processed.message_ids) THEN
+        RETURN;  -- every message recorded (so no id was given twice)
+    END IF;
+    -- A new statement, a new snapshot: it sees the rows another transaction
+    -- settled while this call waited on them. No row at all (purged since):
+    -- status NULL, not recorded either.
+    RETURN QUERY
+    SELECT i.n::integer, i.id, m.status
+    FROM (
+        SELECT u.id, u.n, row_number() OVER (PARTITION BY u.id ORDER BY u.n) AS k
+        FROM unnest(receive_processed.message_ids) WITH ORDINALITY AS u (id, n)
+    ) AS i
+    LEFT JOIN inbox.messages AS m ON m.message_id = i.id AND m.handler = receive_processed.handler
+    WHERE i.k > 1 OR NOT EXISTS (SELECT FROM unnest(recorded) AS r (id) WHERE r.id = i.id)
+    ORDER BY i.n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.receive_processed(text, uuid[], text[], jsonb[]) IS
+'In-database handlers: a fetch recorded PROCESSED in the caller''s transaction; returns what it did not record.';
+-- end generated
+
 REVOKE ALL ON FUNCTION inbox._check_batch(text, uuid[]) FROM public;
+REVOKE ALL ON FUNCTION inbox._check_receipts(text, uuid[], text[], jsonb[]) FROM public;
 REVOKE ALL ON FUNCTION inbox.receive_batch(text, uuid[], text[], jsonb[]) FROM public;
 REVOKE ALL ON FUNCTION inbox.settle(text, uuid[], uuid[], text[]) FROM public;
+REVOKE ALL ON FUNCTION inbox.receive_processed(text, uuid[], text[], jsonb[]) FROM public;
 GRANT EXECUTE ON FUNCTION
 inbox.receive_batch(text, uuid[], text[], jsonb[]),
-inbox.settle(text, uuid[], uuid[], text[])
+inbox.settle(text, uuid[], uuid[], text[]),
+inbox.receive_processed(text, uuid[], text[], jsonb[])
 TO pgoutbox_consumer;
 
 INSERT INTO outbox.schema_migrations (version, name)

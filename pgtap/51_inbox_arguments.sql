@@ -15,9 +15,12 @@
 --   * backlog / dead_letters: a bad context, a handler over 128, bad max_rows
 --   * receive_batch / settle: a malformed handler, a NULL id, arrays of
 --     different lengths, a bad subject, over 10,000 ids, a blank error
+--   * receive_processed: the same checks as receive_batch (a malformed
+--     handler, a NULL id, arrays of different lengths, a bad subject or
+--     envelope, over 10,000 ids), and a refused call writes no row
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(30);
+SELECT plan(38);
 
 -- receive
 SELECT throws_ok(
@@ -138,6 +141,49 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT * FROM inbox.settle('h', '{}', ARRAY[gen_random_uuid()], '{""}')$$,
     'OB006', NULL, 'settle: a blank error text is refused'
+);
+
+-- receive_processed
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_processed('bad handler', ARRAY[gen_random_uuid()], '{sea.event.x.v1}', '{NULL}')$$,
+    'OB020', NULL, 'receive_processed: a malformed handler is refused'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_processed('h', ARRAY[NULL::uuid], '{sea.event.x.v1}', '{NULL}')$$,
+    'OB020', NULL, 'receive_processed: a NULL message id is refused'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_processed('h', ARRAY[gen_random_uuid()], '{sea.event.x.v1}', '{}')$$,
+    'OB006', NULL, 'receive_processed: arrays of different lengths are refused'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_processed('h', ARRAY[gen_random_uuid()], '{"sea.event x.v1"}', '{NULL}')$$,
+    'OB020', NULL, 'receive_processed: a subject with white space refuses the batch'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_processed('h', ARRAY[gen_random_uuid()], '{sea.event.x.v1}', ARRAY['"x"'::jsonb])$$,
+    'OB020', NULL, 'receive_processed: an envelope that is not an object refuses the batch'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_processed(
+        'h', ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 10001)),
+        array_fill('sea.event.x.v1'::text, ARRAY[10001]), array_fill(NULL::jsonb, ARRAY[10001])
+    )$$,
+    'OB006', NULL, 'receive_processed: over 10,000 ids are refused'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.receive_processed(
+        'h', ARRAY['00000000-0000-4000-8000-0000000000d1'::uuid, gen_random_uuid()],
+        '{sea.event.x.v1,""}', '{NULL,NULL}'
+    )$$,
+    'OB020', NULL, 'receive_processed: one blank subject refuses the whole batch'
+);
+SELECT is(
+    (
+        SELECT count(*) FROM inbox.messages
+        WHERE message_id = '00000000-0000-4000-8000-0000000000d1'
+    ), 0::bigint,
+    'receive_processed: a refused call writes no row, not even for its good messages'
 );
 
 SELECT * FROM finish();

@@ -40,7 +40,8 @@ inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval),
 inbox.claim_replays(text, integer),
 inbox.receive_batch(text, uuid[], text[], jsonb[]),
-inbox.settle(text, uuid[], uuid[], text[])
+inbox.settle(text, uuid[], uuid[], text[]),
+inbox.receive_processed(text, uuid[], text[], jsonb[])
 TO pgoutbox_consumer;
 
 GRANT EXECUTE ON FUNCTION

@@ -9,6 +9,15 @@ in the same transaction as its business change. Both commit, or neither:
     SELECT inbox.mark_processed($message_id, 'order_totals');
     COMMIT;                                                 -- then ack the broker
 
+A whole fetch in one transaction (handle_batch_in_transaction) writes each
+inbox row once, already PROCESSED, since it commits with the business change:
+
+    BEGIN;
+    SELECT ordinal, status FROM inbox.receive_processed('order_totals', $ids, $subjects, $envelopes);
+    -- the messages returned were NOT recorded: duplicates (PROCESSED) or parked
+    UPDATE shop.order_totals SET ...;                      -- for every other one
+    COMMIT;                                                 -- then ack them all
+
 A second delivery of the same message running at the same time waits on the
 first one's uncommitted inbox row, then finds it PROCESSED. The connection's
 role needs pgoutbox_consumer (the inbox functions are granted to it).
@@ -75,9 +84,9 @@ async def handle_batch_in_transaction(
     last_deliveries: list[bool] | None = None,
 ) -> list[str | Exception]:
     """handle_in_transaction() for a whole fetch: one transaction records the
-    batch in the inbox (inbox.receive_batch), runs apply for each message
-    that is not PROCESSED / DEAD_LETTER yet, and marks them processed
-    (inbox.settle). Returns one outcome per envelope, in order: "processed",
+    batch in the inbox already PROCESSED (inbox.receive_processed: each row
+    written once) and runs apply for each message it recorded, i.e. not
+    PROCESSED / DEAD_LETTER before. Returns one outcome per envelope, in order: "processed",
     "duplicate", "parked", or the exception its apply raised (do not ack
     that one). When anything in the batch fails, the whole batch rolls back
     and each message goes through handle_in_transaction() on its own, so
@@ -117,30 +126,27 @@ async def _has_batches(conn: psycopg.AsyncConnection) -> bool:
 async def _batch(
     conn: psycopg.AsyncConnection, handler: str, envelopes: list[dict[str, Any]], apply: Apply
 ) -> list[str | Exception]:
-    outcomes: list[str | Exception] = []
-    applied: list[str] = []
+    outcomes: list[str | Exception] = ["processed"] * len(envelopes)
     # Pipeline mode: the business changes of the batch go to the server
     # without waiting for each other's answers (an error still rolls back all).
     async with conn.pipeline(), conn.transaction():
-        rows = await inbox_store.receive_batch(
+        # The inbox rows are written PROCESSED at once (each row once): they
+        # commit with the business changes below, or roll back with them.
+        skipped = await inbox_store.receive_processed(
             conn,
             handler,
             [e["message_id"] for e in envelopes],
             [e["subject"] for e in envelopes],
-            [json.dumps(e, separators=(",", ":")) for e in envelopes],
+            [_dumps(e) for e in envelopes],
         )
-        seen: set[str] = set()
-        for envelope, row in zip(envelopes, rows, strict=True):
-            message_id = envelope["message_id"]
-            if row["status"] == "PROCESSED" or message_id in seen:  # seen: the same id earlier in this batch
-                outcomes.append("duplicate")
-            elif row["status"] == "DEAD_LETTER":
-                outcomes.append("parked")
-            else:
+        for ordinal, status in skipped:
+            # Not recorded: PROCESSED already (or the same id earlier in this
+            # batch), or DEAD_LETTER.
+            outcomes[ordinal - 1] = "parked" if status == "DEAD_LETTER" else "duplicate"
+        for envelope, outcome in zip(envelopes, outcomes, strict=True):
+            if outcome == "processed":
                 await apply(conn, envelope)
-                applied.append(message_id)
-                outcomes.append("processed")
-            seen.add(message_id)
-        if applied:
-            await inbox_store.settle(conn, handler, applied, [], [])
     return outcomes
+
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode

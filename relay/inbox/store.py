@@ -118,6 +118,23 @@ async def settle(conn, handler: str, processed: list[str], failed: list[str], er
             return {row[0] for row in await cur.fetchall()}
 
 
+async def receive_processed(
+    conn, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
+) -> list[tuple[int, str | None]]:
+    """inbox.receive_processed(), in the caller's transaction: (ordinal,
+    status) of each message it did not record, 1-based; none when it recorded
+    them all. `envelopes` are JSON texts."""
+    async with conn.cursor() as cur:
+        with wrap_exceptions():
+            await cur.execute(
+                # %b: arrays in the binary format, sent as they are; in text,
+                # psycopg escapes every quote of every JSON text in Python.
+                "SELECT ordinal, status FROM inbox.receive_processed(%s, %b::uuid[], %b::text[], %b::jsonb[])",
+                (handler, ids, subjects, envelopes),
+            )
+            return await cur.fetchall()
+
+
 class Inbox:
     """The same calls, each on a pooled connection in its own transaction."""
 

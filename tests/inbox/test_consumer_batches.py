@@ -199,6 +199,97 @@ async def test_a_batch_in_the_database_applies_each_new_message_once_and_isolate
     assert row["status"] == "DEAD_LETTER" and row["last_error"] == "ValueError: negative"
 
 
+def _receive_processed(conn, envelopes: list[dict]) -> list[tuple]:
+    return conn.execute(
+        "SELECT ordinal, message_id::text, status FROM inbox.receive_processed(%s, %s::uuid[], %s::text[], %s::jsonb[])",
+        (
+            H,
+            [e["message_id"] for e in envelopes],
+            [e["subject"] for e in envelopes],
+            [psycopg.types.json.Jsonb(e) for e in envelopes],
+        ),
+    ).fetchall()
+
+
+def test_receive_processed_writes_new_rows_processed_and_returns_only_those_it_did_not_record(database_url):
+    new, done, failed, parked, dropped = (_envelope() for _ in range(5))
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for e in (done, failed, parked):
+            conn.execute("SELECT inbox.receive(%s, %s, %s)", (e["message_id"], H, SUBJECT))
+        conn.execute("SELECT inbox.mark_processed(%s, %s)", (done["message_id"], H))
+        conn.execute("SELECT inbox.record_error(%s, %s, 'HTTP 500')", (failed["message_id"], H))
+        conn.execute("SELECT inbox.record_error(%s, %s, 'poison', dead => true)", (parked["message_id"], H))
+        with conn.transaction():
+            skipped = _receive_processed(conn, [new, done, failed, parked, new])
+        # Rolled back with the business change: nothing of the call is kept.
+        with pytest.raises(RuntimeError), conn.transaction():
+            assert _receive_processed(conn, [dropped]) == []
+            raise RuntimeError("the business change fails")
+        assert _receive_processed(conn, []) == []
+    assert skipped == [
+        (2, done["message_id"], "PROCESSED"),  # a duplicate
+        (4, parked["message_id"], "DEAD_LETTER"),
+        (5, new["message_id"], "PROCESSED"),  # the same id earlier in this call
+    ]
+    row = inbox_row(database_url, new["message_id"], H)
+    assert (row["status"], row["attempts"], row["envelope"]) == ("PROCESSED", 1, new)
+    assert row["processed_at"] >= row["received_at"]
+    row = inbox_row(database_url, failed["message_id"], H)  # a redelivery after a failure: counted
+    assert (row["status"], row["attempts"], row["last_error"]) == ("PROCESSED", 2, None)
+    assert inbox_row(database_url, done["message_id"], H)["attempts"] == 1
+    assert inbox_row(database_url, parked["message_id"], H)["status"] == "DEAD_LETTER"
+    assert inbox_row(database_url, dropped["message_id"], H) is None
+
+
+@pytest.mark.parametrize("first_commits", [True, False])
+async def test_receive_processed_waits_on_a_concurrent_delivery_then_sees_its_outcome(database_url, first_commits):
+    """A second delivery of the same message, while the first transaction is
+    open: it waits, then finds the row PROCESSED (first committed: a
+    duplicate) or records it itself (first rolled back)."""
+    e = _envelope()
+    args = (H, [e["message_id"]], [SUBJECT], [psycopg.types.json.Jsonb(e)])
+    query = "SELECT ordinal, status FROM inbox.receive_processed(%s, %s::uuid[], %s::text[], %s::jsonb[])"
+    first = await psycopg.AsyncConnection.connect(database_url)
+    second = await psycopg.AsyncConnection.connect(database_url)
+    try:
+        assert await (await first.execute(query, args)).fetchall() == []
+        waiting = asyncio.ensure_future(second.execute(query, args))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # blocked on the first one's uncommitted row
+        await (first.commit() if first_commits else first.rollback())
+        rows = await (await asyncio.wait_for(waiting, 10)).fetchall()
+        await second.commit()
+    finally:
+        await first.close()
+        await second.close()
+    assert rows == ([(1, "PROCESSED")] if first_commits else [])
+    row = inbox_row(database_url, e["message_id"], H)
+    assert (row["status"], row["attempts"]) == ("PROCESSED", 1)
+
+
+async def test_a_batch_in_the_database_skips_parked_messages_and_retries_failed_ones(database_url):
+    failed, parked = _envelope(), _envelope()
+    applied: list[str] = []
+
+    async def apply(conn, envelope):
+        applied.append(envelope["message_id"])
+
+    with psycopg.connect(database_url, autocommit=True) as sync:
+        for e in (failed, parked):
+            sync.execute("SELECT inbox.receive(%s, %s, %s)", (e["message_id"], H, SUBJECT))
+        sync.execute("SELECT inbox.record_error(%s, %s, 'timeout')", (failed["message_id"], H))
+        sync.execute("SELECT inbox.record_error(%s, %s, 'poison', dead => true)", (parked["message_id"], H))
+    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    try:
+        assert await handle_batch_in_transaction(conn, H, [parked, failed], apply) == ["parked", "processed"]
+        assert await handle_batch_in_transaction(conn, H, [failed], apply) == ["duplicate"]
+    finally:
+        await conn.close()
+    assert applied == [failed["message_id"]]
+    assert inbox_row(database_url, failed["message_id"], H)["status"] == "PROCESSED"
+    assert inbox_row(database_url, parked["message_id"], H)["status"] == "DEAD_LETTER"
+
+
 @pytest.mark.slow
 async def test_two_consumer_processes_on_one_durable_process_every_message_exactly_once(
     tmp_path, database_url, nats_server

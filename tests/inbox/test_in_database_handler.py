@@ -67,9 +67,11 @@ async def test_the_example_commits_business_change_and_marker_together(database_
 async def test_a_concurrent_second_delivery_waits_then_sees_the_first_one_committed(database_url):
     envelope = {"message_id": event()["event_id"], "subject": "sea.event.order_created.v1", "payload": {}}
     applied = []
+    holding = asyncio.Event()
 
     async def slow_apply(conn, env):
         applied.append(env["message_id"])
+        holding.set()  # its inbox row is written, not committed
         await asyncio.sleep(0.5)  # the first delivery holds its transaction open
 
     first = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
@@ -83,7 +85,7 @@ async def test_a_concurrent_second_delivery_waits_then_sees_the_first_one_commit
 
     try:
         one = asyncio.create_task(deliver(first, "first"))
-        await asyncio.sleep(0.1)  # the first holds its uncommitted inbox row
+        await asyncio.wait_for(holding.wait(), 10)  # the first holds its uncommitted inbox row
         two = asyncio.create_task(deliver(second, "second"))
         results = await asyncio.gather(one, two)
     finally:
