@@ -101,7 +101,8 @@ async def receive_batch(conn, handler: str, ids: list[str], subjects: list[str],
     async with conn.cursor(row_factory=dict_row) as cur:
         with wrap_exceptions():
             await cur.execute(
-                "SELECT * FROM inbox.receive_batch(%s, %s::uuid[], %s::text[], %s::jsonb[])",
+                # %b: binary arrays (see receive_processed)
+                "SELECT * FROM inbox.receive_batch(%s, %b::uuid[], %b::text[], %b::jsonb[])",
                 (handler, ids, subjects, envelopes),
             )
             return await cur.fetchall()
