@@ -214,7 +214,7 @@ def main() -> None:
                     ]
             print(
                 f"\n{writers} writer{'s' if writers > 1 else ''}: {'side':<8}{'tx/s':>8}{'vs plain':>10}"
-                f"{'rounds':>28}   CPU us/tx: {'backend':>8}{'server':>8}{'writer':>8}"
+                f"  {'rounds':>38}   CPU us/tx: {'backend':>8}{'server':>8}{'writer':>8}"
             )
             for side in sides:
                 rows = got[side]
@@ -225,7 +225,7 @@ def main() -> None:
                 rounds = "/".join(f"{x['tps']:,.0f}" for x in rows)
                 print(
                     f"{'':12}{side:<8}{statistics.median(x['tps'] for x in rows):>8,.0f}{ratio:>10}"
-                    f"{rounds:>28}   {'':11}"
+                    f"  {rounds:>38}   {'':11}"
                     + "".join(
                         f"{statistics.median(x[k] for x in rows):>8.0f}"
                         for k in ("backend_us", "server_us", "client_us")
