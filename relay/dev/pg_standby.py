@@ -163,6 +163,15 @@ class StandbyPair:
             ).fetchone()
         return int(row[0]) if row else -1
 
+    def wait_replayed(self, timeout: float = 30.0) -> None:
+        """Until the standby has replayed all the WAL the primary has written
+        (an asynchronous standby answers reads from where its replay is)."""
+        deadline = time.monotonic() + timeout
+        while self.lag_bytes() != 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the standby on port {self.standby.port} still lags after {timeout}s")
+            time.sleep(0.05)
+
     def promote(self, mode: str = "immediate", *, relax: bool = False) -> float:
         """Retire the primary (pg_ctl stop -m `mode`: immediate is a crash,
         fast a clean shutdown that first streams its WAL to the standby),

@@ -38,6 +38,7 @@ docs/consumer.md lists the cases.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -72,13 +73,16 @@ class Heartbeat:
         # id(msg) -> (msg, next beat, interval): nats-py's Msg is not hashable.
         self._due: dict[int, tuple[Any, float, float]] = {}
         self._tick = 1.0
+        self._shorter = asyncio.Event()  # the tick shrank: the sleep under way is too long
 
     def track(self, msgs, interval: float) -> None:
         due = time.monotonic() + interval
         for msg in msgs:
             self._due[id(msg)] = (msg, due, interval)
         # Beats are at most a quarter of an interval late.
-        self._tick = min(self._tick, interval / 4)
+        if interval / 4 < self._tick:
+            self._tick = interval / 4
+            self._shorter.set()
 
     def done(self, msg) -> None:
         self._due.pop(id(msg), None)
@@ -86,7 +90,9 @@ class Heartbeat:
     async def run(self) -> None:
         """Until cancelled: also while the consumer drains its in-flight messages."""
         while True:
-            await asyncio.sleep(self._tick)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._shorter.wait(), self._tick)
+            self._shorter.clear()
             now = time.monotonic()
             late = [(key, msg, interval) for key, (msg, due, interval) in self._due.items() if due <= now]
             for key, msg, interval in late:

@@ -193,6 +193,7 @@ def pair():
     pair.start()
     with psycopg.connect(pair.url(), autocommit=True) as conn:
         migrate.migrate(conn)
+    pair.wait_replayed()  # the tests that read the standby find the schema there
     yield pair
     pair.stop("immediate")
     shutil.rmtree(root, ignore_errors=True)

@@ -30,7 +30,8 @@ SCHEMAS = ("outbox", "inbox")
 
 
 def functions(conn: psycopg.Connection) -> dict[str, tuple[str, bool, frozenset[str]]]:
-    """signature -> (result, SECURITY DEFINER, roles with EXECUTE)."""
+    """signature -> (result, SECURITY DEFINER, roles with EXECUTE); trigger
+    functions left out: no worker calls them, the table's triggers do."""
     rows = conn.execute(
         """
         SELECT p.oid::regprocedure::text, pg_get_function_result(p.oid), p.prosecdef,
@@ -39,7 +40,7 @@ def functions(conn: psycopg.Connection) -> dict[str, tuple[str, bool, frozenset[
         INNER JOIN pg_namespace AS n ON p.pronamespace = n.oid
         LEFT JOIN LATERAL aclexplode(p.proacl) AS a ON a.privilege_type = 'EXECUTE'
         LEFT JOIN pg_roles AS r ON a.grantee = r.oid
-        WHERE n.nspname = ANY(%s)
+        WHERE n.nspname = ANY(%s) AND p.prorettype <> 'trigger'::regtype
         GROUP BY 1, 2, 3
         """,
         (list(SCHEMAS),),
