@@ -82,7 +82,7 @@ SELECT is(
         SELECT format('%s|%s', status, dlq_metadata) FROM inbox.messages
         WHERE message_id = :'failed_id'
     ),
-    'FAILED|{}', 'a transient failure leaves dlq_metadata alone'
+    'FAILED|{"failures": 1}', 'a transient failure only counts itself in dlq_metadata'
 );
 
 -- claim_replays.

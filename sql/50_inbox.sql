@@ -206,7 +206,10 @@ COMMENT ON FUNCTION inbox.mark_processed(uuid, text) IS
 'RECEIVED/FAILED -> PROCESSED; in the handler''s own transaction for in-database handlers.';
 
 -- Records a handler failure: FAILED (transient, will be redelivered) or,
--- with dead => true, DEAD_LETTER (poison, or the last allowed delivery).
+-- with dead => true, DEAD_LETTER (poison, or the last allowed failure).
+-- Either way dlq_metadata.failures counts it: the consumer dead-letters on
+-- the failure that reaches the handler's max_deliver, so that deliveries
+-- cut short by an outage or a crash (which record no failure) never do.
 -- A dead letter gets its replay bookkeeping in dlq_metadata (keys listed in
 -- sql/60_inbox_replay.sql): replay_after schedules the next automated replay
 -- from now; NULL parks the row (replay off for the handler, or cap reached)
@@ -242,8 +245,10 @@ BEGIN
     UPDATE inbox.messages AS m
     SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
         last_error = outbox._clip_error(record_error.error),
-        dlq_metadata = CASE WHEN NOT dead THEN m.dlq_metadata ELSE
-            m.dlq_metadata || jsonb_build_object(
+        dlq_metadata = m.dlq_metadata
+        || jsonb_build_object('failures', coalesce((m.dlq_metadata ->> 'failures')::integer, 0) + 1)
+        || CASE WHEN NOT dead THEN '{}'::jsonb ELSE
+            jsonb_build_object(
                 'dead_lettered_at', now(),
                 'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0) + 1,
                 'replay_attempts', coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
@@ -261,6 +266,43 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
 'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
+
+-- An in-database handler's failure (its business transaction rolled back,
+-- the inbox row with it): records the delivery again and the error, in the
+-- caller's new transaction, and marks the row dlq_metadata.in_database. Its
+-- replays would go to a subject only the pgoutbox consumer reads, so such a
+-- dead letter is neither replayed automatically nor redriven (OB031): its
+-- application re-runs it.
+CREATE OR REPLACE FUNCTION inbox.record_in_database_error(
+    message_id uuid,
+    handler text,
+    subject text,
+    envelope jsonb,
+    error text,
+    dead boolean DEFAULT FALSE
+)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    row := inbox.receive(message_id, handler, subject, envelope);
+    IF row.status NOT IN ('RECEIVED', 'FAILED') THEN
+        RETURN row;  -- settled by another delivery meanwhile: its outcome stands
+    END IF;
+    PERFORM inbox.record_error(message_id, handler, error, dead);
+    UPDATE inbox.messages AS m
+    SET dlq_metadata = m.dlq_metadata || '{"in_database": true}'::jsonb
+    WHERE m.message_id = record_in_database_error.message_id AND m.handler = record_in_database_error.handler
+    RETURNING * INTO row;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.record_in_database_error(uuid, text, text, jsonb, text, boolean) IS
+'In-database handlers: receive() and record_error() after a rolled-back attempt; the row is marked in_database.';
 
 -- QRY-051: unprocessed messages per context and handler.
 CREATE OR REPLACE FUNCTION inbox.backlog(context text DEFAULT NULL)
@@ -401,7 +443,8 @@ COMMENT ON FUNCTION inbox.receive_batch(text, uuid[], text[], jsonb[]) IS
 'inbox.receive() for a whole fetch of one handler: one row per message, in order; process only RECEIVED/FAILED.';
 
 -- Settles a batch of one handler's outcomes: `processed` -> PROCESSED,
--- `failed` -> FAILED with the error of the same position. Returns the rows
+-- `failed` -> FAILED with the error of the same position, counted in
+-- dlq_metadata.failures as record_error() counts it. Returns the rows
 -- it moved; a message it does not return was not RECEIVED/FAILED (another
 -- delivery settled it first: its outcome stands) or has no inbox row.
 -- Dead letters go through record_error(), after their DLQ notice.
@@ -436,7 +479,12 @@ BEGIN
         UPDATE inbox.messages AS m
         SET status = CASE WHEN w.error IS NULL THEN 'PROCESSED' ELSE 'FAILED' END,
             processed_at = CASE WHEN w.error IS NULL THEN greatest(now(), m.received_at) END,
-            last_error = outbox._clip_error(w.error)
+            last_error = outbox._clip_error(w.error),
+            dlq_metadata = CASE WHEN w.error IS NULL THEN m.dlq_metadata ELSE
+                m.dlq_metadata || jsonb_build_object(
+                    'failures', coalesce((m.dlq_metadata ->> 'failures')::integer, 0) + 1
+                )
+            END
         FROM wanted AS w
         WHERE m.message_id = w.id AND m.handler = settle.handler
             AND m.status IN ('RECEIVED', 'FAILED')

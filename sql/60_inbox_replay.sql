@@ -15,6 +15,10 @@
 --   redrive_requested  true from inbox.redrive() until the replayer takes it
 --   redrives           operator redrives so far
 --   last_replay_at, last_replay_by   the last re-publication and its worker
+--   failures           handler failures since the row was received or last
+--                      replayed (record_error, settle; reset by claim_replays)
+--   in_database        written by an in-database handler: never replayed or
+--                      redriven here (its application re-runs it)
 
 -- The operators' runtime switch. No row means automated replay is on.
 CREATE TABLE IF NOT EXISTS inbox.replay_switches (
@@ -88,6 +92,7 @@ BEGIN
         FROM inbox.messages AS m
         WHERE m.status = 'DEAD_LETTER'
             AND m.envelope IS NOT NULL
+            AND NOT m.dlq_metadata ? 'in_database'
             AND (m.dlq_metadata ->> 'next_replay_at')::timestamptz <= now()
             AND (
                 coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
@@ -111,6 +116,7 @@ BEGIN
             ) + 1,
             'next_replay_at', NULL,
             'redrive_requested', FALSE,
+            'failures', 0,
             'last_replay_at', now(),
             'last_replay_by', worker
         )
@@ -166,10 +172,11 @@ BEGIN
     END IF;
     SELECT array_agg(m.message_id) INTO bad
     FROM inbox.messages AS m
-    WHERE m.handler = redrive.handler AND m.status = 'DEAD_LETTER' AND m.envelope IS NULL
+    WHERE m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+        AND (m.envelope IS NULL OR m.dlq_metadata ? 'in_database')
         AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'MESSAGE_NOT_REPLAYABLE: % of the messages have no stored envelope to re-publish', cardinality(bad)
+        RAISE EXCEPTION 'MESSAGE_NOT_REPLAYABLE: % of the messages were written by an in-database handler or have no stored envelope to re-publish', cardinality(bad)
             USING ERRCODE = 'OB031', DETAIL = array_to_string(bad, ', '),
                   HINT = 'Rows written by in-database handlers are redriven by their own application.';
     END IF;

@@ -41,7 +41,8 @@ inbox.record_error(uuid, text, text, boolean, interval),
 inbox.claim_replays(text, integer),
 inbox.receive_batch(text, uuid[], text[], jsonb[]),
 inbox.settle(text, uuid[], uuid[], text[]),
-inbox.receive_processed(text, uuid[], text[], jsonb[])
+inbox.receive_processed(text, uuid[], text[], jsonb[]),
+inbox.record_in_database_error(uuid, text, text, jsonb, text, boolean)
 TO pgoutbox_consumer;
 
 GRANT EXECUTE ON FUNCTION

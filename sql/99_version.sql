@@ -8,7 +8,8 @@ VALUES
 (8, '0008_broker_loss_repair'),
 (9, '0009_inbox_batches'),
 (10, '0010_archival_operations'),
-(11, '0011_emit_path')
+(11, '0011_emit_path'),
+(12, '0012_consumer_failures')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();
