@@ -11,9 +11,10 @@ import asyncio
 from pgoutbox.cli.consume import stop_on_signals
 from pgoutbox.core import db, settings
 from pgoutbox.core import logs as json_logs
+from pgoutbox.core.stopping import until_stopped
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
-from pgoutbox.inbox.consumer import check_schema, connect_nats, until_stopped
+from pgoutbox.inbox.consumer import check_schema, connect_nats
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.store import Inbox

@@ -134,16 +134,26 @@ def _emitter_headers(extra: Any) -> dict[str, str]:
     return headers
 
 
+def header_value_problem(value: str) -> str | None:
+    """Why NATS would not carry a header value unaltered, or None: the one
+    rule for the relay and the replayer (what they publish) and the consumer
+    (what it admits into the inbox, from which replays are built). nats-py
+    strips every value it publishes as Python's str.strip() does (Unicode
+    white space, U+00A0 and U+001F included) and turns CR/LF into spaces; on
+    receipt it strips ASCII white space only, so a foreign client's "t\u00a0"
+    arrives whole but could never be re-published as it came."""
+    if "\r" in value or "\n" in value:
+        return "has CR or LF, which NATS does not carry unaltered"
+    if value != value.strip():
+        return "has white space at an end (Unicode included), which NATS clients strip"
+    return None
+
+
 def _check_values(headers: Mapping[str, str]) -> None:
-    # nats-py strips each value and turns CR/LF into spaces: such a value
-    # would arrive altered (or, unescaped, end the header block).
     for name, value in headers.items():
-        if "\r" in value or "\n" in value or value != value.strip():
-            raise WireError(
-                "BAD_HEADER",
-                f"header {name} value {_show(value)} has CR/LF or leading/trailing "
-                "whitespace, which NATS does not carry unaltered",
-            )
+        problem = header_value_problem(value)
+        if problem is not None:
+            raise WireError("BAD_HEADER", f"header {name} value {_show(value)} {problem}")
         if name.lower() in TRACE_HEADERS and not _HTTP_VALUE.match(value):
             # The consumer passes the trace context on as HTTP headers of the handler call.
             raise WireError("BAD_HEADER", f"header {name} value {_show(value)} is not visible ASCII")
@@ -244,7 +254,9 @@ def _check_subject_headers(ours: dict[str, tuple[str, str]], context: str, event
             raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} contradicts the subject ({expected!r})")
     if "event_version" in ours:
         name, value = ours["event_version"]
-        if not (value.isascii() and value.isdigit() and int(value) == version):
+        # Digits compared as text: int() of a long enough digit string raises
+        # (Python refuses over 4,300 digits), and a version has at most 9.
+        if not (value.isascii() and value.isdigit() and value.lstrip("0") == str(version)):
             raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} contradicts the subject ({version})")
 
 
@@ -268,6 +280,14 @@ def _storable(value: Any, where: str) -> None:
                 raise InvalidMessage(f"{where} contains an unpaired surrogate ({exc.reason})") from None
         elif isinstance(item, float) and not math.isfinite(item):
             raise InvalidMessage(f"{where} contains a number out of range ({item})")
+
+
+def _admitted_value(name: str, value: str) -> None:
+    """A header value the envelope keeps: storable, and one a replay can carry unaltered."""
+    _storable(value, f"header {name}")
+    problem = header_value_problem(value)
+    if problem is not None:
+        raise InvalidMessage(f"header {name} value {_show(value, _SHOWN)} {problem}")
 
 
 def _refuse_constant(name: str) -> Any:
@@ -313,13 +333,14 @@ def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> d
     for field in _FIELDS.values():
         envelope[field] = ours[field][1] if field in ours else None
         if field in ours:
-            _storable(ours[field][1], f"header {ours[field][0]}")
+            _admitted_value(*ours[field])
     envelope.update(context=context, event_type=event_type, event_version=version)
     envelope["payload"] = _payload(body)
     trace = {}
     for name in TRACE_HEADERS:
         if name in headers:
             value = headers[name]
+            _admitted_value(name, value)
             if not _HTTP_VALUE.match(value):
                 raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} has characters an HTTP header cannot carry")
             trace[name] = value

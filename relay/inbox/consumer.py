@@ -1,5 +1,5 @@
 """The inbox consumer: JetStream durable pull consumers, one per
-handler of the generated registry, feeding message_flow with bounded
+handler of the generated registry, feeding the message flow (flow.py) with bounded
 concurrency.
 
 For each handler it binds two durables named after the handler:
@@ -9,9 +9,13 @@ For each handler it binds two durables named after the handler:
   * on the context's DLQ stream, filtered on `{context}.dlq.replay.{handler}`:
     the replays addressed to this handler only.
 
-It also listens to JetStream's MAX_DELIVERIES advisories for those durables:
-a last delivery that got no outcome here (the process died, or lost
-PostgreSQL or NATS) is dead-lettered from the advisory instead of vanishing.
+Both durables redeliver without a limit (max_deliver -1): the handler's
+max_deliver counts its failures in the inbox (see flow), so no message
+depends on JetStream's MAX_DELIVERIES advisory, which nobody is guaranteed
+to receive, and no outage or crash uses up its deliveries.
+
+While PostgreSQL is away the fetch loops wait (flow.DatabaseGate): nothing
+is fetched that could not be recorded, and the messages in hand wait for it.
 
 Backpressure: a fetch never asks for more messages than the handler has free
 slots (`concurrency`), so nothing waits unprocessed while its ack_wait runs;
@@ -25,7 +29,7 @@ server closes for good (nats-py's CLOSED state: after a protocol error such
 as a too-large publish) is re-established here, and the pull subscriptions
 and advisory subscriptions bound again on it.
 
-Shutdown (SIGTERM/SIGINT, see commands/consume.py), at any moment, start-up
+Shutdown (SIGTERM/SIGINT, see cli/consume.py), at any moment, start-up
 included: stop fetching, let the in-flight messages finish for up to
 drain_timeout, then close. A message that did not finish is simply not
 acknowledged: JetStream redelivers it and the inbox tells what was already
@@ -36,8 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import json
 import logging
 import time
 from typing import Any
@@ -51,17 +53,18 @@ from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, reconnect_delays
 from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable
 from pgoutbox.core.health import HealthServer
+from pgoutbox.core.stopping import until_stopped
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
-from pgoutbox.inbox.flow import MessageFlow
+from pgoutbox.inbox.flow import DatabaseGate, MessageFlow, transient
 from pgoutbox.inbox.handler_client import HandlerClient
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
 from pgoutbox.inbox.store import Inbox
 
-log = logging.getLogger("pgoutbox.inbox.consumer")
+log = logging.getLogger(__name__)
 
 
 def nats_servers(url: str) -> list[str]:
@@ -73,23 +76,6 @@ def nats_where(url: str) -> str:
     return ",".join(
         s.partition("://")[2].rpartition("@")[2] if "://" in s else s.rpartition("@")[2] for s in nats_servers(url)
     )
-
-
-async def until_stopped(aw, stopping: asyncio.Event) -> bool:
-    """Awaits aw unless `stopping` is set first (aw is then cancelled); True when aw finished."""
-    task = asyncio.ensure_future(aw)
-    stop = asyncio.ensure_future(stopping.wait())
-    try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.done() and not task.cancelled():
-        task.result()  # raises what aw raised
-        return True
-    return False
 
 
 async def connect_nats(url: str, name: str, *, retry: bool = True, closed_cb=None):
@@ -217,7 +203,8 @@ class Consumer:
         self._background: list[asyncio.Task] = []
         self._in_flight: set[asyncio.Task] = set()
         self._db_ok = False
-        self._db_lost_every = Every()  # one "left for redelivery" line per outage
+        self._left_every = Every()  # one "left for redelivery" line per outage
+        self.gate: DatabaseGate | None = None
 
     # -- life cycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -238,6 +225,7 @@ class Consumer:
         self.pool = inbox_store.pool(cfg.database_url, cfg.db_pool_size)
         self.inbox = Inbox(self.pool)
         await self._check_schema()
+        self.gate = DatabaseGate(self.inbox.schema_version)
         self.client = HandlerClient(per_origin=max(h.concurrency for h in self.handlers) + 1)
         self.flow = MessageFlow(
             inbox=self.inbox,
@@ -248,6 +236,7 @@ class Consumer:
             retry_backoff=self._retry_backoff,
             replay_backoff=self._replay_backoff,
             stopping=self.stopping,
+            gate=self.gate,
         )
         await self._bind_all()
         self._started = True
@@ -291,6 +280,8 @@ class Consumer:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self.gate is not None:
+            self.gate.close()
         if self.health:
             self.health.stop()
         if self.client is not None:
@@ -385,7 +376,9 @@ class Consumer:
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=h.ack_wait,
-            max_deliver=h.max_deliver,
+            # No limit: the inbox counts the handler's failures (h.max_deliver),
+            # so that deliveries lost to an outage or a crash cost nothing.
+            max_deliver=-1,
             max_ack_pending=h.max_ack_pending,
             filter_subjects=subjects,
         )
@@ -449,16 +442,6 @@ class Consumer:
                 h, [dlq.replay_subject(spec.context, h.name)], f"pgoutbox replays for handler {h.name}"
             ),
         )
-        # JetStream gives up after max_deliver without telling anyone but an
-        # advisory: a last delivery that got no outcome here (the consumer
-        # died, or lost PostgreSQL/NATS) is dead-lettered from it. A queue
-        # group, so that one process of many handles each advisory.
-        for stream in (spec.stream, dlq_stream):
-            await self.nc.subscribe(
-                f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{h.name}",
-                queue=f"pgoutbox_{h.name}",
-                cb=functools.partial(self._on_max_deliveries, h),
-            )
         self._bound.add(h.name)
         # Replays are rare: their own single slot, so that an idle replay pull
         # never holds capacity the event stream needs.
@@ -474,7 +457,11 @@ class Consumer:
         """Fetches for as long as the consumer runs: no error ends it (a closed
         connection is re-established by _keep_connected, which restarts it)."""
         every = Every()
+        assert self.gate is not None
         while not self.stopping.is_set():
+            # Nothing is fetched that could not be recorded.
+            if not await self.gate.wait(self.stopping):
+                return
             wanted = await slots.take(batch)
             try:
                 msgs = await sub.fetch(wanted, timeout=self.cfg.fetch_timeout)
@@ -491,86 +478,59 @@ class Consumer:
                 continue
             slots.give(wanted - len(msgs))
             if msgs:
-                task = asyncio.create_task(self._process(h, msgs, slots))
-                self._in_flight.add(task)
-                task.add_done_callback(self._in_flight.discard)
+                self._track(self._process(h, msgs, slots))
+
+    def _track(self, work) -> None:
+        """An in-flight task, waited for at shutdown; an exception it raises
+        (a defect: flow reports each message itself) is logged, never left
+        unretrieved."""
+        task = asyncio.create_task(work)
+        self._in_flight.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("in-flight task failed", exc_info=task.exception())
 
     async def _process(self, h: HandlerRuntime, msgs: list, slots: Slots) -> None:
-        """One fetch, through message_flow; each message frees its slot and
-        is counted as soon as it finishes."""
+        """One fetch, through the message flow; each message frees its slot
+        and is counted as soon as it finishes (flow reports each exactly once)."""
         gauge = self.metrics.in_flight.labels(h.name)
         gauge.inc(len(msgs))
 
         def done(msg, outcome: str | Exception | None) -> None:
             gauge.dec()
             slots.give(1)
-            if outcome is None:  # cancelled: redelivered, not counted
+            if outcome is None:  # cancelled, or the consumer stopped: redelivered, not counted
                 return
-            if isinstance(outcome, DatabaseUnavailable):
-                # PostgreSQL is away (a restart, a failover): one line per outage
-                # rather than a traceback per message, and the message comes back
-                # after the retry delay instead of after ack_wait.
-                self._db_ok = False  # the backlog check says when it is back
-                if self._db_lost_every():
-                    log.warning(
-                        "messages left for redelivery: %s",
-                        outcome,
-                        extra={"handler": h.name, "action": "db_retry"},
-                    )
-                self._nak_later(msg)
-                outcome = "error"
-            elif isinstance(outcome, Exception):
-                log.error(
-                    "message left unacknowledged after an error",
-                    exc_info=outcome,
-                    extra={"handler": h.name, "subject": msg.subject},
-                )
+            if isinstance(outcome, Exception):
+                self._left(h, msg, outcome)
                 outcome = "error"
             self.metrics.count(h.name, outcome)
 
         await self.flow.handle_fetch(msgs, h, done)
 
-    def _nak_later(self, msg) -> None:
+    def _left(self, h: HandlerRuntime, msg, exc: Exception) -> None:
+        """A message left unacknowledged (a server away, or a failure to
+        dead-letter it): nak'ed with the retry delay of its delivery, so that
+        it comes back without waiting for ack_wait; it records no failure."""
+        if transient(exc):
+            if self._left_every():  # one line per outage, not a traceback per message
+                log.warning("messages left for redelivery: %s", exc, extra={"handler": h.name, "action": "left"})
+        else:
+            log.error(
+                "message left unacknowledged after an error",
+                exc_info=exc,
+                extra={"handler": h.name, "subject": msg.subject},
+            )
+        delay = self._retry_backoff.delay(max(1, msg.metadata.num_delivered))
+
         async def nak() -> None:
             with contextlib.suppress(Exception):  # no connection: ack_wait redelivers it anyway
-                await msg.nak(delay=self.cfg.retry_delay)
+                await msg.nak(delay=delay)
 
-        task = asyncio.create_task(nak())
-        self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
-
-    async def _on_max_deliveries(self, h: HandlerRuntime, advisory_msg) -> None:
-        try:
-            advisory = json.loads(advisory_msg.data)
-        except ValueError:
-            log.error("unreadable MAX_DELIVERIES advisory", extra={"handler": h.name})
-            return
-        task = asyncio.create_task(self._exhausted(h, advisory))
-        self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
-
-    async def _exhausted(self, h: HandlerRuntime, advisory: dict) -> None:
-        try:
-            raw = await self.js.get_msg(advisory["stream"], advisory["stream_seq"])
-            raw.stream = raw.stream or advisory["stream"]
-            outcome = await self.flow.exhausted(h, raw, advisory["deliveries"])
-        except Exception:
-            outcome = "error"
-            log.error(
-                "could not dead-letter a message JetStream gave up on",
-                exc_info=True,
-                extra={"handler": h.name, "advisory": advisory},
-            )
-        self.metrics.count(h.name, outcome)
-        log.warning(
-            "max deliveries advisory handled",
-            extra={
-                "handler": h.name,
-                "stream": advisory.get("stream"),
-                "stream_sequence": advisory.get("stream_seq"),
-                "outcome": outcome,
-            },
-        )
+        self._track(nak())
 
     # -- operations ---------------------------------------------------------
     async def _backlog_loop(self) -> None:
@@ -600,7 +560,7 @@ class Consumer:
             found.append("starting")
         if self.nc is None or not self.nc.is_connected:
             found.append("not connected to NATS")
-        if not self._db_ok:
+        if not self._db_ok or (self.gate is not None and not self.gate.is_up):
             found.append("PostgreSQL unreachable (last call failed)")
         missing = sorted({h.name for h in self.handlers} - self._bound)
         if missing:

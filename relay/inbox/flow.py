@@ -28,11 +28,24 @@ its own otherwise:
      retry       -> inbox.settle (FAILED), then nak with a backoff delay; on
                     the delivery that reaches max_deliver, dead letter instead.
 
-A failure of PostgreSQL or NATS in the middle raises: the message is left
-unacknowledged and JetStream redelivers it after ack_wait, where the inbox
-tells what was already done. A handler is called again for a message it
-already answered when its outcome did not commit after its answer:
-docs/consumer.md lists the cases.
+Failures are counted by the inbox (dlq_metadata.failures), not by
+JetStream: the durables redeliver without a limit, and a message is
+dead-lettered on the handler failure that reaches max_deliver, while the
+consumer holds it. A delivery cut short by an outage or a crash records no
+failure and costs the message nothing.
+
+PostgreSQL away (DatabaseGate): every inbox call of a message in hand waits
+for it to come back and runs again, the message kept alive by in-progress
+acks, while the consumer stops fetching; an outage of any length only
+delays. NATS away: nats-py reconnects; a message whose ack or nak was lost is
+redelivered after ack_wait, and the inbox tells what was already done. A
+handler is called again for a message it already answered only when its
+outcome did not commit after its answer: docs/consumer.md lists the cases.
+
+Every other error while a message is admitted, recorded, handled, settled
+or dead-lettered is that message's outcome: `.invalid` before the inbox,
+a dead letter (CONSUMER_ERROR) after it. Every message of a fetch is
+reported exactly once to the consumer, which gives back its slot.
 """
 
 from __future__ import annotations
@@ -42,15 +55,17 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import nats.errors
 import psycopg
 from nats.aio.msg import Msg
 
-from pgoutbox.core.backoff import Backoff
-from pgoutbox.core.errors import IllegalTransition, PolicyViolation, SqlState
+from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
+from pgoutbox.core.errors import DatabaseUnavailable, IllegalTransition, PolicyViolation, SqlState
+from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.core.wire import InvalidMessage, PublishError
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
@@ -59,7 +74,75 @@ from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.settings import HandlerRuntime
 from pgoutbox.inbox.store import Inbox
 
-log = logging.getLogger("pgoutbox.inbox.consumer")
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Stopping(Exception):
+    """The consumer stops while a message waits for PostgreSQL: it is left
+    unacknowledged, for JetStream to redeliver."""
+
+
+def transient(exc: BaseException) -> bool:
+    """A server away or slow (PostgreSQL, NATS), not the message's fault:
+    it is left for redelivery, never counted as a failure."""
+    return isinstance(exc, (DatabaseUnavailable, nats.errors.Error, TimeoutError, OSError))
+
+
+class DatabaseGate:
+    """Whether PostgreSQL answers, as the consumer's inbox calls found it.
+    Closed by the first call that finds it away (one log line per outage);
+    from then on one probe, with growing pauses, decides when it is back.
+    Fetch loops wait while it is closed; inbox calls of the messages in hand
+    wait and run again (MessageFlow.database)."""
+
+    def __init__(self, probe: Callable[[], Awaitable[Any]]):
+        self._probe = probe
+        self._up = asyncio.Event()
+        self._up.set()
+        self._watch: asyncio.Task | None = None
+        self._since = 0.0
+
+    @property
+    def is_up(self) -> bool:
+        return self._up.is_set()
+
+    def lost(self, exc: BaseException) -> None:
+        if not self._up.is_set():
+            return
+        self._up.clear()
+        self._since = time.monotonic()
+        log.warning(
+            "PostgreSQL away (%s): fetching paused; the messages in hand wait for it",
+            exc,
+            extra={"action": "db_away"},
+        )
+        self._watch = asyncio.create_task(self._until_back())
+
+    async def _until_back(self) -> None:
+        delays, every = reconnect_delays(), Every(30.0)
+        while True:
+            await asyncio.sleep(next(delays))
+            try:
+                await self._probe()
+                break
+            except Exception as exc:
+                if every():
+                    log.warning("PostgreSQL still away: %s", exc, extra={"action": "db_retry"})
+        self._up.set()
+        log.info(
+            "PostgreSQL back after %.1f s: fetching resumed",
+            time.monotonic() - self._since,
+            extra={"action": "db_back"},
+        )
+
+    async def wait(self, stopping: asyncio.Event) -> bool:
+        """Until PostgreSQL is back (True) or the consumer stops (False)."""
+        return self._up.is_set() or await until_stopped(self._up.wait(), stopping)
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
 
 
 class Heartbeat:
@@ -205,6 +288,9 @@ async def _acked(msg, outcome: str) -> str:
 
 # Prefix of last_error when no DLQ notice could be published for a dead letter.
 UNPUBLISHABLE = "DLQ_UNPUBLISHABLE"
+# Prefix of last_error of a message the consumer itself failed on (a defect,
+# or an input nobody foresaw): its own dead letter, never the fetch's.
+CONSUMER_ERROR = "CONSUMER_ERROR"
 
 
 def _origin(msg) -> tuple[str | None, int | None]:
@@ -251,6 +337,7 @@ class MessageFlow:
         retry_backoff: Backoff,
         replay_backoff: Backoff,
         stopping: asyncio.Event,
+        gate: DatabaseGate,
     ):
         self.inbox = inbox
         self.client = client
@@ -260,21 +347,51 @@ class MessageFlow:
         self.retry_backoff = retry_backoff
         self.replay_backoff = replay_backoff
         self.stopping = stopping
+        self.gate = gate
         self.heartbeat = Heartbeat()
         self._settlers: dict[str, Settler] = {}
 
     async def handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
         """Processes the messages of one fetch, and calls done(msg, outcome)
-        as each one finishes: a metrics label, the exception that left it
-        unacknowledged, or None when it was cancelled."""
+        exactly once for each, as it finishes: a metrics label, the exception
+        that left it unacknowledged, or None when it was cancelled or the
+        consumer stopped. Never raises but CancelledError."""
+        reported: set[int] = set()
+
+        def once(msg, outcome: str | Exception | None) -> None:
+            if id(msg) not in reported:
+                reported.add(id(msg))
+                self.heartbeat.done(msg)
+                done(msg, outcome)
+
         self.heartbeat.track(msgs, h.progress_interval)
         try:
-            await self._handle_fetch(msgs, h, done)
+            await self._handle_fetch(msgs, h, once)
+        except asyncio.CancelledError:
+            for msg in msgs:
+                once(msg, None)
+            raise
+        except Exception as exc:  # a defect: each message not yet answered is left for redelivery
+            log.exception("a fetch failed", extra={"handler": h.name})
+            for msg in msgs:
+                once(msg, exc)
         finally:
-            # Each message is untracked as it finishes; this is for a fetch
-            # cancelled half-way: no in-progress acks for a message nobody handles.
             for msg in msgs:
                 self.heartbeat.done(msg)
+
+    async def database(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Runs an inbox call; while PostgreSQL is away, waits for it (the
+        gate) and runs it again: the message waiting here stays in hand, kept
+        alive by in-progress acks. Stopping when the consumer stops meanwhile."""
+        while True:
+            if not await self.gate.wait(self.stopping):
+                raise Stopping()
+            try:
+                return await call()
+            except DatabaseUnavailable as exc:
+                if not exc.retryable:
+                    raise
+                self.gate.lost(exc)
 
     async def _handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
@@ -286,11 +403,10 @@ class MessageFlow:
             else:
                 admitted.append(got)
         try:
-            rows = await self._receive_all(h, admitted)
+            rows = await self.database(lambda: self._receive_all(h, admitted))
         except Exception as exc:
             for a in admitted:
-                self.heartbeat.done(a.msg)
-                done(a.msg, exc)
+                done(a.msg, None if isinstance(exc, Stopping) else exc)
             admitted, rows = [], []
         for a, row in zip(admitted, rows, strict=True):
             if isinstance(row, str):
@@ -314,20 +430,23 @@ class MessageFlow:
         try:
             envelope = dlq.envelope_from(msg.subject, msg.data, msg.headers)
             _consumed_by(envelope, h)
+            return Admitted(msg, envelope, delivery, request_body(envelope))
         except InvalidMessage as exc:
             return str(exc)
-        return Admitted(msg, envelope, delivery, request_body(envelope))
+        except Exception as exc:  # an input nobody foresaw: still that message's own outcome
+            log.exception("unreadable message", extra={"handler": h.name})
+            return f"unreadable ({type(exc).__name__}: {str(exc)[:200]})"
 
     async def _run(self, msg, work, done: Done) -> None:
         try:
-            outcome = await work
+            outcome: str | Exception | None = await work
         except asyncio.CancelledError:
-            self.heartbeat.done(msg)
             done(msg, None)
             raise
+        except Stopping:
+            outcome = None
         except Exception as exc:
             outcome = exc
-        self.heartbeat.done(msg)
         done(msg, outcome)
 
     async def _receive_all(self, h: HandlerRuntime, admitted: list[Admitted]) -> list[dict[str, Any] | str]:
@@ -379,48 +498,44 @@ class MessageFlow:
                 raise
             return f"PostgreSQL cannot store it: [{exc.sqlstate}] {exc.diag.message_primary or exc}"
 
-    async def exhausted(self, h: HandlerRuntime, raw, deliveries: int) -> str:
-        """A message JetStream stopped redelivering (its MAX_DELIVERIES
-        advisory) without an outcome from us: the consumer stopped, or lost
-        PostgreSQL or NATS, during the last delivery. Dead-lettered unless the
-        inbox says it was handled after all. `raw` is the stream's copy."""
-        try:
-            envelope = dlq.envelope_from(raw.subject, raw.data or b"", raw.headers)
-            _consumed_by(envelope, h)
-        except InvalidMessage as exc:
-            return await self._unreadable(raw, h, str(exc))
-        row = await self._receive(h, envelope)
-        if isinstance(row, str):
-            return await self._unreadable(raw, h, row)
-        if row["status"] in ("PROCESSED", "DEAD_LETTER"):
-            return "duplicate" if row["status"] == "PROCESSED" else "parked"
-        reason = f"max_deliver ({deliveries}) reached without an outcome (consumer stopped or lost PostgreSQL/NATS)"
-        if row["last_error"]:
-            reason += f"; last error: {row['last_error']}"
-        return (
-            "dead_lettered"
-            if await self._dead_letter(None, h, envelope, row, reason, True, _origin(raw))
-            else "duplicate"
-        )
-
     async def _process(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> str:
+        try:
+            return await self._call(a, h, row)
+        except Stopping:
+            raise
+        except Exception as exc:
+            if transient(exc):
+                raise
+            # A defect, or an input nobody foresaw: this message's own dead
+            # letter, whatever the rest of the fetch does.
+            log.exception("consumer error on a message", extra={"handler": h.name})
+            reason = f"{CONSUMER_ERROR}: {type(exc).__name__}: {str(exc)[:500]}"
+            if not await self._dead_letter(a.msg, h, a.envelope, row, reason, _origin(a.msg)):
+                return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
+            return "dead_lettered"
+
+    async def _call(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> str:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
+        failures = self.inbox.failures(row)
         answer = await self.client.call(
             h.spec.url, a.body, envelope, handler=h.name, delivery=delivery, timeout=h.timeout
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         action = decide(answer)
+        settler = self._settler(h)
         if action is Action.PROCESSED:
-            if not await self._settler(h).settle(message_id):
+            if not await self.database(lambda: settler.settle(message_id)):
                 return await self._settled_elsewhere(msg, h, message_id)
             await msg.ack()
             return "processed"
-        last = delivery >= h.max_deliver
+        # This failure is the handler's (failures + 1)th: the one that reaches
+        # max_deliver dead-letters, here, while the message is in hand.
+        last = failures + 1 >= h.max_deliver
         if action is Action.RETRY and not last:
-            if not await self._settler(h).settle(message_id, answer.summary):
+            if not await self.database(lambda: settler.settle(message_id, answer.summary)):
                 return await self._settled_elsewhere(msg, h, message_id)
-            delay = self._retry_delay(answer, delivery)
+            delay = self._retry_delay(answer, failures + 1)
             await msg.nak(delay=delay)
             log.info(
                 "handler failed; redelivery scheduled",
@@ -428,6 +543,7 @@ class MessageFlow:
                     "handler": h.name,
                     "message_id": message_id,
                     "delivery": delivery,
+                    "failures": failures + 1,
                     "answer": answer.summary,
                     "nak_delay": round(delay, 3),
                 },
@@ -438,7 +554,7 @@ class MessageFlow:
             if action is Action.DEAD_LETTER
             else (f"max_deliver ({h.max_deliver}) reached; last answer: {answer.summary}")
         )
-        if not await self._dead_letter(msg, h, envelope, row, reason, last, _origin(msg)):
+        if not await self._dead_letter(msg, h, envelope, row, reason, _origin(msg)):
             return await self._settled_elsewhere(msg, h, message_id)
         return "dead_lettered"
 
@@ -455,10 +571,11 @@ class MessageFlow:
         )
         return "duplicate"
 
-    def _retry_delay(self, answer: HandlerAnswer, delivery: int) -> float:
+    def _retry_delay(self, answer: HandlerAnswer, failure: int) -> float:
+        """The nak delay after the handler's failure number `failure` (1, 2, ...)."""
         if answer.retry_after is not None:
             return min(answer.retry_after, self.retry_backoff.max_delay)
-        return self.retry_backoff.delay(delivery)
+        return self.retry_backoff.delay(failure)
 
     async def _dead_letter(
         self,
@@ -467,11 +584,12 @@ class MessageFlow:
         envelope: dict[str, Any],
         row: dict[str, Any],
         reason: str,
-        last: bool,
         origin: tuple[str | None, int | None],
     ) -> bool:
         """Publishes the notice, records the dead letter, acks; False when
-        another delivery settled the row first (nothing recorded or acked)."""
+        another delivery settled the row first (nothing recorded or acked).
+        The message stays in hand until both are done: JetStream would
+        redeliver it, but the handler would be called again for nothing."""
         meta = row["dlq_metadata"] or {}
         replays = int(meta.get("replay_attempts") or 0)
         replay_after = self.replay_backoff.delay(replays + 1) if replays < h.replay_max_attempts else None
@@ -496,10 +614,12 @@ class MessageFlow:
                 copy=copy,
             )
 
-        subject, problem = await self._publish_notice(build, persist=last)
+        subject, problem = await self._publish_notice(build, persist=True)
         recorded = reason if problem is None else f"{UNPUBLISHABLE}: {problem}; {reason}"
-        if not await _settles(
-            self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after)
+        if not await self.database(
+            lambda: _settles(
+                self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after)
+            )
         ):
             return False
         if msg is not None:
@@ -538,10 +658,10 @@ class MessageFlow:
         return None, problem
 
     async def _publish(self, subject: str, body: bytes, headers: dict[str, str], *, persist: bool) -> None:
-        """Publishes to the DLQ. On the last allowed delivery JetStream will
-        not redeliver, so a failed publish is retried here (the message kept
-        alive by in-progress acks) until it succeeds or the consumer stops;
-        a permanent refusal (dlq.DlqRefused) is never retried."""
+        """Publishes to the DLQ. persist: a failed publish is retried here (the
+        message kept alive by in-progress acks) until it succeeds or the
+        consumer stops, rather than calling the handler again; a permanent
+        refusal (dlq.DlqRefused) is never retried."""
         attempt = 0
         while True:
             attempt += 1
@@ -562,7 +682,8 @@ class MessageFlow:
                         "retry_in": round(delay, 3),
                     },
                 )
-                await asyncio.sleep(delay)
+                if not await sleep(delay, self.stopping):
+                    raise
 
     async def _unreadable(self, msg, h: HandlerRuntime, why: str) -> str:
         """Publishes a message that cannot enter the inbox to `.invalid`, raw

@@ -66,12 +66,19 @@ async def handle_in_transaction(
     except Exception as exc:
         if conn.broken:
             raise  # nothing can be recorded; the redelivery will tell
-        async with conn.transaction():
-            # The rolled-back transaction took a first delivery's row with it.
-            await inbox_store.receive(conn, message_id, handler, subject, envelope)
-            await inbox_store.record_error(
-                conn, message_id, handler, f"{type(exc).__name__}: {exc}", dead=last_delivery
+        error = f"{type(exc).__name__}: {exc}"
+        if await _schema(conn) >= inbox_store.FAILURES_FROM:
+            # The rolled-back transaction took a first delivery's row with it:
+            # one call records the delivery again and the failure, and marks
+            # the row as an in-database one (never replayed to the consumer's
+            # subject, nor redriven).
+            await inbox_store.record_in_database_error(
+                conn, message_id, handler, subject, envelope, error, dead=last_delivery
             )
+        else:
+            async with conn.transaction():
+                await inbox_store.receive(conn, message_id, handler, subject, envelope)
+                await inbox_store.record_error(conn, message_id, handler, error, dead=last_delivery)
         raise
 
 
@@ -110,17 +117,21 @@ async def handle_batch_in_transaction(
     return outcomes
 
 
-# Per connection: whether its schema has the batched functions (asked once).
-_BATCHES: weakref.WeakKeyDictionary[psycopg.AsyncConnection, bool] = weakref.WeakKeyDictionary()
+# Per connection: its schema version (asked once).
+_SCHEMA: weakref.WeakKeyDictionary[psycopg.AsyncConnection, int] = weakref.WeakKeyDictionary()
 
 
-async def _has_batches(conn: psycopg.AsyncConnection) -> bool:
-    known = _BATCHES.get(conn)
+async def _schema(conn: psycopg.AsyncConnection) -> int:
+    known = _SCHEMA.get(conn)
     if known is None:
         cur = await conn.execute("SELECT outbox.schema_version()")
         row = await cur.fetchone()
-        known = _BATCHES[conn] = row is not None and row[0] >= inbox_store.BATCHES_FROM
+        known = _SCHEMA[conn] = row[0] if row is not None else 0
     return known
+
+
+async def _has_batches(conn: psycopg.AsyncConnection) -> bool:
+    return await _schema(conn) >= inbox_store.BATCHES_FROM
 
 
 async def _batch(

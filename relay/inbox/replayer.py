@@ -12,7 +12,9 @@ publish was acknowledged by JetStream (see inbox.claim_replays for why). A
 replay that can never be published (larger than the server's max_payload
 with its replay headers, no stream, a permanent JetStream refusal) is not
 retried pass after pass: it goes back to DEAD_LETTER without a next replay,
-last_error starting with REPLAY_UNPUBLISHABLE, in the same transaction.
+last_error starting with REPLAY_UNPUBLISHABLE, in the same transaction; so
+does a row no replay can be built from (REPLAY_UNBUILDABLE), while the
+pass's other rows are replayed.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ log = logging.getLogger("pgoutbox.inbox.replayer")
 
 # Prefix of last_error of a dead letter whose replay can never be published.
 UNPUBLISHABLE = "REPLAY_UNPUBLISHABLE"
+# Prefix of last_error of a dead letter no replay can be built from (a stored
+# envelope NATS cannot carry, e.g. admitted by an older release).
+UNBUILDABLE = "REPLAY_UNBUILDABLE"
 
 
 class Replayer:
@@ -87,22 +92,39 @@ class Replayer:
         async with self.inbox.claimed_replays(self.worker, self.batch_size) as rows:
             for context in {row["context"] for row in rows}:
                 await self._ensure_stream(context)
+            # A row no replay can be built from is that row's outcome, not the pass's.
+            built: list[tuple[str, bytes, dict[str, str]] | Exception] = []
+            for row in rows:
+                try:
+                    built.append(dlq.replay_message(row))
+                except Exception as exc:
+                    built.append(exc)
+
+            async def publish(message: tuple[str, bytes, dict[str, str]] | Exception) -> None:
+                if isinstance(message, Exception):
+                    raise message
+                await self._publish(*message)
+
             # Pipelined: every publish in flight at once, all acked before commit.
-            messages = [dlq.replay_message(row) for row in rows]
-            results = await asyncio.gather(*(self._publish(s, b, h) for s, b, h in messages), return_exceptions=True)
-            transient = [r for r in results if isinstance(r, BaseException) and not isinstance(r, dlq.DlqRefused)]
+            results = await asyncio.gather(*(publish(m) for m in built), return_exceptions=True)
+            transient = [
+                r
+                for r, m in zip(results, built)
+                if isinstance(r, BaseException) and not isinstance(r, dlq.DlqRefused) and r is not m
+            ]
             if transient:
                 raise transient[0]  # all rolled back: the next pass tries again
-            refused = [(row, r) for row, r in zip(rows, results) if isinstance(r, dlq.DlqRefused)]
-            for row, exc in refused:
-                await rows.park(row, f"{UNPUBLISHABLE}: {exc}")
+            for row, result, message in zip(rows, results, built):
+                if result is message:
+                    error = f"{UNBUILDABLE}: {type(result).__name__}: {result}"
+                elif isinstance(result, dlq.DlqRefused):
+                    error = f"{UNPUBLISHABLE}: {result}"
+                else:
+                    continue
+                await rows.park(row, error)
                 log.error(
-                    "replay can never be published; dead letter parked",
-                    extra={
-                        "handler": row["handler"],
-                        "message_id": str(row["message_id"]),
-                        "error": str(exc),
-                    },
+                    "no replay can be published; dead letter parked",
+                    extra={"handler": row["handler"], "message_id": str(row["message_id"]), "error": error},
                 )
         published = [row for row, r in zip(rows, results) if not isinstance(r, BaseException)]
         for row in published:

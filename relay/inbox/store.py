@@ -20,6 +20,9 @@ from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, SchemaMisma
 # The first schema with inbox.receive_batch() and inbox.settle(); on an older
 # one (7 or 8) the consumer records and settles message by message.
 BATCHES_FROM = 9
+# The first schema that counts handler failures (dlq_metadata.failures) and
+# has inbox.record_in_database_error().
+FAILURES_FROM = 12
 
 _NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema_name
 _PERMISSION_DENIED = "42501"
@@ -95,6 +98,25 @@ async def record_error(
     )
 
 
+async def record_in_database_error(
+    conn, message_id: str, handler: str, subject: str, envelope: dict | None, error: str, *, dead: bool
+) -> dict[str, Any]:
+    return await _one(
+        conn,
+        "SELECT * FROM inbox.record_in_database_error(%s, %s, %s, %s, %s, %s)",
+        (message_id, handler, subject, None if envelope is None else Jsonb(envelope), error, dead),
+    )
+
+
+def failures(row: dict[str, Any], counted: bool) -> int:
+    """Handler failures of an inbox row so far. `counted`: the schema counts
+    them (FAILURES_FROM); on an older one, every earlier recorded delivery
+    counts as one (a delivery cut short by a crash included)."""
+    if counted:
+        return int((row["dlq_metadata"] or {}).get("failures") or 0)
+    return max(int(row["attempts"]) - 1, 0)
+
+
 async def receive_batch(conn, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]) -> list[dict]:
     """inbox.receive_batch(): one row per message, in the order given;
     `envelopes` are JSON texts (serialised once by the caller)."""
@@ -146,6 +168,14 @@ class Inbox:
     def batches(self) -> bool:
         """Whether the schema found has the batched calls (receive_batch, settle)."""
         return (self.pool.schema_found or 0) >= BATCHES_FROM
+
+    @property
+    def counts_failures(self) -> bool:
+        """Whether the schema found counts handler failures (dlq_metadata.failures)."""
+        return (self.pool.schema_found or 0) >= FAILURES_FROM
+
+    def failures(self, row: dict[str, Any]) -> int:
+        return failures(row, self.counts_failures)
 
     async def receive_batch(
         self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
