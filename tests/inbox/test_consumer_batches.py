@@ -136,6 +136,7 @@ async def test_a_refused_batch_is_received_one_by_one_and_only_the_bad_message_i
             retry_backoff=Backoff(0.1, 1),
             replay_backoff=Backoff(0.1, 1),
             stopping=asyncio.Event(),
+            gate=DatabaseGate(inbox.schema_version),
         )
         good, bad = _envelope(), _envelope(subject="x" * 1100)
         admitted = [Admitted(None, e, 1, request_body(e)) for e in (good, bad)]
