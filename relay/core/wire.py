@@ -254,9 +254,9 @@ def _check_subject_headers(ours: dict[str, tuple[str, str]], context: str, event
             raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} contradicts the subject ({expected!r})")
     if "event_version" in ours:
         name, value = ours["event_version"]
-        # Digits compared as text: int() of a long enough digit string raises
-        # (Python refuses over 4,300 digits), and a version has at most 9.
-        if not (value.isascii() and value.isdigit() and value.lstrip("0") == str(version)):
+        # At most 9 digits, as in the subject, before int(): Python refuses
+        # to parse over 4,300 digits, and no longer header means a version.
+        if not (value.isascii() and value.isdigit() and len(value) <= 9 and int(value) == version):
             raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} contradicts the subject ({version})")
 
 
