@@ -250,3 +250,78 @@ async def test_a_replayer_dying_before_its_commit_loses_nothing(tmp_path, databa
     await pool.close()
     assert len(handler.calls) == 2
     assert inbox_row(database_url, ev["event_id"], H)["dlq_metadata"]["replay_attempts"] == 1
+
+
+def _dead_letter(database_url: str, envelope: dict) -> str:
+    """A dead letter due for replay, recorded through the inbox functions."""
+    message_id = envelope["message_id"]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT inbox.receive(%s, %s, %s, %s)",
+            (message_id, H, SUBJECT, psycopg.types.json.Jsonb(envelope)),
+        )
+        conn.execute("SELECT inbox.record_error(%s, %s, 'HTTP 422', TRUE, interval '0')", (message_id, H))
+    return message_id
+
+
+async def test_a_dead_letter_no_replay_can_carry_is_parked_and_the_pass_replays_the_others(database_url, nats_server):
+    """A stored envelope whose tenant ends in U+00A0 (admitted before the
+    consumer refused such values; a NATS client strips it when publishing):
+    its replay cannot be built. That is its own permanent outcome, coded,
+    while the same pass replays the dead letters beside it."""
+    from pgoutbox.core import wire
+
+    def envelope(tenant: str) -> dict:
+        ev = event()
+        return {**wire.from_nats(*wire.to_nats(ev)), "tenant_id": tenant}
+
+    good = [_dead_letter(database_url, envelope("t1")), _dead_letter(database_url, envelope("t2"))]
+    odd = _dead_letter(database_url, envelope("t\u00a0"))
+    pool = inbox_store.pool(database_url, 1)
+    try:
+        async with jetstream(nats_server.url) as js:
+            await add_stream(js)
+            replayer = Replayer(
+                inbox=Inbox(pool),
+                js=js,
+                metrics=ConsumerMetrics(),
+                worker="replayer",
+                batch_size=10,
+                poll_interval=1,
+                dlq_max_age=3600,
+                dlq_duplicate_window=60,
+            )
+            assert await replayer.run_once() == 2
+            replays = await dlq_messages(js, subject=f"sea.dlq.replay.{H}")
+    finally:
+        await pool.close()
+    assert sorted(m.headers["Nats-Msg-Id"].split(":")[0] for m in replays) == sorted(good)
+    row = inbox_row(database_url, odd, H)
+    assert row["status"] == "DEAD_LETTER"
+    assert row["last_error"].startswith("REPLAY_UNBUILDABLE: WireError: BAD_HEADER: header Pgoutbox-Tenant-Id")
+    assert row["dlq_metadata"]["next_replay_at"] is None  # parked: not tried again pass after pass
+    assert [inbox_row(database_url, m, H)["status"] for m in good] == ["RECEIVED", "RECEIVED"]
+
+
+async def test_a_redrive_of_an_in_database_dead_letter_is_refused_with_its_code(database_url, capsys):
+    """An in-database handler's dead letter would be replayed to a subject
+    only the pgoutbox consumer reads: redrive refuses it (OB031), in one line."""
+    from pgoutbox.inbox.in_database import handle_in_transaction
+
+    async def apply(conn, envelope):
+        raise ValueError("negative order total")
+
+    ev = event()
+    envelope = {"message_id": ev["event_id"], "subject": SUBJECT, "payload": {}}
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        with pytest.raises(ValueError):
+            await handle_in_transaction(conn, H, envelope, apply, last_delivery=True)
+    row = inbox_row(database_url, ev["event_id"], H)
+    assert (row["status"], row["dlq_metadata"]["in_database"]) == ("DEAD_LETTER", True)
+    code = await asyncio.to_thread(
+        cli.main, ["redrive", H, ev["event_id"], "--reason", "retry it", "--database-url", database_url]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "OB031" in err[0] and "in-database handler" in err[0]
+    assert inbox_row(database_url, ev["event_id"], H)["status"] == "DEAD_LETTER"
