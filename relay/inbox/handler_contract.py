@@ -9,8 +9,9 @@
     429, ...), timeout, refused or
     broken connection
 
-RETRY on the delivery that reaches max_deliver becomes DEAD_LETTER (the
-consumer's job: JetStream would stop redelivering without telling anyone).
+RETRY that is the handler's max_deliver-th failure becomes DEAD_LETTER
+(the inbox counts failures; JetStream redelivers without a limit, so that a
+delivery lost to an outage or a crash is no failure).
 
 Why only 422 is poison: it is the handler's explicit word that the message
 can never succeed. Any other unexpected answer is more often a deployment or

@@ -14,7 +14,7 @@ with one or more [[handler]] tables):
     timeout = "10s"                     # optional, like every line below
     stream = "VIBESPRO_EVENTS"          # default: {CONTEXT}_EVENTS
     ack_wait = "30s"
-    max_deliver = 5
+    max_deliver = 5                     # handler failures before the DLQ
     max_ack_pending = 256
     concurrency = 16
     batch_size = 32

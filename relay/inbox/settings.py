@@ -91,7 +91,7 @@ class ConsumerConfig:
             "max_deliver",
             "OUTBOX_CONSUMER_MAX_DELIVER",
             "5",
-            "JetStream max_deliver; the delivery that reaches it goes to the DLQ if it fails",
+            "Handler failures before a message is dead-lettered (the inbox counts them; no JetStream limit)",
             settings.positive_int,
         )
     )
