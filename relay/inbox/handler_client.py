@@ -1,5 +1,6 @@
-"""POSTs the event envelope to a handler over HTTP (httpx) and reports what
-came back, without judging it: handler_contract decides what an answer means.
+"""POSTs the event envelope to a handler over HTTP/1.1 (http1.Http1Pool)
+and reports what came back, without judging it: handler_contract decides
+what an answer means.
 
 The body is the envelope minus its trace context, which travels as the W3C
 `traceparent`/`tracestate` headers. `Idempotency-Key` carries the message id,
@@ -7,20 +8,20 @@ so a handler can deduplicate on its own too (defence in depth).
 
 The request is built for cheapness: the body is serialised once, as bytes
 (the inbox stores the same text plus the trace context); the handler's URL
-and timeout are parsed once; connections are kept alive between calls.
+is parsed once; connections are kept alive between calls.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+from pgoutbox.inbox.http1 import TEXT_KEPT, Http1Pool, HttpError, Target
 
-_TEXT_LIMIT = 300
+_TEXT_LIMIT = TEXT_KEPT
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,13 @@ def request_headers(envelope: dict[str, Any], handler: str, delivery: int) -> di
     return headers
 
 
+def _header_lines(envelope: dict[str, Any], handler: str, delivery: int) -> bytes:
+    # Every value is safe on a header line: a canonical UUID, a handler name
+    # ([A-Za-z0-9_.-]), digits, and trace headers the envelope admitted as
+    # visible ASCII only (wire.from_nats).
+    return "".join(f"{k}: {v}\r\n" for k, v in request_headers(envelope, handler, delivery).items()).encode()
+
+
 def request_body(envelope: dict[str, Any]) -> bytes:
     """The envelope minus its trace context, as compact JSON."""
     return json.dumps({k: v for k, v in envelope.items() if k != "trace"}, separators=(",", ":")).encode()
@@ -69,79 +77,38 @@ KEEPALIVE_EXPIRY = 4.0
 
 
 class HandlerClient:
-    """Calls handlers through single-connection httpx clients, pooled per
-    origin: httpx's own connection pool scans every connection for every
-    queued request, which measured here (bench/consumer_bench.py) at a few
-    hundred requests/s for 64 concurrent calls on one client, against
-    several times that with one client per connection."""
+    """Calls handlers on kept-alive HTTP/1.1 connections, at most
+    `per_origin` at once per origin."""
 
     def __init__(self, per_origin: int = 16):
-        self._per_origin = per_origin
-        self._idle: dict[str, asyncio.Queue[httpx.AsyncClient]] = {}
-        self._created: dict[str, int] = {}
-        self._all: list[httpx.AsyncClient] = []
-        self._urls: dict[tuple[str, float], tuple[httpx.URL, dict[str, Any], str]] = {}
-        # Loading the CA bundle costs ~25 ms: once, not once per client.
-        self._tls = httpx.create_ssl_context()
+        # Loading the CA bundle costs ~25 ms: once, not once per connection.
+        self._pool = Http1Pool(per_origin, KEEPALIVE_EXPIRY, ssl.create_default_context())
+        self._targets: dict[str, Target] = {}
 
-    async def _take(self, origin: str) -> httpx.AsyncClient:
-        idle = self._idle.get(origin)
-        if idle is None:
-            idle = self._idle[origin] = asyncio.Queue()
-        if idle.empty() and self._created.get(origin, 0) < self._per_origin:
-            self._created[origin] = self._created.get(origin, 0) + 1
-            # No redirects: a 3xx is a misconfigured URL, reported as such.
-            client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_EXPIRY),
-                follow_redirects=False,
-                verify=self._tls,
-            )
-            self._all.append(client)
-            return client
-        return await idle.get()
-
-    def _parsed(self, url: str, timeout: float) -> tuple[httpx.URL, dict[str, Any], str]:
-        """The URL, its request extensions (the timeout) and origin, made on first use only."""
-        key = (url, timeout)
-        parsed = self._urls.get(key)
-        if parsed is None:
-            target = httpx.URL(url)
-            origin = str(target.copy_with(path="/", query=None, fragment=None))
-            parsed = self._urls[key] = (target, {"timeout": httpx.Timeout(timeout).as_dict()}, origin)
-        return parsed
+    def _target(self, url: str) -> Target:
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = Target.parse(url)
+        return target
 
     async def call(
         self, url: str, body: bytes, envelope: dict[str, Any], *, handler: str, delivery: int, timeout: float
     ) -> HandlerAnswer:
         """POSTs `body` (request_body(envelope)) with the envelope's headers."""
         started = time.monotonic()
-        target, extensions, origin = self._parsed(url, timeout)
-        # A request built here and sent as it is: none of the client's
-        # defaults to merge (headers, cookies, auth, timeout) on every call.
-        request = httpx.Request(
-            "POST", target, content=body, headers=request_headers(envelope, handler, delivery), extensions=extensions
-        )
-        client = await self._take(origin)
         try:
-            response = await client.send(request)
-        except httpx.TimeoutException as exc:
-            return HandlerAnswer(
-                None, f"timeout after {timeout:g}s ({type(exc).__name__})", None, time.monotonic() - started
-            )
-        except httpx.TransportError as exc:
-            return HandlerAnswer(
-                None, f"connection error: {type(exc).__name__}: {exc}", None, time.monotonic() - started
-            )
-        finally:
-            self._idle[origin].put_nowait(client)
+            answer = await self._pool.post(self._target(url), body, _header_lines(envelope, handler, delivery), timeout)
+        except TimeoutError:
+            return HandlerAnswer(None, f"timeout after {timeout:g}s", None, time.monotonic() - started)
+        except HttpError as exc:
+            return HandlerAnswer(None, f"connection error: {exc}", None, time.monotonic() - started)
         return HandlerAnswer(
-            response.status_code,
+            answer.status,
             None,
-            _retry_after(response.headers.get("Retry-After")),
+            _retry_after(answer.headers.get("retry-after")),
             time.monotonic() - started,
-            response.text[:_TEXT_LIMIT] if response.status_code >= 300 else "",
+            answer.text if answer.status >= 300 else "",
         )
 
     async def aclose(self) -> None:
-        for client in self._all:
-            await client.aclose()
+        await self._pool.aclose()
