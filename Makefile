@@ -9,7 +9,7 @@ PYTEST := $(VENV)/bin/pytest
 .PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/e2e bench/archive bench chaos clean
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
 setup: ## Install Debian packages (if missing) and the .venv (if stale)
 	@bash scripts/bootstrap.sh
