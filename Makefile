@@ -6,10 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/relay bench/archive bench chaos clean
+.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/e2e bench/archive bench chaos clean
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
 setup: ## Install Debian packages (if missing) and the .venv (if stale)
 	@bash scripts/bootstrap.sh
@@ -74,6 +74,12 @@ bench/sql: setup ## Emit and claim throughput figures (not a test)
 
 bench/consumer: setup ## Consumer throughput vs a bare JetStream fetch-and-ack loop (not a test)
 	@$(PY) bench/consumer_bench.py
+
+bench/consumer-loop: setup ## pgoutbox consume (defaults) vs a hand-written inbox loop, same messages and handler (ROUNDS=n)
+	@$(PY) bench/consumer_bench.py --only g --rounds $(or $(ROUNDS),3)
+
+bench/e2e: setup ## End to end (emit -> relay -> consume -> handler) p50/p99 and CPU per event at paced rates (RATES=a,b)
+	@$(PY) bench/e2e_bench.py $(if $(RATES),--rates $(RATES))
 
 bench/relay: setup ## Relay drain rate vs raw nats-py publishing, end-to-end latency, RSS (not a test)
 	@$(PY) bench/relay_bench.py

@@ -14,7 +14,18 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
       against (a); `--only d` runs (a) and (d) alone;
   (e) 1, 2 and 4 consumer processes on one durable;
   (f) --http2: HTTP/1.1 keep-alive against HTTP/2 (h2c, prior knowledge) on
-      a handler speaking both, through httpx.
+      a handler speaking both, through httpx;
+  (g) `pgoutbox consume` with default settings against hand-written loops on
+      the same messages and handler (bench/reference_loops.py): fetch -> raw
+      keep-alive POST -> ack, and a hand-written inbox (fetch -> one INSERT ...
+      ON CONFLICT of the batch -> POSTs -> one UPDATE of the batch -> ack), in
+      --rounds interleaved rounds, with the medians; CPU per message of the
+      loop's process, PostgreSQL and the handler. `--only g` runs (a) and (g).
+
+Every `pgoutbox consume` runs as the login docs/consumer.md gives it (a member
+of pgoutbox_consumer only), with the README's manifest (timeout 10s,
+max_deliver 5) and every OUTBOX_* setting at its default but the HTTP port
+(0: any free port, as several run at once).
 
 Every loop has a durable of its own on one stream holding --messages
 messages, so each reads all of them. Rates of the processes count from their
@@ -24,6 +35,7 @@ with the default durability (synchronous_commit on).
 
     .venv/bin/python bench/consumer_bench.py [--messages 10000] [--processes 1,2,4] [--http2]
     .venv/bin/python bench/consumer_bench.py --only d [--indb-fetch 256]   # (a) and (d) only
+    .venv/bin/python bench/consumer_bench.py --only g [--rounds 3]          # (a) and (g) only
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import asyncio
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +61,7 @@ import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 import machine
+import reference_loops
 from pgoutbox.core import migrate, settings, wire
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from pgoutbox.inbox import registry
@@ -65,55 +79,65 @@ NOOP_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive
 
 
 # -- the no-op handler: HTTP/1.1 keep-alive, and h2c with --http2 -------------
-async def _noop_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        first = await reader.readexactly(3)
-        if first == b"PRI":  # the HTTP/2 connection preface: prior knowledge h2c
-            await _h2_connection(first, reader, writer)
+class _Noop(asyncio.Protocol):
+    """Answers every request 200 at once; a protocol rather than streams, so
+    that the handler is never the bottleneck (tens of thousands of requests/s
+    on one core). Pipelined requests are answered together, in order."""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.buffer = b""
+        self.h2 = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.h2 is not None:
+            self._h2_received(data)
             return
-        head = first + await reader.readuntil(b"\r\n\r\n")
-        while True:
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            if length:
-                await reader.readexactly(length)
-            writer.write(NOOP_RESPONSE)
-            await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, ConnectionError):
-        writer.close()
+        buf = self.buffer + data if self.buffer else data
+        if buf[:3] == b"PRI":  # the HTTP/2 connection preface: prior knowledge h2c
+            self._h2_start(buf)
+            return
+        pos, answered = 0, 0
+        while (end := buf.find(b"\r\n\r\n", pos)) >= 0:
+            at = buf.find(b"\r\nContent-Length:", pos, end)
+            if at < 0:
+                at = buf.find(b"\r\ncontent-length:", pos, end)
+            if at < 0:  # any other spelling
+                at = buf[: end + 2].lower().find(b"\r\ncontent-length:", pos)
+            length = int(buf[at + 17 : buf.find(b"\r\n", at + 2)]) if at >= 0 else 0
+            if end + 4 + length > len(buf):
+                break
+            pos = end + 4 + length
+            answered += 1
+        self.buffer = buf[pos:]
+        if answered:
+            self.transport.write(NOOP_RESPONSE * answered)
 
+    def _h2_start(self, data: bytes) -> None:
+        import h2.config
+        import h2.connection
 
-async def _h2_connection(first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    import h2.config
-    import h2.connection
-    import h2.events
+        self.h2 = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False))
+        self.h2.initiate_connection()
+        self._h2_received(data)
 
-    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False))
-    conn.initiate_connection()
-    writer.write(conn.data_to_send())
-    data = first
-    while True:
-        for event in conn.receive_data(data):
+    def _h2_received(self, data: bytes) -> None:
+        import h2.events
+
+        assert self.h2 is not None
+        for event in self.h2.receive_data(data):
             if isinstance(event, h2.events.DataReceived):
-                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
-                conn.send_headers(event.stream_id, [(":status", "200"), ("content-length", "0")], end_stream=True)
+                self.h2.send_headers(event.stream_id, [(":status", "200"), ("content-length", "0")], end_stream=True)
             elif isinstance(event, h2.events.ConnectionTerminated):
-                writer.close()
+                self.transport.close()
                 return
-        writer.write(conn.data_to_send())
-        await writer.drain()
-        data = await reader.read(65536)
-        if not data:
-            writer.close()
-            return
+        self.transport.write(self.h2.data_to_send())
 
 
 async def _serve_noop(port: int) -> None:
-    server = await asyncio.start_server(_noop_connection, "127.0.0.1", port)
+    server = await asyncio.get_running_loop().create_server(_Noop, "127.0.0.1", port, backlog=1024)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
@@ -280,30 +304,37 @@ async def _consume(
     processes: int,
     pythonpath: str,
     settings: list[str],
+    handler_pid: int | None = None,
 ) -> dict[str, float]:
-    """`pgoutbox consume` x processes on durable `handler`, default settings."""
+    """`pgoutbox consume` x processes on durable `handler`, default settings:
+    msg/s, and CPU us per message of the processes, PostgreSQL and the handler."""
     manifests = workdir / f"manifests-{handler}"
     manifests.mkdir()
-    (manifests / "bench.toml").write_text(f'[[handler]]\nname = "{handler}"\nurl = "{url}"\nsubjects = ["{SUBJECT}"]\n')
+    # The README's manifest: timeout and max_deliver given, every other value the default.
+    (manifests / "bench.toml").write_text(
+        f'[[handler]]\nname = "{handler}"\nurl = "{url}"\nsubjects = ["{SUBJECT}"]\ntimeout = "10s"\nmax_deliver = 5\n'
+    )
     registry.generate(manifests, workdir / f"{handler}.registry.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON"))}
     env.update(
         {
             "PYTHONPATH": pythonpath,
-            "OUTBOX_DATABASE_URL": pg.url,
+            # The login docs/consumer.md gives it: a member of pgoutbox_consumer, nothing more.
+            "OUTBOX_DATABASE_URL": consumer_url(pg),
             "OUTBOX_NATS_URL": nats_url,
             "OUTBOX_REGISTRY_FILE": str(workdir / f"{handler}.registry.json"),
+            # The one departure from the defaults: any free port for /metrics (served all the same).
             "OUTBOX_CONSUMER_HTTP_PORT": "0",
-            "OUTBOX_CONSUMER_RUN_REPLAYER": "false",
-            "OUTBOX_LOG_LEVEL": "WARNING",
         }
     )
     env.update(item.split("=", 1) for item in settings)
+    log = (workdir / f"{handler}.log").open("ab")
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", "import sys; from pgoutbox.cli.main import main; sys.exit(main())", "consume"],
             env=env,
-            stdout=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
             cwd=workdir,
         )
         for _ in range(processes)
@@ -315,6 +346,7 @@ async def _consume(
                 raise RuntimeError(f"consumer {handler} processed nothing")
             await asyncio.sleep(0.02)
         t0, cpu0, pg0 = time.perf_counter(), sum(machine.cpu_seconds(p.pid) for p in procs), postgres_cpu_seconds(pg)
+        h0 = machine.cpu_seconds(handler_pid) if handler_pid else 0.0
         while (done := await _acked(js, handler)) < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"consumer {handler}: {done} of {n} acknowledged in time")
@@ -322,6 +354,7 @@ async def _consume(
         elapsed = time.perf_counter() - t0
         cpu = sum(machine.cpu_seconds(p.pid) for p in procs) - cpu0
         pg_cpu = postgres_cpu_seconds(pg) - pg0
+        handler_cpu = machine.cpu_seconds(handler_pid) - h0 if handler_pid else 0.0
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -336,7 +369,20 @@ async def _consume(
         "rate": counted / elapsed,
         "cpu_us": cpu / counted * 1e6,
         "pg_us": pg_cpu / counted * 1e6,
+        "handler_us": handler_cpu / counted * 1e6,
     }
+
+
+CONSUMER_LOGIN = "bench_consumer"
+
+
+def create_consumer_login(pg: EmbeddedPostgres) -> None:
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {CONSUMER_LOGIN} LOGIN IN ROLE pgoutbox_consumer")
+
+
+def consumer_url(pg: EmbeddedPostgres) -> str:
+    return pg.url.replace("postgresql://postgres@", f"postgresql://{CONSUMER_LOGIN}@")
 
 
 def _before_package(workdir: Path) -> str:
@@ -360,13 +406,15 @@ def _line(name: str, rate: float, cpu: float | None = None, pg: float | None = N
     print(text, flush=True)
 
 
-async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Path) -> None:
+async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Path, handler_pid: int) -> None:
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     n, only = args.messages, args.only
 
     async def consume(handler: str, processes: int = 1, pythonpath: str = str(ROOT)) -> dict[str, float]:
-        return await _consume(js, workdir, pg, nats_url, url, handler, n, processes, pythonpath, args.setting)
+        return await _consume(
+            js, workdir, pg, nats_url, url, handler, n, processes, pythonpath, args.setting, handler_pid
+        )
 
     try:
         await js.add_stream(name=STREAM, subjects=["bench.event.>"])
@@ -402,7 +450,13 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             _line("this build (batched inbox)", now["rate"], now["cpu_us"], now["pg_us"], ref)
         if "c" in only and not args.skip_before:
             before = await consume("before1", pythonpath=_before_package(workdir))
-            _line(f"before: release 0.2.0 ({BEFORE}, per-message inbox)", *before.values(), ref)
+            _line(
+                f"before: release 0.2.0 ({BEFORE}, per-message inbox)",
+                before["rate"],
+                before["cpu_us"],
+                before["pg_us"],
+                ref,
+            )
         if "d" in only:
             print("(d) in-database handler mode, no HTTP (one connection)")
             each = await _in_database(js, n, pg, None)
@@ -416,9 +470,105 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             for count in [int(x) for x in args.processes.split(",")]:
                 res = await consume(f"scale{count}", count)
                 base = base or ("first", res["rate"])
-                _line(f"{count} process(es)", *res.values(), base)
+                _line(f"{count} process(es)", res["rate"], res["cpu_us"], res["pg_us"], base)
+        if "g" in only:
+            await _against_hand_written(args, js, pg, url, handler_pid, consume)
     finally:
         await nc.close()
+
+
+# -- (g) pgoutbox consume against a hand-written inbox loop ------------------------
+async def _reference(js, durable: str, loop, pg: EmbeddedPostgres, handler_pid: int) -> dict[str, float]:
+    """One reference loop on a durable of its own: msg/s and CPU us per message
+    of this process, PostgreSQL and the handler."""
+    sub = await _pull(js, durable)
+    pg0, h0 = postgres_cpu_seconds(pg), machine.cpu_seconds(handler_pid)
+    rate, cpu = await loop(sub)
+    await js._nc.flush()
+    n = loop.n
+    return {
+        "rate": rate,
+        "cpu_us": cpu,
+        "pg_us": (postgres_cpu_seconds(pg) - pg0) / n * 1e6,
+        "handler_us": (machine.cpu_seconds(handler_pid) - h0) / n * 1e6,
+    }
+
+
+def _loop(fn, n: int, **kwargs):
+    async def run(sub):
+        return await fn(sub, n, **kwargs)
+
+    run.n = n  # type: ignore[attr-defined]
+    return run
+
+
+def _gline(name: str, r: dict[str, float], ratio: str = "") -> None:
+    print(
+        f"  {name:44s} {r['rate']:7,.0f} msg/s {ratio:28s} | Python {r['cpu_us']:5.0f}  PostgreSQL"
+        f" {r['pg_us']:4.0f}  handler {r['handler_us']:3.0f} us/msg",
+        flush=True,
+    )
+
+
+async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handler_pid: int, consume) -> None:
+    """Rounds of three loops on the same messages and handler, one after the
+    other in each round (each on a durable of its own): the no-database loop,
+    the hand-written inbox loop, `pgoutbox consume` with default settings; then
+    the medians of the rounds. Interleaved, so that the machine's drift falls
+    on all three alike."""
+    n, batch = args.messages, args.ref_batch
+    reference_loops.create_schema(pg.url)
+    print(
+        f"(g) pgoutbox consume (default settings, login in pgoutbox_consumer only) against hand-written loops:"
+        f" {args.rounds} round(s) of {n:,} messages each; the references fetch {batch} and keep"
+        f" {CONCURRENCY} keep-alive connections (OUTBOX_CONSUMER_CONCURRENCY's default)"
+    )
+    names = {
+        "raw": "fetch -> raw POST -> ack (no database)",
+        "ref": "hand-written inbox (INSERT, POST, UPDATE)",
+        "consume": "pgoutbox consume, defaults",
+    }
+    rounds: list[dict[str, dict[str, float]]] = []
+    for r in range(1, args.rounds + 1):
+        ticks = machine.cpu_ticks()
+        got = {
+            "raw": await _reference(
+                js,
+                f"g_raw{r}",
+                _loop(reference_loops.no_database, n, url=url, concurrency=CONCURRENCY, batch=batch, handler="g_raw"),
+                pg,
+                handler_pid,
+            ),
+            "ref": await _reference(
+                js,
+                f"g_ref{r}",
+                _loop(
+                    reference_loops.hand_written_inbox,
+                    n,
+                    url=url,
+                    database_url=pg.url,
+                    concurrency=CONCURRENCY,
+                    batch=batch,
+                    handler=f"g_ref{r}",
+                ),
+                pg,
+                handler_pid,
+            ),
+            "consume": await consume(f"g_consume{r}"),
+        }
+        rounds.append(got)
+        print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
+        for key, name in names.items():
+            ratio = f"= {got[key]['rate'] / got['ref']['rate']:4.2f} x hand-written" if key == "consume" else ""
+            _gline(name, got[key], ratio)
+    print(f" median of {len(rounds)} round(s):")
+    for key, name in names.items():
+        median = {m: statistics.median(g[key][m] for g in rounds) for m in rounds[0][key]}
+        ratios = [g[key]["rate"] / g["ref"]["rate"] for g in rounds]
+        ratio = f"= {statistics.median(ratios):4.2f} x hand-written" if key != "ref" else ""
+        _gline(name, median, ratio)
+    ratios = ", ".join(f"{g['consume']['rate'] / g['ref']['rate']:.2f}" for g in rounds)
+    print(f"  consume / hand-written inbox, each round: {ratios} (target >= 0.6, aim 0.8)")
 
 
 def main(args) -> None:
@@ -434,8 +584,9 @@ def main(args) -> None:
         nats_url = nats_server.start()
         with psycopg.connect(pg.url, autocommit=True) as conn:
             migrate.migrate(conn)
+        create_consumer_login(pg)
         handler, url = _start_noop_handler()
-        asyncio.run(_run(args, pg, nats_url, url, workdir))
+        asyncio.run(_run(args, pg, nats_url, url, workdir, handler.pid))
         print(f"{machine.steal_since(ticks)}; {machine.load()}")
     finally:
         if handler:
@@ -458,6 +609,8 @@ if __name__ == "__main__":
         "--setting", action="append", default=[], metavar="OUTBOX_X=V", help="for the consumer processes (repeatable)"
     )
     parser.add_argument("--indb-fetch", type=int, default=256, help="fetch size of the batched in-database loop")
-    parser.add_argument("--only", default="abcdef", help="the parts to run (a always)")
+    parser.add_argument("--only", default="abcdefg", help="the parts to run (a always)")
+    parser.add_argument("--rounds", type=int, default=3, help="(g): rounds of the three loops")
+    parser.add_argument("--ref-batch", type=int, default=CONCURRENCY, help="(g): fetch size of the reference loops")
     parser.add_argument("--skip-before", action="store_true", help="do not run release 0.2.0's consumer")
     main(parser.parse_args())
