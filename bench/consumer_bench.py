@@ -385,11 +385,11 @@ def consumer_url(pg: EmbeddedPostgres) -> str:
     return pg.url.replace("postgresql://postgres@", f"postgresql://{CONSUMER_LOGIN}@")
 
 
-def _before_package(workdir: Path) -> str:
-    """Release 0.2.0's package, from git, importable as `pgoutbox` (PYTHONPATH)."""
-    target = workdir / "before"
+def _before_package(workdir: Path, commit: str = BEFORE) -> str:
+    """A commit's package (release 0.2.0's by default), from git, importable as `pgoutbox` (PYTHONPATH)."""
+    target = workdir / f"before-{commit}"
     target.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "relay"], check=True, capture_output=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "relay"], check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
     (target / "relay").rename(target / "pgoutbox")
     return str(target)
@@ -528,6 +528,10 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
         "ref": "hand-written inbox (INSERT, POST, UPDATE)",
         "consume": "pgoutbox consume, defaults",
     }
+    before = None
+    if args.before:
+        before = _before_package(Path(tempfile.mkdtemp(prefix="pgoutbox-before-")), args.before)
+        names["before"] = f"pgoutbox consume at {args.before}, defaults"
     rounds: list[dict[str, dict[str, float]]] = []
     for r in range(1, args.rounds + 1):
         ticks = machine.cpu_ticks()
@@ -556,10 +560,12 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
             ),
             "consume": await consume(f"g_consume{r}"),
         }
+        if before is not None:
+            got["before"] = await consume(f"g_before{r}", pythonpath=before)
         rounds.append(got)
         print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
         for key, name in names.items():
-            ratio = f"= {got[key]['rate'] / got['ref']['rate']:4.2f} x hand-written" if key == "consume" else ""
+            ratio = f"= {got[key]['rate'] / got['ref']['rate']:4.2f} x hand-written" if key != "ref" else ""
             _gline(name, got[key], ratio)
     print(f" median of {len(rounds)} round(s):")
     for key, name in names.items():
@@ -613,4 +619,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3, help="(g): rounds of the three loops")
     parser.add_argument("--ref-batch", type=int, default=CONCURRENCY, help="(g): fetch size of the reference loops")
     parser.add_argument("--skip-before", action="store_true", help="do not run release 0.2.0's consumer")
+    parser.add_argument("--before", help="(g): also run `pgoutbox consume` from this commit's package, each round")
     main(parser.parse_args())
