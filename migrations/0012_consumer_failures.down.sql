@@ -1,6 +1,7 @@
 -- 0012_consumer_failures (down): back to version 11: inbox.record_error,
--- inbox.settle, inbox.claim_replays and inbox.redrive as version 11 defined
--- them, and no inbox.record_in_database_error.
+-- inbox.settle, inbox.receive_batch, inbox.receive_processed,
+-- inbox.claim_replays and inbox.redrive as version 11 defined them, and no
+-- inbox.record_in_database_error.
 --
 -- What it cannot undo: nothing is lost. The dlq_metadata keys failures and
 -- in_database stay on the rows that have them; version 11 ignores both (so
@@ -278,6 +279,120 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
 'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
+
+-- inbox.receive_batch as 0009_inbox_batches defined it
+-- Records every delivery of a fetch, first or repeated, and returns each
+-- row as it now stands, in the order given (ordinal: 1-based position in
+-- message_ids; an id given twice is recorded once and returned twice).
+-- Process only RECEIVED/FAILED. One value that receive() would refuse
+-- refuses the whole call (OB020): receive the messages one by one to learn
+-- which.
+CREATE OR REPLACE FUNCTION inbox.receive_batch(
+    handler text,
+    message_ids uuid[],
+    subjects text[],
+    envelopes jsonb[]
+)
+RETURNS TABLE (
+    ordinal integer,
+    message_id uuid,
+    status text,
+    attempts integer,
+    last_error text,
+    dlq_metadata jsonb
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_receipts(
+        receive_batch.handler, receive_batch.message_ids, receive_batch.subjects, receive_batch.envelopes
+    );
+    -- In message_id order: two batches sharing ids lock them in one order.
+    INSERT INTO inbox.messages AS m (message_id, handler, subject, envelope)
+    SELECT DISTINCT ON (i.id) i.id, receive_batch.handler, i.subject, i.envelope
+    FROM unnest(receive_batch.message_ids, receive_batch.subjects, receive_batch.envelopes)
+        WITH ORDINALITY AS i (id, subject, envelope, n)
+    ORDER BY i.id, i.n
+    ON CONFLICT ON CONSTRAINT messages_pkey DO UPDATE
+    SET attempts = m.attempts + 1
+    WHERE m.status IN ('RECEIVED', 'FAILED');
+    -- A new statement, a new snapshot: it sees the rows as they now stand,
+    -- those another transaction settled since this call started included.
+    RETURN QUERY
+    SELECT i.n::integer, m.message_id, m.status, m.attempts, m.last_error, m.dlq_metadata
+    FROM unnest(receive_batch.message_ids) WITH ORDINALITY AS i (id, n)
+    INNER JOIN inbox.messages AS m ON m.message_id = i.id AND m.handler = receive_batch.handler
+    ORDER BY i.n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.receive_batch(text, uuid[], text[], jsonb[]) IS
+'inbox.receive() for a whole fetch of one handler: one row per message, in order; process only RECEIVED/FAILED.';
+
+-- inbox.receive_processed as 0009_inbox_batches defined it
+-- The in-database batched path: a handler whose work commits in the same
+-- transaction as the inbox rows records a whole fetch as PROCESSED at once,
+-- each row written once. New ids are inserted PROCESSED; RECEIVED/FAILED
+-- rows (an earlier delivery failed) move to PROCESSED. Returns only the
+-- messages it did NOT record, by ordinal (1-based position in message_ids):
+-- status PROCESSED is a duplicate (an id given twice comes back from its
+-- second position on), DEAD_LETTER is parked. Do the handler's work for
+-- every other message in the same transaction, or roll back: then nothing of
+-- the call is kept. A delivery running at the same time waits on the other
+-- transaction's uncommitted rows, then finds them PROCESSED. Same arguments
+-- and refusals as receive_batch().
+CREATE OR REPLACE FUNCTION inbox.receive_processed(
+    handler text,
+    message_ids uuid[],
+    subjects text[],
+    envelopes jsonb[]
+)
+RETURNS TABLE (ordinal integer, message_id uuid, status text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    recorded uuid[];
+BEGIN
+    PERFORM inbox._check_receipts(
+        receive_processed.handler, receive_processed.message_ids, receive_processed.subjects,
+        receive_processed.envelopes
+    );
+    -- In message_id order: two batches sharing ids lock them in one order.
+    WITH written AS (
+        INSERT INTO inbox.messages AS m (message_id, handler, subject, envelope, status, processed_at)
+        SELECT DISTINCT ON (i.id) i.id, receive_processed.handler, i.subject, i.envelope, 'PROCESSED', now()
+        FROM unnest(receive_processed.message_ids, receive_processed.subjects, receive_processed.envelopes)
+            WITH ORDINALITY AS i (id, subject, envelope, n)
+        ORDER BY i.id, i.n
+        ON CONFLICT ON CONSTRAINT messages_pkey DO UPDATE
+        SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL,
+            attempts = m.attempts + 1
+        WHERE m.status IN ('RECEIVED', 'FAILED')
+        RETURNING m.message_id
+    )
+    SELECT coalesce(array_agg(w.message_id), '{}') INTO recorded FROM written AS w;
+    IF cardinality(recorded) = cardinality(receive_processed.message_ids) THEN
+        RETURN;  -- every message recorded (so no id was given twice)
+    END IF;
+    -- A new statement, a new snapshot: it sees the rows another transaction
+    -- settled while this call waited on them. No row at all (purged since):
+    -- status NULL, not recorded either.
+    RETURN QUERY
+    SELECT i.n::integer, i.id, m.status
+    FROM (
+        SELECT u.id, u.n, row_number() OVER (PARTITION BY u.id ORDER BY u.n) AS k
+        FROM unnest(receive_processed.message_ids) WITH ORDINALITY AS u (id, n)
+    ) AS i
+    LEFT JOIN inbox.messages AS m ON m.message_id = i.id AND m.handler = receive_processed.handler
+    WHERE i.k > 1 OR NOT EXISTS (SELECT FROM unnest(recorded) AS r (id) WHERE r.id = i.id)
+    ORDER BY i.n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.receive_processed(text, uuid[], text[], jsonb[]) IS
+'In-database handlers: a fetch recorded PROCESSED in the caller''s transaction; returns what it did not record.';
 
 DELETE FROM outbox.schema_migrations
 WHERE version = 12;
