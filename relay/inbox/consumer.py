@@ -60,6 +60,7 @@ from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.flow import DatabaseGate, MessageFlow, transient
 from pgoutbox.inbox.handler_client import HandlerClient
 from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.inbox.pull import Puller
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
 from pgoutbox.inbox.store import Inbox
@@ -383,14 +384,15 @@ class Consumer:
             filter_subjects=subjects,
         )
 
-    async def _durable(self, stream: str, config: ConsumerConfig):
+    async def _durable(self, stream: str, config: ConsumerConfig) -> Puller:
+        assert config.durable_name is not None
         try:
             await self.js.add_consumer(stream, config)  # creates, or updates in place
         except nats.js.errors.ServiceUnavailableError:
             raise
         except nats.js.errors.APIError as exc:
             raise ConfigError(f"cannot create or update durable {config.durable_name} on {stream}: {exc}") from exc
-        return await self.js.pull_subscribe_bind(config.durable_name, stream)
+        return await Puller(self.nc, stream, config.durable_name).start()
 
     async def _bind_all(self) -> None:
         """Binds every handler's durables and starts their fetch loops; waits
