@@ -193,7 +193,9 @@ async def test_refused_connection_retries_until_max_deliver_then_dlq(tmp_path, d
     )
     assert states == ["FAILED", "DEAD_LETTER"], states
     assert row["attempts"] == 2
-    assert row["last_error"].startswith("max_deliver (2) reached; last answer: connection error: ConnectionRefusedError")
+    assert row["last_error"].startswith(
+        "max_deliver (2) reached; last answer: connection error: ConnectionRefusedError"
+    )
     assert ack == {"ack_floor": 1, "ack_pending": 0, "deliveries": 2}
     [notice] = dlq
     assert json.loads(notice.data)["reason"] == row["last_error"]

@@ -239,9 +239,11 @@ async def test_a_version_header_python_cannot_parse_is_its_own_invalid_notice_an
     tmp_path, own_pg, nats_server
 ):
     """Pgoutbox-Event-Version "0...01" with 4,400 digits (int() refuses over
-    4,300) and a tenant ending in U+00A0 (a NATS client strips it when
-    publishing: no replay could carry it): each goes to `.invalid` with a
-    reason, a well-formed message beside them is processed, and the in-flight
+    4,300), a tenant ending in U+00A0 (a NATS client strips it when
+    publishing: no replay could carry it) and a bad id beside a `Status: 1`
+    header: each goes to `.invalid` with a reason. Well-formed messages beside
+    them are processed, one with a `Status: 404` header included (NATS
+    clients take such a message for the end of a fetch), and the in-flight
     gauge is back to zero."""
     handler = FakeHandler()
     try:
@@ -258,16 +260,26 @@ async def test_a_version_header_python_cannot_parse_is_its_own_invalid_notice_an
                     else:
                         headers["Pgoutbox-Tenant-Id"] = "t\u00a0"
                     await _publish_raw(nats_server, subject, body, headers)
+                # A Status header: NATS clients take such a message for the
+                # server's own status reply; it is a message all the same.
+                status_404, status_1 = event(), event()
+                for ev, status in ((status_404, "404"), (status_1, "1")):
+                    subject, body, headers = _raw(ev)
+                    headers["Status"] = status
+                    if ev is status_1:
+                        headers["Nats-Msg-Id"] = "1"
+                    await js.publish(subject, body, headers=headers)
                 await publish(js, good)
-                await until(lambda: len(handler.calls) == 1, 20, "the good message")
-                await until(lambda: _invalid_count(js, 2), 20, "two .invalid notices")
+                await until(lambda: len(handler.calls) == 2, 20, "the good messages")
+                await until(lambda: _invalid_count(js, 3), 20, "three .invalid notices")
                 await until(lambda: metric(port, "pgoutbox_consumer_in_flight") == 0, 10, "every slot back")
                 notices = [json.loads(m.data) for m in await dlq_messages(js, subject=f"sea.dlq.dead.{H}.invalid")]
         reasons = sorted(n["reason"] for n in notices)
-        assert "Pgoutbox-Event-Version" in reasons[0] and "contradicts the subject" in reasons[0]
-        assert "Pgoutbox-Tenant-Id" in reasons[1] and "white space" in reasons[1]
+        assert "Nats-Msg-Id '1' is not a UUID" in reasons[0]
+        assert "Pgoutbox-Event-Version" in reasons[1] and "contradicts the subject" in reasons[1]
+        assert "Pgoutbox-Tenant-Id" in reasons[2] and "white space" in reasons[2]
         assert all(r.startswith("INVALID_MESSAGE [OB020]") for r in reasons)
-        assert [c.message_id for c in handler.calls] == [good["event_id"]]
+        assert sorted(c.message_id for c in handler.calls) == sorted([good["event_id"], status_404["event_id"]])
         assert "Task exception was never retrieved" not in group.logs()
     finally:
         handler.close()

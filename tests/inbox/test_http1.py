@@ -45,7 +45,7 @@ class RawServer:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(
-                    next(l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")).split(b":")[1]
+                    next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
                 )
                 body = await reader.readexactly(length)
                 self.requests.append(head + body)
