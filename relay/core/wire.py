@@ -18,7 +18,6 @@ import enum
 import json
 import math
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -216,9 +215,9 @@ def canonical_id(value: str | None, header: str = MSG_ID) -> str:
     """The canonical text (lower-case, hyphenated) of a message id; InvalidMessage otherwise."""
     if not value:
         raise InvalidMessage(f"header {header} is missing: without it the message cannot be deduplicated")
-    if not UUID_TEXT.match(value):
+    if not UUID_TEXT.fullmatch(value):
         raise InvalidMessage(f"header {header} {_show(value, _SHOWN)} is not a UUID in the 8-4-4-4-12 hexadecimal form")
-    return str(uuid.UUID(value))
+    return value.lower()  # the form matched is uuid.UUID's text but for letter case
 
 
 def parse_subject(subject: str) -> tuple[str, str, int]:
