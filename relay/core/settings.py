@@ -201,7 +201,8 @@ def build(
         else:
             try:
                 values[s.name] = s.parse(raw) if isinstance(raw, str) else raw
-                if s.bound is not None:
+                # An empty value falls back (a worker's name) before any bound applies.
+                if s.bound is not None and not (s.fallback and not values[s.name]):
                     s.bound.check(values[s.name])
             except ValueError as exc:
                 shown = redact(repr(raw), raw) if s.secret and isinstance(raw, str) else repr(raw)
