@@ -6,15 +6,18 @@
 --   * relay: may claim and mark, not emit, not requeue, not read tables
 --   * consumer: may use the inbox functions, not the outbox ones
 --   * admin: may requeue, create partitions and read, but never write tables
+--   * archiver: may make the schema check every command makes, not claim,
+--     emit or requeue
 --   * nobody may DELETE from outbox.events
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(22);
+SELECT plan(26);
 
 CREATE ROLE t_writer IN ROLE pgoutbox_writer;
 CREATE ROLE t_relay IN ROLE pgoutbox_relay;
 CREATE ROLE t_consumer IN ROLE pgoutbox_consumer;
 CREATE ROLE t_admin IN ROLE pgoutbox_admin;
+CREATE ROLE t_archiver IN ROLE pgoutbox_archiver;
 CREATE ROLE t_stranger;
 
 SELECT is_empty(
@@ -38,7 +41,7 @@ SELECT ok(
 );
 SELECT is_empty(
     $$SELECT r.rolname FROM pg_roles AS r
-      WHERE r.rolname IN ('t_writer', 't_relay', 't_consumer', 't_admin')
+      WHERE r.rolname IN ('t_writer', 't_relay', 't_consumer', 't_admin', 't_archiver')
         AND has_table_privilege(r.rolname, 'outbox.events', 'DELETE')$$,
     'no pgoutbox role may DELETE from outbox.events'
 );
@@ -94,6 +97,19 @@ SELECT throws_ok(
     $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', context => 'sea')$$,
     '42501', NULL, 'admin: may not emit'
 );
+RESET ROLE;
+
+SET LOCAL ROLE t_archiver;
+SELECT lives_ok(
+    $$SELECT outbox.schema_version(), outbox.serves_workers_from()$$,
+    'archiver: may make the schema check every command makes'
+);
+SELECT throws_ok($$SELECT * FROM outbox.claim('w', 1, '1 minute')$$, '42501', NULL, 'archiver: may not claim');
+SELECT throws_ok(
+    $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', context => 'sea')$$,
+    '42501', NULL, 'archiver: may not emit'
+);
+SELECT throws_ok($$SELECT outbox.requeue(ARRAY[gen_random_uuid()], 'x')$$, '42501', NULL, 'archiver: may not requeue');
 RESET ROLE;
 
 SELECT * FROM finish();

@@ -103,6 +103,8 @@ outbox.archive_audits(text),
 outbox.try_lock_archive(text, date),
 outbox.unlock_archive(text, date)
 TO pgoutbox_archiver, pgoutbox_admin;
+-- The schema check every command makes when it connects (core/db.py).
+GRANT EXECUTE ON FUNCTION outbox.schema_version(), outbox.serves_workers_from() TO pgoutbox_archiver;
 
 GRANT EXECUTE ON FUNCTION
 outbox.void_archive(text, date, text, interval),

@@ -9,7 +9,8 @@ VALUES
 (9, '0009_inbox_batches'),
 (10, '0010_archival_operations'),
 (11, '0011_emit_path'),
-(12, '0012_consumer_failures')
+(12, '0012_consumer_failures'),
+(13, '0013_least_privilege')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from pgoutbox.core import db, settings
+from pgoutbox.core import bounds, db, settings
 from pgoutbox.core.errors import ConfigError, SchemaMismatch
 from pgoutbox.core.settings import option
 
@@ -36,11 +36,6 @@ def bound(text: str, *, floor: timedelta, ceiling: timedelta) -> timedelta:
 def _shown(value: timedelta) -> str:
     seconds = value.total_seconds()
     return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
-
-
-def lock_timeout(text: str) -> timedelta:
-    """As outbox._check_lock_timeout: 1 ms to 1 hour."""
-    return bound(text, floor=timedelta(milliseconds=1), ceiling=timedelta(hours=1))
 
 
 def start_timeout(text: str) -> timedelta:
@@ -119,6 +114,7 @@ class ArchiveConfig(SparkJobConfig):
             "7d",
             "Archive outbox day partitions whose day ended longer ago than this",
             interval,
+            bound=bounds.RETENTION,
         )
     )
     dead_letter_retention: timedelta = option(
@@ -128,6 +124,7 @@ class ArchiveConfig(SparkJobConfig):
             "30d",
             "A day holding DEAD_LETTER rows waits this long (time to requeue or replay them)",
             interval,
+            bound=bounds.RETENTION,
         )
     )
     inbox_retention: timedelta = option(
@@ -138,6 +135,7 @@ class ArchiveConfig(SparkJobConfig):
             "Archive inbox days older than this; refused below the streams' max_age "
             "(inbox.retention_policy, 7d by default)",
             interval,
+            bound=bounds.RETENTION,
         )
     )
     drop: bool = option(
@@ -154,8 +152,9 @@ class ArchiveConfig(SparkJobConfig):
             "lock_timeout",
             "OUTBOX_ARCHIVE_LOCK_TIMEOUT",
             "5s",
-            "Longest wait for the locks to seal or drop a partition (then: busy, retried next run); 1ms to 1h",
-            lock_timeout,
+            "Longest wait for the locks to seal or drop a partition (then: busy, retried next run)",
+            interval,
+            bound=bounds.LOCK_TIMEOUT,
         )
     )
     sources: tuple[str, ...] = option(

@@ -14,7 +14,7 @@ import nats.errors
 import nats.js.errors
 
 from pgoutbox.cli import streams
-from pgoutbox.core import settings
+from pgoutbox.core import bounds, settings
 from pgoutbox.core.errors import ConfigError, ExitCode
 from pgoutbox.core.settings import option
 from pgoutbox.outbox import audit
@@ -38,7 +38,13 @@ class AuditConfig:
     database_url: str | None = option(settings.DATABASE_URL)
     nats_url: str = option(settings.NATS_URL)
     reason: str | None = option(
-        settings.Setting("reason", "OUTBOX_AUDIT_REASON", None, "Why the repair requeues (recorded; --repair only)")
+        settings.Setting(
+            "reason",
+            "OUTBOX_AUDIT_REASON",
+            None,
+            "Why the repair requeues (recorded; --repair only)",
+            bound=bounds.REASON,
+        )
     )
     since: float | None = option(
         settings.Setting(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from psycopg.rows import dict_row
 
-from pgoutbox.core import db, settings
+from pgoutbox.core import bounds, db, settings
 from pgoutbox.core.errors import ConfigError, wrap_exceptions
 from pgoutbox.core.settings import option
 
@@ -24,7 +24,9 @@ HELP = (
 class RedriveConfig:
     database_url: str | None = option(settings.DATABASE_URL)
     reason: str | None = option(
-        settings.Setting("reason", "OUTBOX_REDRIVE_REASON", None, "Why (recorded; required to redrive)")
+        settings.Setting(
+            "reason", "OUTBOX_REDRIVE_REASON", None, "Why (recorded; required to redrive)", bound=bounds.REASON
+        )
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pgoutbox.core import db, settings
+from pgoutbox.core import bounds, db, settings
 from pgoutbox.core.errors import wrap_exceptions
 from pgoutbox.core.settings import option
 
@@ -16,7 +16,9 @@ HELP = "Switch automated replay of a handler's dead letters on or off, with a re
 class ReplaySwitchConfig:
     database_url: str | None = option(settings.DATABASE_URL)
     reason: str = option(
-        settings.Setting("reason", "OUTBOX_REPLAY_SWITCH_REASON", None, "Why (recorded)", required=True)
+        settings.Setting(
+            "reason", "OUTBOX_REPLAY_SWITCH_REASON", None, "Why (recorded)", required=True, bound=bounds.REASON
+        )
     )
 
 

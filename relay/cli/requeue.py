@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from pgoutbox.core import db, settings
+from pgoutbox.core import bounds, db, settings
 from pgoutbox.core.errors import ConfigError, wrap_exceptions
 from pgoutbox.core.settings import option
 
@@ -16,7 +16,9 @@ HELP = "Requeue DEAD_LETTER events (all or nothing); the reason is recorded in o
 @dataclass(frozen=True)
 class RequeueConfig:
     database_url: str | None = option(settings.DATABASE_URL)
-    reason: str = option(settings.Setting("reason", "OUTBOX_REQUEUE_REASON", None, "Why (recorded)", required=True))
+    reason: str = option(
+        settings.Setting("reason", "OUTBOX_REQUEUE_REASON", None, "Why (recorded)", required=True, bound=bounds.REASON)
+    )
 
 
 CONFIG = RequeueConfig

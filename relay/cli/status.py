@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pgoutbox.core import db, settings
+from pgoutbox.core import bounds, db, settings
 from pgoutbox.core.errors import wrap_exceptions
 from pgoutbox.core.settings import option
 
@@ -17,7 +17,7 @@ HELP = "Show outbox.backlog() and inbox.backlog() per context, and dead letters.
 class StatusConfig:
     database_url: str | None = option(settings.DATABASE_URL)
     context: str | None = option(
-        settings.Setting("context", "OUTBOX_STATUS_CONTEXT", None, "Only this bounded context")
+        settings.Setting("context", "OUTBOX_STATUS_CONTEXT", None, "Only this bounded context", bound=bounds.CONTEXT)
     )
     dead_letters: int = option(
         settings.Setting(
@@ -25,7 +25,8 @@ class StatusConfig:
             "OUTBOX_STATUS_DEAD_LETTERS",
             "10",
             "How many dead-lettered events to list",
-            settings.non_negative_int,
+            settings.integer,
+            bound=bounds.MAX_ROWS,
         )
     )
 

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import psycopg.conninfo
 
+from pgoutbox.core.bounds import Bound
 from pgoutbox.core.errors import BrokerUnavailable, ConfigError
 from pgoutbox.core.logs import level_name
 
@@ -58,13 +59,6 @@ def non_negative_int(text: str) -> int:
     value = integer(text)
     if value < 0:
         raise ValueError(f"must be >= 0, got {value}")
-    return value
-
-
-def port(text: str) -> int:
-    value = integer(text)
-    if not 0 <= value <= 65535:
-        raise ValueError(f"not a TCP port (0-65535): {value}")
     return value
 
 
@@ -133,22 +127,35 @@ class Setting:
     required: bool = False
     secret: bool = False  # may carry a password: never echoed whole in a message
     fallback: Callable[[], Any] | None = None  # computed when neither flag, variable nor default gives a value
+    bound: Bound | None = None  # what the SQL function the value reaches accepts (core.bounds)
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def is_flag(self) -> bool:
+        """A boolean: a bare --name, and --no-name (the variable takes true / false)."""
+        return self.parse is boolean
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return (self.flag, "--no-" + self.flag[2:]) if self.is_flag else (self.flag,)
+
+    @property
+    def meaning(self) -> str:
+        """The help, with the bound the database sets."""
+        return f"{self.help}; {self.bound.text}" if self.bound else self.help
+
 
 def add_arguments(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -> None:
     for s in settings:
         shown = "(none)" if s.default is None else repr(s.default)
-        parser.add_argument(
-            s.flag,
-            dest=s.name,
-            default=None,
-            metavar=s.name.upper(),
-            help=f"{s.help} [env: {s.env}; default: {shown}]",
-        )
+        text = f"{s.meaning} [env: {s.env}; default: {shown}]"
+        if s.is_flag:
+            parser.add_argument(s.flag, dest=s.name, default=None, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            parser.add_argument(s.flag, dest=s.name, default=None, metavar=s.name.upper(), help=text)
 
 
 _SETTING = "pgoutbox.setting"
@@ -194,12 +201,27 @@ def build(
         else:
             try:
                 values[s.name] = s.parse(raw) if isinstance(raw, str) else raw
+                # An empty value falls back (a worker's name) before any bound applies.
+                if s.bound is not None and not (s.fallback and not values[s.name]):
+                    s.bound.check(values[s.name])
             except ValueError as exc:
                 shown = redact(repr(raw), raw) if s.secret and isinstance(raw, str) else repr(raw)
                 raise ConfigError(f"{s.env}={shown}: {exc} (flag {s.flag})") from exc
         if s.fallback and not values[s.name]:
             values[s.name] = s.fallback()
     return cls(**values)
+
+
+def check_bounds(config: object) -> None:
+    """A built config's values within their bounds, however it was built
+    (build() checks each value as it reads it; dataclasses.replace() does not)."""
+    for s in of(type(config)):
+        value = getattr(config, s.name)
+        if s.bound is not None and value is not None:
+            try:
+                s.bound.check(value)
+            except ValueError as exc:
+                raise ConfigError(f"{s.env}={value!r}: {exc} (flag {s.flag})") from exc
 
 
 def host_pid() -> str:
@@ -214,7 +236,8 @@ def markdown_table(groups: Mapping[str, Iterable[Setting]]) -> str:
             default = "*(none)*" if s.default is None else f"`{s.default}`"
             if s.required:
                 default = "*(required)*"
-            lines.append(f"| `{s.env}` | `{s.flag}` | {default} | {group} | {s.help} |")
+            flags = " / ".join(f"`{f}`" for f in s.flags)
+            lines.append(f"| `{s.env}` | {flags} | {default} | {group} | {s.meaning} |")
     return "\n".join(lines)
 
 

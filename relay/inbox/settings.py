@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgoutbox.core import settings
+from pgoutbox.core import bounds, settings
 from pgoutbox.core.backoff import Backoff, jitter_fraction
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.core.settings import option
@@ -54,7 +54,8 @@ REPLAY_BATCH_SIZE = S(
     "OUTBOX_REPLAY_BATCH_SIZE",
     "100",
     "Dead letters re-published per replayer transaction",
-    settings.positive_int,
+    settings.integer,
+    bound=bounds.REPLAY_BATCH,
 )
 REPLAY_WORKER = S(
     "replay_worker",
@@ -62,6 +63,7 @@ REPLAY_WORKER = S(
     None,
     "Replayer name recorded in dlq_metadata (default: hostname:pid)",
     fallback=settings.host_pid,
+    bound=bounds.WORKER,
 )
 
 
@@ -120,6 +122,7 @@ class ConsumerConfig:
             "32",
             "Most messages asked for in one fetch (never more than free concurrency)",
             settings.positive_int,
+            bound=bounds.INBOX_BATCH,
         )
     )
     replay_max_attempts: int = option(
@@ -142,7 +145,14 @@ class ConsumerConfig:
         )
     )
     replay_max_delay: float = option(
-        S("replay_max_delay", "OUTBOX_REPLAY_MAX_DELAY", "1h", "Longest delay between replays", settings.duration)
+        S(
+            "replay_max_delay",
+            "OUTBOX_REPLAY_MAX_DELAY",
+            "1h",
+            "Longest delay between replays",
+            settings.duration,
+            bound=bounds.REPLAY_AFTER,
+        )
     )
     replay_jitter: float = option(
         S(
@@ -239,12 +249,14 @@ class ConsumerConfig:
             "OUTBOX_CONSUMER_HTTP_PORT",
             "9465",
             "Port of /metrics, /healthz, /readyz (0: any free port)",
-            settings.non_negative_int,
+            settings.integer,
+            bound=bounds.PORT,
         )
     )
     log_level: str = option(settings.LOG_LEVEL)
 
     def __post_init__(self) -> None:
+        settings.check_bounds(self)
         retry_backoff(self)
         replay_backoff(self)
 
@@ -291,6 +303,11 @@ def resolve(spec: registry.HandlerSpec, cfg: ConsumerConfig) -> HandlerRuntime:
         value = getattr(spec, name)
         return value if value is not None else getattr(cfg, default_name or name)
 
+    if spec.batch_size is not None:  # a manifest's own, refused as OUTBOX_CONSUMER_BATCH_SIZE would be
+        try:
+            bounds.INBOX_BATCH.check(spec.batch_size)
+        except ValueError as exc:
+            raise ConfigError(f"handler {spec.name}: batch_size={spec.batch_size}: {exc}") from exc
     return HandlerRuntime(
         spec=spec,
         timeout=pick("timeout", "handler_timeout"),

@@ -7,17 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pgoutbox.core import settings
+from pgoutbox.core import bounds, settings
 from pgoutbox.core.errors import ConfigError
-from pgoutbox.core.settings import Setting, boolean, duration, non_negative_int, option, positive_int
-
-
-def _batch(text: str) -> int:
-    value = positive_int(text)
-    if value > 10000:  # outbox.claim's own limit
-        raise ValueError(f"must be at most 10000, got {value}")
-    return value
-
+from pgoutbox.core.settings import Setting, boolean, duration, integer, option, positive_int
 
 STREAMS_FILE = Setting(
     "streams_file",
@@ -31,7 +23,8 @@ DAYS_AHEAD = Setting(
     "OUTBOX_PARTITION_DAYS_AHEAD",
     "7",
     "How many days of partitions to keep ready",
-    non_negative_int,
+    integer,
+    bound=bounds.DAYS_AHEAD,
 )
 LEASE = Setting(
     "lease",
@@ -39,6 +32,7 @@ LEASE = Setting(
     "30s",
     "How long a claimed batch is ours; must be shorter than every stream's duplicate_window",
     duration,
+    bound=bounds.LEASE,
 )
 
 
@@ -55,11 +49,17 @@ class RelayConfig:
             None,
             "Worker name recorded in claimed_by (default: host:pid)",
             fallback=settings.host_pid,
+            bound=bounds.WORKER,
         )
     )
     batch_size: int = option(
         Setting(
-            "batch_size", "OUTBOX_RELAY_BATCH_SIZE", "500", "Events claimed and published per batch (1-10000)", _batch
+            "batch_size",
+            "OUTBOX_RELAY_BATCH_SIZE",
+            "500",
+            "Events claimed and published per batch",
+            integer,
+            bound=bounds.CLAIM_BATCH,
         )
     )
     lease: float = option(LEASE)
@@ -115,7 +115,14 @@ class RelayConfig:
         )
     )
     retry_cap: float = option(
-        Setting("retry_cap", "OUTBOX_RELAY_RETRY_CAP", "60s", "Longest backoff between two attempts", duration)
+        Setting(
+            "retry_cap",
+            "OUTBOX_RELAY_RETRY_CAP",
+            "60s",
+            "Longest backoff between two attempts",
+            duration,
+            bound=bounds.RETRY_AHEAD,
+        )
     )
     max_attempts: int = option(
         Setting(
@@ -153,7 +160,8 @@ class RelayConfig:
             "OUTBOX_RELAY_HTTP_PORT",
             "9464",
             "Port of /metrics, /healthz, /readyz (0: any free port)",
-            non_negative_int,
+            integer,
+            bound=bounds.PORT,
         )
     )
     stall_after: float = option(
@@ -196,8 +204,7 @@ class RelayConfig:
     log_level: str = option(settings.LOG_LEVEL)
 
     def __post_init__(self) -> None:
-        if self.lease <= 0:
-            raise ConfigError("OUTBOX_RELAY_LEASE must be positive")
+        settings.check_bounds(self)
         if self.publish_timeout <= 0 or self.publish_timeout >= self.lease:
             raise ConfigError(
                 f"OUTBOX_RELAY_PUBLISH_TIMEOUT ({self.publish_timeout:g}s) must be positive and shorter "

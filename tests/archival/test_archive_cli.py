@@ -17,7 +17,7 @@ def test_dry_run_lists_each_old_day_and_what_blocks_it(conn, database_url, capsy
     d10, d9 = today() - timedelta(days=10), today() - timedelta(days=9)
     events(conn, d10, 3)
     events(conn, d9, 4, failed=1)
-    assert cli.main(["archive", "--database-url", database_url, "--dry-run", "true"]) == 0
+    assert cli.main(["archive", "--database-url", database_url, "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert f"outbox.events   {d10}           3 rows  eligible" in out
     assert f"outbox.events   {d9}           4 rows  blocked: open rows (PENDING, PROCESSING or FAILED)" in out
@@ -26,7 +26,7 @@ def test_dry_run_lists_each_old_day_and_what_blocks_it(conn, database_url, capsy
 
 
 def test_an_inbox_retention_below_the_stream_max_age_is_refused(database_url, capsys):
-    code = cli.main(["archive", "--database-url", database_url, "--dry-run", "true", "--inbox-retention", "2d"])
+    code = cli.main(["archive", "--database-url", database_url, "--dry-run", "--inbox-retention", "2d"])
     assert code == 2
     assert "[OB057]" in capsys.readouterr().err
 

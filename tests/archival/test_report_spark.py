@@ -145,7 +145,7 @@ def test_report_matches_sql_over_archive_and_live(spark, conn, database_url, tmp
     # Outbox days archived and dropped; the oldest inbox day purged; the two
     # other old inbox days archived but not purged (in both places at once).
     assert cli.main(["archive", *common, "--inbox-retention", "11d"]) == 0
-    assert cli.main(["archive", *common, "--sources", "inbox", "--inbox-retention", "8d", "--drop", "false"]) == 0
+    assert cli.main(["archive", *common, "--sources", "inbox", "--inbox-retention", "8d", "--no-drop"]) == 0
     audits = conn.execute(
         "SELECT source, day, removed_at IS NOT NULL FROM outbox.archive_audits() ORDER BY 1, 2"
     ).fetchall()

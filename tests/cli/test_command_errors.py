@@ -19,7 +19,9 @@ import nats
 import psycopg
 import pytest
 
+from pgoutbox.cli import archive
 from pgoutbox.cli import main as cli
+from pgoutbox.core import settings
 from pgoutbox.core.errors import ExitCode
 from pgoutbox.dev.embedded import EmbeddedPostgres, free_port, nats_server_binary
 
@@ -31,7 +33,7 @@ DATABASE_COMMANDS = {
     "partitions": [],
     "redrive": ["billing", "--list"],
     "replay-switch": ["billing", "off", "--reason", "test"],
-    "archive": ["--dry-run", "true"],
+    "archive": ["--dry-run"],
     "report": [],
 }
 WORKERS = ("relay", "consume", "replay")
@@ -309,7 +311,6 @@ def test_an_unparsable_nats_url_is_a_bad_setting(command, url, reason, streams_f
             ("OUTBOX_MANIFEST_DIR", "--manifest-dir", "does not exist"),
         ),
         (["archive", "--retention", "a week"], ("OUTBOX_ARCHIVE_RETENTION='a week'", "--retention", "not a duration")),
-        (["archive", "--drop", "perhaps"], ("OUTBOX_ARCHIVE_DROP='perhaps'", "--drop", "not a boolean")),
         (
             ["report", "--read-partitions", "0"],
             ("OUTBOX_SPARK_READ_PARTITIONS='0'", "--read-partitions", "must be >= 1"),
@@ -320,7 +321,7 @@ def test_an_unparsable_nats_url_is_a_bad_setting(command, url, reason, streams_f
             ("OUTBOX_STREAMS_FILE", "--streams-file", "cannot be read"),
         ),
         (["streams", "--streams-file", "x.toml", "--lease", "soon"], ("OUTBOX_RELAY_LEASE='soon'", "--lease")),
-        (["relay", "--batch-size", "20000"], ("OUTBOX_RELAY_BATCH_SIZE='20000'", "--batch-size", "at most 10000")),
+        (["relay", "--batch-size", "20000"], ("OUTBOX_RELAY_BATCH_SIZE='20000'", "--batch-size", "from 1 to 10000")),
         (["relay", "--poll-interval", "often"], ("OUTBOX_RELAY_POLL_INTERVAL='often'", "--poll-interval")),
         (
             ["consume", "--max-deliver", "many"],
@@ -329,7 +330,7 @@ def test_an_unparsable_nats_url_is_a_bad_setting(command, url, reason, streams_f
         (["consume", "--handler-timeout=-1s"], ("OUTBOX_HANDLER_TIMEOUT='-1s'", "--handler-timeout")),
         (
             ["replay", "--replay-batch-size", "0"],
-            ("OUTBOX_REPLAY_BATCH_SIZE='0'", "--replay-batch-size", "must be >= 1"),
+            ("OUTBOX_REPLAY_BATCH_SIZE='0'", "--replay-batch-size", "must be from 1 to 10000"),
         ),
         (
             ["replay", "--replay-poll-interval", "5 parsecs"],
@@ -339,6 +340,38 @@ def test_an_unparsable_nats_url_is_a_bad_setting(command, url, reason, streams_f
 )
 def test_a_bad_setting_is_one_line_naming_variable_and_flag_with_exit_2(argv, named, capsys):
     assert_one_line(capsys, argv, ExitCode.USAGE, *named)
+
+
+def test_a_boolean_is_a_bare_flag_and_its_variable_takes_true_or_false(monkeypatch, capsys):
+    """--drop / --no-drop on the command line; OUTBOX_ARCHIVE_DROP=true|false."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["archive", "--drop", "perhaps"])
+    assert exit_.value.code == ExitCode.USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        "pgoutbox: error: unrecognized arguments: perhaps (see pgoutbox --help)"
+    ]
+    monkeypatch.setenv("OUTBOX_ARCHIVE_DROP", "perhaps")
+    assert_one_line(capsys, ["archive"], ExitCode.USAGE, "OUTBOX_ARCHIVE_DROP='perhaps'", "--drop", "not a boolean")
+    # The flag wins over the variable, both ways.
+    monkeypatch.setenv("OUTBOX_ARCHIVE_DROP", "false")
+    parsed = cli.build_parser().parse_args(["archive", "--drop"])
+    assert settings.build(archive.ArchiveConfig, overrides=vars(parsed)).drop is True
+    parsed = cli.build_parser().parse_args(["archive"])
+    assert settings.build(archive.ArchiveConfig, overrides=vars(parsed)).drop is False
+    monkeypatch.setenv("OUTBOX_ARCHIVE_DROP", "true")
+    parsed = cli.build_parser().parse_args(["archive", "--no-drop"])
+    assert settings.build(archive.ArchiveConfig, overrides=vars(parsed)).drop is False
+
+
+@pytest.mark.parametrize("module", [mod for mod in cli.COMMANDS if any(s.is_flag for s in mod.SETTINGS)])
+def test_every_boolean_setting_is_a_bare_flag_with_a_no_twin(module):
+    parser = cli.build_parser()
+    for s in module.SETTINGS:
+        if s.is_flag:
+            assert getattr(parser.parse_args([module.COMMAND, s.flag]), s.name) is True
+            no = "--no-" + s.flag[2:]
+            assert getattr(parser.parse_args([module.COMMAND, no]), s.name) is False
+            assert getattr(parser.parse_args([module.COMMAND]), s.name) is None
 
 
 @pytest.mark.parametrize("argv", [["redrive", "billing", str(uuid.uuid4())], ["redrive", "billing", "--all"]])

@@ -162,7 +162,7 @@ def test_the_migrate_command_creates_the_extension_when_asked(installed, new_dat
     from pgoutbox.cli import main as cli
 
     url = new_database()
-    assert cli.main(["migrate", "--database-url", url, "--extension", "true"]) == 0
+    assert cli.main(["migrate", "--database-url", url, "--extension"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"schema at version {LATEST}"
     with psycopg.connect(url, autocommit=True) as conn:
         assert m.extension_version(conn) == LATEST == m.applied_version(conn)

@@ -63,13 +63,17 @@ def test_backoff_full_jitter_is_uniform_between_zero_and_the_ceiling():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"batch_size": "0"}, "OUTBOX_RELAY_BATCH_SIZE='0': must be >= 1"),
-        ({"batch_size": "20000"}, "must be at most 10000"),
+        ({"batch_size": "0"}, "OUTBOX_RELAY_BATCH_SIZE='0': must be from 1 to 10000 (outbox.claim(batch_size))"),
+        ({"batch_size": "20000"}, "must be from 1 to 10000"),
+        ({"lease": "0s"}, "OUTBOX_RELAY_LEASE='0s': must be more than 0 and at most 1d (outbox.claim(lease))"),
+        ({"lease": "25h"}, "OUTBOX_RELAY_LEASE='25h': must be more than 0 and at most 1d"),
+        ({"retry_cap": "31d"}, "OUTBOX_RELAY_RETRY_CAP='31d': must be at most 30d"),
         ({"lease": "soon"}, "OUTBOX_RELAY_LEASE='soon': not a duration"),
         ({"publish_timeout": "30s", "lease": "30s"}, "must be positive and shorter than OUTBOX_RELAY_LEASE"),
         ({"retry_base": "2m", "retry_cap": "1m"}, "must be positive and at most OUTBOX_RELAY_RETRY_CAP"),
         ({"wakeups": "maybe"}, "not a boolean"),
-        ({"http_port": "-1"}, "OUTBOX_RELAY_HTTP_PORT='-1': must be >= 0"),
+        ({"http_port": "-1"}, "OUTBOX_RELAY_HTTP_PORT='-1': must be from 0 to 65535"),
+        ({"http_port": "99999"}, "OUTBOX_RELAY_HTTP_PORT='99999': must be from 0 to 65535"),
         ({"log_level": "LOUD"}, "not a log level: 'LOUD'"),
     ],
 )
@@ -94,6 +98,8 @@ def test_the_relay_config_is_frozen_and_checks_itself_whatever_builds_it():
     assert dataclasses.replace(cfg, lease=60.0, publish_timeout=50.0).publish_timeout == 50.0
     with pytest.raises(ConfigError, match="must be positive and shorter than OUTBOX_RELAY_LEASE"):
         dataclasses.replace(cfg, publish_timeout=cfg.lease)
+    with pytest.raises(ConfigError, match=re.escape("OUTBOX_RELAY_BATCH_SIZE=20000: must be from 1 to 10000")):
+        dataclasses.replace(cfg, batch_size=20000)
 
 
 def test_every_config_field_is_a_setting_in_declaration_order():
@@ -113,7 +119,9 @@ def test_every_config_field_is_a_setting_in_declaration_order():
 
 def test_cli_reports_bad_settings_with_exit_code_2(capsys):
     assert cli.main(["relay", "--batch-size", "0"]) == 2
-    assert "pgoutbox relay: ConfigError: OUTBOX_RELAY_BATCH_SIZE='0': must be >= 1" in capsys.readouterr().err
+    assert (
+        "pgoutbox relay: ConfigError: OUTBOX_RELAY_BATCH_SIZE='0': must be from 1 to 10000" in capsys.readouterr().err
+    )
 
 
 def test_help_lists_relay_and_streams_with_environment_twins(capsys):
