@@ -8,7 +8,14 @@
   (c) end-to-end latency p50/p99 from emit's commit (outbox.emit in its own
       autocommit transaction) to receipt by a JetStream subscriber, at fixed
       emit rates, with the LISTEN/NOTIFY wake-up and poll-only;
-  (d) the relay's peak RSS (VmHWM) in each run.
+  (d) the relay's peak RSS (VmHWM) in each run;
+  (e) the relay at moderate rates (--moderate, default 200,500,1000/s): CPU
+      per event of the relay process (from the emits' start until the last
+      event reached the subscriber), PostgreSQL's CPU per event (emit included)
+      and emit -> subscriber p50/p99; this build and, with --before COMMIT,
+      that commit's relay, in --rounds interleaved rounds (medians printed).
+      Each relay runs with the product's defaults (the HTTP port aside: 0) as a
+      login in pgoutbox_relay only.
 
 Everything runs on a private PostgreSQL 15 (default durability: fsync on,
 synchronous_commit on) and nats-server (file storage) started on free ports
@@ -16,6 +23,7 @@ under a temporary folder, and stopped (by PID) at the end. The relay runs as
 a real subprocess (`python -m pgoutbox.cli.main relay`), as in production.
 
     .venv/bin/python bench/relay_bench.py [--events 100000] [--rates 500,2000] [--notify-throttle 2ms]
+    .venv/bin/python bench/relay_bench.py --parts e [--moderate 200,500,1000] [--before COMMIT] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -87,23 +95,42 @@ def postgres_cpu_seconds(pg: EmbeddedPostgres) -> float:
     return total
 
 
+RELAY_LOGIN = "bench_relay"
+
+
 @contextlib.contextmanager
-def relay_process(root: Path, pg: EmbeddedPostgres, ns: EmbeddedNats, name: str, **settings: str):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
+def relay_process(
+    root: Path,
+    pg: EmbeddedPostgres,
+    ns: EmbeddedNats,
+    name: str,
+    *,
+    pythonpath: str | None = None,
+    defaults: bool = False,
+    profile: str | None = None,
+    **settings: str,
+):
+    """A relay process. defaults: as a login in pgoutbox_relay only, every
+    setting at its default but the HTTP port (0: any free port). profile: run
+    it under yappi (bench/profiled.py), writing this pstats file at its exit."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON"))}
     env.update(
         {
-            "OUTBOX_DATABASE_URL": pg.url,
+            "OUTBOX_DATABASE_URL": pg.url.replace("postgresql://postgres@", f"postgresql://{RELAY_LOGIN}@")
+            if defaults
+            else pg.url,
             "OUTBOX_NATS_URL": ns.url,
-            "OUTBOX_RELAY_NAME": name,
             "OUTBOX_RELAY_HTTP_PORT": "0",
-            "OUTBOX_LOG_LEVEL": "INFO",
         }
     )
+    if not defaults:
+        env.update({"OUTBOX_RELAY_NAME": name, "OUTBOX_LOG_LEVEL": "INFO"})
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     env.update({f"OUTBOX_RELAY_{k.upper()}": v for k, v in settings.items()})
     log = (root / f"{name}.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pgoutbox.cli.main", "relay"], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+    command = [str(Path(__file__).with_name("profiled.py")), profile] if profile else ["-m", "pgoutbox.cli.main"]
+    proc = subprocess.Popen([sys.executable, *command, "relay"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         yield proc
     finally:
@@ -145,6 +172,16 @@ def stage_times(port: int) -> str:
         f"{mean('outbox_relay_publish_seconds') * 1000:.1f} ms, {mean('outbox_relay_batch_size'):.1f} "
         f"events per batch"
     )
+
+
+def claim_counts(port: int) -> tuple[float, float]:
+    """(claims, non-empty batches) so far, from the relay's /metrics."""
+    found = {}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines():
+        name, _, number = line.partition(" ")
+        if name in ("outbox_relay_claim_seconds_count", "outbox_relay_batch_size_count"):
+            found[name] = float(number)
+    return found.get("outbox_relay_claim_seconds_count", 0.0), found.get("outbox_relay_batch_size_count", 0.0)
 
 
 def small_claim_ms(url: str, rounds: int = 15) -> float:
@@ -307,7 +344,70 @@ async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float, emit_
         "max": lat[-1],
         "samples": len(lat),
         "missing": missing,
+        "total": len(committed),
     }
+
+
+def export_package(root: Path, commit: str) -> str:
+    """The package of `commit`, from git, importable as `pgoutbox` (PYTHONPATH)."""
+    target = root / f"code-{commit}"
+    target.mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(repo), "archive", commit, "relay"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    (target / "relay").rename(target / "pgoutbox")
+    return str(target)
+
+
+def moderate_rates(root: Path, pg, ns, args) -> None:
+    """(e): the relay's CPU per event at moderate rates, this build against
+    --before in interleaved rounds, each relay started afresh per round."""
+    codes = {"this build": None}
+    if args.before:
+        codes = {f"before ({args.before})": export_package(root, args.before), **codes}
+    rates = [int(x) for x in args.moderate.split(",")]
+    print(
+        f"(e) the relay at moderate rates: {args.rounds} round(s) of {args.seconds:g} s per rate and relay,"
+        f" 8 emitting sessions (synchronous_commit={args.emit_sync}); defaults, login in pgoutbox_relay only"
+    )
+    got: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for r in range(1, args.rounds + 1):
+        ticks = machine.cpu_ticks()
+        for label, path in codes.items():
+            name = f"moderate-{r}-{len(got)}"
+            profile = f"{args.profile}/relay-{label.split()[0]}.pstat" if args.profile and r == 1 else None
+            with relay_process(root, pg, ns, name, pythonpath=path, defaults=True, profile=profile) as proc:
+                port = relay_http_port(root, name)
+                for rate in rates:
+                    time.sleep(1)  # the relay idles between rates, as in production
+                    if profile:
+                        proc.send_signal(signal.SIGUSR1)  # the profile counts from here
+                    cpu0, pg0, counts = machine.cpu_seconds(proc.pid), postgres_cpu_seconds(pg), claim_counts(port)
+                    res = asyncio.run(latency_run(pg.url, ns.url, rate, args.seconds, args.emit_sync == "on"))
+                    n = res["total"]
+                    res["relay_us"] = (machine.cpu_seconds(proc.pid) - cpu0) / n * 1e6
+                    res["pg_us"] = (postgres_cpu_seconds(pg) - pg0) / n * 1e6
+                    claims, batches = (b - a for a, b in zip(counts, claim_counts(port), strict=True))
+                    res["claims"], res["per_batch"] = claims / n * 100, n / max(1.0, batches)
+                    got.setdefault((label, rate), []).append(res)
+        print(f"  round {r}: {machine.steal_since(ticks)}; {machine.load()}", flush=True)
+        for (label, rate), runs in got.items():
+            res = runs[-1]
+            print(
+                f"    {label:22s} @ {rate:5d}/s (achieved {res['achieved_rate']:,.0f}/s):"
+                f" relay {res['relay_us']:5.0f} us per event, PostgreSQL {res['pg_us']:4.0f} us;"
+                f"  p50 {res['p50']:6.2f} ms  p99 {res['p99']:6.2f} ms  ({res['missing']} missing);"
+                f" {res['claims']:.0f} claims per 100 events, {res['per_batch']:.1f} events per batch",
+                flush=True,
+            )
+    print(f"  median of {args.rounds} round(s):")
+    for (label, rate), runs in got.items():
+        med = {k: statistics.median(x[k] for x in runs) for k in ("relay_us", "pg_us", "p50", "p99", "claims")}
+        print(
+            f"    {label:22s} @ {rate:5d}/s: relay {med['relay_us']:5.0f} us per event, PostgreSQL"
+            f" {med['pg_us']:4.0f} us;  p50 {med['p50']:6.2f} ms  p99 {med['p99']:6.2f} ms;"
+            f" {med['claims']:.0f} claims per 100 events"
+        )
 
 
 def main() -> int:
@@ -327,8 +427,14 @@ def main() -> int:
         default="on",
         help="synchronous_commit of the latency runs' emitting sessions",
     )
-    ap.add_argument("--parts", default="abcd", help="a+b: publish and drain rates; c: latency; d always")
+    ap.add_argument(
+        "--parts", default="abcde", help="a+b: publish and drain rates; c: latency; e: moderate rates; d always"
+    )
     ap.add_argument("--notify-throttle", help="outbox.set_notify_throttle() for the run (default: the schema's, 5ms)")
+    ap.add_argument("--moderate", default="200,500,1000", help="(e): emit rates")
+    ap.add_argument("--before", metavar="COMMIT", help="(e): also run this commit's relay, interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="(e): rounds")
+    ap.add_argument("--profile", metavar="DIR", help="(e): profile each relay of round 1 (yappi, CPU clock) into DIR")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-bench-"))
@@ -342,6 +448,7 @@ def main() -> int:
         ns.start()
         with psycopg.connect(pg.url, autocommit=True) as conn:
             migrate.migrate(conn)
+            conn.execute(f"CREATE ROLE {RELAY_LOGIN} LOGIN IN ROLE pgoutbox_relay")
             if args.notify_throttle:  # read by the emitters' trigger and by the relay at start-up
                 conn.execute("SELECT outbox.set_notify_throttle(%s::interval)", (args.notify_throttle,))
                 print(f"outbox.set_notify_throttle('{args.notify_throttle}')")
@@ -418,6 +525,8 @@ def main() -> int:
                     code = proc.wait(30)
                     if code != 0:
                         print(f"    relay exited with {code} on SIGTERM (expected 0)")
+        if "e" in args.parts:
+            moderate_rates(root, pg, ns, args)
         print(f"(d) relay peak RSS (VmHWM): drain {rss:.0f} MB, max over all runs {peak:.0f} MB; target <= 150 MB")
         print(f"done: {machine.load()}; {machine.steal_since(ticks)}")
     finally:
