@@ -305,6 +305,7 @@ async def _consume(
     pythonpath: str,
     settings: list[str],
     handler_pid: int | None = None,
+    profile: str | None = None,
 ) -> dict[str, float]:
     """`pgoutbox consume` x processes on durable `handler`, default settings:
     msg/s, and CPU us per message of the processes, PostgreSQL and the handler."""
@@ -329,9 +330,15 @@ async def _consume(
     )
     env.update(item.split("=", 1) for item in settings)
     log = (workdir / f"{handler}.log").open("ab")
+    # profile: under yappi (bench/profiled.py), counting from the first acknowledged message.
+    command = (
+        [str(Path(__file__).with_name("profiled.py")), profile]
+        if profile
+        else ["-c", "import sys; from pgoutbox.cli.main import main; sys.exit(main())"]
+    )
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", "import sys; from pgoutbox.cli.main import main; sys.exit(main())", "consume"],
+            [sys.executable, *command, "consume"],
             env=env,
             stdout=log,
             stderr=log,
@@ -345,6 +352,9 @@ async def _consume(
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"consumer {handler} processed nothing")
             await asyncio.sleep(0.02)
+        if profile:
+            for p in procs:
+                p.send_signal(signal.SIGUSR1)
         t0, cpu0, pg0 = time.perf_counter(), sum(machine.cpu_seconds(p.pid) for p in procs), postgres_cpu_seconds(pg)
         h0 = machine.cpu_seconds(handler_pid) if handler_pid else 0.0
         while (done := await _acked(js, handler)) < n:
@@ -411,9 +421,16 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
     js = nc.jetstream()
     n, only = args.messages, args.only
 
-    async def consume(handler: str, processes: int = 1, pythonpath: str = str(ROOT)) -> dict[str, float]:
+    async def consume(
+        handler: str,
+        processes: int = 1,
+        pythonpath: str = str(ROOT),
+        settings: list[str] | None = None,
+        profile: str | None = None,
+    ) -> dict[str, float]:
+        told = args.setting + (settings or [])
         return await _consume(
-            js, workdir, pg, nats_url, url, handler, n, processes, pythonpath, args.setting, handler_pid
+            js, workdir, pg, nats_url, url, handler, n, processes, pythonpath, told, handler_pid, profile
         )
 
     try:
@@ -532,6 +549,11 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
     if args.before:
         before = _before_package(Path(tempfile.mkdtemp(prefix="pgoutbox-before-")), args.before)
         names["before"] = f"pgoutbox consume at {args.before}, defaults"
+    variants = {}  # LABEL:VAR=V,...: pgoutbox consume with these variables too
+    for variant in args.consume_variant:
+        label, _, assignments = variant.partition(":")
+        variants[label] = [a for a in assignments.split(",") if a]
+        names[label] = f"pgoutbox consume, {label}"
     rounds: list[dict[str, dict[str, float]]] = []
     for r in range(1, args.rounds + 1):
         ticks = machine.cpu_ticks()
@@ -558,10 +580,22 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
                 pg,
                 handler_pid,
             ),
-            "consume": await consume(f"g_consume{r}"),
+            "consume": await consume(
+                f"g_consume{r}", profile=f"{args.profile}/consume.pstat" if args.profile and r == 1 else None
+            ),
         }
         if before is not None:
-            got["before"] = await consume(f"g_before{r}", pythonpath=before)
+            got["before"] = await consume(
+                f"g_before{r}",
+                pythonpath=before,
+                profile=f"{args.profile}/before.pstat" if args.profile and r == 1 else None,
+            )
+        for label, told in variants.items():
+            got[label] = await consume(
+                f"g_{label}{r}",
+                settings=told,
+                profile=f"{args.profile}/{label}.pstat" if args.profile and r == 1 else None,
+            )
         rounds.append(got)
         print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
         for key, name in names.items():
@@ -618,6 +652,16 @@ if __name__ == "__main__":
     parser.add_argument("--only", default="abcdefg", help="the parts to run (a always)")
     parser.add_argument("--rounds", type=int, default=3, help="(g): rounds of the three loops")
     parser.add_argument("--ref-batch", type=int, default=CONCURRENCY, help="(g): fetch size of the reference loops")
+    parser.add_argument(
+        "--consume-variant",
+        action="append",
+        default=[],
+        metavar="LABEL:VAR=V,...",
+        help="(g): also run pgoutbox consume with these environment variables, in each round",
+    )
+    parser.add_argument(
+        "--profile", metavar="DIR", help="(g): profile round 1's consume processes (yappi, CPU clock) into DIR"
+    )
     parser.add_argument("--skip-before", action="store_true", help="do not run release 0.2.0's consumer")
     parser.add_argument("--before", help="(g): also run `pgoutbox consume` from this commit's package, each round")
     main(parser.parse_args())

@@ -108,6 +108,7 @@ def relay_process(
     pythonpath: str | None = None,
     defaults: bool = False,
     profile: str | None = None,
+    extra_env: dict[str, str] | None = None,
     **settings: str,
 ):
     """A relay process. defaults: as a login in pgoutbox_relay only, every
@@ -128,6 +129,7 @@ def relay_process(
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     env.update({f"OUTBOX_RELAY_{k.upper()}": v for k, v in settings.items()})
+    env.update(extra_env or {})
     log = (root / f"{name}.log").open("w")
     command = [str(Path(__file__).with_name("profiled.py")), profile] if profile else ["-m", "pgoutbox.cli.main"]
     proc = subprocess.Popen([sys.executable, *command, "relay"], env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -362,9 +364,12 @@ def export_package(root: Path, commit: str) -> str:
 def moderate_rates(root: Path, pg, ns, args) -> None:
     """(e): the relay's CPU per event at moderate rates, this build against
     --before in interleaved rounds, each relay started afresh per round."""
-    codes = {"this build": None}
+    codes: dict[str, tuple[str | None, dict[str, str]]] = {"this build": (None, {})}
     if args.before:
-        codes = {f"before ({args.before})": export_package(root, args.before), **codes}
+        codes = {f"before ({args.before})": (export_package(root, args.before), {}), **codes}
+    for variant in args.variant:  # LABEL:VAR=VALUE,VAR=VALUE: this build with those variables
+        label, _, assignments = variant.partition(":")
+        codes[label] = (None, dict(a.split("=", 1) for a in assignments.split(",") if a))
     rates = [int(x) for x in args.moderate.split(",")]
     print(
         f"(e) the relay at moderate rates: {args.rounds} round(s) of {args.seconds:g} s per rate and relay,"
@@ -373,10 +378,12 @@ def moderate_rates(root: Path, pg, ns, args) -> None:
     got: dict[tuple[str, int], list[dict[str, float]]] = {}
     for r in range(1, args.rounds + 1):
         ticks = machine.cpu_ticks()
-        for label, path in codes.items():
+        for label, (path, extra_env) in codes.items():
             name = f"moderate-{r}-{len(got)}"
             profile = f"{args.profile}/relay-{label.split()[0]}.pstat" if args.profile and r == 1 else None
-            with relay_process(root, pg, ns, name, pythonpath=path, defaults=True, profile=profile) as proc:
+            with relay_process(
+                root, pg, ns, name, pythonpath=path, defaults=True, profile=profile, extra_env=extra_env
+            ) as proc:
                 port = relay_http_port(root, name)
                 for rate in rates:
                     time.sleep(1)  # the relay idles between rates, as in production
@@ -434,6 +441,13 @@ def main() -> int:
     ap.add_argument("--moderate", default="200,500,1000", help="(e): emit rates")
     ap.add_argument("--before", metavar="COMMIT", help="(e): also run this commit's relay, interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="(e): rounds")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:VAR=V,...",
+        help="(e): also run this build with these environment variables (repeatable)",
+    )
     ap.add_argument("--profile", metavar="DIR", help="(e): profile each relay of round 1 (yappi, CPU clock) into DIR")
     args = ap.parse_args()
 
