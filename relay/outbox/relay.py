@@ -23,7 +23,8 @@ Safety comes from the database and JetStream, not from this process:
 Pacing: a full batch is followed by another claim at once (more may be
 due); a short one took everything due, so the loop waits for a wake-up
 (notification, throttle re-check, due retry, a keyed event marked) or the
-fallback poll. Housekeeping: outbox.create_partitions() every
+fallback poll, and claims no sooner than claim_interval after the previous
+claim (but at once for a keyed event's successor). Housekeeping: outbox.create_partitions() every
 partitions_every, and the backlog gauges every backlog_interval.
 
 Failures belong to one event, never to its batch or the process: rows are
@@ -198,7 +199,7 @@ class OutboxRelay:
     async def _drain(self, pipeline: list[asyncio.Task]) -> None:
         """Stop claiming; let claimed batches finish (or be handed back) within the grace."""
         self.stopping.set()
-        self.wakeups.wake()
+        self.wakeups.stop()
         log.info(
             "stopping: finishing in-flight batches", extra={"action": "stopping", "in_flight_batches": self._in_flight}
         )
@@ -272,8 +273,13 @@ class OutboxRelay:
             else:
                 self._progress()  # nothing claimable is not "stuck"
             # A short batch took everything due. What commits next notifies,
-            # or falls in a throttle window whose re-check is scheduled.
-            await self._unless_stopping(self.wakeups.wait())
+            # or falls in a throttle window whose re-check is scheduled; the
+            # next claim comes no sooner than claim_interval after this one,
+            # so that under steady traffic each claim takes what several
+            # wake-ups announced (a claim cycle costs the relay and PostgreSQL
+            # far more than an event in it: docs/relay.md).
+            await self.wakeups.wait()
+            await self.wakeups.pause(started + cfg.claim_interval - time.monotonic())
         await out.put(None)
 
     async def _publish_loop(self, inp: asyncio.Queue, out: asyncio.Queue) -> None:
@@ -401,7 +407,7 @@ class OutboxRelay:
                 )
         self.metrics.count({r["event_id"]: r["context"] for r in batch.rows}, batch.outcomes, dead)
         if keyed:
-            self.wakeups.wake()  # their successors of the same key are now claimable
+            self.wakeups.wake(urgent=True)  # their successors of the same key are now claimable
 
     async def _mark_call(self, call: Callable[[], Awaitable[int]], deadline: float, expected: int) -> int:
         """Runs one mark call, retrying across reconnections until the lease ends."""

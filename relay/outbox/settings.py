@@ -86,6 +86,16 @@ class RelayConfig:
             "wakeups", "OUTBOX_RELAY_WAKEUPS", "true", "LISTEN for the outbox_v1 wake-up; false = poll only", boolean
         )
     )
+    claim_interval: float = option(
+        Setting(
+            "claim_interval",
+            "OUTBOX_RELAY_CLAIM_INTERVAL",
+            "10ms",
+            "Shortest time between two claims while events keep coming (a full batch is followed at once; "
+            "0 = claim on every wake-up): fewer, fuller batches, at most this much later",
+            duration,
+        )
+    )
     synchronous_commit: bool = option(
         Setting(
             "synchronous_commit",
@@ -212,6 +222,11 @@ class RelayConfig:
             )
         if self.poll_interval <= 0:
             raise ConfigError("OUTBOX_RELAY_POLL_INTERVAL must be positive")
+        if not 0 <= self.claim_interval < self.poll_interval:
+            raise ConfigError(
+                f"OUTBOX_RELAY_CLAIM_INTERVAL ({self.claim_interval:g}s) must be at least 0 and shorter than "
+                f"OUTBOX_RELAY_POLL_INTERVAL ({self.poll_interval:g}s)"
+            )
         if self.retry_base <= 0 or self.retry_base > self.retry_cap:
             raise ConfigError(
                 f"OUTBOX_RELAY_RETRY_BASE ({self.retry_base:g}s) must be positive and at most "

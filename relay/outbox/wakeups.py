@@ -1,5 +1,5 @@
 """Wake-ups: a dedicated LISTEN connection turns the outbox_v1 notifications
-into an event the claim loop waits on, together with its two timers.
+into wake-ups of the claim loop's wait, together with its two timers.
 
 The trigger throttles notifications (sql/40_outbox_wakeup.sql): an event
 emitted within one throttle interval after a notification sends none.
@@ -23,6 +23,7 @@ import asyncio
 import heapq
 import logging
 import time
+from collections.abc import Callable
 
 from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, reconnect_delays
@@ -36,15 +37,38 @@ _LIVENESS = "SELECT outbox.schema_version() AS v, current_setting('transaction_r
 
 
 class Wakeups:
+    """What the claim loop waits for, without a task or a coroutine per wait:
+    one future at a time, resolved by a notification, wake(), stop() or its
+    timer (the next deadline, the fallback poll, or the end of a pause). At
+    moderate rates the relay spends most of its CPU going to sleep and waking
+    up again, so a wait costs one future and one timer handle, and a
+    notification one callback (listen)."""
+
     def __init__(self, poll_interval: float, throttle: float = 0.0):
         self.poll_interval = poll_interval
         self.throttle = throttle
         self.received = 0
-        self._event = asyncio.Event()
+        self._woken = False  # a wake-up since arm()
+        self._urgent = False  # a wake-up since arm() that no pause may hold back
+        self._stopped = False
+        self._waiter: asyncio.Future | None = None
+        self._wakes = True  # whether the waiter ends on a wake-up (not during a pause)
         self._deadlines: list[float] = []  # heap of monotonic times to claim again
+        # The LISTEN session's socket and reader while one watches it (listen).
+        self._listener: tuple[asyncio.AbstractEventLoop, int, Callable[[], None]] | None = None
 
-    def wake(self) -> None:
-        self._event.set()
+    def wake(self, *, urgent: bool = False) -> None:
+        """Claim again. urgent: at once, even within the claim interval (a
+        key's next event became claimable: its latency is a chain's)."""
+        self._woken = True
+        self._urgent = self._urgent or urgent
+        if self._wakes or urgent:
+            self._resolve()
+
+    def stop(self) -> None:
+        """Ends the wait or pause under way, and every later one at once."""
+        self._stopped = True
+        self._resolve()
 
     def wake_at(self, when: float) -> None:
         """Claim again at `when` (monotonic), e.g. when a retry falls due."""
@@ -53,24 +77,92 @@ class Wakeups:
     def notified(self) -> None:
         self.received += 1
         self.wake_at(time.monotonic() + self.throttle)
-        self._event.set()
+        self.wake()
 
     def arm(self) -> None:
         """Called right before a claim: wake-ups from now on count for the next wait."""
-        self._event.clear()
+        self._woken = self._urgent = False
         now = time.monotonic()
         while self._deadlines and self._deadlines[0] <= now:
             heapq.heappop(self._deadlines)
 
     async def wait(self) -> None:
         """Until a notification, a wake(), the next deadline or the fallback poll."""
+        if self._woken or self._stopped:
+            return
         timeout = self.poll_interval
         if self._deadlines:
             timeout = min(timeout, max(0.0, self._deadlines[0] - time.monotonic()))
+        await self._sleep(timeout, wakes=True)
+
+    async def pause(self, seconds: float) -> None:
+        """Sleeps `seconds` whatever wakes meanwhile, but for an urgent one or
+        stop(): what the others announced waits for the claim after it. The
+        LISTEN socket is not watched meanwhile (a notification now would only
+        wake the process for nothing): what arrived is read when it ends, as
+        one notification."""
+        if seconds <= 0 or self._stopped or self._urgent:
+            return
+        listener = self._listener
+        if listener is not None:
+            listener[0].remove_reader(listener[1])
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except TimeoutError:
-            pass
+            await self._sleep(seconds, wakes=False)
+        finally:
+            if listener is not None and self._listener is listener:
+                listener[2]()  # what arrived meanwhile
+                if self._listener is listener:  # not lost while reading
+                    listener[0].add_reader(listener[1], listener[2])
+
+    async def _sleep(self, seconds: float, *, wakes: bool) -> None:
+        loop = asyncio.get_running_loop()
+        self._waiter, self._wakes = loop.create_future(), wakes
+        timer = loop.call_later(seconds, self._resolve)
+        try:
+            await self._waiter
+        finally:
+            timer.cancel()
+            self._waiter, self._wakes = None, True
+
+    def _resolve(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _notifications(self, conn, seconds: float) -> None:
+        """For `seconds`, calls notified() whenever notifications arrive on the
+        idle LISTEN session: a reader callback on its socket that reads them
+        with libpq, rather than psycopg's notifies() generator (a wait set up
+        and torn down per notification). Raises what reading raises (the
+        connection lost)."""
+        loop = asyncio.get_running_loop()
+        pgconn, fd = conn.pgconn, conn.fileno()
+        lost: asyncio.Future = loop.create_future()
+
+        def readable() -> None:
+            try:
+                pgconn.consume_input()
+                got = False
+                while pgconn.notifies() is not None:
+                    got = True
+            except Exception as exc:  # psycopg.OperationalError: the server went away
+                loop.remove_reader(fd)
+                self._listener = None
+                if not lost.done():
+                    lost.set_exception(exc)
+                return
+            if got:
+                self.notified()
+
+        self._listener = (loop, fd, readable)
+        loop.add_reader(fd, readable)
+        timer = loop.call_later(seconds, lambda: lost.done() or lost.set_result(None))
+        try:
+            await lost
+        finally:
+            timer.cancel()
+            if self._listener is not None:
+                self._listener = None
+                loop.remove_reader(fd)
 
     async def listen(self, database_url: str | None) -> None:
         """LISTEN forever (cancel to stop), reconnecting after connection loss."""
@@ -96,6 +188,9 @@ class Wakeups:
                 await asyncio.sleep(next(delays))
                 continue
             try:
+                # Notifications that arrive while psycopg runs a statement on
+                # this session (LISTEN, the liveness call) come through here.
+                conn.add_notify_handler(lambda _: self.notified())
                 await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 delays, lines = reconnect_delays(), Every()
                 self.wake()
@@ -103,8 +198,7 @@ class Wakeups:
                 while True:
                     # The timeout turns a silently dead connection into an
                     # error: the liveness call below fails on it.
-                    async for _ in conn.notifies(timeout=max(self.poll_interval, 5.0)):
-                        self.notified()
+                    await self._notifications(conn, max(self.poll_interval, 5.0))
                     cur = await conn.execute(_LIVENESS)
                     row = await cur.fetchone()
                     if row and row["read_only"]:  # the pool's sessions return dicts (calls.pool)
