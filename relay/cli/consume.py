@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from pgoutbox.cli import event_loop
 from pgoutbox.core import logs as json_logs
 from pgoutbox.core import settings
 from pgoutbox.inbox import settings as cs
@@ -36,5 +37,5 @@ async def serve(consumer: Consumer) -> None:
 def run(cfg: cs.ConsumerConfig, args) -> int:
     json_logs.setup(cfg.log_level)
     handlers = cs.load_handlers(cfg)
-    asyncio.run(serve(Consumer(handlers, cfg)))
+    event_loop.run(serve(Consumer(handlers, cfg)))
     return 0

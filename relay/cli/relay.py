@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 
+from pgoutbox.cli import event_loop
 from pgoutbox.core import logs as json_logs
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox.relay import OutboxRelay
@@ -33,7 +34,7 @@ def run(cfg: relay_settings.RelayConfig, args) -> int:
     try:
         json_logs.setup(cfg.log_level)
         _warn_unknown_variables({s.env for group in args.settings_groups.values() for s in group})
-        return asyncio.run(_main(cfg, early))
+        return event_loop.run(_main(cfg, early))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from pgoutbox.cli import event_loop
 from pgoutbox.cli.consume import stop_on_signals
 from pgoutbox.core import db, settings
 from pgoutbox.core import logs as json_logs
@@ -76,4 +77,4 @@ async def _main(cfg: cs.ReplayConfig, once: bool) -> int:
 
 def run(cfg: cs.ReplayConfig, args) -> int:
     json_logs.setup(cfg.log_level)
-    return asyncio.run(_main(cfg, args.once))
+    return event_loop.run(_main(cfg, args.once))
