@@ -155,7 +155,12 @@ class Wakeups:
 
         self._listener = (loop, fd, readable)
         loop.add_reader(fd, readable)
-        timer = loop.call_later(seconds, lambda: lost.done() or lost.set_result(None))
+
+        def timeout() -> None:
+            if not lost.done():
+                lost.set_result(None)
+
+        timer = loop.call_later(seconds, timeout)
         try:
             await lost
         finally:
