@@ -273,13 +273,14 @@ class OutboxRelay:
             else:
                 self._progress()  # nothing claimable is not "stuck"
             # A short batch took everything due. What commits next notifies,
-            # or falls in a throttle window whose re-check is scheduled; the
+            # or falls in a throttle window whose re-check is scheduled. The
             # next claim comes no sooner than claim_interval after this one,
             # so that under steady traffic each claim takes what several
             # wake-ups announced (a claim cycle costs the relay and PostgreSQL
-            # far more than an event in it: docs/relay.md).
-            await self.wakeups.wait()
+            # far more than an event in it: docs/relay.md); the pause comes
+            # first, so that what arrives meanwhile wakes nobody.
             await self.wakeups.pause(started + cfg.claim_interval - time.monotonic())
+            await self.wakeups.wait()
         await out.put(None)
 
     async def _publish_loop(self, inp: asyncio.Queue, out: asyncio.Queue) -> None:

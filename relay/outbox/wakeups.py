@@ -92,15 +92,17 @@ class Wakeups:
             return
         timeout = self.poll_interval
         if self._deadlines:
-            timeout = min(timeout, max(0.0, self._deadlines[0] - time.monotonic()))
+            timeout = min(timeout, self._deadlines[0] - time.monotonic())
+            if timeout <= 0:
+                return
         await self._sleep(timeout, wakes=True)
 
     async def pause(self, seconds: float) -> None:
         """Sleeps `seconds` whatever wakes meanwhile, but for an urgent one or
-        stop(): what the others announced waits for the claim after it. The
-        LISTEN socket is not watched meanwhile (a notification now would only
-        wake the process for nothing): what arrived is read when it ends, as
-        one notification."""
+        stop(): the others count for the wait() after it, which then returns
+        at once. The LISTEN socket is not watched meanwhile (a notification now
+        would only wake the process for nothing): what arrived is read when
+        the pause ends, as one notification."""
         if seconds <= 0 or self._stopped or self._urgent:
             return
         listener = self._listener

@@ -72,6 +72,8 @@ def test_backoff_full_jitter_is_uniform_between_zero_and_the_ceiling():
         ({"publish_timeout": "30s", "lease": "30s"}, "must be positive and shorter than OUTBOX_RELAY_LEASE"),
         ({"retry_base": "2m", "retry_cap": "1m"}, "must be positive and at most OUTBOX_RELAY_RETRY_CAP"),
         ({"wakeups": "maybe"}, "not a boolean"),
+        ({"claim_interval": "-5ms"}, "OUTBOX_RELAY_CLAIM_INTERVAL='-5ms': not a duration"),
+        ({"claim_interval": "1s"}, "must be at least 0 and shorter than OUTBOX_RELAY_POLL_INTERVAL (1s)"),
         ({"http_port": "-1"}, "OUTBOX_RELAY_HTTP_PORT='-1': must be from 0 to 65535"),
         ({"http_port": "99999"}, "OUTBOX_RELAY_HTTP_PORT='99999': must be from 0 to 65535"),
         ({"log_level": "LOUD"}, "not a log level: 'LOUD'"),

@@ -20,6 +20,7 @@ import pytest
 from pgoutbox.core import wire as envelope
 from pgoutbox.dev.embedded import EmbeddedNats
 from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
+from pgoutbox.outbox.wakeups import Wakeups
 from support.inbox import until
 from support.outbox import (
     apply_streams,
@@ -107,6 +108,58 @@ async def test_a_notification_wakes_the_relay_long_before_the_fallback_poll(data
         emit(database_url, 1, start=1)
         emit(database_url, 1, start=2)
         await completed(database_url, 3, timeout=10)
+
+
+def claim_tokens(url: str) -> list[str | None]:
+    """The claim token of each event, in emit order (a batch shares one)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [r[0] for r in conn.execute("SELECT claim_token::text FROM outbox.events ORDER BY id").fetchall()]
+
+
+async def test_events_announced_within_the_claim_interval_go_in_one_claim(database_url, nats_server):
+    await apply_streams(nats_server.url)
+    cfg = relay_config(database_url, nats_server.url, poll_interval="60s", claim_interval="3s")
+    emit(database_url, 1)  # taken by the relay's first claim
+    async with running_relay(cfg) as relay:
+        await completed(database_url, 1, timeout=30)
+        # Five transactions, each of which may notify: all wait for the one
+        # claim that comes claim_interval after the previous one.
+        for i in range(1, 6):
+            emit(database_url, 1, start=i)
+        await completed(database_url, 6, timeout=30)
+        first, *rest = claim_tokens(database_url)
+        assert len(set(rest)) == 1 and first not in rest
+        assert metric(relay, "outbox_relay_batch_size_count") == 2
+
+
+async def test_a_keys_next_event_is_not_held_back_by_the_claim_interval(database_url, nats_server):
+    await apply_streams(nats_server.url)
+    cfg = relay_config(database_url, nats_server.url, poll_interval="60s", claim_interval="20s")
+    emit(database_url, 3, keys=1)  # one key: three claims, each after the previous event was marked
+    async with running_relay(cfg):
+        # The first claim takes the first event; each successor is claimed as
+        # soon as its predecessor is marked, not 20 s after the previous claim.
+        await completed(database_url, 3, timeout=15)
+    assert len(set(claim_tokens(database_url))) == 3
+
+
+async def test_a_pause_ends_early_only_for_an_urgent_wake_up_or_stop():
+    wakeups = Wakeups(poll_interval=60)
+    pause = asyncio.create_task(wakeups.pause(60))
+    await asyncio.sleep(0.05)
+    wakeups.wake()  # counted for the next wait, not ending the pause
+    await asyncio.sleep(0.05)
+    assert not pause.done()
+    wakeups.wake(urgent=True)
+    await asyncio.wait_for(pause, 5)
+    await asyncio.wait_for(wakeups.wait(), 5)  # the wake-ups came: no wait
+    wakeups.arm()
+    waiting = asyncio.create_task(wakeups.wait())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    wakeups.stop()
+    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(wakeups.pause(60), 5)  # stopped: no pause any more
 
 
 async def test_poll_only_relay_still_drains(database_url, nats_server):
