@@ -28,7 +28,8 @@ stretch; then the highest rate that held p99 < 500 ms (with --find-max,
 bisected further between the highest rate that held and the lowest that did
 not), and the hypervisor's steal over the run.
 
-    .venv/bin/python bench/e2e_bench.py [--rates 200,500,1000,2000,3000] [--consumers 1] [--seconds 15] [--find-max]
+    .venv/bin/python bench/e2e_bench.py [--rates 200,500,1000,2000,3000] [--consumers 1] [--seconds 15]
+        [--find-max N] [--code COMMIT,.] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ LOGINS = {"writer": "pgoutbox_writer", "relay": "pgoutbox_relay", "consumer": "p
 class Pipeline:
     """PostgreSQL, NATS, the handler, the relay and the consumers, all ours."""
 
-    def __init__(self, root: Path, code: str | None = None):
+    def __init__(self, root: Path, codes: list[str], profile: str | None = None):
         self.root = root
         self.pg = EmbeddedPostgres(root / "pg", settings={"max_wal_size": "4GB"})
         self.nats = EmbeddedNats(root / "nats")
@@ -157,8 +158,12 @@ class Pipeline:
         self.handler_url = ""
         self.relay: subprocess.Popen | None = None
         self.consumers: list[subprocess.Popen] = []
-        self.code = code  # a commit whose package the relay and consumers run (None: this checkout)
+        # The commits whose package the relay and consumers run ("." = this checkout).
+        self.codes = codes
+        self.pythonpaths: dict[str, str | None] = {}
         self.pythonpath: str | None = None
+        self.profile = profile  # a folder: run the workers under yappi (bench/profiled.py), a profile per rate
+        self.streams = root / "streams.toml"
 
     def url(self, party: str) -> str:
         return self.pg.url.replace("postgresql://postgres@", f"postgresql://e2e_{party}@")
@@ -173,10 +178,11 @@ class Pipeline:
         env.update(extra)
         return env
 
-    def spawn(self, command: str, name: str, extra: dict[str, str]) -> subprocess.Popen:
+    def spawn(self, command: str, name: str, extra: dict[str, str], profile: str | None = None) -> subprocess.Popen:
         log = (self.root / f"{name}.log").open("ab")
+        run = [str(Path(__file__).with_name("profiled.py")), profile] if profile else ["-m", "pgoutbox.cli.main"]
         return subprocess.Popen(
-            [sys.executable, "-m", "pgoutbox.cli.main", command],
+            [sys.executable, *run, command],
             env=self.env(extra, command.replace("consume", "consumer")),
             stdout=log,
             stderr=log,
@@ -184,7 +190,7 @@ class Pipeline:
 
     def _export(self, commit: str) -> str:
         """The package of `commit`, from git, importable as `pgoutbox` (PYTHONPATH)."""
-        target = self.root / "code"
+        target = self.root / f"code-{len(self.pythonpaths)}"
         target.mkdir()
         repo = Path(__file__).resolve().parents[1]
         archive = subprocess.run(["git", "-C", str(repo), "archive", commit, "relay"], check=True, capture_output=True)
@@ -195,8 +201,8 @@ class Pipeline:
     def start(self) -> None:
         self.pg.start()
         self.nats.start()
-        if self.code:
-            self.pythonpath = self._export(self.code)
+        for code in self.codes:
+            self.pythonpaths[code] = None if code == "." else self._export(code)
         with psycopg.connect(self.pg.url, autocommit=True) as conn:
             migrate.migrate(conn)
             for party, group in LOGINS.items():
@@ -207,7 +213,7 @@ class Pipeline:
         )
         assert self.handler.stdout is not None and self.handler.stdout.readline().strip() == "ready"
         self.handler_url = f"http://127.0.0.1:{port}"
-        streams = self.root / "streams.toml"
+        streams = self.streams
         streams.write_text(f'[streams.{CONTEXT}]\nname = "E2E_EVENTS"\nduplicate_window = "2m"\nmax_age = "1h"\n')
         manifests = self.root / "handlers"
         manifests.mkdir()
@@ -222,18 +228,38 @@ class Pipeline:
             subprocess.run(
                 [sys.executable, "-m", "pgoutbox.cli.main", *argv], env=self.env({}), check=True, capture_output=True
             )
-        self.relay = self.spawn("relay", "relay", {"OUTBOX_STREAMS_FILE": str(streams), "OUTBOX_RELAY_HTTP_PORT": "0"})
 
-    def set_consumers(self, n: int) -> None:
+    def set_workers(self, code: str, n: int, label: str) -> None:
+        """A relay and n consumers of `code`, started afresh."""
         self.stop_consumers()
+        self._stop(self.relay)
+        self.pythonpath = self.pythonpaths[code]
+        profile = f"{self.profile}/{label}" if self.profile else None
+        self.relay = self.spawn(
+            "relay",
+            "relay",
+            {"OUTBOX_STREAMS_FILE": str(self.streams), "OUTBOX_RELAY_HTTP_PORT": "0"},
+            f"{profile}-relay.pstat" if profile else None,
+        )
         self.consumers = [
             self.spawn(
                 "consume",
                 f"consumer-{i}",
                 {"OUTBOX_REGISTRY_FILE": str(self.root / "reg.json"), "OUTBOX_CONSUMER_HTTP_PORT": "0"},
+                f"{profile}-consumer-{i}.pstat" if profile else None,
             )
             for i in range(n)
         ]
+
+    @staticmethod
+    def _stop(p: subprocess.Popen | None) -> None:
+        if p and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
     def stop_consumers(self) -> None:
         for p in self.consumers:
@@ -281,10 +307,13 @@ def wait_ready(pipe: Pipeline, timeout: float = 60) -> None:
     raise RuntimeError(f"the pipeline did not deliver within {timeout}s; see the logs under {pipe.root}")
 
 
-def run_rate(pipe: Pipeline, rate: int, consumers: int, seconds: float, first: int, writers: int) -> dict:
-    pipe.set_consumers(consumers)
+def run_rate(pipe: Pipeline, code: str, rate: int, consumers: int, seconds: float, first: int, writers: int) -> dict:
+    pipe.set_workers(code, consumers, f"{'this' if code == '.' else code}-{rate}")
     wait_ready(pipe)
     procs = [p for p in (pipe.relay, *pipe.consumers) if p]
+    if pipe.profile:
+        for p in procs:
+            p.send_signal(signal.SIGUSR1)  # the profiles count from here
     before = pipe.arrived()
     ticks = machine.cpu_ticks()
     cpu = {p.pid: machine.cpu_seconds(p.pid) for p in procs}
@@ -327,9 +356,10 @@ def held(res: dict, rate: int) -> bool:
     return res["p99"] < TARGET_P99_MS and not res["missing"] and res["achieved"] >= 0.95 * rate
 
 
-def report(rate: int, n: int, res: dict) -> None:
+def report(code: str, rate: int, n: int, res: dict) -> None:
     print(
-        f"  {rate:5d} events/s (achieved {res['achieved']:,.0f}/s), {n} consumer process(es):"
+        f"  {'this checkout' if code == '.' else code:14s} {rate:5d} events/s (achieved {res['achieved']:,.0f}/s),"
+        f" {n} consumer process(es):"
         f" p50 {res['p50']:7.1f} ms  p99 {res['p99']:7.1f} ms  max {res['max']:7.1f} ms"
         f"  ({res['samples']} samples, {res['missing']} missing; CPU per event: relay"
         f" {res['relay_us']:.0f} us, consumers {res['consumer_us']:.0f} us; {res['steal']})",
@@ -361,7 +391,13 @@ def main() -> int:
         metavar="N",
         help="then N more rates, bisecting between the highest that held p99 < 500 ms and the lowest that did not",
     )
-    ap.add_argument("--code", metavar="COMMIT", help="run the relay and consumers of this commit (e.g. a 'before')")
+    ap.add_argument(
+        "--code",
+        default=".",
+        metavar="COMMIT,...",
+        help="the relay and consumers of these commits ('.': this checkout), each rate run with each in turn",
+    )
+    ap.add_argument("--profile", metavar="DIR", help="run the workers under yappi; a profile per code, rate and worker")
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     consumers = [int(c) for c in args.consumers.split(",")]
@@ -372,10 +408,11 @@ def main() -> int:
 
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-e2e-bench-"))
     root.chmod(0o755)  # PostgreSQL runs as another user
-    pipe = Pipeline(root, args.code)
+    codes = args.code.split(",")
+    pipe = Pipeline(root, codes, args.profile)
     print(
         "e2e bench: emit commit -> relay -> JetStream -> pgoutbox consume -> HTTP handler; product defaults,"
-        f" least-privileged logins; {args.writers} writers; code {args.code or 'of this checkout'}; {machine.load()}",
+        f" least-privileged logins; {args.writers} writers; code {', '.join(codes)}; {machine.load()}",
         flush=True,
     )
     ticks = machine.cpu_ticks()
@@ -383,30 +420,32 @@ def main() -> int:
     try:
         pipe.start()
         first = 1_000_000
-        results: dict[int, bool] = {}
+        results: dict[str, dict[int, bool]] = {c: {} for c in codes}
         for rate, n in zip(rates, consumers):
-            res = run_rate(pipe, rate, n, args.seconds, first, args.writers)
-            first += 10_000_000
-            report(rate, n, res)
-            results[rate] = held(res, rate)
-            code = code or (1 if res["missing"] else 0)
+            for c in codes:  # side by side: each code at this rate, one after the other
+                res = run_rate(pipe, c, rate, n, args.seconds, first, args.writers)
+                first += 10_000_000
+                report(c, rate, n, res)
+                results[c][rate] = held(res, rate)
+                code = code or (1 if res["missing"] else 0)
         for _ in range(args.find_max):
-            lo = max((r for r, ok in results.items() if ok), default=0)
-            hi = min((r for r, ok in results.items() if not ok and r > lo), default=None)
-            if hi is None or hi - lo <= 100:
-                break
-            rate = (lo + hi) // 2 // 50 * 50
-            res = run_rate(pipe, rate, consumers[-1], args.seconds, first, args.writers)
-            first += 10_000_000
-            report(rate, consumers[-1], res)
-            results[rate] = held(res, rate)
-        best = max((r for r, ok in results.items() if ok), default=None)
-        above = min((r for r, ok in results.items() if not ok and r > (best or 0)), default=None)
-        print(
-            f"  target: p99 < {TARGET_P99_MS:.0f} ms; the highest rate that held it: "
-            + (f"{best:,}/s" if best else "none")
-            + (f" (not {above:,}/s)" if above else "")
-        )
+            for c in codes:
+                lo = max((r for r, ok in results[c].items() if ok), default=0)
+                hi = min((r for r, ok in results[c].items() if not ok and r > lo), default=None)
+                if hi is None or hi - lo <= 100:
+                    continue
+                rate = (lo + hi) // 2 // 50 * 50
+                res = run_rate(pipe, c, rate, consumers[-1], args.seconds, first, args.writers)
+                first += 10_000_000
+                report(c, rate, consumers[-1], res)
+                results[c][rate] = held(res, rate)
+        for c in codes:
+            best = max((r for r, ok in results[c].items() if ok), default=None)
+            above = min((r for r, ok in results[c].items() if not ok and r > (best or 0)), default=None)
+            print(
+                f"  {'this checkout' if c == '.' else c}: target p99 < {TARGET_P99_MS:.0f} ms; the highest rate that"
+                " held it: " + (f"{best:,}/s" if best else "none") + (f" (not {above:,}/s)" if above else "")
+            )
         print(f"done: {machine.load()}; {machine.steal_since(ticks)}")
     finally:
         with contextlib.suppress(Exception):
