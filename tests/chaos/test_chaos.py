@@ -59,13 +59,16 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
         "--profile",
         "short",
         "--seconds",
-        "20",
+        "12",
         "--faults",
-        "3",
+        "2",
         "--kinds",
         "kill_consumer,kill_all_consumers",
         pythonpath=tmp_path,
     )
     assert result.returncode == 1
     assert "VIOLATIONS" in result.stdout
-    assert "without its side effect" in result.stdout
+    # Acked before the inbox, then killed: no side effect and no inbox row
+    # (lost), or a row never settled (stuck).
+    figures = figures_of(result.stdout)
+    assert figures["lost"] + figures["stuck"] > 0, figures
