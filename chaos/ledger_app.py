@@ -44,6 +44,11 @@ CREATE TABLE IF NOT EXISTS chaos.business (
 
 
 class _QuietServer(ThreadingHTTPServer):
+    # Two consumers open up to 65 keep-alive connections each at start-up; the
+    # default listen backlog (5) would drop some, and the consumer would count
+    # a failure the app never answered.
+    request_queue_size = 512
+
     def handle_error(self, request, client_address):
         pass  # a consumer killed mid-request resets its connection: expected here
 
@@ -51,8 +56,16 @@ class _QuietServer(ThreadingHTTPServer):
 class LedgerApp:
     def __init__(self, database_url: str):
         self.database_url = database_url
+        # check: a connection broken by a PostgreSQL restart is replaced at
+        # checkout, not answered as a failure (one per pooled connection).
         self.pool = ConnectionPool(
-            database_url, min_size=2, max_size=24, timeout=5, kwargs={"connect_timeout": 3}, open=False
+            database_url,
+            min_size=2,
+            max_size=24,
+            timeout=5,
+            kwargs={"connect_timeout": 3},
+            check=ConnectionPool.check_connection,
+            open=False,
         )
         self.failures: Counter[uuid.UUID] = Counter()  # 503 answers per message id
         self._lock = threading.Lock()
