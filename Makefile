@@ -89,7 +89,7 @@ bench/archive: setup ## Archival throughput on a 1,000,000-row partition vs a ba
 
 bench: bench/sql bench/relay bench/consumer bench/archive ## All benchmarks
 
-chaos: setup ## Chaos run (PROFILE=short|long|cluster-short|cluster, SEED=n, POISON_SHARE=p, KINDS=k,k): kills, restarts, pauses under load, then a ledger check
+chaos: setup ## Chaos run on the handler's default settings (PROFILE=short|long|cluster-short|cluster, SEED=n, POISON_SHARE=p, KINDS=k,k): kills, restarts, outages, foreign messages under load, then a ledger check
 	@$(PY) -m chaos --profile $(or $(PROFILE),short) --seed $(or $(SEED),20261122) $(if $(POISON_SHARE),--poison-share $(POISON_SHARE)) $(if $(KINDS),--kinds $(KINDS))
 
 clean: ## Remove the demo data folder (stops nothing but what it started)

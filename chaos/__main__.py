@@ -1,5 +1,5 @@
 """python -m chaos [--profile short|long|cluster-short|cluster] [--seed N] [--seconds S] [--rate R]
-[--faults F] [--kinds K,K] [--poison-share P]"""
+[--faults F] [--kinds K,K] [--poison-share P] [--quiesce-timeout S]"""
 
 import argparse
 import dataclasses
@@ -16,6 +16,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, help="override the profile's load duration")
     ap.add_argument("--rate", type=float, help="override the profile's emits per second")
     ap.add_argument("--faults", type=int, help="override the profile's fault count")
+    ap.add_argument("--quiesce-timeout", type=float, help="override how long the run may take to settle after the load")
     ap.add_argument(
         "--poison-share",
         type=float,
@@ -26,7 +27,16 @@ def main() -> int:
     )
     ap.add_argument("--keep", action="store_true", help="keep the data and logs folder")
     args = ap.parse_args()
-    overrides = {k: v for k, v in (("seconds", args.seconds), ("rate", args.rate), ("faults", args.faults)) if v}
+    overrides = {
+        k: v
+        for k, v in (
+            ("seconds", args.seconds),
+            ("rate", args.rate),
+            ("faults", args.faults),
+            ("quiesce_timeout", args.quiesce_timeout),
+        )
+        if v
+    }
     if args.poison_share is not None:
         if not 0 <= args.poison_share <= 1:
             ap.error("--poison-share must be between 0 and 1")

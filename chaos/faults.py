@@ -35,12 +35,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import foreign
+
 if TYPE_CHECKING:
     from .harness import Pipeline
 
 TOPOLOGIES = ("single", "cluster")
 PLUGINS = ("chaos.pg_failover",)
 RECOVERY_TIMEOUT = 90.0  # a NATS node back and healthy
+FOREIGN_POOL = 200  # hostile foreign messages drawn per run (used in turn)
+FOREIGN_BURST = 20  # published by one foreign_messages fault
+OUTAGE_MESSAGES = 20  # well-formed messages published while PostgreSQL is down
 
 
 @dataclass(frozen=True)
@@ -140,10 +145,67 @@ def pause_relay(pipeline: Pipeline, rng: random.Random) -> str:
     return f"#{i}"
 
 
+@fault("kill_all_consumers")
+def kill_all_consumers(pipeline: Pipeline, rng: random.Random) -> str:
+    """kill -9 of every consumer process at once, then all restarted: what
+    they had in flight comes back only after ack_wait."""
+    killed = [p for p in pipeline.consumers if p is not None]
+    for process in killed:
+        process.kill()
+    for process in killed:
+        process.wait()
+    time.sleep(rng.uniform(0.2, 3.0))
+    for i in range(len(pipeline.consumers)):
+        pipeline.start_consumer(i)
+    return f"{len(killed)} consumers"
+
+
 @fault("restart_postgres")
 def restart_postgres(pipeline: Pipeline, rng: random.Random) -> str:
     pipeline.pg.restart()
     return ""
+
+
+@fault("postgres_outage")
+def postgres_outage(pipeline: Pipeline, rng: random.Random) -> str:
+    """PostgreSQL (the primary, under a standby pair) stopped, cleanly or as a
+    crash, for longer than a message's redeliveries take with the handler's
+    settings (Pipeline.outage_seconds); well-formed messages are published
+    straight to the stream as it goes down, so that they wait through it."""
+    seconds = rng.uniform(*pipeline.outage_seconds())
+    pair = getattr(pipeline.pg, "pair", None)  # chaos.pg_failover.Failover
+    node = pair.primary if pair is not None else pipeline.pg
+    mode = rng.choice(("fast", "immediate"))
+    node.stop(mode)
+    started = time.monotonic()
+    try:
+        sent = foreign.publish(
+            pipeline.nats.url,
+            [foreign.well_formed(pipeline.subject)] * OUTAGE_MESSAGES,
+            "processed",
+            pipeline.foreign,
+        )
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+    finally:
+        node.start()
+    return f"{seconds:.0f}s ({mode}), well-formed messages published meanwhile: {sent}"
+
+
+def _draw_foreign(pipeline: Pipeline) -> None:
+    pipeline.extras["foreign_cases"] = foreign.draw_cases(pipeline.seed, FOREIGN_POOL, pipeline.subject)
+    pipeline.extras["foreign_next"] = 0
+
+
+@fault("foreign_messages", prepare=_draw_foreign)
+def foreign_messages(pipeline: Pipeline, rng: random.Random) -> str:
+    """A burst of hostile messages published straight to the stream, drawn
+    from the poison strategies (tests/support/poison.py), header values
+    nats-py would not send included; the check follows each one."""
+    cases = pipeline.extras["foreign_cases"]
+    first = pipeline.extras["foreign_next"]
+    burst = [cases[(first + k) % len(cases)] for k in range(FOREIGN_BURST)]
+    pipeline.extras["foreign_next"] = first + FOREIGN_BURST
+    return foreign.publish(pipeline.nats.url, burst, "outcome", pipeline.foreign)
 
 
 # -- one nats-server -------------------------------------------------------------------------------

@@ -4,20 +4,43 @@ then a ledger check. Seeded, bounded in time and count, loopback only.
     emit (writers, some rolled back) -> outbox -> 2 relays -> JetStream
         -> 2 consumers -> HTTP ledger app (side effect + inbox marker, one txn)
 
+The handler runs on the product's defaults: its manifest is the README's
+(MANIFEST), the consumers get no OUTBOX_* setting but the registry file and
+an HTTP port, so max_deliver is 5, dead letters are replayed automatically
+(3 times, the first after 30-60 s), redeliveries wait 1 s doubling, ack_wait
+is 30 s. The ledger's expectations follow from what the consumer makes of
+them (Pipeline.handler), not from numbers written here. (The relays keep
+the settings they had: a 3 s lease, so that a pause past it fits in a run,
+and no dead-lettering of events NATS was away for.)
+
 Two topologies: "single" (one nats-server) and "cluster" (three clustered
 nats-server nodes on loopback, relays and consumers given every node's URL,
 streams at replicas 3). Faults, at moments drawn from the seed, one at a
 time, from the kinds registered in chaos/faults.py for the topology: kill -9
-of a relay or a consumer (restarted), a PostgreSQL restart, SIGSTOP of a
-relay for longer than its lease (then SIGCONT); a NATS restart (single); kill
--9 of the stream leader or of another node, a rolling restart of all three
-nodes, a network partition of one node (pipeline). When the load stops the
-harness waits for quiescence and checks that every committed emit is
-COMPLETED and in the stream exactly once, that no rolled-back emit appears
-anywhere, that every event has exactly one side effect (none for poison),
-that nothing is left PROCESSING, due or unacked, that the DLQ holds exactly
-the injected poison events, and that events of one ordering key reached the
-stream in emit order. It prints the figures and exits 1 on any violation.
+of a relay or a consumer (restarted), kill -9 of every consumer at once, a
+PostgreSQL restart, a PostgreSQL outage longer than every redelivery
+max_deliver allows (with well-formed messages published straight to the
+stream as it starts), SIGSTOP of a relay for longer than its lease (then
+SIGCONT), a burst of hostile foreign messages (chaos/foreign.py); a NATS
+restart (single); kill -9 of the stream leader or of another node, a rolling
+restart of all three nodes, a network partition of one node (cluster).
+
+When the load stops the harness waits for the run to settle (nothing
+unpublished, unprocessed, unacked or being replayed, every dead letter
+replayed once; or nothing left that could move) and checks, for every
+committed emit: COMPLETED and in the stream exactly once; then PROCESSED with
+exactly one side effect, or, for a poison event (the app answers 422),
+DEAD_LETTER with 1 to 1 + replay_max_attempts DLQ notices and no side
+effect. It reports an event with no outcome anywhere as lost, one with two
+side effects as duplicated, one left RECEIVED/FAILED (or DEAD_LETTER without
+its notice) as stuck, and one dead-lettered although the app answered
+fewer than max_deliver failures for it (503, its database away) as
+dead-lettered for a fault. Also: no rolled-back emit anywhere, nothing
+PROCESSING or due in the outbox, no replay overdue, events of one ordering
+key in the stream in emit order. Every foreign message that reached the
+stream ends as a `.invalid` notice naming its sequence, PROCESSED, or
+DEAD_LETTER with a notice (the well-formed ones PROCESSED with one side
+effect). It prints the figures and exits 1 on any violation.
 
 A share of the emits (hostile_share, --poison-share) is hostile input drawn
 from the poison pipeline test's strategies (chaos/poison_writer.py): each
@@ -48,19 +71,35 @@ import nats
 import psycopg
 
 from pgoutbox.core import migrate
+from pgoutbox.core import settings as core_settings
+from pgoutbox.core.backoff import Backoff
 from pgoutbox.dev import nats_cluster
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from pgoutbox.dev.nats_cluster import NatsCluster
+from pgoutbox.inbox import registry
+from pgoutbox.inbox import settings as consumer_settings
 
 from . import faults as fault_registry
-from . import poison_writer
+from . import foreign, poison_writer
 from .ledger_app import SCHEMA, LedgerApp
 
 CONTEXT = "chaos"
 HANDLER = "ledger"
 STREAM = "CHAOS_EVENTS"
+DLQ_STREAM = f"{CONTEXT.upper()}_DLQ"
 SUBJECT = f"{CONTEXT}.event.ledger_entry.v1"
 LEASE_SECONDS = 3.0
+# The handler's manifest: the README's, every value it leaves out the
+# consumer's default (max_deliver 5 here, automated replay on, the default
+# retry delays, ack_wait and concurrency). Pipeline.handler is what the
+# consumer makes of it; the ledger's expectations follow from that.
+MANIFEST = """[[handler]]
+name = "{name}"
+url = "{url}"
+subjects = ["{subject}"]
+timeout = "10s"
+max_deliver = 5
+"""
 
 
 @dataclass(frozen=True)
@@ -79,11 +118,16 @@ class Profile:
 
 
 PROFILES = {
-    "short": Profile(seconds=40, rate=75, writers=3, faults=6),
-    "long": Profile(seconds=1200, rate=100, writers=4, faults=60, quiesce_timeout=600),
+    # About two minutes when the ledger holds (the outage alone takes 20-30 s).
+    "short": Profile(seconds=40, rate=75, writers=3, faults=8),
+    # >= 100,000 committed events and >= 50 faults in about 22 minutes here: the
+    # rate makes up for the emits refused while PostgreSQL is down (about 3 of
+    # the 20 minutes, over 7 or 8 outages).
+    "long": Profile(seconds=1200, rate=130, writers=4, faults=60, quiesce_timeout=600),
     "cluster-short": Profile(seconds=45, rate=60, writers=3, faults=8, topology="cluster"),
-    # >= 100,000 committed events and >= 50 faults in about 20 minutes here.
-    "cluster": Profile(seconds=1080, rate=108, writers=4, faults=56, topology="cluster", quiesce_timeout=600),
+    # >= 100,000 committed events and >= 50 faults in about 20 minutes here
+    # (the rate as for "long": outages; not run since the new fault kinds).
+    "cluster": Profile(seconds=1080, rate=125, writers=4, faults=56, topology="cluster", quiesce_timeout=600),
 }
 
 
@@ -103,6 +147,7 @@ class Pipeline:
     """The processes under test, started and stopped by PID."""
 
     stream = STREAM
+    subject = SUBJECT
     lease_seconds = LEASE_SECONDS
 
     def __init__(self, root: Path, seed: int, topology: str = "single", kinds: list | None = None):
@@ -118,6 +163,12 @@ class Pipeline:
         self.app: LedgerApp | None = None
         self.seed = seed
         self.logs = root / "logs"
+        self.foreign = foreign.ForeignLedger()  # messages published straight to the stream
+        # What the consumers run the handler with (set at start, from the registry and their environment).
+        self.handler: consumer_settings.HandlerRuntime | None = None
+        self.retry: Backoff | None = None
+        self.replay_poll_interval = 0.0
+        self.replay_delay = 0.0  # the first automated replay's, at most
 
     def env(self, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
@@ -159,19 +210,30 @@ class Pipeline:
             },
         )
 
+    def consumer_env(self) -> dict[str, str]:
+        """Every consumer setting at its default but the registry file and the
+        HTTP port (two processes share this host)."""
+        return {
+            "OUTBOX_REGISTRY_FILE": str(self.root / "handlers.registry.json"),
+            "OUTBOX_CONSUMER_HTTP_PORT": "0",
+        }
+
     def start_consumer(self, i: int) -> None:
-        self.consumers[i] = self._spawn(
-            "consume",
-            f"consumer-{i}",
-            {
-                "OUTBOX_REGISTRY_FILE": str(self.root / "handlers.registry.json"),
-                "OUTBOX_CONSUMER_HTTP_PORT": "0",
-                "OUTBOX_REPLAY_WORKER": f"consumer-{i}",
-                "OUTBOX_CONSUMER_RETRY_DELAY": "200ms",
-                "OUTBOX_CONSUMER_RETRY_MAX_DELAY": "2s",
-                "OUTBOX_CONSUMER_FETCH_TIMEOUT": "500ms",
-            },
-        )
+        self.consumers[i] = self._spawn("consume", f"consumer-{i}", self.consumer_env())
+
+    def replay_late(self) -> float:
+        """How long past its due time a replay may still be waiting for the
+        replayer, which looks every replay_poll_interval."""
+        return self.replay_poll_interval + 20
+
+    def outage_seconds(self) -> tuple[float, float]:
+        """A PostgreSQL outage longer than every redelivery of a message the
+        handler's settings allow (max_deliver - 1 retry delays at their
+        ceiling) and than max_deliver x the first delay, by 5 s at least."""
+        assert self.handler is not None and self.retry is not None
+        span = sum(self.retry.ceiling(n) for n in range(1, self.handler.max_deliver))
+        low = max(20.0, span + 5, self.handler.max_deliver * self.retry.base + 5)
+        return low, low + 10
 
     def start(self, app_url_holder: list[str]) -> None:
         self.pg.start()
@@ -196,12 +258,7 @@ class Pipeline:
         (self.root / "streams.toml").write_text(streams)
         manifests = self.root / "handlers"
         manifests.mkdir(exist_ok=True)
-        (manifests / "ledger.toml").write_text(
-            f'[[handler]]\nname = "{HANDLER}"\nurl = "{self.app.url}"\n'
-            f'subjects = ["{SUBJECT}"]\n'
-            'timeout = "2s"\nack_wait = "5s"\nmax_deliver = 1000\nmax_ack_pending = 256\n'
-            "concurrency = 16\nreplay_max_attempts = 0\n"
-        )
+        (manifests / "ledger.toml").write_text(MANIFEST.format(name=HANDLER, url=self.app.url, subject=SUBJECT))
         env = self.env({})
         for argv in (
             ["streams", "--streams-file", str(self.root / "streams.toml")],
@@ -215,6 +272,20 @@ class Pipeline:
             ],
         ):
             subprocess.run([sys.executable, "-m", "pgoutbox.cli.main", *argv], env=env, check=True, capture_output=True)
+        cfg = core_settings.build(consumer_settings.ConsumerConfig, self.env(self.consumer_env()))
+        (spec,) = registry.load(self.root / "handlers.registry.json")
+        self.handler = consumer_settings.resolve(spec, cfg)
+        self.retry = consumer_settings.retry_backoff(cfg)
+        self.replay_poll_interval = cfg.replay_poll_interval
+        self.replay_delay = cfg.replay_base_delay
+        print(
+            f"handler {HANDLER}: max_deliver {self.handler.max_deliver}, ack_wait {self.handler.ack_wait:g}s, "
+            f"timeout {self.handler.timeout:g}s, concurrency {self.handler.concurrency}, "
+            f"replay_max_attempts {self.handler.replay_max_attempts}, retry delay {self.retry.base:g}s "
+            f"doubling to {self.retry.max_delay:g}s, replays after {cfg.replay_base_delay:g}s doubling "
+            f"to {cfg.replay_max_delay:g}s",
+            flush=True,
+        )
         for i in range(2):
             self.start_relay(i)
             self.start_consumer(i)
@@ -374,7 +445,8 @@ async def read_stream(nats_url: str, stream: str, parallel: int = 64) -> list[tu
                 msg = await js.get_msg(stream, seq)
             except nats.js.errors.NotFoundError:
                 return None
-            return (msg.seq, msg.subject, msg.data or b"", dict(msg.headers or {}))
+            # str(): a value nats-py parsed as an email Header (non-ASCII) is not hashable
+            return (msg.seq, msg.subject, msg.data or b"", {k: str(v) for k, v in (msg.headers or {}).items()})
 
         out = []
         seqs = range(info.state.first_seq, info.state.last_seq + 1)
@@ -385,8 +457,9 @@ async def read_stream(nats_url: str, stream: str, parallel: int = 64) -> list[tu
         await nc.close()
 
 
-async def consumer_state(nats_url: str) -> tuple[int, int, int]:
-    """(num_pending, num_ack_pending, unacked) of the handler's durable;
+async def consumer_state(nats_url: str) -> tuple[int, int, int, int]:
+    """(num_pending, num_ack_pending, unacked) of the handler's durable on the
+    event stream, and num_pending + num_ack_pending of its replay durable;
     unacked: the stream sequences past its ack floor up to the last message
     of its subject as the stream leader has it (a consumer led by a replica
     that is behind reports nothing pending while it is)."""
@@ -398,63 +471,146 @@ async def consumer_state(nats_url: str) -> tuple[int, int, int]:
             last = (await js.get_last_msg(STREAM, SUBJECT)).seq or 0
         except nats.js.errors.NotFoundError:
             last = 0
+        try:
+            replays = await js.consumer_info(DLQ_STREAM, HANDLER)
+            replaying = (replays.num_pending or 0) + (replays.num_ack_pending or 0)
+        except nats.js.errors.NotFoundError:
+            replaying = 0
         floor = info.ack_floor.stream_seq if info.ack_floor else 0
-        return info.num_pending or 0, info.num_ack_pending or 0, max(0, last - (floor or 0))
+        return info.num_pending or 0, info.num_ack_pending or 0, max(0, last - (floor or 0)), replaying
     finally:
         await nc.close()
 
 
+# Dead letters whose first automated replay is still to come: how many, and
+# how many of them are not yet due (or only just: the replayer looks every
+# replay_poll_interval). The settle period waits for them (at most the first
+# replay delay, a minute by default): a replayer that cannot replay them then
+# shows, as dead letters that never leave this count.
+FIRST_REPLAY_DUE = (
+    "SELECT count(*), count(*) FILTER (WHERE (dlq_metadata ->> 'next_replay_at')::timestamptz"
+    " > now() - make_interval(secs => %s))"
+    " FROM inbox.messages WHERE handler = %s AND status = 'DEAD_LETTER'"
+    " AND dlq_metadata ->> 'next_replay_at' IS NOT NULL"
+    " AND coalesce((dlq_metadata ->> 'replay_attempts')::integer, 0) = 0"
+)
+IDLE_SETTLE = 10.0  # nothing in flight anywhere: what is left is final after this long
+
+
 def wait_for_quiescence(
-    pipeline: Pipeline, ledger: Ledger, timeout: float, stuck_after: float = 30.0
+    pipeline: Pipeline, ledger: Ledger, timeout: float, stuck_after: float | None = None
 ) -> tuple[bool, str]:
-    """Waits until nothing is unpublished, unprocessed or unacked; gives up
-    at the timeout, or once the state has not changed for stuck_after
-    seconds (longer than every redelivery and retry delay configured here)."""
+    """Waits until nothing is unpublished, unprocessed, unacked or being
+    replayed, and every dead letter has had its first automated replay.
+    Gives up at the timeout, or once the state has not changed for a while:
+    IDLE_SETTLE seconds when nothing is in flight (no message pending or
+    unacknowledged in JetStream, no replay due soon: nothing can move what
+    is left), else stuck_after (default: twice the handler's ack_wait, or the
+    first replay delay, plus 10 s: longer than a redelivery after a
+    consumer's death, every retry delay up to max_deliver, and a replay)."""
+    assert pipeline.handler is not None
+    stuck_after = stuck_after or max(2 * pipeline.handler.ack_wait, pipeline.replay_delay) + 10
     deadline = time.monotonic() + timeout
-    state, since = "not checked", time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - since < stuck_after:
+    state, since, idle = "not checked", time.monotonic(), False
+    while time.monotonic() < deadline and time.monotonic() - since < (IDLE_SETTLE if idle else stuck_after):
         try:
             with psycopg.connect(pipeline.database_url, autocommit=True) as c:
                 outbox = c.execute(
                     "SELECT coalesce(sum(unpublished), 0), coalesce(sum(dead_letter), 0) FROM outbox.backlog()"
                 ).fetchone()
                 inbox = c.execute("SELECT coalesce(sum(unprocessed), 0) FROM inbox.backlog()").fetchone()[0]
-            pending, ack_pending, unacked = asyncio.run(consumer_state(pipeline.nats.url))
+                unreplayed, upcoming = c.execute(FIRST_REPLAY_DUE, (pipeline.replay_late(), HANDLER)).fetchone()
+            pending, ack_pending, unacked, replaying = asyncio.run(consumer_state(pipeline.nats.url))
             new_state = (
                 f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
-                f"jetstream pending={pending} ack_pending={ack_pending} past_ack_floor={unacked}"
+                f"jetstream pending={pending} ack_pending={ack_pending} past_ack_floor={unacked} "
+                f"replays_in_flight={replaying}, dead letters awaiting their first replay={unreplayed}"
             )
             if new_state != state:
                 state, since = new_state, time.monotonic()
-            if outbox[0] == 0 and inbox == 0 and pending == 0 and ack_pending == 0 and unacked == 0:
+            if outbox[0] == inbox == unreplayed == 0 and pending == ack_pending == unacked == replaying == 0:
                 return True, state
+            idle = outbox[0] == upcoming == pending == ack_pending == replaying == 0
         except Exception as exc:
-            state, since = f"unreachable: {exc!r}", time.monotonic()
+            state, since, idle = f"unreachable: {exc!r}", time.monotonic(), False
         time.sleep(1)
     return False, state
 
 
-def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected]) -> tuple[dict, list[str]]:
+SETTLED = ("PROCESSED", "DEAD_LETTER")
+
+
+def settled_inbox(database_url: str, grace: float) -> dict[uuid.UUID, tuple[str, str | None]]:
+    """The handler's inbox (message id -> status, last_error). A row not yet
+    PROCESSED or DEAD_LETTER is read again until `grace` has passed: a replay
+    that began just after the run went quiet settles within seconds, a stuck
+    row does not."""
+    query = "SELECT message_id, status, last_error FROM inbox.messages WHERE handler = %s"
+    deadline = time.monotonic() + grace
+    with psycopg.connect(database_url, autocommit=True) as c:
+        rows = {r[0]: (r[1], r[2]) for r in c.execute(query, (HANDLER,))}
+        while True:
+            unsettled = [m for m, (status, _) in rows.items() if status not in SETTLED]
+            if not unsettled or time.monotonic() > deadline:
+                return rows
+            time.sleep(2)
+            again = c.execute(query + " AND message_id = ANY(%s)", (HANDLER, unsettled))
+            rows.update({r[0]: (r[1], r[2]) for r in again})
+
+
+@dataclass
+class Notices:
+    dead: Counter = field(default_factory=Counter)  # message id (text) -> MessageDeadLettered notices
+    invalid: set[tuple[str | None, int | None]] = field(default_factory=set)  # (stream, sequence) of .invalid ones
+
+
+def read_notices(nats_url: str) -> Notices:
+    notices = Notices()
+    for _, subject, data, _ in asyncio.run(read_stream(nats_url, DLQ_STREAM)):
+        if ".dlq.dead." not in subject:
+            continue  # a replay
+        body = json.loads(data)
+        if body.get("message_id") is None:
+            notices.invalid.add((body.get("stream"), body.get("stream_sequence")))
+        else:
+            notices.dead[body["message_id"]] += 1
+    return notices
+
+
+def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: bool = True) -> tuple[dict, list[str]]:
+    """The ledger: every committed event, poison, hostile emit and foreign
+    message against what the stream, the DLQ, the inbox and the side effects
+    say. Each committed event ends PROCESSED with one side effect, or (poison,
+    or the handler failed it max_deliver times) DEAD_LETTER with a notice;
+    anything else is lost (no outcome anywhere), duplicated, or stuck (not
+    PROCESSED nor DEAD_LETTER with a notice when the run has settled)."""
+    assert pipeline.handler is not None and pipeline.app is not None
     problems: list[str] = []
+    max_deliver = pipeline.handler.max_deliver
+    notices_cap = 1 + pipeline.handler.replay_max_attempts  # the first dead letter, then one per replay
+    inbox = settled_inbox(pipeline.database_url, grace=10.0 if quiet else 0.0)
+    failures = pipeline.app.failed()
     with psycopg.connect(pipeline.database_url, autocommit=True) as c:
         rows = c.execute("SELECT event_id, status FROM outbox.events").fetchall()
         effects = c.execute(
             "SELECT event_id, count(*), max(handled_at) FROM chaos.side_effects GROUP BY event_id"
         ).fetchall()
-        dead_inbox = {
-            r[0]
-            for r in c.execute(
-                "SELECT message_id FROM inbox.messages WHERE handler = %s AND status = 'DEAD_LETTER'", (HANDLER,)
-            )
-        }
+        # Replays the replayer should have published by now (Pipeline.replay_late).
+        overdue = c.execute(
+            "SELECT count(*), min(last_error) FROM inbox.messages WHERE handler = %s AND status = 'DEAD_LETTER'"
+            " AND (dlq_metadata ->> 'next_replay_at')::timestamptz < now() - make_interval(secs => %s)",
+            (HANDLER, pipeline.replay_late()),
+        ).fetchone()
     status = dict(rows)
     # An emit whose COMMIT lost its connection committed iff its row exists.
     committed = dict(ledger.committed)
     for event_id in ledger.uncertain:
         if event_id in status:
             committed[event_id] = float("nan")
-    expected_effects = set(committed) - ledger.poison
+    poison = {e for e in ledger.poison if e in committed}
+    expected_effects = set(committed) - poison
     hostile_ids = set(ledger.hostile.accepted) | set(ledger.hostile.uncertain)
+    foreign_ids = {s.uid for s in pipeline.foreign.sent if s.uid is not None}
 
     not_completed = [e for e in committed if status.get(e) != "COMPLETED"]
     ghosts = [e for e in ledger.rolled_back if e in status]
@@ -464,33 +620,77 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected]) -> tuple
     doubled = [e for e in committed if copies[str(e)] > 1]
     ghost_msgs = [e for e in ledger.rolled_back if copies[str(e)]]
     effect_count = {r[0]: r[1] for r in effects}
-    no_effect = [e for e in expected_effects if effect_count.get(e, 0) == 0]
     dup_effects = [e for e, n in effect_count.items() if n > 1]
-    wrong_effects = [e for e in effect_count if e not in expected_effects and e not in hostile_ids]
-    dlq = asyncio.run(read_stream(pipeline.nats.url, f"{CONTEXT.upper()}_DLQ"))
-    dlq_ids = Counter()
-    unreadable = 0
-    for _, subject, data, _ in dlq:
-        if ".dlq.dead." in subject:
-            message_id = json.loads(data).get("message_id")
-            if message_id is None:
-                unreadable += 1  # an emitted event the consumer could not read
-            elif uuid.UUID(message_id) not in hostile_ids:
-                dlq_ids[uuid.UUID(message_id)] += 1
-    if unreadable:
-        problems.append(f"{unreadable} .invalid DLQ notices: the consumer could not read emitted events")
-    poison = {e for e in ledger.poison if e in committed}
-    if set(dlq_ids) != poison:
-        problems.append(f"DLQ holds {sorted(map(str, set(dlq_ids) ^ poison))[:5]}... unlike the injected poison")
-    if any(n > 1 for n in dlq_ids.values()):
-        problems.append("a poison event has several DLQ notices")
-    if dead_inbox - hostile_ids != poison:
-        problems.append(f"inbox DEAD_LETTER rows {len(dead_inbox - hostile_ids)} != poison events {len(poison)}")
+    allowed_effects = expected_effects | hostile_ids | foreign_ids
+    wrong_effects = [e for e in effect_count if e not in allowed_effects]
+    notices = read_notices(pipeline.nats.url)
+
+    # Each committed event that reached the stream, by where it ended.
+    lost, stuck, no_notice, too_many_notices, poison_applied = [], [], [], [], []
+    dead_by_handler, dead_for_faults, awaiting_replay = [], [], []
+    for e in committed:
+        if copies[str(e)] == 0:
+            continue  # counted as missing from the stream
+        row_status = inbox.get(e, (None, None))[0]
+        dead = notices.dead.get(str(e), 0)
+        applied = effect_count.get(e, 0)
+        if row_status in ("RECEIVED", "FAILED"):
+            stuck.append(e)
+        elif row_status == "DEAD_LETTER" and not dead:
+            no_notice.append(e)
+        if e in poison:
+            if applied:
+                poison_applied.append(e)
+            if row_status == "DEAD_LETTER" and dead > notices_cap:
+                too_many_notices.append(e)
+            elif row_status is None or (row_status == "PROCESSED" and not applied):
+                lost.append(e)
+            continue
+        if dead:
+            (dead_by_handler if failures.get(e, 0) >= max_deliver else dead_for_faults).append(e)
+        if not applied and row_status == "DEAD_LETTER" and dead:
+            awaiting_replay.append(e)  # dead-lettered with its notice: the next replay may still process it
+        elif not applied and row_status not in ("RECEIVED", "FAILED", "DEAD_LETTER"):
+            lost.append(e)  # no side effect, and no outcome in the inbox
+    poison_dead = {e for e in poison if inbox.get(e, (None, None))[0] == "DEAD_LETTER" and notices.dead.get(str(e))}
+    known = set(committed) | hostile_ids | foreign_ids
+    strange_dead = [m for m, (st, _) in inbox.items() if st == "DEAD_LETTER" and m not in known]
+    # .invalid notices of messages the pipeline published itself: emitted
+    # events, or replays (which name the DLQ stream). Foreign messages are
+    # expected there; one whose PubAck was lost may be behind a notice too.
+    foreign_seqs = {s.seq for s in pipeline.foreign.sent if s.seq is not None}
+    unacked_foreign = sum(1 for s in pipeline.foreign.sent if s.seq is None)
+    unknown = sorted(
+        (str(where), seq or 0) for where, seq in notices.invalid if not (where == STREAM and seq in foreign_seqs)
+    )
+    if sum(1 for where, _ in unknown if where == STREAM) > unacked_foreign or any(w != STREAM for w, _ in unknown):
+        problems.append(
+            f"{len(unknown)} .invalid DLQ notices of messages the pipeline published itself (emitted events,"
+            f" or replays): the consumer could not read them: {unknown[:5]}"
+        )
+
+    dead_inbox = {m for m, (st, _) in inbox.items() if st == "DEAD_LETTER"}
     with psycopg.connect(pipeline.database_url, autocommit=True) as c:
         hostile_figures, hostile_problems = poison_writer.check(
             c, ledger.hostile, copies, effect_count, dead_inbox, SUBJECT
         )
     problems += hostile_problems
+    foreign_figures, foreign_problems, foreign_outcomes = foreign.check(
+        pipeline.foreign,
+        STREAM,
+        foreign.Outcomes(
+            invalid=notices.invalid,
+            notices=notices.dead,
+            inbox={m: st for m, (st, _) in inbox.items()},
+            effects=effect_count,
+            failures=failures,
+            max_deliver=max_deliver,
+        ),
+    )
+    problems += foreign_problems
+    pipeline.logs.mkdir(parents=True, exist_ok=True)
+    with (pipeline.logs / "foreign.jsonl").open("w") as out:
+        out.writelines(json.dumps(o) + "\n" for o in foreign_outcomes)
 
     # Per-key order: within a key, stream order must be emit order (outbox id).
     with psycopg.connect(pipeline.database_url, autocommit=True) as c:
@@ -516,12 +716,26 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected]) -> tuple
         ("committed but not in the stream", missing),
         ("in the stream twice", doubled),
         ("rolled back but in the stream", ghost_msgs),
-        ("without its side effect", no_effect),
+        ("without its side effect and without an outcome in the inbox (lost)", lost),
+        ("left RECEIVED or FAILED in the inbox (stuck)", stuck),
+        ("DEAD_LETTER in the inbox without a DLQ notice", no_notice),
+        (
+            f"dead-lettered though the handler failed them fewer than max_deliver ({max_deliver}) times",
+            dead_for_faults,
+        ),
+        ("poison with a side effect", poison_applied),
+        (f"poison with more than 1 + replay_max_attempts ({notices_cap}) DLQ notices", too_many_notices),
         ("with duplicated side effects", dup_effects),
         ("with an unexpected side effect", wrong_effects),
+        ("DEAD_LETTER in the inbox but neither committed, hostile nor foreign", strange_dead),
     ):
         if items:
             problems.append(f"{len(items)} events {name}: {', '.join(map(str, items[:3]))}")
+    if overdue[0]:
+        problems.append(
+            f"{overdue[0]} dead letters not replayed {pipeline.replay_late():g}s after their replay was due (a"
+            f" replay pass that fails for all of them?); e.g. last_error {str(overdue[1])[:200]!r}"
+        )
     if out_of_order:
         problems.append(f"{out_of_order} per-key order inversions in the stream")
 
@@ -536,14 +750,22 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected]) -> tuple
         "rolled_back": len(ledger.rolled_back),
         "uncertain_commits": len(ledger.uncertain),
         "poison": len(poison),
+        "poison_dead_lettered": len(poison_dead),
+        "poison_notices": sum(notices.dead.get(str(e), 0) for e in poison),
         "stream_messages": len(stream),
         "side_effects": sum(effect_count.values()),
-        "lost": len(missing) + len(no_effect),
+        "lost": len(missing) + len(lost),
         "duplicated_side_effects": len(dup_effects),
-        "stuck": len(not_completed),
+        "stuck": len(not_completed) + len(stuck) + len(no_notice),
+        "dead_lettered_for_faults": len(dead_for_faults),
+        "dead_lettered_by_handler_failures": len(dead_by_handler),
+        "dead_letters_awaiting_replay": len(awaiting_replay),
+        "handler_failures_503": sum(failures.values()),
+        "replays_overdue": overdue[0],
         "order_inversions": out_of_order,
         **{f"e2e_{k}_ms": v for k, v in percentiles(latencies).items()},
         **hostile_figures,
+        **foreign_figures,
         "by_fault_kind": by_fault_kind(injected, committed, latency),
     }
     return figures, problems
@@ -605,6 +827,7 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
             hostile = poison_writer.draw_cases(seed, min(400, int(2 * expected) + 20), CONTEXT, "ledger_entry")
             print(f"poison writer: {len(hostile)} hostile cases drawn, share {profile.hostile_share}", flush=True)
         pipeline.start([])
+        started = round(time.monotonic() - t_start, 1)
         writers = [
             threading.Thread(
                 target=write_load, args=(pipeline, profile, rng.getrandbits(32), ledger, stop_writers, hostile)
@@ -622,8 +845,14 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         for t in writers:
             t.join()
         injector.join()  # lets a fault in progress finish (restarts included)
+        phases = {"started": started, "faults_done": round(time.monotonic() - t_start, 1)}
+        print(f"faults done at {phases['faults_done']}s; waiting for quiescence", flush=True)
         quiet, state = wait_for_quiescence(pipeline, ledger, profile.quiesce_timeout)
-        figures, problems = check(pipeline, ledger, injected)
+        phases["quiet"] = round(time.monotonic() - t_start, 1)
+        print(f"{'quiet' if quiet else 'NOT quiet'} at {phases['quiet']}s: {state}", flush=True)
+        figures, problems = check(pipeline, ledger, injected, quiet)
+        phases["checked"] = round(time.monotonic() - t_start, 1)
+        figures["phases_s"] = phases
         if not quiet:
             problems.append(f"no quiescence: {state}")
         problems += [f"worker died on its own: {c}" for c in pipeline.crashed()]

@@ -3,17 +3,27 @@ effect in its own database, in ONE transaction with its own inbox marker
 (logical exactly-once). chaos.side_effects deliberately has no
 unique key: a broken inbox would show up as a second row, not as an error.
 
-Answers: 422 for a poison event (payload.poison), 409 for one it already
-applied, 200 once applied, 503 when its database is unreachable.
+Answers: 422 for a poison event (payload.poison, or payload.answer 422: the
+hostile and foreign inputs' way to ask for a dead letter), 409 for one it
+already applied, 200 once applied, 503 when its database is unreachable. It
+never fails otherwise: its 503s, counted per message id (`failures`), are the
+only failures a consumer may count against max_deliver.
+
+Its connections come from a bounded pool: the consumers' default concurrency
+(64 calls in flight per process) must not open a PostgreSQL connection per
+HTTP connection.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import uuid
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 APP_INBOX = "ledger_app"
 
@@ -34,6 +44,11 @@ CREATE TABLE IF NOT EXISTS chaos.business (
 
 
 class _QuietServer(ThreadingHTTPServer):
+    # Two consumers open up to 65 keep-alive connections each at start-up; the
+    # default listen backlog (5) would drop some, and the consumer would count
+    # a failure the app never answered.
+    request_queue_size = 512
+
     def handle_error(self, request, client_address):
         pass  # a consumer killed mid-request resets its connection: expected here
 
@@ -41,7 +56,19 @@ class _QuietServer(ThreadingHTTPServer):
 class LedgerApp:
     def __init__(self, database_url: str):
         self.database_url = database_url
-        self._local = threading.local()
+        # check: a connection broken by a PostgreSQL restart is replaced at
+        # checkout, not answered as a failure (one per pooled connection).
+        self.pool = ConnectionPool(
+            database_url,
+            min_size=2,
+            max_size=24,
+            timeout=5,
+            kwargs={"connect_timeout": 3},
+            check=ConnectionPool.check_connection,
+            open=False,
+        )
+        self.failures: Counter[uuid.UUID] = Counter()  # 503 answers per message id
+        self._lock = threading.Lock()
         self.server = _QuietServer(("127.0.0.1", 0), self._handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -51,27 +78,25 @@ class LedgerApp:
         return f"http://127.0.0.1:{self.server.server_address[1]}/events"
 
     def start(self) -> None:
+        self.pool.open()
         self.thread.start()
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.pool.close()
 
-    def _conn(self) -> psycopg.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
-            conn = psycopg.connect(self.database_url, connect_timeout=3)
-            self._local.conn = conn
-        return conn
+    def failed(self) -> dict[uuid.UUID, int]:
+        with self._lock:
+            return dict(self.failures)
 
     def apply(self, envelope: dict) -> int:
         """The side effect and the inbox marker, committed together."""
         payload = envelope.get("payload")
-        if isinstance(payload, dict) and payload.get("poison"):
+        if isinstance(payload, dict) and (payload.get("poison") or payload.get("answer") == 422):
             return 422
         try:
-            conn = self._conn()
-            with conn.transaction():
+            with self.pool.connection() as conn, conn.transaction():
                 status = conn.execute(
                     "SELECT status FROM inbox.receive(%s, %s, %s)",
                     (envelope["message_id"], APP_INBOX, envelope["subject"]),
@@ -81,8 +106,9 @@ class LedgerApp:
                 conn.execute("INSERT INTO chaos.side_effects (event_id) VALUES (%s)", (envelope["message_id"],))
                 conn.execute("SELECT inbox.mark_processed(%s, %s)", (envelope["message_id"], APP_INBOX))
             return 200
-        except psycopg.OperationalError:
-            self._local.conn = None
+        except (psycopg.Error, PoolTimeout):  # its database away (a restart, an outage): try again later
+            with self._lock:
+                self.failures[uuid.UUID(envelope["message_id"])] += 1
             return 503
 
     def _handler_class(self):

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import psycopg
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
-from tests.support import poison
+
+from support import poison
 
 CODED = re.compile(r"^[A-Z][A-Z0-9_]+: ")
 

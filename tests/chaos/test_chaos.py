@@ -1,11 +1,16 @@
 """The chaos harness, short profile: the whole pipeline (2 relays, 2
-consumers, an in-database ledger app) under load with every fault kind, then
-the ledger check. And proof that the check has teeth: the same run against a
-deliberately broken consumer (acks each message before anything is recorded)
-must fail."""
+consumers, an in-database ledger app) under load with every fault kind, the
+handler on the product's default settings, then the ledger check. The fault
+kinds include a PostgreSQL outage longer than max_deliver x the retry delay
+(with well-formed messages published straight to the stream meanwhile), a
+kill -9 of every consumer at once, and hostile foreign messages drawn from
+the poison strategies (header values included). And proof that the check has
+teeth: the same run against a deliberately broken consumer (acks each
+message before anything is recorded) must fail."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -14,13 +19,29 @@ import pytest
 from support.chaos_run import run_chaos
 
 ROOT = Path(__file__).resolve().parents[2]
+NEW_KINDS = ("postgres_outage", "kill_all_consumers", "foreign_messages")
+
+
+def figures_of(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("figures: ")]
+    assert lines, "the run printed no figures"
+    return json.loads(lines[-1].removeprefix("figures: "))
 
 
 @pytest.mark.slow
 def test_short_chaos_run_keeps_the_ledger():
     result = run_chaos("--profile", "short")
-    assert result.returncode == 0
+    figures = figures_of(result.stdout)
+    # Every new fault kind ran (the harness also fails a run where one did
+    # not), and both kinds of foreign message reached the stream: the
+    # ledger judged them.
+    assert all(figures["faults"].get(kind) for kind in NEW_KINDS), figures["faults"]
+    classes = {key.split(":")[0] for key in figures["foreign_by_class"]}
+    assert "well_formed" in classes and "foreign_header_values" in classes, classes
+    assert result.returncode == 0, "the ledger check failed: see VIOLATIONS above"
     assert "ledger OK" in result.stdout
+    assert figures["lost"] == figures["duplicated_side_effects"] == figures["stuck"] == 0
+    assert figures["foreign_vanished"] == 0
 
 
 @pytest.mark.slow
@@ -33,7 +54,21 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
     anchor = "        delivery = msg.metadata.num_delivered\n"
     assert anchor in text, "inbox/flow.py MessageFlow.handle changed: update the sabotage"
     flow.write_text(text.replace(anchor, anchor + "        await msg.ack()  # SABOTAGE: ack before the inbox\n", 1))
-    result = run_chaos("--profile", "short", "--seconds", "25", "--faults", "5", pythonpath=tmp_path)
+    # Consumer kills only: what an acked message in flight becomes is the point.
+    result = run_chaos(
+        "--profile",
+        "short",
+        "--seconds",
+        "12",
+        "--faults",
+        "2",
+        "--kinds",
+        "kill_consumer,kill_all_consumers",
+        pythonpath=tmp_path,
+    )
     assert result.returncode == 1
     assert "VIOLATIONS" in result.stdout
-    assert "without its side effect" in result.stdout
+    # Acked before the inbox, then killed: no side effect and no inbox row
+    # (lost), or a row never settled (stuck).
+    figures = figures_of(result.stdout)
+    assert figures["lost"] + figures["stuck"] > 0, figures

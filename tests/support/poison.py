@@ -543,3 +543,142 @@ def any_emit() -> st.SearchStrategy[EmitCase]:
 
 def any_foreign() -> st.SearchStrategy[ForeignCase]:
     return st.sampled_from([k for k in CLASSES if k not in EMIT_CLASSES]).flatmap(lambda k: CLASSES[k]())
+
+
+# -- header values another client can send ------------------------------------------
+# nats-py strips every Unicode white space from a header value it sends
+# (str.strip()) and encodes it strictly as UTF-8, but strips only ASCII white
+# space from a value it receives and decodes invalid UTF-8 as U+FFFD: another
+# client (or a raw HPUB, as chaos/foreign.py sends these) can send what nats-py
+# cannot. Invalid UTF-8 bytes are written as surrogate escapes ("\udcff" is
+# the byte 0xff): encode a value with value.encode("utf-8", "surrogateescape").
+# CR and LF are left out: NATS's framing cannot carry them in any client.
+# These cases are not in CLASSES: nats-py (the poison pipeline test's
+# publisher) cannot send most of them.
+
+UNICODE_SPACE = [
+    "\u00a0",  # no-break space
+    "\x1c",  # file separator .. unit separator: str.isspace(), not bytes.isspace()
+    "\x1d",
+    "\x1e",
+    "\x1f",
+    "\x0b",  # vertical tab and form feed: ASCII white space, stripped by nats-py on receipt
+    "\x0c",
+    "\x85",  # next line
+    "\u1680",
+    "\u2000",
+    "\u2003",
+    "\u2028",
+    "\u2029",
+    "\u202f",
+    "\u205f",
+    "\u3000",
+]
+# Invisible, but not white space for str.strip().
+INVISIBLE = ["\u200b", "\u2060", "\ufeff", "\u00ad", "\u200e"]
+BAD_UTF8 = [
+    "\udcff",  # a byte UTF-8 never uses
+    "\udcfe",
+    "\udcc3\udc28",  # a lead byte followed by a non-continuation byte
+    "\udce2\udc82",  # truncated 3-byte sequence
+    "\udcc0\udcaf",  # overlong "/"
+    "\udced\udca0\udc80",  # an encoded surrogate (U+D800)
+    "\udcf4\udc90\udc80\udc80",  # past U+10FFFF
+]
+# Pgoutbox-Event-Version values: digits Python's int() refuses (more than
+# 4,300 of them, ValueError), digits str.isdigit() accepts but int() reads as
+# another number or refuses, and near misses.
+VERSION_VALUES = [
+    "0" * 4399 + "1",
+    "1" * 4301,
+    "0" * 20_000 + "1",
+    "9" * 4300,
+    "0" * 50 + "1",
+    "\u00b2",  # superscript two: isdigit(), int() refuses it
+    "\u0661",  # Arabic-Indic one: int() reads 1
+    "\uff11",  # fullwidth one: int() reads 1
+    "1\u00a0",
+    "\u00a01",
+    "1\x1f",
+    "+1",
+    "1_0",
+    " 1",
+    "1.0",
+]
+VALUED_HEADERS = (
+    "Pgoutbox-Tenant-Id",
+    "Pgoutbox-Aggregate-Id",
+    "Pgoutbox-Aggregate-Type",
+    "Pgoutbox-Ordering-Key",
+    "Pgoutbox-Correlation-Id",
+    "Pgoutbox-Causation-Id",
+    "Pgoutbox-Occurred-At",
+    "Pgoutbox-Context",
+    "Pgoutbox-Event-Type",
+    "Pgoutbox-Event-Version",
+    "traceparent",
+    "tracestate",
+    "x-app",
+)
+
+
+def _decorated(base: str) -> st.SearchStrategy[str]:
+    """base with white space, invisible characters or invalid UTF-8 before,
+    after or inside it."""
+    odd = st.sampled_from(UNICODE_SPACE + INVISIBLE + BAD_UTF8)
+    return st.one_of(
+        st.builds(lambda s: base + s, odd),
+        st.builds(lambda s: s + base, odd),
+        st.builds(lambda s: base[:1] + s + base[1:], odd),
+        st.builds(lambda a, b: a + base + b, odd, odd),
+        st.just(base),
+    )
+
+
+def foreign_header_values(
+    context: str = CONTEXT, event_type: str = EVENT_TYPE, subject: str = SUBJECTS[0]
+) -> st.SearchStrategy[ForeignCase]:
+    """A well-formed message (relay headers agreeing with the subject, a JSON
+    object answered 200 or 422) with one or two header values nats-py would
+    not send: Unicode white space at an end, invisible characters, invalid
+    UTF-8, event versions of thousands of digits. context and event_type are
+    those of `subject`, which the headers' plain values repeat."""
+    uuid_text = str(uuid.UUID(int=0x1234))
+    bases = {
+        "Pgoutbox-Context": context,
+        "Pgoutbox-Event-Type": event_type,
+        "Pgoutbox-Event-Version": subject.rsplit(".v", 1)[1],
+        "Pgoutbox-Occurred-At": "2025-01-01T00:00:00Z",
+        "Pgoutbox-Correlation-Id": uuid_text,
+        "Pgoutbox-Causation-Id": uuid_text,
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "k=v",
+    }
+
+    def value_for(name: str) -> st.SearchStrategy[str]:
+        decorated = _decorated(bases.get(name, "t"))
+        if name == "Pgoutbox-Event-Version":
+            return st.one_of(st.sampled_from(VERSION_VALUES), decorated)
+        return decorated
+
+    # The version (int() of thousands of digits) and the tenant (a header the
+    # replay re-sends) drawn more often than the rest.
+    names = ("Pgoutbox-Event-Version",) * 3 + ("Pgoutbox-Tenant-Id",) * 2 + VALUED_HEADERS
+    header = st.sampled_from(names).flatmap(lambda n: value_for(n).map(lambda v: (n, v)))
+    # Half of them with a plain id: the tested header alone is odd.
+    msg_ids = st.one_of(
+        st.just("{uuid}"),
+        st.just("{uuid}"),
+        st.sampled_from(UNICODE_SPACE + INVISIBLE + BAD_UTF8).map(lambda s: "{uuid}" + s),
+        st.sampled_from(UNICODE_SPACE + BAD_UTF8).map(lambda s: s + "{uuid}"),
+    )
+    return st.builds(
+        ForeignCase,
+        klass=st.just("foreign_header_values"),
+        subject=st.just(subject),
+        msg_id=msg_ids,
+        headers=st.lists(header, min_size=1, max_size=2).map(dict),
+        body=st.builds(
+            lambda a: json.dumps({"schema_version": 1, "answer": a}).encode(), st.sampled_from((200, 422, 422))
+        ),
+    )
