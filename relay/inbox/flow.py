@@ -430,7 +430,7 @@ class MessageFlow:
         try:
             envelope = dlq.envelope_from(msg.subject, msg.data, msg.headers)
             _consumed_by(envelope, h)
-            return Admitted(msg, envelope, delivery, request_body(envelope))
+            return Admitted(msg, envelope, delivery, request_body(envelope, msg.data))
         except InvalidMessage as exc:
             return str(exc)
         except Exception as exc:  # an input nobody foresaw: still that message's own outcome

@@ -78,9 +78,16 @@ def _header_lines(envelope: dict[str, Any], handler: str, delivery: int) -> byte
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def request_body(envelope: dict[str, Any]) -> bytes:
-    """The envelope minus its trace context, as compact JSON."""
-    return _compact({k: v for k, v in envelope.items() if k != "trace"}).encode()
+def request_body(envelope: dict[str, Any], payload: bytes | None = None) -> bytes:
+    """The envelope minus its trace context, as compact JSON. `payload`: the
+    message body as it came (a JSON object wire.from_nats checked), sent in
+    place of the parsed payload, so that numbers keep every digit (Python
+    would turn 12345678901234567890.123456789 into a float) and the body is
+    not encoded again."""
+    if payload is None:
+        return _compact({k: v for k, v in envelope.items() if k != "trace"}).encode()
+    head = _compact({k: v for k, v in envelope.items() if k not in ("trace", "payload")})
+    return b"".join((head[:-1].encode(), b',"payload":', bytes(payload).strip(), b"}"))
 
 
 # Idle connections are closed after this long; a handler's own keep-alive

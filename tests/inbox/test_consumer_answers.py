@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import psycopg
 import pytest
 
+from pgoutbox.core import wire
 from support.inbox import (
     FakeHandler,
     add_stream,
@@ -311,3 +313,30 @@ async def test_deliveries_that_consumers_died_holding_cost_the_message_nothing(
     assert [call.headers["Pgoutbox-Delivery"] for call in handler.calls] == ["3"]
     assert inbox_row(database_url, ev["event_id"], H)["status"] == "PROCESSED"
     assert dlq == []
+
+
+async def test_payload_numbers_reach_the_handler_and_the_inbox_with_every_digit(
+    tmp_path, database_url, nats_server, handler
+):
+    """The body is passed on as it came (after the checks), not re-encoded
+    from Python values: a decimal Python would round reaches the handler,
+    and the inbox, digit for digit."""
+    registry_file = write_registry(
+        tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
+    )
+    cfg = consumer_config(database_url, nats_server.url, registry_file)
+    ev = event()
+    body = b'{"amount": 12345678901234567890.123456789, "price": 1.10, "big": 123456789012345678901234567890}'
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        async with running_consumer(cfg) as consumer:
+            subject, _, headers = wire.to_nats(ev)
+            await js.publish(subject, body, headers=headers)
+            await until(lambda: consumer.metrics.value(H, "processed") == 1)
+    [call] = handler.calls
+    assert call.raw.endswith(b',"payload":' + body + b"}")
+    with psycopg.connect(database_url) as conn:
+        stored = conn.execute(
+            "SELECT envelope->'payload'->>'amount', envelope->'payload'->>'price' FROM inbox.messages"
+        ).fetchone()
+    assert stored == ("12345678901234567890.123456789", "1.10")

@@ -37,6 +37,7 @@ class Call:
     body: dict
     headers: dict
     at: float
+    raw: bytes = b""  # the request body as it came
 
 
 @dataclass
@@ -59,8 +60,9 @@ class FakeHandler:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                call = Call(body["message_id"], body, dict(self.headers), time.monotonic())
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
+                call = Call(body["message_id"], body, dict(self.headers), time.monotonic(), raw)
                 with fake._lock:
                     n = sum(1 for c in fake.calls if c.message_id == call.message_id)
                     fake.calls.append(call)
