@@ -1,9 +1,10 @@
 """python -m chaos [--profile short|long|cluster-short|cluster] [--seed N] [--seconds S] [--rate R]
-[--faults F] [--kinds K,K] [--poison-share P] [--quiesce-timeout S]"""
+[--faults F] [--kinds K,K] [--poison-share P] [--quiesce-timeout S] [--root DIR] [--keep]"""
 
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 from .faults import kinds_for
 from .harness import PROFILES, run
@@ -26,6 +27,7 @@ def main() -> int:
         "--kinds", help="comma-separated fault kinds to draw from (default: every kind of the profile's topology)"
     )
     ap.add_argument("--keep", action="store_true", help="keep the data and logs folder")
+    ap.add_argument("--root", help="the data and logs folder (new, or empty; default: a new temporary folder)")
     args = ap.parse_args()
     overrides = {
         k: v
@@ -49,7 +51,13 @@ def main() -> int:
     except ValueError as exc:  # an unknown fault kind
         ap.error(str(exc))
     print(f"chaos: profile {args.profile} {profile}, seed {args.seed}", flush=True)
-    return run(profile, args.seed, keep=args.keep)
+    root = None
+    if args.root:
+        root = Path(args.root)
+        root.mkdir(parents=True, exist_ok=True)
+        if any(root.iterdir()):
+            ap.error(f"--root {root} is not empty")
+    return run(profile, args.seed, root=root, keep=args.keep)
 
 
 if __name__ == "__main__":
