@@ -1,5 +1,6 @@
 """python -m chaos [--profile short|long|cluster-short|cluster] [--seed N] [--seconds S] [--rate R]
-[--faults F] [--kinds K,K] [--poison-share P] [--quiesce-timeout S] [--root DIR] [--keep]"""
+[--faults F] [--kinds K,K] [--poison-share P] [--poison-fraction P] [--quiesce-timeout S] [--root DIR]
+[--keep]"""
 
 import argparse
 import dataclasses
@@ -24,6 +25,9 @@ def main() -> int:
         help="share of emits drawn from tests/poison.py (hostile input; 0 switches the poison writer off)",
     )
     ap.add_argument(
+        "--poison-fraction", type=float, help="share of committed events the handler answers 422 (default 0.005)"
+    )
+    ap.add_argument(
         "--kinds", help="comma-separated fault kinds to draw from (default: every kind of the profile's topology)"
     )
     ap.add_argument("--keep", action="store_true", help="keep the data and logs folder")
@@ -43,6 +47,10 @@ def main() -> int:
         if not 0 <= args.poison_share <= 1:
             ap.error("--poison-share must be between 0 and 1")
         overrides["hostile_share"] = args.poison_share
+    if args.poison_fraction is not None:
+        if not 0 <= args.poison_fraction <= 1:
+            ap.error("--poison-fraction must be between 0 and 1")
+        overrides["poison_fraction"] = args.poison_fraction
     if args.kinds:
         overrides["kinds"] = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     profile = dataclasses.replace(PROFILES[args.profile], **overrides)

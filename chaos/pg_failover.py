@@ -170,12 +170,12 @@ def wait_settled(url: str, nats_url: str, timeout: float) -> tuple[bool, str]:
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=3) as c:
                 unpublished = c.execute("SELECT coalesce(sum(unpublished), 0) FROM outbox.backlog()").fetchone()[0]
-            pending, ack_pending, unacked = asyncio.run(consumer_state(nats_url))
+            pending, ack_pending, unacked, replaying = asyncio.run(consumer_state(nats_url))
             state = (
                 f"outbox unpublished={unpublished}, jetstream pending={pending} ack_pending={ack_pending}"
-                f" unacked={unacked}"
+                f" unacked={unacked} replays_in_flight={replaying}"
             )
-            calm = calm + 1 if unpublished == pending == ack_pending == unacked == 0 else 0
+            calm = calm + 1 if unpublished == pending == ack_pending == unacked == replaying == 0 else 0
             if calm >= 2:
                 return True, state
         except Exception as exc:

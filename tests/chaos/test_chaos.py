@@ -54,18 +54,28 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
     anchor = "        delivery = msg.metadata.num_delivered\n"
     assert anchor in text, "inbox/flow.py MessageFlow.handle changed: update the sabotage"
     # Acks first, then takes its time to record: a kill lands in that window.
-    sabotage = "        await msg.ack()  # SABOTAGE: ack before the inbox\n        await asyncio.sleep(0.5)\n"
+    sabotage = "        await msg.ack()  # SABOTAGE: ack before the inbox
+        await asyncio.sleep(0.5)
+"
     flow.write_text(text.replace(anchor, anchor + sabotage, 1))
-    # Consumer kills only: what an acked message in flight becomes is the point.
+    # Consumer kills only, at a rate that keeps messages in flight at each
+    # one: what an acked message in flight becomes is the point. No poison
+    # nor hostile input: no dead letter whose first replay the run would wait for.
     result = run_chaos(
         "--profile",
         "short",
         "--seconds",
-        "12",
+        "15",
+        "--rate",
+        "200",
         "--faults",
-        "2",
+        "4",
         "--kinds",
         "kill_consumer,kill_all_consumers",
+        "--poison-fraction",
+        "0",
+        "--poison-share",
+        "0",
         pythonpath=tmp_path,
     )
     assert result.returncode == 1

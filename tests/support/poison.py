@@ -579,7 +579,7 @@ INVISIBLE = ["\u200b", "\u2060", "\ufeff", "\u00ad", "\u200e"]
 BAD_UTF8 = [
     "\udcff",  # a byte UTF-8 never uses
     "\udcfe",
-    "\udcc3\udc28",  # a lead byte followed by a non-continuation byte
+    "\udcc3(",  # a lead byte followed by a non-continuation byte (0xc3 0x28)
     "\udce2\udc82",  # truncated 3-byte sequence
     "\udcc0\udcaf",  # overlong "/"
     "\udced\udca0\udc80",  # an encoded surrogate (U+D800)
