@@ -54,9 +54,7 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
     anchor = "        delivery = msg.metadata.num_delivered\n"
     assert anchor in text, "inbox/flow.py MessageFlow.handle changed: update the sabotage"
     # Acks first, then takes its time to record: a kill lands in that window.
-    sabotage = "        await msg.ack()  # SABOTAGE: ack before the inbox
-        await asyncio.sleep(0.5)
-"
+    sabotage = "        await msg.ack()  # SABOTAGE: ack before the inbox\n        await asyncio.sleep(0.5)\n"
     flow.write_text(text.replace(anchor, anchor + sabotage, 1))
     # Consumer kills only, at a rate that keeps messages in flight at each
     # one: what an acked message in flight becomes is the point. No poison
