@@ -276,7 +276,7 @@ class SparkCluster:
         while time.monotonic() < deadline:
             try:
                 alive = [w for w in self.master()["workers"] if w["state"] == "ALIVE"]
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or an empty page while it starts
                 alive = []
             if len(alive) == self.count:
                 return
