@@ -63,6 +63,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 import machine
 import reference_loops
 from pgoutbox.core import migrate, settings, wire
+from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as cs
@@ -397,12 +398,7 @@ def consumer_url(pg: EmbeddedPostgres) -> str:
 
 def _before_package(workdir: Path, commit: str = BEFORE) -> str:
     """A commit's package (release 0.2.0's by default), from git, importable as `pgoutbox` (PYTHONPATH)."""
-    target = workdir / f"before-{commit}"
-    target.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "relay"], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    (target / "relay").rename(target / "pgoutbox")
-    return str(target)
+    return str(releases.export(ROOT, commit, workdir / f"before-{commit}"))
 
 
 def _line(name: str, rate: float, cpu: float | None = None, pg: float | None = None, ref: tuple | None = None):

@@ -53,6 +53,7 @@ import psycopg
 
 import machine
 from pgoutbox.core import migrate
+from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 
 CONTEXT = "e2e"
@@ -190,13 +191,8 @@ class Pipeline:
 
     def _export(self, commit: str) -> str:
         """The package of `commit`, from git, importable as `pgoutbox` (PYTHONPATH)."""
-        target = self.root / f"code-{len(self.pythonpaths)}"
-        target.mkdir()
         repo = Path(__file__).resolve().parents[1]
-        archive = subprocess.run(["git", "-C", str(repo), "archive", commit, "relay"], check=True, capture_output=True)
-        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-        (target / "relay").rename(target / "pgoutbox")
-        return str(target)
+        return str(releases.export(repo, commit, self.root / f"code-{len(self.pythonpaths)}"))
 
     def start(self) -> None:
         self.pg.start()

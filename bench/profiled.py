@@ -29,7 +29,7 @@ def report(path: str, top: int = 40) -> None:
         print(f"--- by {title}")
         rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2 if key == "tottime" else 3], reverse=True)  # type: ignore[attr-defined]
         for (file, line, name), (_, calls, own, cum, _callers) in rows[:top]:
-            where = file.split("site-packages/")[-1].split("/relay/")[-1]
+            where = file.split("site-packages/")[-1].split("/relay/")[-1].split("/spark/")[-1]
             print(
                 f"  {100 * own / total:5.1f}% own {100 * cum / total:5.1f}% cum {calls:9d} calls"
                 f"  {name} ({where}:{line})"

@@ -50,6 +50,7 @@ from nats.js.api import DeliverPolicy, StreamConfig
 import machine
 from pgoutbox.core import migrate
 from pgoutbox.core import wire as envelope
+from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.calls import CLAIMED_COLUMNS
@@ -352,13 +353,7 @@ async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float, emit_
 
 def export_package(root: Path, commit: str) -> str:
     """The package of `commit`, from git, importable as `pgoutbox` (PYTHONPATH)."""
-    target = root / f"code-{commit}"
-    target.mkdir()
-    repo = Path(__file__).resolve().parents[1]
-    archive = subprocess.run(["git", "-C", str(repo), "archive", commit, "relay"], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    (target / "relay").rename(target / "pgoutbox")
-    return str(target)
+    return str(releases.export(Path(__file__).resolve().parents[1], commit, root / f"code-{commit}"))
 
 
 def moderate_rates(root: Path, pg, ns, args) -> None:

@@ -34,7 +34,7 @@
 -- retention, and record/purge refuse a day younger than the floor whatever
 -- retention the caller used.
 --
--- Checksum, computed identically here and in spark/checksum.py:
+-- Checksum, computed identically here and in spark/pgoutbox_spark/checksum.py:
 --   per row   the stored, non-generated columns in table order, each rendered
 --             as text (timestamptz as epoch microseconds; text, json and
 --             jsonb with '\' -> '\\' and '|' -> '\|'; NULL as '\N'), joined

@@ -1,5 +1,5 @@
 -- Archival checksum (the form is described in sql/91_archival_audit.sql and
--- computed identically in spark/checksum.py): the columns that enter it, the
+-- computed identically in spark/pgoutbox_spark/checksum.py): the columns that enter it, the
 -- per-row expression, and a unit's live row count and checksum.
 
 -- The columns that enter the checksum, in order, and how each is rendered:

@@ -1,6 +1,6 @@
 """The documented spark-submit path on a real Spark standalone cluster: a
 master and two workers on 127.0.0.1 (spark-class), one cluster for all the
-checks. spark-submit spark/submit.py archive:
+checks. spark-submit spark/pgoutbox_spark/submit.py archive:
 
   * refuses the default local archive folder (the executors would each write
     their share to their own disk) unless OUTBOX_ARCHIVE_SHARED=true says it
@@ -56,7 +56,7 @@ def submit(cluster: SparkCluster, env: dict[str, str], *conf: str) -> subprocess
         *("--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"),
         *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
         *conf,
-        str(ROOT / "spark" / "submit.py"),
+        str(ROOT / "spark" / "pgoutbox_spark" / "submit.py"),
         "archive",
     ]
     full = {k: v for k, v in spark_env(**env).items() if not k.startswith("PG")}

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[2]
 
 # The delivery metrics, written directly in SQL over the snapshot tables
-# (expected_events, expected_messages): the definitions of spark/report.py,
+# (expected_events, expected_messages): the definitions of spark/pgoutbox_spark/report.py,
 # none of its code.
 EXPECTED_SQL = """
 WITH ev AS (
@@ -230,7 +230,7 @@ def test_the_same_job_runs_under_spark_submit(conn, database_url, tmp_path):
             "spark.ui.enabled=false",
             "--conf",
             "spark.driver.host=127.0.0.1",
-            str(ROOT / "spark" / "submit.py"),
+            str(ROOT / "spark" / "pgoutbox_spark" / "submit.py"),
             "archive",
         ],
         env=env,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "relay"
+PACKAGE = Path(__file__).resolve().parents[2] / "relay" / "pgoutbox"
 # What each part may import (besides itself and the package root).
 ALLOWED = {
     "core": set(),

@@ -22,7 +22,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
         [str(BIN / "sqlfluff"), "lint", "sql/", "migrations/", "pgtap/"],
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "ruff"), "format", "--check", "."],
-        [sys.executable, "scripts/typecheck.py"],
+        [str(BIN / "mypy"), "-p", "pgoutbox"],
     ],
     ids=["sqlfluff", "ruff-check", "ruff-format", "mypy"],
 )

@@ -108,7 +108,7 @@ def test_the_table_is_read_as_written():
 
 # -- what each command's code calls --------------------------------------------
 
-PACKAGES = {"pgoutbox": ROOT / "relay", "pgoutbox_spark": ROOT / "spark"}
+PACKAGES = {"pgoutbox": ROOT / "relay" / "pgoutbox", "pgoutbox_spark": ROOT / "spark" / "pgoutbox_spark"}
 _CALL = re.compile(r"\b(outbox|inbox)\.([a-z_][a-z0-9_]*)\s*\(")
 _READ = re.compile(r"\bFROM\s+(outbox|inbox)\.([a-z_][a-z0-9_]*)\b(?!\s*\()")
 

@@ -50,8 +50,10 @@ def wheel(work) -> Path:
     listed = run("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT).stdout
     for name in filter(None, listed.split("\0")):
         source = ROOT / name
-        if source.is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # relay/pgoutbox/sql and migrations: links to the top-level folders
+            (src / name).symlink_to(source.readlink())
+        elif source.is_file():
             (src / name).write_bytes(source.read_bytes())
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work / "dist", src)
     (built,) = (work / "dist").glob("pgoutbox-*.whl")
@@ -82,8 +84,12 @@ def environment(**settings: str) -> dict[str, str]:
 
 def test_the_wheel_holds_the_code_the_sql_and_py_typed(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    code = {f"pgoutbox/{p.relative_to(ROOT / 'relay')}" for p in (ROOT / "relay").rglob("*.py")}
-    spark = {f"pgoutbox_spark/{p.relative_to(ROOT / 'spark')}" for p in (ROOT / "spark").rglob("*.py")}
+    code = {
+        f"pgoutbox/{p.relative_to(ROOT / 'relay' / 'pgoutbox')}" for p in (ROOT / "relay" / "pgoutbox").rglob("*.py")
+    }
+    spark = {
+        f"pgoutbox_spark/{p.relative_to(ROOT / 'spark' / 'pgoutbox_spark')}" for p in (ROOT / "spark").rglob("*.py")
+    }
     sql = {f"pgoutbox/sql/{p.name}" for p in (ROOT / "sql").glob("*.sql")}
     found = migrate.discover(ROOT / "migrations")
     migrations = {f"pgoutbox/migrations/{p.name}" for m in found for p in (m.up, m.down)}

@@ -7,9 +7,9 @@ fake HTTP handler received.
 A build runs as `python -c LAUNCH <command>`: the launcher first prints (as a
 JSON log line) the version, the schema version and the folder of the
 `pgoutbox` package it imported, so that a test can prove which code a worker
-ran. The previous release is importable through a folder holding a
-`pgoutbox` symlink to its `relay/` folder, put first on PYTHONPATH (ahead of
-the checkout's editable install), with the same virtualenv's dependencies."""
+ran. The previous release is exported from git (pgoutbox.dev.releases) to a
+folder put first on PYTHONPATH (ahead of the checkout's editable install),
+with the same virtualenv's dependencies."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+
+from pgoutbox.dev import releases
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +49,7 @@ LAUNCH = (
 
 @dataclass(frozen=True)
 class Build:
-    """One pgoutbox to run: `package` is its relay/ folder (what `import
+    """One pgoutbox to run: `package` is its pgoutbox/ folder (what `import
     pgoutbox` must resolve to), `pythonpath` what puts it first (None: the
     checkout's own install)."""
 
@@ -113,7 +115,7 @@ def _describe(package: Path, pythonpath: Path | None, name: str) -> Build:
 
 
 def current_build() -> Build:
-    return _describe(ROOT / "relay", None, "current")
+    return _describe(ROOT / "relay" / "pgoutbox", None, "current")
 
 
 def previous_release(workdir: Path, commit: str = PREVIOUS_RELEASE) -> Build:
@@ -128,14 +130,8 @@ def previous_release(workdir: Path, commit: str = PREVIOUS_RELEASE) -> Build:
             f"the previous release (commit {commit}) is not in this clone's history: the rolling-upgrade test "
             "needs it (clone the full history, not with `git clone --depth`)"
         )
-    tree = workdir / f"pgoutbox-{commit}"
-    tree.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    path = workdir / f"path-{commit}"
-    path.mkdir()
-    (path / "pgoutbox").symlink_to(tree / "relay")
-    return _describe(tree / "relay", path, f"previous release ({commit})")
+    path = releases.export(ROOT, commit, workdir / f"pgoutbox-{commit}")
+    return _describe(path / "pgoutbox", path, f"previous release ({commit})")
 
 
 class Worker:

@@ -9,8 +9,9 @@ On a database where pgoutbox is installed as a PostgreSQL extension
 (docs/extension.md) the same chain runs as the extension's scripts: the runner
 asks for ALTER EXTENSION pgoutbox UPDATE TO the target instead of running files.
 
-The files ship inside the package (pgoutbox.migrations, pgoutbox.sql in the
-wheel) and are read through importlib.resources.
+The files ship inside the package (pgoutbox/migrations/, pgoutbox/sql/: in
+the checkout these are links to the top-level folders, their one copy) and are
+read through importlib.resources.
 """
 
 from __future__ import annotations
@@ -27,18 +28,7 @@ from psycopg import sql
 from pgoutbox.core import db
 from pgoutbox.core.errors import MigrationError, wrap_exceptions
 
-
-def packaged(folder: str) -> Path:
-    """migrations/ or sql/ as shipped in the package. An editable install maps
-    only the code folders into the package, so there it is the checkout's."""
-    shipped = resources.files("pgoutbox").joinpath(folder)
-    if isinstance(shipped, Path) and shipped.is_dir():
-        return shipped
-    return Path(__file__).resolve().parents[2] / folder
-
-
-MIGRATIONS_DIR = packaged("migrations")
-SQL_DIR = packaged("sql")
+MIGRATIONS_DIR = Path(str(resources.files("pgoutbox").joinpath("migrations")))
 EXTENSION = "pgoutbox"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.(up|down)\.sql$")
 

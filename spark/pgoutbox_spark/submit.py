@@ -1,7 +1,7 @@
 """Entry point for spark-submit: the same `pgoutbox` command line.
 
     spark-submit --master spark://host:7077 --jars /usr/share/java/postgresql.jar \\
-        spark/submit.py archive --archive-uri hdfs:///archive/pgoutbox
+        spark/pgoutbox_spark/submit.py archive --archive-uri hdfs:///archive/pgoutbox
 
 Master and jars then come from spark-submit; every other setting from the
 OUTBOX_* environment or the flags (see docs/archival.md).

@@ -1,6 +1,6 @@
 """pgoutbox archive: export closed days of outbox.events and inbox.messages
 to Parquet on Spark, verify them, record the audit, then drop the partition
-or purge the inbox day (spark/archive.py, package pgoutbox_spark; the rules are in SQL)."""
+or purge the inbox day (spark/pgoutbox_spark/archive.py, package pgoutbox_spark; the rules are in SQL)."""
 
 from __future__ import annotations
 
