@@ -66,7 +66,7 @@ docs/chart: setup ## Redraw docs/images/delivery_report.png (the delivery chart 
 lint: setup ## ruff (lint, format), mypy and sqlfluff: what the suite checks too
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
-	@$(VENV)/bin/mypy -p pgoutbox
+	@$(VENV)/bin/mypy -p pgoutbox -p pgoutbox_spark
 	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
 
 bench/sql: setup ## Emit and claim throughput figures (not a test)

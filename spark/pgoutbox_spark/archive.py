@@ -213,6 +213,8 @@ def open_unit(
     as sealed; inbox: as listed)."""
     read = dict(fetch_size=options.fetch_size)
     if unit.source == db.OUTBOX:
+        if unit.partition is None:  # outbox.archive_units names every outbox day's partition
+            raise ArchiveFailure(Failure.ARCHIVE_INCOMPLETE, f"outbox day {unit.day} has no partition")
         # The partition itself: exactly the relation that is verified and dropped.
         bounds = db.seal(conn, unit.partition, options.retention, options.dead_letter_retention, options.lock_timeout)
         sealed = db.seal_figures(conn, unit.partition)

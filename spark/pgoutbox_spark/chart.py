@@ -89,7 +89,14 @@ def _plot(ax: Axes, series: _Series, i: int, values: list[float], open_days: set
     caller draws hollow (their rates are still moving, so no line leads to
     them and they do not set the axis)."""
     closed = [math.nan if d in open_days else v for d, v in zip(series.days, values)]
-    ax.plot(series.days, closed, color=f"C{i}", label=series.contexts[i], **series.style(i), **extra)
+    ax.plot(
+        mdates.date2num(series.days),
+        closed,
+        color=f"C{i}",
+        label=series.contexts[i],
+        **series.style(i),
+        **extra,
+    )
     return [(d, v) for d, v in zip(series.days, values) if d in open_days and not math.isnan(v)]
 
 
@@ -156,7 +163,8 @@ def _rate_limits(ax: Axes, panel: Panel, shown: list[float]) -> None:
 def _open_days(ax: Axes, open_days: set[date]) -> None:
     for d in open_days:
         start = datetime(d.year, d.month, d.day)
-        ax.axvspan(start - timedelta(hours=12), start + timedelta(hours=12), color=OPEN_SHADE, zorder=0, linewidth=0)
+        left, right = mdates.date2num(start - timedelta(hours=12)), mdates.date2num(start + timedelta(hours=12))
+        ax.axvspan(left, right, color=OPEN_SHADE, zorder=0, linewidth=0)
 
 
 def figure(rollup: Sequence[dict], *, title: str, today: date | None = None) -> Figure:
@@ -189,12 +197,12 @@ def figure(rollup: Sequence[dict], *, title: str, today: date | None = None) -> 
         ax.set_ylabel(panel.unit)
 
     ax = axes[1, 0]
-    hollow = []
+    latency_hollow = []
     for i, context in enumerate(series.contexts):
-        hollow.append((i, _plot(ax, series, i, series.values(context, "e2e_p99_ms"), open_days)))
-        hollow.append((i, _plot(ax, series, i, series.values(context, "e2e_p50_ms"), open_days, linestyle=":")))
+        latency_hollow.append((i, _plot(ax, series, i, series.values(context, "e2e_p99_ms"), open_days)))
+        latency_hollow.append((i, _plot(ax, series, i, series.values(context, "e2e_p50_ms"), open_days, linestyle=":")))
     ax.set_yscale("log")  # one late redelivery must not flatten every other day
-    for i, points in hollow:
+    for i, points in latency_hollow:
         _hollow(ax, series, i, points)
     _target(ax, LATENCY)
     ax.set_title(LATENCY.title, fontsize=11)

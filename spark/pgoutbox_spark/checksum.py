@@ -58,8 +58,8 @@ def row_hash(columns: Sequence[ChecksumColumn]) -> Column:
 
 
 def figures(frame: DataFrame, columns: Sequence[ChecksumColumn]) -> Figures:
-    row = frame.agg(
+    (row,) = frame.agg(  # an aggregate without GROUP BY: exactly one row
         F.count(F.lit(1)).alias("row_count"),
         F.coalesce(F.sum(row_hash(columns)), F.lit(0)).cast("decimal(38,0)").alias("checksum"),
-    ).first()
+    ).collect()
     return Figures(int(row["row_count"]), Decimal(row["checksum"]))

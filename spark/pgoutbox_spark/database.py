@@ -7,17 +7,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from pgoutbox.core.errors import wrap_exceptions
+from pgoutbox.core.errors import SchemaMismatch, wrap_exceptions
 
 from .checksum import ChecksumColumn, Figures
 
 OUTBOX = "outbox.events"
 INBOX = "inbox.messages"
 SOURCES = (OUTBOX, INBOX)
+
+
+def _row(conn: psycopg.Connection, query: str, params: tuple[object, ...] = ()) -> tuple[Any, ...]:
+    """The one row a function that always returns one row returned."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise SchemaMismatch(f"{query} returned no row: the schema is not the one this pgoutbox knows")
+    return row
 
 
 @dataclass(frozen=True)
@@ -110,22 +119,25 @@ def seal(
     lock_timeout: timedelta,
 ) -> Sealed:
     with wrap_exceptions(), conn.cursor(row_factory=class_row(Sealed)) as cur:
-        return cur.execute(
+        sealed = cur.execute(
             "SELECT * FROM outbox.seal_partition(%s, %s, %s, %s)",
             (partition, retention, dead_letter_retention, lock_timeout),
         ).fetchone()
+    if sealed is None:
+        raise SchemaMismatch(f"outbox.seal_partition({partition}) returned no row")
+    return sealed
 
 
 def seal_figures(conn: psycopg.Connection, partition: str) -> Figures:
     """The row count and checksum of a sealed partition, taken once right after its seal."""
     with wrap_exceptions():
-        row_count, checksum = conn.execute("SELECT * FROM outbox.seal_figures(%s)", (partition,)).fetchone()
+        row_count, checksum = _row(conn, "SELECT * FROM outbox.seal_figures(%s)", (partition,))
     return Figures(row_count, checksum)
 
 
 def has_seal_figures(conn: psycopg.Connection) -> bool:
     """Whether the schema takes seal figures (older ones cannot: run `pgoutbox migrate`)."""
-    return conn.execute("SELECT to_regprocedure('outbox.seal_figures(text)') IS NOT NULL").fetchone()[0]
+    return bool(_row(conn, "SELECT to_regprocedure('outbox.seal_figures(text)') IS NOT NULL")[0])
 
 
 def audits(conn: psycopg.Connection, source: str | None = None) -> list[Audit]:
@@ -133,29 +145,28 @@ def audits(conn: psycopg.Connection, source: str | None = None) -> list[Audit]:
         return cur.execute("SELECT * FROM outbox.archive_audits(%s)", (source,)).fetchall()
 
 
-def standing_audit(conn: psycopg.Connection, source: str, day: date) -> Audit | None:
-    return next((a for a in audits(conn, source) if a.day == day and a.standing), None)
-
-
 def record(conn: psycopg.Connection, source: str, day: date, figures: Figures, uri: str) -> int:
     with wrap_exceptions():
-        return conn.execute(
-            "SELECT outbox.record_archive(%s, %s, %s, %s, %s)",
-            (source, day, figures.row_count, figures.checksum, uri),
-        ).fetchone()[0]
+        return int(
+            _row(
+                conn,
+                "SELECT outbox.record_archive(%s, %s, %s, %s, %s)",
+                (source, day, figures.row_count, figures.checksum, uri),
+            )[0]
+        )
 
 
 def remove(conn: psycopg.Connection, unit: Unit, lock_timeout: timedelta) -> int:
     """Drops the partition (outbox) or purges the day (inbox); 0 if already gone."""
     with wrap_exceptions():
         if unit.source == OUTBOX:
-            return conn.execute("SELECT outbox.drop_archived(%s, %s)", (unit.partition, lock_timeout)).fetchone()[0]
-        return conn.execute("SELECT inbox.purge_archived(%s)", (unit.day,)).fetchone()[0]
+            return int(_row(conn, "SELECT outbox.drop_archived(%s, %s)", (unit.partition, lock_timeout))[0])
+        return int(_row(conn, "SELECT inbox.purge_archived(%s)", (unit.day,))[0])
 
 
 def try_lock(conn: psycopg.Connection, unit: Unit) -> bool:
     with wrap_exceptions():
-        return conn.execute("SELECT outbox.try_lock_archive(%s, %s)", (unit.source, unit.day)).fetchone()[0]
+        return bool(_row(conn, "SELECT outbox.try_lock_archive(%s, %s)", (unit.source, unit.day))[0])
 
 
 def unlock(conn: psycopg.Connection, unit: Unit) -> None:
@@ -165,12 +176,14 @@ def unlock(conn: psycopg.Connection, unit: Unit) -> None:
 
 def id_range(conn: psycopg.Connection) -> tuple[int | None, int | None]:
     with wrap_exceptions():
-        return tuple(conn.execute("SELECT * FROM outbox.id_range()").fetchone())
+        low, high = _row(conn, "SELECT * FROM outbox.id_range()")
+    return low, high
 
 
 def received_range(conn: psycopg.Connection) -> tuple[datetime | None, datetime | None]:
     with wrap_exceptions():
-        return tuple(conn.execute("SELECT * FROM inbox.received_range()").fetchone())
+        low, high = _row(conn, "SELECT * FROM inbox.received_range()")
+    return low, high
 
 
 def day_range(day: date) -> tuple[datetime, datetime]:

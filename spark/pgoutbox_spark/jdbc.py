@@ -59,6 +59,15 @@ def relation(conn: psycopg.Connection, schema: str, name: str) -> str:
     return sql.Identifier(schema, name).as_string(conn)
 
 
+def _below(lower: int | datetime, upper: int | datetime) -> bool:
+    """lower < upper for bounds of one kind: ids, or timestamps."""
+    if isinstance(lower, datetime) and isinstance(upper, datetime):
+        return lower < upper
+    if isinstance(lower, int) and isinstance(upper, int):
+        return lower < upper
+    raise TypeError(f"partition bounds of two kinds: {lower!r}, {upper!r}")
+
+
 def spark_bound(value: int | datetime) -> str:
     """A lowerBound/upperBound as Spark parses it (timestamps in the session
     time zone, which the job pins to UTC)."""
@@ -89,7 +98,7 @@ def read(
     )
     for key, value in target.properties.items():
         reader = reader.option(key, value)
-    if partition_column and partitions > 1 and lower is not None and upper is not None and lower < upper:
+    if partition_column and partitions > 1 and lower is not None and upper is not None and _below(lower, upper):
         reader = (
             reader.option("partitionColumn", partition_column)
             .option("lowerBound", spark_bound(lower))

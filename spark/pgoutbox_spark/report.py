@@ -30,6 +30,7 @@ import csv
 import io
 from collections.abc import Sequence
 from datetime import date
+from typing import Any
 
 import psycopg
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -94,7 +95,7 @@ def rows(
     read_partitions: int,
 ) -> DataFrame:
     """All rows of a source: the archived days from Parquet, the rest live."""
-    split: tuple[str, object, object]
+    split: tuple[str, Any, Any]
     schema, table = source.split(".")
     if source == db.OUTBOX:
         day_column = "created_at"
@@ -244,7 +245,7 @@ DECIMALS = {name: 6 for name in COLUMNS if name.endswith("_rate")} | {
 }
 
 
-def _cell(name: str, value: object) -> object:
+def _cell(name: str, value: Any) -> object:
     if value is None:
         return ""
     if isinstance(value, date):

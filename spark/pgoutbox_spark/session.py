@@ -80,7 +80,7 @@ def spark_session(master: str, jars: str | None, app_name: str) -> Iterator[Spar
 
 
 def is_local(spark: SparkSession) -> bool:
-    return spark.sparkContext.master.startswith("local")
+    return (spark.sparkContext.master or "").startswith("local")
 
 
 def executors(spark: SparkSession) -> int:

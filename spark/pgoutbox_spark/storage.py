@@ -81,7 +81,10 @@ class Storage:
     """Hadoop FileSystem operations for one Spark session."""
 
     def __init__(self, spark: SparkSession):
-        self._jvm = spark.sparkContext._jvm
+        jvm = spark.sparkContext._jvm
+        if jvm is None:  # the context was stopped
+            raise ArchiveFailure(Failure.SPARK_FAILED, "the Spark session has stopped (no JVM gateway)")
+        self._jvm = jvm
         self._conf = spark.sparkContext._jsc.hadoopConfiguration()
 
     def _path(self, uri: str):

@@ -22,7 +22,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
         [str(BIN / "sqlfluff"), "lint", "sql/", "migrations/", "pgtap/"],
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "ruff"), "format", "--check", "."],
-        [str(BIN / "mypy"), "-p", "pgoutbox"],
+        [str(BIN / "mypy"), "-p", "pgoutbox", "-p", "pgoutbox_spark"],
     ],
     ids=["sqlfluff", "ruff-check", "ruff-format", "mypy"],
 )
