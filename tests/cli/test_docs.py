@@ -1,12 +1,16 @@
 """The reference tables (docs/reference.md) are generated from, or checked
 against, the code: the error-code table lists exactly the SqlState enum, the
 settings table is what `pgoutbox settings --markdown` prints, the role table
-names exactly the roles the schema creates. The examples of the README and of
-docs/reference.md run as written and print what they show; their links
-resolve."""
+names exactly the roles the schema creates. The examples of the README (emit,
+streams file, manifest) and of docs/reference.md (migrate) run as written and
+print what they show; the links of the README and docs/ resolve."""
 
 import re
+import time
 from pathlib import Path
+
+import psycopg
+import psycopg.sql
 
 from pgoutbox.cli import main as cli
 from pgoutbox.core import settings
@@ -154,3 +158,31 @@ def test_the_reference_shows_what_migrate_says_when_the_database_does_not_exist(
     shown = fenced_after("pgoutbox migrate: DatabaseUnavailable", "", REFERENCE, "docs/reference.md").strip()
     assert cli.main(["migrate", "--database-url", pg_server.dsn("shop")]) == ExitCode.DATABASE
     assert capsys.readouterr().err.strip() == shown.replace("5432", str(pg_server.port))
+
+
+def test_the_readme_emit_commits_the_event_a_writer_emits(database_url):
+    """The README's emit block, run as written by a login holding only
+    pgoutbox_writer: one event on the subject the README names."""
+    block = fenced_after("BEGIN;", "sql")
+    name = f"readme_writer_{time.monotonic_ns()}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(
+            psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE pgoutbox_writer").format(psycopg.sql.Identifier(name))
+        )
+        with psycopg.connect(database_url.replace("postgres@", f"{name}@", 1), autocommit=True) as writer:
+            cur = writer.cursor()
+            cur.execute(block)  # BEGIN; SELECT outbox.emit(...); COMMIT;
+        rows = admin.execute("SELECT subject, ordering_key, status FROM outbox.events").fetchall()
+    subject = re.search(r"\(here\s+`([\w.]+)`\)", README).group(1)
+    assert rows == [(subject, "42", "PENDING")]
+
+
+def test_the_readme_manifest_generates_a_registry(tmp_path, capsys):
+    manifest = fenced_after("# handlers/billing.toml", "toml")
+    (tmp_path / "handlers").mkdir()
+    (tmp_path / "handlers" / "billing.toml").write_text(manifest)
+    registry_file = tmp_path / "handlers.registry.json"
+    args = ["--manifest-dir", str(tmp_path / "handlers"), "--registry-file", str(registry_file)]
+    assert cli.main(["registry", "generate", *args]) == 0
+    assert '"sea__from_vibespro"' in registry_file.read_text()
+    assert cli.main(["registry", "check", *args]) == 0
