@@ -1,11 +1,16 @@
-"""The reference tables (docs/reference.md, and the README's exit codes) are
-generated from, or checked against, the code: the error-code table lists
-exactly the SqlState enum, the settings table is what `pgoutbox settings
---markdown` prints, the role table names exactly the roles the schema creates.
-The README's examples run as written and print what it shows."""
+"""The reference tables (docs/reference.md) are generated from, or checked
+against, the code: the error-code table lists exactly the SqlState enum, the
+settings table is what `pgoutbox settings --markdown` prints, the role table
+names exactly the roles the schema creates. The examples of the README (emit,
+streams file, manifest) and of docs/reference.md (migrate) run as written and
+print what they show; the links of the README and docs/ resolve."""
 
 import re
+import time
 from pathlib import Path
+
+import psycopg
+import psycopg.sql
 
 from pgoutbox.cli import main as cli
 from pgoutbox.core import settings
@@ -50,8 +55,6 @@ def test_every_setting_is_an_outbox_variable_with_a_flag():
 def test_exit_code_table_lists_exactly_the_exit_codes():
     rows = re.findall(r"^\| (\d) \| ", section("exit-codes"), re.M)
     assert [int(r) for r in rows] == [int(c) for c in ExitCode]
-    # Operators find the same table in the README.
-    assert section("exit-codes", README, "README") == section("exit-codes")
 
 
 def test_role_table_names_exactly_the_roles_the_schema_creates(conn):
@@ -63,8 +66,36 @@ def test_role_table_names_exactly_the_roles_the_schema_creates(conn):
     assert all(f"`{role}`" in README for role in created), "README: Roles names every role"
 
 
-def test_the_readme_links_resolve():
-    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README):
+def anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    slugs = set()
+    for heading in re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        slugs.add(slug)
+    return slugs
+
+
+def test_the_links_of_the_readme_and_the_docs_resolve():
+    """Every relative link of README.md and docs/*.md names a file that exists
+    and, with #anchor into a Markdown file, one of its headings."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    checked = 0
+    for doc in docs:
+        for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([^)\s]*))?\)", doc.read_text()):
+            path = (doc.parent / target).resolve() if target else doc
+            where = f"{doc.relative_to(ROOT)}: ({target}#{anchor})"
+            assert path.exists(), where
+            if anchor and path.suffix == ".md":
+                assert anchor in anchors(path.read_text()), where
+            checked += 1
+    assert checked > 50
+
+
+def test_the_changelog_links_name_files_that_exist():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    targets = re.findall(r"\]\(([^)#:\s]+)(?:#[^)\s]*)?\)", text)
+    assert targets
+    for target in targets:
         assert (ROOT / target).exists(), target
 
 
@@ -87,20 +118,15 @@ def test_the_architecture_names_only_code_that_exists():
         assert (ROOT / path).exists(), path
 
 
-# -- the README's examples, run as written ------------------------------------
+# -- the examples of the README and docs/reference.md, run as written ---------
 
 
-def fenced_blocks() -> list[tuple[str, str]]:
-    """(language, text) of every fenced block, in order."""
-    return re.findall(r"^```(\w*)\n(.*?)^```$", README, re.S | re.M)
-
-
-def fenced_after(marker: str, lang: str = "") -> str:
-    """The first ```lang block whose text starts with marker."""
-    for found_lang, text in fenced_blocks():
+def fenced_after(marker: str, lang: str = "", doc: str = README, where: str = "README") -> str:
+    """The first ```lang block of doc whose text starts with marker."""
+    for found_lang, text in re.findall(r"^```(\w*)\n(.*?)^```$", doc, re.S | re.M):
         if found_lang == lang and text.startswith(marker):
             return text
-    raise AssertionError(f"README has no ```{lang} block starting with {marker!r}")
+    raise AssertionError(f"{where} has no ```{lang} block starting with {marker!r}")
 
 
 def test_the_readme_streams_file_applies_on_the_quickstart_single_nats_server(nats_server, tmp_path, capsys):
@@ -118,8 +144,8 @@ def test_the_readme_streams_file_applies_on_the_quickstart_single_nats_server(na
     assert err in " ".join(README.split()), err
 
 
-def test_the_readme_migrate_example_shows_its_real_output(empty_database_url, capsys):
-    block = fenced_after("$ createdb", "sh").splitlines()
+def test_the_reference_migrate_example_shows_its_real_output(empty_database_url, capsys):
+    block = fenced_after("$ createdb", "sh", REFERENCE, "docs/reference.md").splitlines()
     first = block.index("$ pgoutbox migrate --database-url postgresql://postgres@127.0.0.1:5432/shop")
     second = block.index("$ pgoutbox migrate --database-url postgresql://postgres@127.0.0.1:5432/shop", first + 1)
     assert cli.main(["migrate", "--database-url", empty_database_url]) == 0
@@ -128,7 +154,35 @@ def test_the_readme_migrate_example_shows_its_real_output(empty_database_url, ca
     assert capsys.readouterr().out.splitlines() == block[second + 1 :]
 
 
-def test_the_readme_shows_what_migrate_says_when_the_database_does_not_exist(pg_server, capsys):
-    shown = fenced_after("pgoutbox migrate: DatabaseUnavailable").strip()
+def test_the_reference_shows_what_migrate_says_when_the_database_does_not_exist(pg_server, capsys):
+    shown = fenced_after("pgoutbox migrate: DatabaseUnavailable", "", REFERENCE, "docs/reference.md").strip()
     assert cli.main(["migrate", "--database-url", pg_server.dsn("shop")]) == ExitCode.DATABASE
     assert capsys.readouterr().err.strip() == shown.replace("5432", str(pg_server.port))
+
+
+def test_the_readme_emit_commits_the_event_a_writer_emits(database_url):
+    """The README's emit block, run as written by a login holding only
+    pgoutbox_writer: one event on the subject the README names."""
+    block = fenced_after("BEGIN;", "sql")
+    name = f"readme_writer_{time.monotonic_ns()}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(
+            psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE pgoutbox_writer").format(psycopg.sql.Identifier(name))
+        )
+        with psycopg.connect(database_url.replace("postgres@", f"{name}@", 1), autocommit=True) as writer:
+            cur = writer.cursor()
+            cur.execute(block)  # BEGIN; SELECT outbox.emit(...); COMMIT;
+        rows = admin.execute("SELECT subject, ordering_key, status FROM outbox.events").fetchall()
+    subject = re.search(r"\(here\s+`([\w.]+)`\)", README).group(1)
+    assert rows == [(subject, "42", "PENDING")]
+
+
+def test_the_readme_manifest_generates_a_registry(tmp_path, capsys):
+    manifest = fenced_after("# handlers/billing.toml", "toml")
+    (tmp_path / "handlers").mkdir()
+    (tmp_path / "handlers" / "billing.toml").write_text(manifest)
+    registry_file = tmp_path / "handlers.registry.json"
+    args = ["--manifest-dir", str(tmp_path / "handlers"), "--registry-file", str(registry_file)]
+    assert cli.main(["registry", "generate", *args]) == 0
+    assert '"sea__from_vibespro"' in registry_file.read_text()
+    assert cli.main(["registry", "check", *args]) == 0

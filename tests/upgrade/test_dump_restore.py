@@ -1,5 +1,5 @@
-"""Backup and restore of a database in the middle of work (README "Backup
-and restore"): pg_dump in plain format (replayed with psql) and in custom
+"""Backup and restore of a database in the middle of work (docs/upgrading.md
+"Backup and restore"): pg_dump in plain format (replayed with psql) and in custom
 format (pg_restore) into a new database of the same cluster, then a relay
 and a consumer carry on there, and the ledger shows nothing lost and nothing
 repeated.
