@@ -1,14 +1,15 @@
 """The reference tables (docs/reference.md, and the README's exit codes) are
 generated from, or checked against, the code: the error-code table lists
 exactly the SqlState enum, the settings table is what `pgoutbox settings
---markdown` prints, the role table names exactly the roles the schema creates.
+--markdown` prints, the metrics table is what the workers register, the role
+table names exactly the roles the schema creates.
 The README's examples run as written and print what it shows."""
 
 import re
 from pathlib import Path
 
 from pgoutbox.cli import main as cli
-from pgoutbox.core import settings
+from pgoutbox.core import health, settings
 from pgoutbox.core.errors import ExitCode, SqlState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,21 @@ def test_error_codes_raised_by_the_sql_are_all_documented():
 
 def test_settings_table_is_generated_from_the_code():
     assert section("settings") == settings.markdown_table(cli.all_settings())
+
+
+def test_metrics_table_is_generated_from_the_code():
+    assert section("metrics") == health.metrics_table(cli.all_metrics())
+
+
+def test_the_metrics_table_lists_exactly_what_the_workers_register():
+    """families() finds a metric through its attribute: one registered otherwise would be missing."""
+    table = set(re.findall(r"^\| `(\w+)` \|", section("metrics"), re.M))
+    registered = set()
+    for metrics in cli.all_metrics().values():
+        for family in metrics.registry.collect():
+            registered.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    assert table == registered
+    assert all(name.startswith("pgoutbox_") for name in table)
 
 
 def test_every_setting_is_an_outbox_variable_with_a_flag():
