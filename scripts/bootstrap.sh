@@ -33,3 +33,19 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/pip install -q -e '.[dev,spark]'
   echo "$want" > "$stamp"
 fi
+
+# promtool (the suite runs `promtool check metrics` on the workers' /metrics), taken
+# out of Debian's prometheus package rather than installed: installing the package
+# would also start a Prometheus server.
+if [ ! -x .venv/bin/promtool ]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  download() { (cd "$tmp" && apt-get download -q prometheus >/dev/null 2>&1); }
+  if ! download && ! { [ "$(id -u)" -eq 0 ] && apt-get update -qq && download; }; then
+    echo "bootstrap: cannot download Debian's prometheus package (for promtool); run as root once" >&2
+    exit 1
+  fi
+  dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$tmp" ./usr/bin/promtool
+  install -m 0755 "$tmp/usr/bin/promtool" .venv/bin/promtool
+  echo "bootstrap: $(.venv/bin/promtool --version 2>&1 | head -1) in .venv/bin"
+fi
