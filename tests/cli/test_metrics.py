@@ -8,8 +8,12 @@ docs/reference.md gives it, with traffic through both: events emitted, published
 by the relay (one to a context without a stream, dead-lettered), handled by the
 consumer (one answered 422, dead-lettered), so that the labelled series exist.
 
+The 0.4.0 section of docs/upgrading.md renames to exactly the names served, and
+its metric_relabel_configs give every old series its new name (applied here as
+Prometheus applies them; promtool checks the config's syntax).
+
 promtool comes from scripts/bootstrap.sh (`make setup`) into .venv/bin; without
-it the test fails and says so."""
+it the tests that need it fail and say so."""
 
 from __future__ import annotations
 
@@ -208,3 +212,63 @@ def test_both_workers_metrics_pass_promtool(promtool, database_url, nats_server,
         assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), f"pgoutbox {command}:\n{done}\n{text}"
         foreign = sorted(n for n in names(text) if not n.startswith("pgoutbox_"))
         assert foreign == [], f"pgoutbox {command} serves {foreign}"
+
+
+# -- docs/upgrading.md: the 0.4.0 renames -----------------------------------------
+
+SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"), "gauge": ("",)}
+
+
+def upgrading_section() -> str:
+    text = (ROOT / "docs" / "upgrading.md").read_text()
+    m = re.search(r"^## 0\.4\.0: metric names\n(.*?)^## ", text, re.S | re.M)
+    assert m, "docs/upgrading.md has no section `## 0.4.0: metric names`"
+    return m.group(1)
+
+
+def renames() -> list[tuple[str, str, str]]:
+    """(old, new, type) of each row of the rename table."""
+    rows = re.findall(r"^\| `(\w+)` \| (?:`(\w+)`|\*\(unchanged\)\*) \| (\w+) \|$", upgrading_section(), re.M)
+    return [(old, new or old, kind) for old, new, kind in rows]
+
+
+def relabel(name: str) -> str:
+    """__name__ after the section's metric_relabel_configs, as Prometheus applies
+    them: each rule in turn, its regex anchored, ${n} replaced by the group."""
+    [block] = re.findall(r"```yaml\n(.*?)```", upgrading_section(), re.S)
+    rules = re.findall(r"regex: (\S+)\n\s+target_label: __name__\n\s+replacement: (\S+)", block)
+    assert len(rules) == block.count("- source_labels: [__name__]") > 0
+    for regex, replacement in rules:
+        m = re.fullmatch(regex, name)
+        if m:
+            name = re.sub(r"\$\{(\d+)\}", lambda g, m=m: m.group(int(g.group(1))), replacement)
+    return name
+
+
+def series(name: str, kind: str) -> list[str]:
+    base = name.removesuffix("_total") if kind == "counter" else name
+    return [base + suffix for suffix in SUFFIXES[kind]]
+
+
+def test_the_rename_table_ends_at_exactly_the_metrics_the_workers_serve():
+    from pgoutbox.cli import main as cli
+    from pgoutbox.core import health
+
+    served = {(name, kind) for m in cli.all_metrics().values() for name, kind, _, _ in health.families(m)}
+    assert {(new, kind) for _, new, kind in renames()} == served
+    assert len(renames()) == len(served)
+
+
+def test_the_relabel_rules_give_every_old_series_its_new_name():
+    for old, new, kind in renames():
+        for before, after in zip(series(old, kind), series(new, kind), strict=True):
+            assert relabel(before) == after, before
+            assert relabel(after) == after, after
+
+
+def test_promtool_accepts_the_scrape_config(promtool, tmp_path):
+    [block] = re.findall(r"```yaml\n(.*?)```", upgrading_section(), re.S)
+    path = tmp_path / "prometheus.yml"
+    path.write_text(block)
+    done = subprocess.run([str(promtool), "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
