@@ -191,8 +191,7 @@ def stage_times(port: int) -> str:
         return value[f"{metric}_sum"] / max(1.0, value[f"{metric}_count"])
 
     return (
-        f"claim {mean(CLAIM) * 1000:.1f} ms, publish {mean(PUBLISH) * 1000:.1f} ms, {mean(BATCH):.1f} "
-        f"events per batch"
+        f"claim {mean(CLAIM) * 1000:.1f} ms, publish {mean(PUBLISH) * 1000:.1f} ms, {mean(BATCH):.1f} events per batch"
     )
 
 

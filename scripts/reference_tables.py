@@ -26,6 +26,4 @@ metrics_table = health.metrics_table(cli.all_metrics())
 text = replace(text, "settings", settings_table)
 text = replace(text, "metrics", metrics_table)
 REFERENCE.write_text(text)
-print(
-    f"docs/reference.md: {settings_table.count(chr(10)) - 1} settings, {metrics_table.count(chr(10)) - 1} metrics"
-)
+print(f"docs/reference.md: {settings_table.count(chr(10)) - 1} settings, {metrics_table.count(chr(10)) - 1} metrics")

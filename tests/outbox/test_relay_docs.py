@@ -26,4 +26,3 @@ def test_every_relay_setting_is_documented_with_its_default():
 def test_every_publish_error_code_is_documented():
     for code in PublishError:
         assert f"| `{code.value}` |" in DOC, code
-

@@ -31,10 +31,16 @@ class RelayMetrics:
             registry=r,
         )
         self.failed = Counter(
-            "pgoutbox_relay_failed_events", "Events whose publish failed, marked FAILED for a retry", ["context", "code"], registry=r
+            "pgoutbox_relay_failed_events",
+            "Events whose publish failed, marked FAILED for a retry",
+            ["context", "code"],
+            registry=r,
         )
         self.dead_lettered = Counter(
-            "pgoutbox_relay_dead_lettered_events", "Events whose publish failed for the last time, marked DEAD_LETTER", ["context", "code"], registry=r
+            "pgoutbox_relay_dead_lettered_events",
+            "Events whose publish failed for the last time, marked DEAD_LETTER",
+            ["context", "code"],
+            registry=r,
         )
         self.stale_claims = Counter(
             "pgoutbox_relay_stale_claims", "Marks refused because another relay had taken the lease over", registry=r
@@ -52,14 +58,19 @@ class RelayMetrics:
             "pgoutbox_relay_claim_duration_seconds", "Duration of outbox.claim()", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.unpublished = Gauge(
-            "pgoutbox_outbox_unpublished_events", "Events not yet published, per outbox.backlog()", ["context"], registry=r
+            "pgoutbox_outbox_unpublished_events",
+            "Events not yet published, per outbox.backlog()",
+            ["context"],
+            registry=r,
         )
         self.due = Gauge("pgoutbox_outbox_due_events", "Events a relay could claim now", ["context"], registry=r)
         self.oldest_due_age = Gauge(
             "pgoutbox_outbox_oldest_due_age_seconds", "Age of the oldest due event (0: none)", ["context"], registry=r
         )
         self.dead_letter = Gauge("pgoutbox_outbox_dead_letter_events", "Events in DEAD_LETTER", ["context"], registry=r)
-        self.database_up = Gauge("pgoutbox_relay_database_up", "1 when the claim connection to PostgreSQL works", registry=r)
+        self.database_up = Gauge(
+            "pgoutbox_relay_database_up", "1 when the claim connection to PostgreSQL works", registry=r
+        )
         self.nats_up = Gauge("pgoutbox_relay_nats_up", "1 when connected to NATS", registry=r)
         self.ready = Gauge("pgoutbox_relay_ready", "1 when /readyz answers 200", registry=r)
 
