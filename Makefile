@@ -57,7 +57,7 @@ wheel: setup ## Build the wheel and sdist into dist/ (pip install dist/pgoutbox-
 verify/docs: setup ## README and docs/reference.md: tables match the code, examples run as written
 	@$(PYTEST) -q tests/cli/test_docs.py tests/outbox/test_relay_docs.py tests/inbox/test_consumer_docs.py
 
-docs/reference: setup ## Regenerate the settings table of docs/reference.md from the code
+docs/reference: setup ## Regenerate the settings and metrics tables of docs/reference.md from the code
 	@$(PY) scripts/reference_tables.py
 
 docs/chart: setup ## Redraw docs/images/delivery_report.png (the delivery chart of docs/archival.md) from sample data

@@ -158,33 +158,47 @@ def relay_http_port(root: Path, name: str, timeout: float = 30) -> int:
     raise RuntimeError(f"relay {name} did not start; see {root}/{name}.log")
 
 
+# The histograms these figures read, and their names before 0.4.0 (a --before
+# COMMIT that old serves those).
+CLAIM, PUBLISH, BATCH = (
+    "pgoutbox_relay_claim_duration_seconds",
+    "pgoutbox_relay_publish_duration_seconds",
+    "pgoutbox_relay_batch_events",
+)
+OLD_NAMES = {
+    "outbox_relay_claim_seconds": CLAIM,
+    "outbox_relay_publish_seconds": PUBLISH,
+    "outbox_relay_batch_size": BATCH,
+}
+
+
+def histogram_totals(port: int) -> dict[str, float]:
+    """name_sum and name_count of the relay's histograms, by their current names."""
+    value = {}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines():
+        name, _, number = line.partition(" ")
+        base, _, part = name.rpartition("_")
+        if part in ("sum", "count") and OLD_NAMES.get(base, base) in (CLAIM, PUBLISH, BATCH):
+            value[f"{OLD_NAMES.get(base, base)}_{part}"] = float(number)
+    return value
+
+
 def stage_times(port: int) -> str:
     """Mean claim and publish durations and batch size, from the relay's /metrics."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    value = {}
-    for line in text.splitlines():
-        name, _, number = line.partition(" ")
-        if name.endswith(("_sum", "_count")) and name.startswith("outbox_relay_"):
-            value[name] = float(number)
+    value = histogram_totals(port)
 
     def mean(metric: str) -> float:
         return value[f"{metric}_sum"] / max(1.0, value[f"{metric}_count"])
 
     return (
-        f"claim {mean('outbox_relay_claim_seconds') * 1000:.1f} ms, publish "
-        f"{mean('outbox_relay_publish_seconds') * 1000:.1f} ms, {mean('outbox_relay_batch_size'):.1f} "
-        f"events per batch"
+        f"claim {mean(CLAIM) * 1000:.1f} ms, publish {mean(PUBLISH) * 1000:.1f} ms, {mean(BATCH):.1f} events per batch"
     )
 
 
 def claim_counts(port: int) -> tuple[float, float]:
     """(claims, non-empty batches) so far, from the relay's /metrics."""
-    found = {}
-    for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines():
-        name, _, number = line.partition(" ")
-        if name in ("outbox_relay_claim_seconds_count", "outbox_relay_batch_size_count"):
-            found[name] = float(number)
-    return found.get("outbox_relay_claim_seconds_count", 0.0), found.get("outbox_relay_batch_size_count", 0.0)
+    found = histogram_totals(port)
+    return found.get(f"{CLAIM}_count", 0.0), found.get(f"{BATCH}_count", 0.0)
 
 
 def small_claim_ms(url: str, rounds: int = 15) -> float:

@@ -1,9 +1,10 @@
 """The reference tables (docs/reference.md) are generated from, or checked
 against, the code: the error-code table lists exactly the SqlState enum, the
-settings table is what `pgoutbox settings --markdown` prints, the role table
-names exactly the roles the schema creates. The examples of the README (emit,
-streams file, manifest) and of docs/reference.md (migrate) run as written and
-print what they show; the links of the README and docs/ resolve."""
+settings table is what `pgoutbox settings --markdown` prints, the metrics table
+is what the workers register, the role table names exactly the roles the schema
+creates. The examples of the README (emit, streams file, manifest) and of
+docs/reference.md (migrate) run as written and print what they show; the links
+of the README and docs/ resolve."""
 
 import re
 import time
@@ -13,7 +14,7 @@ import psycopg
 import psycopg.sql
 
 from pgoutbox.cli import main as cli
-from pgoutbox.core import settings
+from pgoutbox.core import health, settings
 from pgoutbox.core.errors import ExitCode, SqlState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,21 @@ def test_error_codes_raised_by_the_sql_are_all_documented():
 
 def test_settings_table_is_generated_from_the_code():
     assert section("settings") == settings.markdown_table(cli.all_settings())
+
+
+def test_metrics_table_is_generated_from_the_code():
+    assert section("metrics") == health.metrics_table(cli.all_metrics())
+
+
+def test_the_metrics_table_lists_exactly_what_the_workers_register():
+    """families() finds a metric through its attribute: one registered otherwise would be missing."""
+    table = set(re.findall(r"^\| `(\w+)` \|", section("metrics"), re.M))
+    registered = set()
+    for metrics in cli.all_metrics().values():
+        for family in metrics.registry.collect():
+            registered.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    assert table == registered
+    assert all(name.startswith("pgoutbox_") for name in table)
 
 
 def test_every_setting_is_an_outbox_variable_with_a_flag():

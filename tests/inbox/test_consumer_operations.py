@@ -67,7 +67,7 @@ async def test_metrics_health_and_readiness(tmp_path, database_url, nats_server,
 
             def backlog(kind):
                 return consumer.metrics.registry.get_sample_value(
-                    "pgoutbox_inbox_backlog", {"context": "sea", "handler": H, "kind": kind}
+                    "pgoutbox_inbox_backlog_messages", {"context": "sea", "handler": H, "kind": kind}
                 )
 
             await until(lambda: backlog("dead_letter") == 1 and backlog("unprocessed") == 0, 10, "a backlog refresh")
@@ -78,9 +78,9 @@ async def test_metrics_health_and_readiness(tmp_path, database_url, nats_server,
                 f'pgoutbox_consumer_messages_total{{handler="{H}",outcome="retried"}} 1.0',
                 f'pgoutbox_consumer_messages_total{{handler="{H}",outcome="dead_lettered"}} 1.0',
                 f'pgoutbox_consumer_redeliveries_total{{handler="{H}"}} 1.0',
-                f'pgoutbox_consumer_handler_latency_seconds_count{{handler="{H}"}} 5.0',
-                f'pgoutbox_inbox_backlog{{context="sea",handler="{H}",kind="dead_letter"}} 1.0',
-                f'pgoutbox_inbox_backlog{{context="sea",handler="{H}",kind="unprocessed"}} 0.0',
+                f'pgoutbox_consumer_handler_duration_seconds_count{{handler="{H}"}} 5.0',
+                f'pgoutbox_inbox_backlog_messages{{context="sea",handler="{H}",kind="dead_letter"}} 1.0',
+                f'pgoutbox_inbox_backlog_messages{{context="sea",handler="{H}",kind="unprocessed"}} 0.0',
             ):
                 assert line in text, line
             status, body = await asyncio.to_thread(_get, port, "/healthz")

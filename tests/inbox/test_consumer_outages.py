@@ -176,7 +176,7 @@ async def test_a_postgresql_outage_longer_than_max_deliver_retries_only_delays(t
                     "every message to be processed after the outage",
                 )
                 dlq = await dlq_messages(js)
-                await until(lambda: metric(port, "pgoutbox_consumer_in_flight") == 0, 10, "every slot back")
+                await until(lambda: metric(port, "pgoutbox_consumer_in_flight_messages") == 0, 10, "every slot back")
         calls = collections.Counter(c.message_id for c in handler.calls)
         assert {i: calls[i] for i in ids} == dict.fromkeys(ids, 1), "each message handled exactly once"
         assert dlq == []
@@ -272,7 +272,7 @@ async def test_a_version_header_python_cannot_parse_is_its_own_invalid_notice_an
                 await publish(js, good)
                 await until(lambda: len(handler.calls) == 2, 20, "the good messages")
                 await until(lambda: _invalid_count(js, 3), 20, "three .invalid notices")
-                await until(lambda: metric(port, "pgoutbox_consumer_in_flight") == 0, 10, "every slot back")
+                await until(lambda: metric(port, "pgoutbox_consumer_in_flight_messages") == 0, 10, "every slot back")
                 notices = [json.loads(m.data) for m in await dlq_messages(js, subject=f"sea.dlq.dead.{H}.invalid")]
         reasons = sorted(n["reason"] for n in notices)
         assert "Nats-Msg-Id '1' is not a UUID" in reasons[0]

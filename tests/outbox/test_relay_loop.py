@@ -62,7 +62,7 @@ async def test_relay_publishes_the_backlog_with_the_envelope_and_marks_it(databa
         ).fetchone()[0]
     async with running_relay(relay_config(database_url, nats_server.url, batch_size="20")) as relay:
         await completed(database_url, 51)
-        await metric_is(relay, "outbox_relay_published_total", 51, context="sea")
+        await metric_is(relay, "pgoutbox_relay_published_events_total", 51, context="sea")
     messages = await stream_messages(nats_server.url)
     assert sorted(msg_ids(messages)) == sorted(ids + [str(corr)])
     paid = next(m for m in messages if m.headers["Nats-Msg-Id"] == str(corr))
@@ -129,7 +129,7 @@ async def test_events_announced_within_the_claim_interval_go_in_one_claim(databa
         await completed(database_url, 6, timeout=30)
         first, *rest = claim_tokens(database_url)
         assert len(set(rest)) == 1 and first not in rest
-        assert metric(relay, "outbox_relay_batch_size_count") == 2
+        assert metric(relay, "pgoutbox_relay_batch_events_count") == 2
 
 
 async def test_a_keys_next_event_is_not_held_back_by_the_claim_interval(database_url, nats_server):
@@ -179,7 +179,7 @@ async def test_a_duplicate_ack_counts_as_published(database_url, nats_server):
     await nc.close()
     async with running_relay(relay_config(database_url, nats_server.url)) as relay:
         await completed(database_url, 1)
-        await metric_is(relay, "outbox_relay_duplicates_total", 1, context="sea")
+        await metric_is(relay, "pgoutbox_relay_duplicate_events_total", 1, context="sea")
     assert msg_ids(await stream_messages(nats_server.url)) == [event_id]
 
 
@@ -194,7 +194,7 @@ async def test_no_stream_for_the_subject_dead_letters_at_once(database_url, nats
             return status_counts(database_url).get("DEAD_LETTER") == 1
 
         await until(dead, 10, "the dead letter")
-        await metric_is(relay, "outbox_relay_dead_lettered_total", 1, context="nowhere", code="NO_STREAM")
+        await metric_is(relay, "pgoutbox_relay_dead_lettered_events_total", 1, context="nowhere", code="NO_STREAM")
     with psycopg.connect(database_url, autocommit=True) as conn:
         status, attempts, error = conn.execute(
             "SELECT status, attempts, last_error FROM outbox.events WHERE event_id = %s", (orphan,)
@@ -271,8 +271,8 @@ async def test_per_key_order_holds_in_the_stream_under_injected_publish_failures
     flaky = FlakyPublisher(nats_server.url, timeout=cfg.publish_timeout, fail=0.3, lose_ack=0.1)
     async with running_relay(cfg, flaky) as relay:
         await completed(database_url, len(ids), timeout=90)
-        await metric_is(relay, "outbox_relay_published_total", len(ids), context="sea")
-        assert metric(relay, "outbox_relay_duplicates_total", context="sea") > 0  # lost acks were retried
+        await metric_is(relay, "pgoutbox_relay_published_events_total", len(ids), context="sea")
+        assert metric(relay, "pgoutbox_relay_duplicate_events_total", context="sea") > 0  # lost acks were retried
         assert sum(s.value for s in relay.metrics.failed.collect()[0].samples if s.name.endswith("_total")) > 50
     assert flaky.injected > 50
     messages = await stream_messages(nats_server.url)
@@ -298,8 +298,8 @@ async def test_retries_back_off_then_dead_letter_after_max_attempts(database_url
 
         await until(dead, 15, "the doomed event to be dead-lettered")
         await completed(database_url, 4)
-        await metric_is(relay, "outbox_relay_failed_total", 2, context="sea", code="PUBLISH_TIMEOUT")
-        await metric_is(relay, "outbox_relay_dead_lettered_total", 1, context="sea", code="PUBLISH_TIMEOUT")
+        await metric_is(relay, "pgoutbox_relay_failed_events_total", 2, context="sea", code="PUBLISH_TIMEOUT")
+        await metric_is(relay, "pgoutbox_relay_dead_lettered_events_total", 1, context="sea", code="PUBLISH_TIMEOUT")
     with psycopg.connect(database_url, autocommit=True) as conn:
         status, attempts, error = conn.execute(
             "SELECT status, attempts, last_error FROM outbox.events WHERE event_id = %s", (doomed,)
@@ -317,18 +317,18 @@ async def test_health_readiness_and_metrics_endpoints(database_url, nats_server)
     async with running_relay(cfg) as relay, httpx.AsyncClient(base_url=f"http://127.0.0.1:{relay.http_port}") as http:
         emit(database_url, 10)
         await completed(database_url, 10)
-        await metric_is(relay, "outbox_relay_published_total", 10, context="sea")
+        await metric_is(relay, "pgoutbox_relay_published_events_total", 10, context="sea")
         assert (await http.get("/healthz")).status_code == 200
         ready = await http.get("/readyz")
         assert ready.status_code == 200, ready.text
         text = (await http.get("/metrics")).text
-        assert 'outbox_relay_published_total{context="sea"} 10.0' in text
+        assert 'pgoutbox_relay_published_events_total{context="sea"} 10.0' in text
         for name in (
-            "outbox_relay_batch_size_bucket",
-            "outbox_relay_publish_seconds_bucket",
-            "outbox_backlog_due",
-            "outbox_backlog_oldest_due_age_seconds",
-            "outbox_relay_ready",
+            "pgoutbox_relay_batch_events_bucket",
+            "pgoutbox_relay_publish_duration_seconds_bucket",
+            "pgoutbox_outbox_due_events",
+            "pgoutbox_outbox_oldest_due_age_seconds",
+            "pgoutbox_relay_ready",
         ):
             assert name in text
         # NATS goes away while work is due: not ready, and says why.

@@ -40,6 +40,8 @@ from pgoutbox.cli import (
 from pgoutbox.cli import settings as settings_command
 from pgoutbox.core import db, settings
 from pgoutbox.core.errors import PgOutboxError, from_database
+from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.outbox.metrics import RelayMetrics
 
 # The subcommands, in --help order.
 COMMANDS = (
@@ -76,6 +78,12 @@ def all_settings() -> dict[str, tuple[settings.Setting, ...]]:
         if fresh:
             groups[mod.COMMAND] = fresh
     return groups
+
+
+def all_metrics() -> dict[str, object]:
+    """Each worker's metrics, for the reference table (`pgoutbox replay` serves none:
+    the consumer runs the replayer and serves its metric)."""
+    return {"`pgoutbox relay`": RelayMetrics(), "`pgoutbox consume`": ConsumerMetrics()}
 
 
 class _Parser(argparse.ArgumentParser):

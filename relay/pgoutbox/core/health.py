@@ -7,6 +7,8 @@ GET /healthz   200 while the event loop is alive (it ticks every second)
                fetch loops run); 503 with the reasons otherwise
 GET /readyz    200 when the worker's readiness check reports no problem;
                503 with the reasons otherwise
+
+metrics_table() renders the workers' metrics as the table of docs/reference.md.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 
 from pgoutbox.core.errors import ConfigError
 
@@ -95,3 +98,23 @@ class HealthServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def families(metrics) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
+    """(name as exposed, type, label names, help) of each metric a worker's
+    metrics object holds, in declaration order (a counter's name with `_total`)."""
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            [family] = value.describe()
+            name = f"{family.name}_total" if family.type == "counter" else family.name
+            yield name, family.type, tuple(value._labelnames), family.documentation
+
+
+def metrics_table(groups: Mapping[str, object]) -> str:
+    """The markdown table of docs/reference.md: worker name -> its metrics object."""
+    lines = ["| metric | type | labels | served by | meaning |", "|---|---|---|---|---|"]
+    for worker, metrics in groups.items():
+        for name, kind, labels, meaning in families(metrics):
+            shown = ", ".join(f"`{label}`" for label in labels) or "*(none)*"
+            lines.append(f"| `{name}` | {kind} | {shown} | {worker} | {meaning} |")
+    return "\n".join(lines)

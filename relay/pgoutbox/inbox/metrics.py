@@ -4,6 +4,11 @@ reachable and every durable is bound).
 
 Each Consumer owns its own CollectorRegistry, so several can share a process
 (tests, the benchmark) without clashing on metric names.
+
+Names: pgoutbox_consumer_* and pgoutbox_replayer_* for what this process did,
+pgoutbox_inbox_* for what inbox.backlog() reports of the table; a base unit or
+the thing counted ends the name, `_total` a counter. The help texts are the
+metrics table of docs/reference.md (`make docs/reference`).
 """
 
 from __future__ import annotations
@@ -19,46 +24,46 @@ class ConsumerMetrics:
         r = self.registry
         self.messages = Counter(
             "pgoutbox_consumer_messages",
-            "Deliveries handled, by handler and outcome "
-            "(processed, duplicate = already processed and skipped, parked = already dead-lettered, "
-            "dead_lettered, retried, invalid = unreadable, error = infrastructure failure, not acked)",
+            "Deliveries handled, by outcome: processed; duplicate (already processed, skipped, or settled "
+            "first by another delivery of the same id); parked (already dead-lettered); dead_lettered; retried; "
+            "invalid (unreadable, refused to .invalid); error (PostgreSQL or NATS failure: not acked, redelivered)",
             ["handler", "outcome"],
             registry=r,
         )
         self.redeliveries = Counter(
             "pgoutbox_consumer_redeliveries",
-            "Deliveries with num_delivered > 1",
+            "Deliveries JetStream had made before (delivery count > 1)",
             ["handler"],
             registry=r,
         )
         self.handler_latency = Histogram(
-            "pgoutbox_consumer_handler_latency_seconds",
-            "HTTP handler call duration",
+            "pgoutbox_consumer_handler_duration_seconds",
+            "Duration of the HTTP call to the handler",
             ["handler"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
         self.in_flight = Gauge(
-            "pgoutbox_consumer_in_flight",
+            "pgoutbox_consumer_in_flight_messages",
             "Messages being processed",
             ["handler"],
             registry=r,
         )
         self.backlog = Gauge(
-            "pgoutbox_inbox_backlog",
-            "inbox.backlog(): unprocessed, failed and dead_letter rows",
+            "pgoutbox_inbox_backlog_messages",
+            "Inbox rows by kind (unprocessed, failed, dead_letter), per inbox.backlog()",
             ["context", "handler", "kind"],
             registry=r,
         )
         self.oldest_unprocessed_age = Gauge(
             "pgoutbox_inbox_oldest_unprocessed_age_seconds",
-            "Age of the oldest unprocessed inbox row",
+            "Age of the oldest unprocessed inbox row (0: none)",
             ["context", "handler"],
             registry=r,
         )
         self.replays = Counter(
-            "pgoutbox_replayer_published",
-            "Dead letters re-published by the replayer",
+            "pgoutbox_replayer_published_messages",
+            "Dead letters re-published to their handler's replay subject",
             ["handler"],
             registry=r,
         )

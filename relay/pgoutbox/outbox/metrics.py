@@ -1,5 +1,10 @@
 """The relay's Prometheus metrics, in a registry of its own (one per relay, so
-several relays in one process, as in the tests, do not collide)."""
+several relays in one process, as in the tests, do not collide).
+
+Names: pgoutbox_relay_* for what this relay did, pgoutbox_outbox_* for what
+outbox.backlog() reports of the table (the same for every relay); a base unit
+or the thing counted ends the name, `_total` a counter. The help texts are the
+metrics table of docs/reference.md (`make docs/reference`)."""
 
 from __future__ import annotations
 
@@ -17,46 +22,57 @@ class RelayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.published = Counter(
-            "outbox_relay_published", "Events acked by JetStream and marked COMPLETED", ["context"], registry=r
+            "pgoutbox_relay_published_events", "Events acked by JetStream and marked COMPLETED", ["context"], registry=r
         )
         self.duplicates = Counter(
-            "outbox_relay_duplicates",
-            "Publishes JetStream reported as duplicates (a re-publish)",
+            "pgoutbox_relay_duplicate_events",
+            "Published events JetStream reported as duplicates (a re-publish)",
             ["context"],
             registry=r,
         )
         self.failed = Counter(
-            "outbox_relay_failed", "Failed publishes marked FAILED for a retry", ["context", "code"], registry=r
+            "pgoutbox_relay_failed_events",
+            "Events whose publish failed, marked FAILED for a retry",
+            ["context", "code"],
+            registry=r,
         )
         self.dead_lettered = Counter(
-            "outbox_relay_dead_lettered", "Events marked DEAD_LETTER", ["context", "code"], registry=r
+            "pgoutbox_relay_dead_lettered_events",
+            "Events whose publish failed for the last time, marked DEAD_LETTER",
+            ["context", "code"],
+            registry=r,
         )
         self.stale_claims = Counter(
-            "outbox_relay_stale_claims", "Marks refused because the lease had been taken over", registry=r
+            "pgoutbox_relay_stale_claims", "Marks refused because another relay had taken the lease over", registry=r
         )
         self.batch_size = Histogram(
-            "outbox_relay_batch_size", "Events per claimed batch", buckets=_BATCH_BUCKETS, registry=r
+            "pgoutbox_relay_batch_events", "Events per claimed batch", buckets=_BATCH_BUCKETS, registry=r
         )
         self.publish_seconds = Histogram(
-            "outbox_relay_publish_seconds",
+            "pgoutbox_relay_publish_duration_seconds",
             "Time from a batch's first publish to its last ack",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.claim_seconds = Histogram(
-            "outbox_relay_claim_seconds", "Duration of outbox.claim()", buckets=_LATENCY_BUCKETS, registry=r
+            "pgoutbox_relay_claim_duration_seconds", "Duration of outbox.claim()", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.unpublished = Gauge(
-            "outbox_backlog_unpublished", "Events not yet published (outbox.backlog)", ["context"], registry=r
+            "pgoutbox_outbox_unpublished_events",
+            "Events not yet published, per outbox.backlog()",
+            ["context"],
+            registry=r,
         )
-        self.due = Gauge("outbox_backlog_due", "Events a relay could claim now", ["context"], registry=r)
+        self.due = Gauge("pgoutbox_outbox_due_events", "Events a relay could claim now", ["context"], registry=r)
         self.oldest_due_age = Gauge(
-            "outbox_backlog_oldest_due_age_seconds", "Age of the oldest due event", ["context"], registry=r
+            "pgoutbox_outbox_oldest_due_age_seconds", "Age of the oldest due event (0: none)", ["context"], registry=r
         )
-        self.dead_letter = Gauge("outbox_backlog_dead_letter", "Events in DEAD_LETTER", ["context"], registry=r)
-        self.database_up = Gauge("outbox_relay_database_up", "1 when the claim connection works", registry=r)
-        self.nats_up = Gauge("outbox_relay_nats_up", "1 when connected to NATS", registry=r)
-        self.ready = Gauge("outbox_relay_ready", "1 when /readyz answers 200", registry=r)
+        self.dead_letter = Gauge("pgoutbox_outbox_dead_letter_events", "Events in DEAD_LETTER", ["context"], registry=r)
+        self.database_up = Gauge(
+            "pgoutbox_relay_database_up", "1 when the claim connection to PostgreSQL works", registry=r
+        )
+        self.nats_up = Gauge("pgoutbox_relay_nats_up", "1 when connected to NATS", registry=r)
+        self.ready = Gauge("pgoutbox_relay_ready", "1 when /readyz answers 200", registry=r)
 
     def count(self, contexts: dict, outcomes: list[Outcome], dead: set) -> None:
         """Counts one batch's outcomes; contexts maps event_id -> context."""
