@@ -118,13 +118,20 @@ def test_the_extension_files_are_what_the_migrations_generate(installed):
 
 
 def test_a_clean_checkout_and_its_sdist_install_the_generated_files(tmp_path):
-    """What git holds builds the files with PGXS and the system python3 (no
-    virtualenv); the sdist made from it (as `make wheel` makes it) carries
-    them, and installs the same files without the generator."""
+    """The files git knows (tracked or not ignored) build the scripts with
+    PGXS and the system python3 (no virtualenv); the sdist made from them (as
+    `make wheel` makes it) carries the scripts, and installs the same files
+    without the generator."""
     checkout = tmp_path / "checkout"
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     tracked = [n for n in listed.split("\0") if n]
-    assert not [n for n in tracked if n.startswith("extension/pgoutbox")], "generated files are in git"
+    assert not [n for n in tracked if n.startswith("extension/pgoutbox")], "generated files are in git or not ignored"
     for name in tracked:
         source = ROOT / name
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
