@@ -155,6 +155,7 @@ def test_a_clean_checkout_and_its_sdist_install_the_generated_files(tmp_path):
     (unpacked,) = (tmp_path / "sdist").iterdir()
     assert not (unpacked / "scripts").exists() and not (unpacked / "migrations").exists()
     assert staged_install(unpacked / "extension", tmp_path / "from-sdist") == want
+    assert (unpacked / "Makefile").read_text() == (checkout / "Makefile").read_text()  # make install/extension
 
 
 def test_the_generator_follows_a_migration_added_later(tmp_path):
