@@ -40,16 +40,17 @@ generate/migrations: setup ## Rewrite the newest migration's generated blocks fr
 
 .PHONY: generate/extension verify/extension install/extension wheel
 
-generate/extension: ## Rewrite extension/ (control file, scripts) from migrations/
-	@python3 scripts/gen_extension.py
+generate/extension: ## Build extension/'s control file and scripts from migrations/ (git ignores them)
+	@$(MAKE) --no-print-directory -C extension $(if $(PG_CONFIG),PG_CONFIG=$(PG_CONFIG))
 
-verify/extension: ## extension/ equals what migrations/ generate (fails on drift)
-	@python3 scripts/gen_extension.py --check
+verify/extension: setup ## The extension built from migrations/ installs, builds the plain catalog, dumps and restores
+	@$(PYTEST) -q tests/install/test_extension.py
 
-install/extension: ## Install the extension files into the PostgreSQL that pg_config names (PG_CONFIG=...)
+install/extension: ## Build and install the extension files into the PostgreSQL that pg_config names (PG_CONFIG=...)
 	@$(MAKE) --no-print-directory -C extension install $(if $(PG_CONFIG),PG_CONFIG=$(PG_CONFIG))
 
-wheel: setup ## Build the wheel and sdist into dist/ (pip install dist/pgoutbox-*.whl)
+wheel: setup ## Build the wheel and sdist into dist/ (the sdist carries the generated extension scripts)
+	@python3 scripts/gen_extension.py >/dev/null
 	@$(VENV)/bin/pip wheel --no-deps -q -w dist .
 	@$(PY) -c "import setuptools.build_meta as b; b.build_sdist('dist')" >/dev/null
 	@ls dist

@@ -47,7 +47,6 @@ $$;
 
 -- ---- from sql/ (as of this migration): the argument checks first, which
 -- ---- the SQL-language functions below call ----
--- generated from sql/30_outbox_api.sql: outbox._check_ids
 -- An array of ids: given, one-dimensional, 1 to 10,000 distinct ids, no NULL.
 CREATE OR REPLACE FUNCTION outbox._check_ids(ids uuid[], what text)
 RETURNS void
@@ -73,9 +72,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox._check_text
 -- A name or reason: given, not blank, at most max_chars characters. A missing
 -- reason is REASON_REQUIRED, anything else missing INVALID_ARGUMENT.
 CREATE OR REPLACE FUNCTION outbox._check_text(
@@ -98,9 +95,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox._check_context
 -- An optional filter on a context: NULL (all) or a subject token.
 CREATE OR REPLACE FUNCTION outbox._check_context(context text)
 RETURNS void
@@ -114,9 +109,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox._check_max_rows
 -- A listing's row limit.
 CREATE OR REPLACE FUNCTION outbox._check_max_rows(max_rows integer)
 RETURNS void
@@ -130,9 +123,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox._clip_error
 -- Error texts are kept, not refused, when too long: they come from libraries
 -- and brokers, and a refused mark would leave its whole batch PROCESSING
 -- until the lease expires, to be refused again. Their start says what failed.
@@ -143,9 +134,7 @@ SET search_path TO pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN length(error) > 4000 THEN left(error, 3988) || ' (truncated)' ELSE error END;
 $$;
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox._check_headers
 -- The emitter's headers become NATS headers next to pgoutbox's own. Names
 -- are HTTP tokens, compared in any letter case (as NATS and HTTP do): none
 -- may claim a name NATS or JetStream interpret (Nats-*; Status and
@@ -202,9 +191,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/50_inbox.sql: inbox._check_message
 -- The message a call is about: an id and a well-formed handler name (the
 -- table's own rule, refused here with a code rather than by the CHECK).
 CREATE OR REPLACE FUNCTION inbox._check_message(message_id uuid, handler text)
@@ -223,9 +210,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/92_archival_helpers.sql: outbox._check_day
 -- A unit's day: given, and a day whose partition name has a four-digit year.
 CREATE OR REPLACE FUNCTION outbox._check_day(day date)
 RETURNS void
@@ -242,9 +227,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/92_archival_helpers.sql: outbox._check_retention
 -- Retentions: from 0 to 100 years (now() - retention must stay a time).
 CREATE OR REPLACE FUNCTION outbox._check_retention(retention interval, what text)
 RETURNS void
@@ -258,9 +241,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/92_archival_helpers.sql: outbox._check_lock_timeout
 -- A lock_timeout argument: from 1 ms (PostgreSQL reads 0 as "wait for ever")
 -- to 1 hour.
 CREATE OR REPLACE FUNCTION outbox._check_lock_timeout(lock_timeout interval)
@@ -275,7 +256,6 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
 -- ---- the wake-up throttle (sql/40_outbox_wakeup.sql) ----
 -- The throttle is shared by every writer, so no writer may set it for the
@@ -319,7 +299,6 @@ END;
 $$;
 INSERT INTO outbox.wakeup_policy (singleton) VALUES (TRUE) ON CONFLICT DO NOTHING;
 
--- generated from sql/40_outbox_wakeup.sql: outbox.set_notify_throttle
 CREATE OR REPLACE FUNCTION outbox.set_notify_throttle(throttle interval)
 RETURNS interval
 LANGUAGE plpgsql
@@ -340,10 +319,8 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS
 'Sets the minimum gap between two wake-ups for every writer (admins); relays read it at start-up.';
--- end generated
 
 -- ---- functions changed by this migration ----
--- generated from sql/10_outbox_events.sql: outbox.create_partitions
 -- Creates the daily partitions from from_day to from_day + days_ahead
 -- (UTC days), returning the names it created. Idempotent and serialised.
 CREATE OR REPLACE FUNCTION outbox.create_partitions(
@@ -410,9 +387,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.create_partitions(integer, date) IS
 'Creates daily partitions of outbox.events ahead of time; safe to call any number of times.';
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox.tg_events__check_policies
 -- Policies, checked once per row at INSERT whoever inserts, and raised with
 -- the codes of the error table (docs/reference.md); then the subject is
 -- derived from the parts just checked. Besides the content rules, they refuse
@@ -517,9 +492,7 @@ BEGIN
     RETURN NEW;
 END;
 $$;
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox.claim
 -- Claims up to batch_size due events for worker, under a lease, and returns
 -- them with a fresh claim token. One statement:
 --   * the CTE picks candidates in id order from events_claimable_idx and locks
@@ -604,9 +577,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
 'Claims up to batch_size due events (new, retry due, or lease expired) under a lease.';
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox.mark_published
 -- Marks the claim's events COMPLETED. Rows no longer held by claim_token (the
 -- lease expired and another relay took them) are left alone: fencing. Returns
 -- how many were marked; raises STALE_CLAIM when it could mark none of them.
@@ -646,9 +617,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.mark_published(uuid, uuid[]) IS
 'PROCESSING -> COMPLETED for the events still held by claim_token; returns the count.';
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox.mark_failed
 -- Records failed publishes. Parallel arrays: event_ids[i] failed with
 -- errors[i]; it becomes FAILED, due again at retry_at[i], or DEAD_LETTER when
 -- retry_at[i] is NULL (the relay's retry policy decided to give up). A retry
@@ -708,9 +677,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid[], text[], timestamptz[]) IS
 'PROCESSING -> FAILED (retry at retry_at[i]) or DEAD_LETTER (retry_at[i] NULL); returns the count.';
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox.requeue
 -- Operator redrive: DEAD_LETTER -> PENDING with attempts reset, recorded in
 -- outbox.requeue_log by the update guard. All or nothing.
 CREATE OR REPLACE FUNCTION outbox.requeue(
@@ -749,9 +716,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.requeue(uuid[], text) IS
 'DEAD_LETTER -> PENDING for the given events (all or nothing), audited in outbox.requeue_log.';
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox.backlog
 -- Backlog per context (QRY-050). "due" is what a relay could take right now;
 -- oldest_due_age growing while due > 0 means no relay is making progress,
 -- whereas a large unpublished count with nothing due is just parked retries.
@@ -809,9 +774,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.backlog(text) IS
 'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
--- end generated
 
--- generated from sql/30_outbox_api.sql: outbox.dead_letters
 -- Dead-lettered events, newest first, for operators deciding what to requeue.
 CREATE OR REPLACE FUNCTION outbox.dead_letters(
     context text DEFAULT NULL,
@@ -840,9 +803,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.dead_letters(text, integer) IS
 'Dead-lettered events (newest first) with their last error; requeue them with outbox.requeue().';
--- end generated
 
--- generated from sql/40_outbox_wakeup.sql: outbox.notify_throttle
 CREATE OR REPLACE FUNCTION outbox.notify_throttle()
 RETURNS interval
 LANGUAGE sql STABLE
@@ -853,9 +814,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.notify_throttle() IS
 'Minimum gap between two wake-ups (outbox.wakeup_policy, default 5 ms, at most 1 minute).';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.receive
 -- Records a delivery and returns the row as it now stands. Process the
 -- message only when the returned status is RECEIVED or FAILED; PROCESSED
 -- means a duplicate (skip and ack), DEAD_LETTER means it is parked.
@@ -910,9 +869,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.receive(uuid, text, text, jsonb) IS
 'Records a delivery (first or repeated) and returns the inbox row; process only RECEIVED/FAILED.';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.mark_processed
 CREATE OR REPLACE FUNCTION inbox.mark_processed(message_id uuid, handler text)
 RETURNS inbox.messages
 LANGUAGE plpgsql
@@ -936,9 +893,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.mark_processed(uuid, text) IS
 'RECEIVED/FAILED -> PROCESSED; in the handler''s own transaction for in-database handlers.';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.record_error
 -- Records a handler failure: FAILED (transient, will be redelivered) or,
 -- with dead => true, DEAD_LETTER (poison, or the last allowed delivery).
 -- A dead letter gets its replay bookkeeping in dlq_metadata (keys listed in
@@ -995,9 +950,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
 'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.backlog
 -- QRY-051: unprocessed messages per context and handler.
 CREATE OR REPLACE FUNCTION inbox.backlog(context text DEFAULT NULL)
 RETURNS TABLE (
@@ -1028,9 +981,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION inbox.backlog(text) IS
 'Per context and handler: unprocessed count and oldest, failed and dead-lettered counts.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.claim_replays
 -- Takes up to batch_size dead letters whose replay is due and moves them back
 -- to RECEIVED, counting the replay in dlq_metadata. The caller keeps its
 -- transaction open until the replay messages are published, then commits:
@@ -1102,9 +1053,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.claim_replays(text, integer) IS
 'DEAD_LETTER -> RECEIVED for due replays and redrives; commit only after re-publishing them.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.redrive
 -- Operator redrive: the given dead letters of handler (all of them when
 -- message_ids is NULL) become due now, whatever the replay switch and cap
 -- say; the replayer re-publishes them. All or nothing, with a reason,
@@ -1178,9 +1127,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
 'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.set_replay
 -- Switches automated replay of a handler's dead letters on or off (no row:
 -- on). Operator redrives are not affected.
 CREATE OR REPLACE FUNCTION inbox.set_replay(
@@ -1212,9 +1159,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.set_replay(text, boolean, text) IS
 'Automated replay on/off for one handler, with who and why.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.dead_letters
 -- Dead letters (newest first) with their replay state, for operators.
 CREATE OR REPLACE FUNCTION inbox.dead_letters(
     handler text DEFAULT NULL,
@@ -1258,9 +1203,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION inbox.dead_letters(text, integer) IS
 'Dead-lettered inbox messages with their replay state; redrive them with inbox.redrive().';
--- end generated
 
--- generated from sql/92_archival_helpers.sql: outbox._with_lock_timeout
 -- Runs a lock-taking statement under lock_timeout (restored afterwards), so
 -- a long transaction cannot make the archiver queue, and everyone behind it.
 CREATE OR REPLACE FUNCTION outbox._with_lock_timeout(statement text, lock_timeout interval)
@@ -1282,9 +1225,7 @@ BEGIN
     PERFORM set_config('lock_timeout', saved, true);
 END;
 $$;
--- end generated
 
--- generated from sql/93_archival_checksum.sql: outbox.archive_figures
 -- Live row count and checksum of a unit: the day partition of outbox.events,
 -- or the rows inbox.messages received that UTC day.
 CREATE OR REPLACE FUNCTION outbox.archive_figures(source text, day date)
@@ -1318,9 +1259,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.archive_figures(text, date) IS
 'Live row count and checksum of one day of outbox.events (its partition) or inbox.messages.';
--- end generated
 
--- generated from sql/94_archival_listing.sql: outbox.archivable_partitions
 -- Day partitions of outbox.events whose day ended more than `retention` ago,
 -- each with what holds it back, if anything. The default partition is never
 -- listed: it is not a day, and sealing it would make the rows it exists to
@@ -1379,9 +1318,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.archivable_partitions(interval, interval) IS
 'Day partitions old enough to archive, with row, open and dead-letter counts and what blocks each.';
--- end generated
 
--- generated from sql/94_archival_listing.sql: inbox.archivable_days
 -- UTC days of inbox.messages that ended more than `retention` ago. Refuses a
 -- retention shorter than the streams' max_age (inbox.retention_policy).
 CREATE OR REPLACE FUNCTION inbox.archivable_days(
@@ -1446,9 +1383,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.archivable_days(interval, interval) IS
 'UTC days of inbox.messages old enough to archive (never younger than the streams'' max_age), and what blocks each.';
--- end generated
 
--- generated from sql/94_archival_listing.sql: inbox.set_stream_max_age
 CREATE OR REPLACE FUNCTION inbox.set_stream_max_age(max_age interval)
 RETURNS interval
 LANGUAGE plpgsql
@@ -1469,9 +1404,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
 'Sets the inbox retention floor to the longest max_age of the streams feeding this inbox (admins).';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.seal_partition
 -- Seals an eligible partition: checks it under a lock that keeps writers
 -- out, then installs read-only triggers on it, so nothing can change between
 -- the export and the drop (a requeue of one of its dead letters now fails
@@ -1555,9 +1488,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
 'Checks a day partition is archivable and makes it read-only; returns its range and id bounds.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.record_archive
 -- Records the audit row of an exported unit, once the figures the archiver
 -- read back from its archive equal the live figures computed here. Same
 -- figures and URI again: returns the same row (a re-run after a crash).
@@ -1640,9 +1571,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.record_archive(text, date, bigint, numeric, text) IS
 'Records the audit row of an exported day once its archived figures equal the live ones; idempotent.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.drop_archived
 -- Drops an audited partition after re-checking its live figures against
 -- the audit. The partition is sealed, so only a trigger-bypassing owner could
 -- change it between the check and the DROP. Already dropped: returns 0.
@@ -1687,9 +1616,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
 'Drops a sealed, audited day partition whose live count and checksum still match its audit row.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: inbox.purge_archived
 -- Deletes an audited inbox day in one statement, hashing exactly the rows
 -- it deletes (DELETE ... RETURNING), and rolls back unless they match the
 -- audit row: a row changed, added or removed since the audit aborts it.
@@ -1734,9 +1661,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.purge_archived(date) IS
 'Deletes an audited inbox day whose deleted rows hash exactly to its audit row; all or nothing.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.void_archive
 -- Voids the standing audit of a unit whose rows are still live, and unseals
 -- an outbox partition, so it can change again and be archived afresh.
 -- Refused once the rows are removed: then the archive is all there is.
@@ -1783,9 +1708,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.void_archive(text, date, text, interval) IS
 'Voids the standing audit of a day whose rows are still live and unseals it (admins; reason required).';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.archive_audits
 CREATE OR REPLACE FUNCTION outbox.archive_audits(source text DEFAULT NULL)
 RETURNS SETOF outbox.archive_audit
 LANGUAGE sql STABLE
@@ -1799,9 +1722,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.archive_audits(text) IS
 'Every archive audit row (standing, removed and voided), by source and day.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.try_lock_archive
 -- Session-level: held by one archiver for a whole unit; released by
 -- unlock_archive or when its connection ends (a crash frees it).
 CREATE OR REPLACE FUNCTION outbox.try_lock_archive(source text, day date)
@@ -1813,9 +1734,7 @@ AS $$
     SELECT outbox._archive_source(source), outbox._check_day(day);
     SELECT pg_try_advisory_lock(outbox._archive_lock_key(source, day));
 $$;
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.unlock_archive
 CREATE OR REPLACE FUNCTION outbox.unlock_archive(source text, day date)
 RETURNS boolean
 LANGUAGE sql
@@ -1825,7 +1744,6 @@ AS $$
     SELECT outbox._archive_source(source), outbox._check_day(day);
     SELECT pg_advisory_unlock(outbox._archive_lock_key(source, day));
 $$;
--- end generated
 
 -- ---- TRUNCATE and DETACH guards (sql/20_outbox_guards.sql) ----
 -- Every existing partition, the default one included, gets its TRUNCATE guard.
@@ -1842,7 +1760,6 @@ BEGIN
 END;
 $$;
 
--- generated from sql/20_outbox_guards.sql: outbox.tg_events__guard_partitions
 -- Rows leave outbox.events only with a whole archived partition, dropped by
 -- outbox.drop_archived. DETACH PARTITION would take a day of events out of
 -- every relay's sight with no audit, so it is refused, for the owner too:
@@ -1888,7 +1805,6 @@ BEGIN
     END LOOP;
 END;
 $$;
--- end generated
 
 -- Only a superuser may create an event trigger (and disable it). Installed by
 -- anyone else, the schema works without it: DETACH is then not refused.

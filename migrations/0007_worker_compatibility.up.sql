@@ -31,7 +31,6 @@ BEGIN
 END;
 $$;
 
--- generated from sql/00_schemas.sql: outbox.serves_workers_from
 -- Expand-then-contract: a migration that only adds leaves this number alone,
 -- so workers built for an older schema keep running after it; a contract
 -- migration (one that removes or changes what older workers call) raises it.
@@ -45,7 +44,6 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.serves_workers_from() IS
 'Oldest schema version a worker may be built for and still run on this schema (raised only by contract migrations).';
--- end generated
 
 REVOKE ALL ON FUNCTION outbox.serves_workers_from() FROM public;
 GRANT EXECUTE ON FUNCTION outbox.serves_workers_from() TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;

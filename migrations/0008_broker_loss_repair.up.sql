@@ -41,7 +41,6 @@ ADD COLUMN IF NOT EXISTS from_status text NOT NULL DEFAULT 'DEAD_LETTER'
 CONSTRAINT from_status_is_requeueable CHECK (from_status IN ('DEAD_LETTER', 'COMPLETED')),
 ADD COLUMN IF NOT EXISTS published_at_before timestamptz;
 
--- generated from sql/20_outbox_guards.sql: outbox.tg_events__guard_update
 -- Every status move the trigger's WHEN clause (below) lets through: a no-op,
 -- an operator requeue (of a dead letter, or of a COMPLETED event whose
 -- message the broker lost), or an illegal move.
@@ -87,9 +86,7 @@ BEGIN
               HINT = 'Legal moves are listed in the README (Lifecycle).';
 END;
 $$;
--- end generated
 
--- generated from sql/35_outbox_repair.sql: outbox.requeue_completed
 -- COMPLETED -> PENDING for the given events, all or nothing, audited in
 -- outbox.requeue_log. published_before (optional) refuses events published
 -- at or after it: JetStream drops a re-publish whose Nats-Msg-Id it saw within
@@ -177,7 +174,6 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.requeue_completed(uuid[], text, timestamptz, bigint[]) IS
 'COMPLETED -> PENDING for events a broker lost (all or nothing), audited in outbox.requeue_log.';
--- end generated
 
 REVOKE ALL ON FUNCTION outbox.requeue_completed(uuid[], text, timestamptz, bigint[]) FROM public;
 GRANT EXECUTE ON FUNCTION outbox.requeue_completed(uuid[], text, timestamptz, bigint[]) TO pgoutbox_admin;

@@ -38,7 +38,6 @@ BEGIN
 END;
 $$;
 
--- generated from sql/50_inbox.sql: inbox._check_batch
 -- A batch's handler and ids: a well-formed name, ids given and none NULL,
 -- at most 10,000 of them.
 CREATE OR REPLACE FUNCTION inbox._check_batch(handler text, message_ids uuid[])
@@ -61,9 +60,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/50_inbox.sql: inbox._check_receipts
 -- A fetch to record: _check_batch(), one subject and one envelope per id,
 -- and each as receive() takes it (one refused value refuses the call).
 CREATE OR REPLACE FUNCTION inbox._check_receipts(
@@ -94,9 +91,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.receive_batch
 -- Records every delivery of a fetch, first or repeated, and returns each
 -- row as it now stands, in the order given (ordinal: 1-based position in
 -- message_ids; an id given twice is recorded once and returned twice).
@@ -145,9 +140,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.receive_batch(text, uuid[], text[], jsonb[]) IS
 'inbox.receive() for a whole fetch of one handler: one row per message, in order; process only RECEIVED/FAILED.';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.settle
 -- Settles a batch of one handler's outcomes: `processed` -> PROCESSED,
 -- `failed` -> FAILED with the error of the same position. Returns the rows
 -- it moved; a message it does not return was not RECEIVED/FAILED (another
@@ -195,9 +188,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.settle(text, uuid[], uuid[], text[]) IS
 'Batch of outcomes for one handler: processed -> PROCESSED, failed -> FAILED (errors); returns the rows moved.';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.receive_processed
 -- The in-database batched path: a handler whose work commits in the same
 -- transaction as the inbox rows records a whole fetch as PROCESSED at once,
 -- each row written once. New ids are inserted PROCESSED; RECEIVED/FAILED
@@ -260,7 +251,6 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.receive_processed(text, uuid[], text[], jsonb[]) IS
 'In-database handlers: a fetch recorded PROCESSED in the caller''s transaction; returns what it did not record.';
--- end generated
 
 REVOKE ALL ON FUNCTION inbox._check_batch(text, uuid[]) FROM public;
 REVOKE ALL ON FUNCTION inbox._check_receipts(text, uuid[], text[], jsonb[]) FROM public;

@@ -55,7 +55,6 @@ COMMENT ON TABLE outbox.archive_seal IS
 CREATE UNIQUE INDEX IF NOT EXISTS archive_seal_one_standing_per_day
 ON outbox.archive_seal (day) WHERE voided_at IS NULL;
 
--- generated from sql/91_archival_audit.sql: outbox.tg_archive_seal__guard
 -- Seal figures are evidence too: inserted, then voided once.
 CREATE OR REPLACE FUNCTION outbox.tg_archive_seal__guard()
 RETURNS trigger
@@ -74,7 +73,6 @@ BEGIN
         USING ERRCODE = 'OB060';
 END;
 $$;
--- end generated
 
 CREATE OR REPLACE TRIGGER _100_guard_update
 BEFORE UPDATE ON outbox.archive_seal
@@ -88,7 +86,6 @@ CREATE OR REPLACE TRIGGER _100_forbid_truncate
 BEFORE TRUNCATE ON outbox.archive_seal
 FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_archive_seal__guard();
 
--- generated from sql/92_archival_helpers.sql: outbox._check_seal
 -- Whether the seal of a partition still holds: its read-only triggers are
 -- enabled (an owner may disable them: ALTER TABLE ... DISABLE TRIGGER), and
 -- the given figures (the live rows', or an archive's) equal the figures
@@ -124,9 +121,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.seal_figures
 -- The figures of a sealed partition, taken once, right after its seal and
 -- before any export, then returned as taken: the rows its archive must hold.
 -- From then on a change behind the seal (by an owner who bypasses the
@@ -169,9 +164,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.seal_figures(text) IS
 'Row count and checksum of a sealed day partition, taken once right after the seal: what its archive must match.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.record_archive
 -- Records the audit row of an exported unit, once the figures the archiver
 -- read back from its archive equal the live figures computed here. Same
 -- figures and URI again: returns the same row (a re-run after a crash).
@@ -259,9 +252,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.record_archive(text, date, bigint, numeric, text) IS
 'Records the audit row of an exported day once its archived figures equal the live ones; idempotent.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.drop_archived
 -- Drops an audited partition after re-checking its live figures against
 -- the audit and the seal figures. The partition is sealed, so only a
 -- trigger-bypassing owner could change it between the check and the DROP.
@@ -309,9 +300,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
 'Drops a sealed, audited day partition whose live count and checksum still match its audit row.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.void_archive
 -- Voids the standing audit of a unit whose rows are still live, and unseals
 -- an outbox partition, so it can change again and be archived afresh.
 -- Refused once the rows are removed: then the archive is all there is.
@@ -362,7 +351,6 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.void_archive(text, date, text, interval) IS
 'Voids the standing audit of a day whose rows are still live and unseals it (admins; reason required).';
--- end generated
 
 REVOKE ALL ON FUNCTION
 outbox.tg_archive_seal__guard(),

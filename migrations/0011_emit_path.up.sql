@@ -44,7 +44,6 @@ BEGIN
 END;
 $$;
 
--- generated from sql/40_outbox_wakeup.sql: outbox._wakeup_is_due
 -- Whether the next wake-up is due. Not due while the due time lies ahead, by
 -- at most the largest throttle (1 minute): a clock set back further cannot
 -- mute wake-ups for long. A sequence never set (fresh, or reset by a crash)
@@ -60,9 +59,7 @@ AS $$
         - (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint
     );
 $$;
--- end generated
 
--- generated from sql/40_outbox_wakeup.sql: outbox._wake_relays
 -- Sends the wake-up for an event of context (delivered at commit) and sets
 -- the next one due one throttle interval from now: one statement.
 CREATE OR REPLACE FUNCTION outbox._wake_relays(context text)
@@ -78,9 +75,7 @@ BEGIN
         pg_notify('outbox_v1', context);
 END;
 $$;
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox._headers_pass
 -- True when the headers are plainly fine, which is one expression instead
 -- of _check_headers' query (about 10 µs); otherwise that query decides, and
 -- raises the error (the result is then true too). Plainly fine is only ever
@@ -116,9 +111,7 @@ BEGIN
     RETURN TRUE;
 END;
 $$;
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox.tg_events__check_policies
 -- Policies, checked once per row at INSERT whoever inserts, and raised with
 -- the codes of the error table (docs/reference.md); then the subject is
 -- derived from the parts just checked, and the relays are woken when due.
@@ -259,9 +252,7 @@ BEGIN
     RETURN NEW;
 END;
 $$;
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox.tg_events__refuse_bad_state
 -- The lifecycle invariants, at every UPDATE (a row is born in a state that
 -- holds them: _100_check_policies): a known status, attempts >= 0,
 -- published_at set exactly when COMPLETED, a claim (token, time, worker)
@@ -285,7 +276,6 @@ BEGIN
               HINT = 'PROCESSING needs a claim, COMPLETED exactly a published_at, FAILED and DEAD_LETTER an error.';
 END;
 $$;
--- end generated
 
 REVOKE ALL ON FUNCTION
 outbox._wakeup_is_due(), outbox._wake_relays(text), outbox._headers_pass(jsonb),

@@ -41,7 +41,6 @@ BEGIN
 END;
 $$;
 
--- generated from sql/50_inbox.sql: inbox.record_error
 -- Records a handler failure: FAILED (transient, will be redelivered) or,
 -- with dead => true, DEAD_LETTER (poison, or the last allowed failure).
 -- Either way dlq_metadata.failures counts it: the consumer dead-letters on
@@ -103,9 +102,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
 'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.record_in_database_error
 -- An in-database handler's failure (its business transaction rolled back,
 -- the inbox row with it): records the delivery again and the error, in the
 -- caller's new transaction, and marks the row dlq_metadata.in_database. Its
@@ -142,9 +139,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.record_in_database_error(uuid, text, text, jsonb, text, boolean) IS
 'In-database handlers: receive() and record_error() after a rolled-back attempt; the row is marked in_database.';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.receive_batch
 -- Records every delivery of a fetch, first or repeated, and returns each
 -- row as it now stands, in the order given (ordinal: 1-based position in
 -- message_ids; an id given twice is recorded once and returned twice).
@@ -198,9 +193,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.receive_batch(text, uuid[], text[], jsonb[]) IS
 'inbox.receive() for a whole fetch of one handler: one row per message, in order; process only RECEIVED/FAILED.';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.receive_processed
 -- The in-database batched path: a handler whose work commits in the same
 -- transaction as the inbox rows records a whole fetch as PROCESSED at once,
 -- each row written once. New ids are inserted PROCESSED; RECEIVED/FAILED
@@ -266,9 +259,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.receive_processed(text, uuid[], text[], jsonb[]) IS
 'In-database handlers: a fetch recorded PROCESSED in the caller''s transaction; returns what it did not record.';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.settle
 -- Settles a batch of one handler's outcomes: `processed` -> PROCESSED,
 -- `failed` -> FAILED with the error of the same position, counted in
 -- dlq_metadata.failures as record_error() counts it. Returns the rows
@@ -327,9 +318,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.settle(text, uuid[], uuid[], text[]) IS
 'Batch of outcomes for one handler: processed -> PROCESSED, failed -> FAILED (errors); returns the rows moved.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.claim_replays
 -- Takes up to batch_size dead letters whose replay is due and moves them back
 -- to RECEIVED, counting the replay in dlq_metadata. The caller keeps its
 -- transaction open until the replay messages are published, then commits:
@@ -403,9 +392,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.claim_replays(text, integer) IS
 'DEAD_LETTER -> RECEIVED for due replays and redrives; commit only after re-publishing them.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.redrive
 -- Operator redrive: the given dead letters of handler (all of them when
 -- message_ids is NULL) become due now, whatever the replay switch and cap
 -- say; the replayer re-publishes them. All or nothing, with a reason,
@@ -480,7 +467,6 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
 'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
--- end generated
 
 REVOKE ALL ON FUNCTION inbox.record_in_database_error(uuid, text, text, jsonb, text, boolean) FROM public;
 GRANT EXECUTE ON FUNCTION inbox.record_in_database_error(uuid, text, text, jsonb, text, boolean)

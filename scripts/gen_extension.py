@@ -1,9 +1,13 @@
-"""Generates the pgoutbox PostgreSQL extension (extension/) from migrations/.
+"""Generates the pgoutbox PostgreSQL extension's files from migrations/.
 
-    extension/pgoutbox.control        default_version = the newest migration's number
-    extension/pgoutbox--1.sql         from migrations/0001_*.up.sql
-    extension/pgoutbox--A--B.sql      from B's .up.sql (B = A + 1), and from A's .down.sql
-                                      (B = A - 1, A >= 2)
+    pgoutbox.control        default_version = the newest migration's number
+    pgoutbox--1.sql         from migrations/0001_*.up.sql
+    pgoutbox--A--B.sql      from B's .up.sql (B = A + 1), and from A's .down.sql
+                            (B = A - 1, for B >= OLDEST_DOWN only)
+
+extension/Makefile runs it when PGXS builds (`make -C extension`, `make
+install/extension`); git ignores the files and the sdist carries them (`make
+wheel` generates them first).
 
 The extension's version is the schema version, so outbox.schema_version() and
 `SELECT extversion FROM pg_extension` agree, and CREATE EXTENSION walks the same
@@ -26,8 +30,9 @@ the one-row settings tables): the scripts insert those rows again at restore,
 and dumped copies would collide with them. It also refuses a day partition
 that became a member. docs/extension.md explains the choices.
 
-    python scripts/gen_extension.py           write extension/
-    python scripts/gen_extension.py --check   exit 1 if extension/ differs (drift)
+    python3 scripts/gen_extension.py [--out DIR]          write DIR (default extension/)
+    python3 scripts/gen_extension.py --list               the names of the files, one a line
+    python3 scripts/gen_extension.py --check [--out DIR]  exit 1 if DIR differs (drift)
 
 Standard library only, and generic: whatever migrations exist are used.
 """
@@ -42,6 +47,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "pgoutbox"
+# The oldest version a down script leads to: 10, the version release 0.3.0 (the
+# first to ship the extension) creates. No extension database was ever below
+# it unless someone asked CREATE EXTENSION for an older VERSION, and every
+# release's workers run on the newer schemas (expand migrations), so a rollback
+# never needs to go lower. docs/extension.md explains the choice.
+OLDEST_DOWN = 10
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.(up|down)\.sql$")
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
 _SEED = re.compile(r"^INSERT\s+INTO\s+([a-z_][a-z_0-9]*\.[a-z_][a-z_0-9]*)\b[^;]*?\bVALUES\b", re.S | re.I)
@@ -201,7 +212,7 @@ def seeded_tables(found: list[Migration]) -> list[str]:
 
 
 def generate(root: Path = ROOT) -> dict[str, str]:
-    """File name -> text, for every file of extension/ this script owns."""
+    """File name -> text, for every file of the extension this script owns."""
     found = migrations(root / "migrations")
     seeded = seeded_tables(found)
     latest = found[-1].version
@@ -220,7 +231,8 @@ def generate(root: Path = ROOT) -> dict[str, str]:
     for m in found[1:]:
         a, b = m.version - 1, m.version
         out[f"{NAME}--{a}--{b}.sql"] = script(m.up, seeded, f"ALTER EXTENSION {NAME} UPDATE TO '{b}'")
-        out[f"{NAME}--{b}--{a}.sql"] = script(m.down, seeded, f"ALTER EXTENSION {NAME} UPDATE TO '{a}'")
+        if a >= OLDEST_DOWN:
+            out[f"{NAME}--{b}--{a}.sql"] = script(m.down, seeded, f"ALTER EXTENSION {NAME} UPDATE TO '{a}'")
     return out
 
 
@@ -228,38 +240,51 @@ def owned(directory: Path) -> set[str]:
     return {p.name for p in directory.glob(f"{NAME}--*.sql")} | {p.name for p in directory.glob(f"{NAME}.control")}
 
 
-def drift(root: Path = ROOT) -> list[str]:
-    directory = root / "extension"
+def drift(directory: Path, root: Path = ROOT) -> list[str]:
     want = generate(root)
-    problems = [f"extension/{n} is stale (run make generate/extension)" for n in sorted(owned(directory) - set(want))]
+    problems = [f"{directory}/{n} is stale (run make generate/extension)" for n in sorted(owned(directory) - set(want))]
     for name, text in sorted(want.items()):
         path = directory / name
         if not path.is_file():
-            problems.append(f"extension/{name} is missing (run make generate/extension)")
+            problems.append(f"{directory}/{name} is missing (run make generate/extension)")
         elif path.read_text() != text:
-            problems.append(f"extension/{name} differs from what migrations/ generate (run make generate/extension)")
+            problems.append(f"{directory}/{name} differs from what migrations/ generate (run make generate/extension)")
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if extension/ differs from migrations/")
-    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.check:
-        problems = drift(args.root)
-        for p in problems:
-            print(p, file=sys.stderr)
-        return 1 if problems else 0
-    directory = args.root / "extension"
-    want = generate(args.root)
-    for stale in owned(directory) - set(want):
+def write(directory: Path, root: Path = ROOT) -> list[str]:
+    """Writes the files that differ, removes the ones no longer made; returns what changed."""
+    want = generate(root)
+    changed = []
+    for stale in sorted(owned(directory) - set(want)):
         (directory / stale).unlink()
+        changed.append(f"removed {stale}")
     for name, text in want.items():
         path = directory / name
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
-            print(f"wrote extension/{name}")
+            changed.append(f"wrote {name}")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="the folder to write (default: extension/)")
+    parser.add_argument("--list", action="store_true", help="print the names of the files, write nothing")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the folder differs from migrations/")
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    directory = args.out or args.root / "extension"
+    if args.list:
+        print("\n".join(sorted(n for n in generate(args.root) if n.endswith(".sql"))))
+        return 0
+    if args.check:
+        problems = drift(directory, args.root)
+        for p in problems:
+            print(p, file=sys.stderr)
+        return 1 if problems else 0
+    for line in write(directory, args.root):
+        print(line)
     return 0
 
 

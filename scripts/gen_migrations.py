@@ -8,14 +8,18 @@ function definition sits in a marked block:
     -- end generated
 
 and this script copies the block's text from the named sql/ file. Only the
-newest migration is generated: a released migration never changes, so the
-blocks of older ones keep the definition they shipped (and the catalog test
-proves that the whole chain still builds what sql/ builds).
+newest migration, while unreleased, is generated. A released migration keeps
+the definitions it shipped, which later migrations replace, so it carries no
+markers: a marker there would claim a sameness with sql/ that no longer holds
+(the catalog test proves that the whole chain still builds what sql/ builds).
+Starting a new migration releases the previous one: this script takes the
+marker lines out of it (comments only: what the file creates is unchanged).
 
-    python scripts/gen_migrations.py           rewrite the blocks
+    python scripts/gen_migrations.py           rewrite the blocks; take the
+        markers out of the older migrations
     python scripts/gen_migrations.py --check   exit 1 on drift: a block that
-        differs from sql/, or a function the newest migration defines outside
-        a block
+        differs from sql/, a function the newest migration defines outside
+        a block, or a marker left in an older migration
 """
 
 from __future__ import annotations
@@ -101,6 +105,18 @@ def newest_migration(root: Path = ROOT) -> Path:
     return ups[-1]
 
 
+def outside_generation(root: Path = ROOT) -> list[Path]:
+    """Every migration file but the newest up: the released ones, and the
+    newest down (it restores the previous definitions, never sql/'s)."""
+    newest = newest_migration(root)
+    return [p for p in sorted((root / "migrations").glob("[0-9][0-9][0-9][0-9]_*.sql")) if p != newest]
+
+
+def without_markers(path: Path) -> str:
+    lines = path.read_text().splitlines(keepends=True)
+    return "".join(line for line in lines if not (BEGIN.match(line.rstrip("\n")) or line.rstrip("\n") == END))
+
+
 def generate(path: Path, root: Path = ROOT) -> tuple[str, list[Drift]]:
     """The migration's text with its blocks regenerated, and what is wrong
     that regenerating cannot fix."""
@@ -149,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = newest_migration(args.root)
     text, problems = generate(path, args.root)
+    marked = [p for p in outside_generation(args.root) if without_markers(p) != p.read_text()]
+    if args.check:
+        problems += [Drift(p.name, 1, "a released migration carries generated-block markers") for p in marked]
+    else:
+        for older in marked:
+            older.write_text(without_markers(older))
+            print(f"took the markers out of {older.relative_to(args.root)}")
     for p in problems:
         print(p, file=sys.stderr)
     if args.check:

@@ -1,5 +1,8 @@
-"""The extension files of extension/, installed by PGXS (`make -C extension
-install`) into the PostgreSQL the suite runs, once per test run."""
+"""The extension's files, built from migrations/ and installed by PGXS (`make
+-C extension install`, as `make install/extension` does) into the PostgreSQL
+the suite runs, once per test run: the server's share folder (root's to write),
+or a private copy of the installation's when OUTBOX_PG_BIN points at its bin/
+(PostgreSQL finds its share folder relative to its binaries)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,21 @@
-"""pgoutbox as a PostgreSQL extension (docs/extension.md), installed with PGXS
-into the suite's server from the files scripts/gen_extension.py makes of
-migrations/: they do not drift; CREATE EXTENSION at any version and ALTER
-EXTENSION UPDATE to the latest (and back down) build the catalog the plain
-migrations build, apart from extension membership; the pgTAP suite passes on
-it; `pgoutbox migrate` drives it; and pg_dump/pg_restore keeps every row."""
+"""pgoutbox as a PostgreSQL extension (docs/extension.md), built by PGXS from
+migrations/ (extension/Makefile runs scripts/gen_extension.py) and installed
+into the suite's server: a clean checkout and the sdist install the same
+files, which are what the migrations generate; CREATE EXTENSION at any version
+and ALTER EXTENSION UPDATE to the latest (and back down as far as the down
+scripts go) build the catalog the plain migrations build, apart from extension
+membership; the pgTAP suite passes on it; `pgoutbox migrate` drives it; and
+pg_dump/pg_restore keeps every row."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import psycopg
@@ -22,7 +26,7 @@ from conftest import create_database, drop_database
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox.core import db
 from pgoutbox.core import migrate as m
-from pgoutbox.core.errors import MigrationError, SqlState
+from pgoutbox.core.errors import MigrationError
 from pgoutbox.dev.embedded import PG_BIN
 from schema.test_migrations import catalog, columns_in_any_order
 from schema.test_pgtap import FILES as PGTAP_FILES
@@ -36,6 +40,7 @@ sys.modules["gen_extension"] = gen_extension  # dataclasses look their module up
 _spec.loader.exec_module(gen_extension)
 
 LATEST = m.discover()[-1].version
+OLDEST_DOWN = gen_extension.OLDEST_DOWN
 SEEDED = set(gen_extension.seeded_tables(gen_extension.migrations(ROOT / "migrations")))
 
 
@@ -83,21 +88,79 @@ def without_membership(url: str) -> str:
     return catalog(url)
 
 
-def test_the_extension_files_are_what_the_migrations_generate():
-    assert gen_extension.drift() == []
+def staged_install(tree: Path, stage: Path) -> dict[str, str]:
+    """`make install/extension` in tree (a checkout or an unpacked sdist) into
+    stage (DESTDIR), for the suite's server; the pgoutbox files it installed,
+    name -> text."""
+    pg_config = str(PG_BIN / "pg_config")
+    result = subprocess.run(
+        ["make", "-s", "-C", str(tree), "install/extension", f"DESTDIR={stage}", f"PG_CONFIG={pg_config}"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    share = subprocess.run([pg_config, "--sharedir"], check=True, capture_output=True, text=True).stdout.strip()
+    folder = stage / share.lstrip("/") / "extension"
+    return {p.name: p.read_text() for p in folder.iterdir() if p.name.startswith("pgoutbox")}
+
+
+def test_the_extension_files_are_what_the_migrations_generate(installed):
     files = gen_extension.generate()
+    # install_extension() built extension/ (PGXS `all`) from migrations/.
+    assert gen_extension.drift(ROOT / "extension") == []
     assert f"default_version = '{LATEST}'" in files["pgoutbox.control"]
-    assert {f"pgoutbox--{v}--{v + 1}.sql" for v in range(1, LATEST)} <= set(files)
+    ups = {"pgoutbox--1.sql"} | {f"pgoutbox--{v}--{v + 1}.sql" for v in range(1, LATEST)}
+    downs = {f"pgoutbox--{v + 1}--{v}.sql" for v in range(OLDEST_DOWN, LATEST)}
+    assert set(files) == ups | downs | {"pgoutbox.control"}
     for name, text in files.items():
         if name.endswith(".sql"):
             assert "\nBEGIN;\n" not in text and "\nCOMMIT;\n" not in text, name
             assert "pg_extension_config_dump" in text, name
 
 
+def test_a_clean_checkout_and_its_sdist_install_the_generated_files(tmp_path):
+    """The files git knows (tracked or not ignored) build the scripts with
+    PGXS and the system python3 (no virtualenv); the sdist made from them (as
+    `make wheel` makes it) carries the scripts, and installs the same files
+    without the generator."""
+    checkout = tmp_path / "checkout"
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    tracked = [n for n in listed.split("\0") if n]
+    assert not [n for n in tracked if n.startswith("extension/pgoutbox")], "generated files are in git or not ignored"
+    for name in tracked:
+        source = ROOT / name
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            (checkout / name).symlink_to(source.readlink())
+        elif source.is_file():
+            shutil.copyfile(source, checkout / name)
+    want = gen_extension.generate()
+    assert staged_install(checkout, tmp_path / "from-checkout") == want
+
+    subprocess.run(["python3", "scripts/gen_extension.py"], cwd=checkout, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", "import setuptools.build_meta as b; b.build_sdist('dist')"],
+        cwd=checkout,
+        check=True,
+        capture_output=True,
+    )
+    (sdist,) = (checkout / "dist").glob("pgoutbox-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path / "sdist", filter="data")
+    (unpacked,) = (tmp_path / "sdist").iterdir()
+    assert not (unpacked / "scripts").exists() and not (unpacked / "migrations").exists()
+    assert staged_install(unpacked, tmp_path / "from-sdist") == want
+
+
 def test_the_generator_follows_a_migration_added_later(tmp_path):
     """Generic: a new migration gets its update scripts and moves default_version."""
-    for folder in ("migrations", "extension"):
-        (tmp_path / folder).mkdir()
+    (tmp_path / "migrations").mkdir()
     for path in (ROOT / "migrations").glob("*.sql"):
         (tmp_path / "migrations" / path.name).write_text(path.read_text())
     nxt = f"{LATEST + 1:04d}_later"
@@ -106,15 +169,19 @@ def test_the_generator_follows_a_migration_added_later(tmp_path):
         "INSERT INTO outbox.schema_migrations (version, name) VALUES (99, 'x');\nCOMMIT;\n"
     )
     (tmp_path / "migrations" / f"{nxt}.down.sql").write_text("BEGIN;\nDROP TABLE outbox.later;\nCOMMIT;\n")
-    assert gen_extension.main(["--root", str(tmp_path)]) == 0
-    files = {p.name: p.read_text() for p in (tmp_path / "extension").iterdir()}
+    out = tmp_path / "built"
+    out.mkdir()
+    (out / f"pgoutbox--{OLDEST_DOWN}--{OLDEST_DOWN - 1}.sql").write_text("-- no longer made\n")
+    assert gen_extension.main(["--root", str(tmp_path), "--out", str(out)]) == 0
+    files = {p.name: p.read_text() for p in out.iterdir()}
+    assert f"pgoutbox--{OLDEST_DOWN}--{OLDEST_DOWN - 1}.sql" not in files, "a stale script is left"
     assert f"default_version = '{LATEST + 1}'" in files["pgoutbox.control"]
     up = files[f"pgoutbox--{LATEST}--{LATEST + 1}.sql"]
     assert "CREATE TABLE IF NOT EXISTS outbox.later" in up and "\nBEGIN;" not in up
     assert f"pgoutbox--{LATEST + 1}--{LATEST}.sql" in files
-    assert gen_extension.main(["--root", str(tmp_path), "--check"]) == 0
+    assert gen_extension.main(["--root", str(tmp_path), "--out", str(out), "--check"]) == 0
     (tmp_path / "migrations" / f"{nxt}.up.sql").write_text("BEGIN;\nSELECT 1;\nCOMMIT;\n")
-    assert gen_extension.main(["--root", str(tmp_path), "--check"]) == 1, "drift goes unnoticed"
+    assert gen_extension.main(["--root", str(tmp_path), "--out", str(out), "--check"]) == 1, "drift goes unnoticed"
 
 
 @pytest.mark.parametrize("start", range(1, LATEST + 1))
@@ -134,15 +201,15 @@ def test_create_at_any_version_then_update_builds_the_plain_catalog(installed, n
     assert without_membership(url) == expected
 
 
-def test_update_down_to_every_version_builds_the_plain_catalog(installed, new_database):
+def test_update_down_to_every_version_the_down_scripts_reach_builds_the_plain_catalog(installed, new_database):
     url = new_database()
     with psycopg.connect(url, autocommit=True) as conn:
         assert m.migrate(conn, extension=True) == [f"CREATE EXTENSION pgoutbox VERSION '{LATEST}'"]
-        for target in range(LATEST - 1, 0, -1):
+        for target in range(LATEST - 1, OLDEST_DOWN - 1, -1):
             m.migrate(conn, target)
             assert m.extension_version(conn) == target == m.applied_version(conn)
     got = without_membership(url)
-    assert columns_in_any_order(got) == columns_in_any_order(catalog(plain(new_database(), 1)))
+    assert columns_in_any_order(got) == columns_in_any_order(catalog(plain(new_database(), OLDEST_DOWN)))
 
 
 def test_migrate_keeps_the_modes_apart(installed, new_database):
@@ -167,21 +234,31 @@ def test_the_migrate_command_creates_the_extension_when_asked(installed, new_dat
     with psycopg.connect(url, autocommit=True) as conn:
         assert m.extension_version(conn) == LATEST == m.applied_version(conn)
     # Without the flag, a database that has the extension is still moved by ALTER EXTENSION.
-    assert cli.main(["migrate", "--database-url", url, "--target", "1"]) == 0
+    assert cli.main(["migrate", "--database-url", url, "--target", str(OLDEST_DOWN)]) == 0
     with psycopg.connect(url, autocommit=True) as conn:
-        assert m.extension_version(conn) == 1
+        assert m.extension_version(conn) == OLDEST_DOWN
 
 
-def test_going_down_refuses_to_lose_data_and_changes_nothing(installed, new_database):
-    """The down scripts keep the down migrations' refusals; ALTER EXTENSION runs
-    the whole path in one transaction, so a refusal leaves the latest version."""
+def test_a_down_path_that_fails_at_its_last_step_changes_nothing(installed, new_database):
+    """ALTER EXTENSION runs the whole path in one transaction: the steps down
+    to the failing one are undone with it. Here the last shipped step (back to
+    OLDEST_DOWN, migration 0011's down) fails validating its CHECK constraints
+    on a row written past the triggers (as only a superuser in replica mode can)."""
     with psycopg.connect(new_database(), autocommit=True) as conn:
         m.migrate(conn, extension=True)
-        conn.execute("SELECT inbox.set_replay('billing', false, 'incident 7')")
-        with pytest.raises(MigrationError) as info:
-            m.migrate(conn, 1)
-        assert info.value.code == SqlState.DATA_WOULD_BE_LOST
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(
+            "INSERT INTO outbox.events (context, aggregate_type, aggregate_id, event_type, payload, attempts)"
+            " VALUES ('sea', 'order', 'bad', 'order_created', '{\"schema_version\": 1}', -1)"
+        )
+        conn.execute("RESET session_replication_role")
+        with pytest.raises(psycopg.errors.CheckViolation):
+            m.migrate(conn, OLDEST_DOWN)
         assert m.extension_version(conn) == LATEST == m.applied_version(conn)
+        # 0013's grant, which the first step down revokes, is still there.
+        assert conn.execute(
+            "SELECT has_function_privilege('pgoutbox_archiver', 'outbox.schema_version()', 'EXECUTE')"
+        ).fetchone() == (True,)
 
 
 def test_migrate_says_when_the_server_lacks_the_files_for_a_version(installed, new_database):
@@ -191,6 +268,12 @@ def test_migrate_says_when_the_server_lacks_the_files_for_a_version(installed, n
             # A version no checkout makes (the server's extension folder is shared by all).
             m._extension_command(conn, "ALTER EXTENSION {} UPDATE TO {}", LATEST + 1000)
         assert "make -C extension install" in str(info.value)
+        assert m.extension_version(conn) == LATEST
+        with pytest.raises(MigrationError) as info:
+            # Back to a version no down script leads to (0: DROP EXTENSION's job).
+            m._extension_command(conn, "ALTER EXTENSION {} UPDATE TO {}", 0, down=True)
+        assert "does not go back to version 0" in str(info.value)
+        assert "make -C extension install" not in str(info.value)
         assert m.extension_version(conn) == LATEST
 
 

@@ -97,3 +97,23 @@ def test_a_block_naming_no_definition_is_refused(tmp_path):
     result = run("--check", root=root)
     assert result.returncode == 1
     assert "defines no function outbox.no_such_function" in result.stderr
+
+
+def test_a_marker_left_in_a_released_migration_is_drift_until_taken_out(tmp_path):
+    """Starting a new migration releases the previous one: its blocks stop
+    being generated, and their markers (which would claim they still equal
+    sql/) go, comment lines only."""
+    root = copy_of_the_repository(tmp_path)
+    older = sorted((root / "migrations").glob("*.up.sql"))[-2]
+    before = older.read_text()
+    assert "-- generated from " not in before and "-- end generated" not in before
+    at = before.index("\nCREATE ") + 1
+    older.write_text(before[:at] + "-- generated from sql/00_schemas.sql: outbox.schema_version\n" + before[at:])
+
+    result = run("--check", root=root)
+    assert result.returncode == 1
+    assert f"{older.name}:1: a released migration carries generated-block markers" in result.stderr
+
+    assert run(root=root).returncode == 0
+    assert older.read_text() == before
+    assert run("--check", root=root).returncode == 0

@@ -84,13 +84,20 @@ def extension_version(conn: psycopg.Connection) -> int | None:
     return int(row[0]) if row else None
 
 
-def _extension_command(conn: psycopg.Connection, template: str, version: int) -> None:
+def _extension_command(conn: psycopg.Connection, template: str, version: int, *, down: bool = False) -> None:
     """Runs template ({} the extension, {} the version) against the extension files on the server."""
     statement = sql.SQL(template).format(sql.Identifier(EXTENSION), sql.Literal(str(version)))
     try:
         with wrap_exceptions():
             conn.execute(statement)
     except (psycopg.errors.UndefinedFile, psycopg.errors.InvalidParameterValue) as exc:
+        if down:
+            # Down scripts ship only back to the first version the extension
+            # was released at (docs/extension.md): newer files do not help.
+            raise MigrationError(
+                f"the pgoutbox extension does not go back to version {version}"
+                f" ({exc.diag.message_primary}); see docs/extension.md, Upgrade and go back"
+            ) from exc
         # No control file, or no script leading to the version: the server has
         # older (or no) extension files than this release.
         raise MigrationError(
@@ -107,7 +114,7 @@ def _migrate_extension(conn: psycopg.Connection, installed: int | None, target: 
         _extension_command(conn, "CREATE EXTENSION {} VERSION {}", target)
         ran.append(f"CREATE EXTENSION {EXTENSION} VERSION '{target}'")
     elif installed != target:
-        _extension_command(conn, "ALTER EXTENSION {} UPDATE TO {}", target)
+        _extension_command(conn, "ALTER EXTENSION {} UPDATE TO {}", target, down=target < installed)
         ran.append(f"ALTER EXTENSION {EXTENSION} UPDATE TO '{target}' (from '{installed}')")
     with wrap_exceptions():
         conn.execute("SELECT count(*) FROM outbox.create_partitions()")
