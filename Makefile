@@ -38,7 +38,7 @@ verify/migrations: setup ## The newest migration's generated blocks equal their 
 generate/migrations: setup ## Rewrite the newest migration's generated blocks from sql/
 	@$(PY) scripts/gen_migrations.py
 
-.PHONY: generate/extension verify/extension install/extension wheel
+.PHONY: generate/extension verify/extension install/extension sdist wheel
 
 generate/extension: ## Build extension/'s control file and scripts from migrations/ (git ignores them)
 	@$(MAKE) --no-print-directory -C extension $(if $(PG_CONFIG),PG_CONFIG=$(PG_CONFIG))
@@ -49,10 +49,12 @@ verify/extension: setup ## The extension built from migrations/ installs, builds
 install/extension: ## Build and install the extension files into the PostgreSQL that pg_config names (PG_CONFIG=...)
 	@$(MAKE) --no-print-directory -C extension install $(if $(PG_CONFIG),PG_CONFIG=$(PG_CONFIG))
 
-wheel: setup ## Build the wheel and sdist into dist/ (the sdist carries the generated extension scripts)
+sdist: ## Build the sdist into dist/: it carries the generated extension scripts (PY=python with `build`)
 	@python3 scripts/gen_extension.py >/dev/null
-	@$(VENV)/bin/pip wheel --no-deps -q -w dist .
-	@$(PY) -c "import setuptools.build_meta as b; b.build_sdist('dist')" >/dev/null
+	@$(PY) -m build --sdist --outdir dist . >/dev/null
+
+wheel: setup sdist ## Build the sdist, then the wheel from it, into dist/ (pip install dist/pgoutbox-*.whl)
+	@$(VENV)/bin/pip wheel --no-deps -q -w dist dist/pgoutbox-$$($(PY) -c 'import pgoutbox; print(pgoutbox.__version__)').tar.gz
 	@ls dist
 
 verify/docs: setup ## README and docs/reference.md: tables match the code, examples run as written
