@@ -13,7 +13,7 @@ from pgoutbox.core import logs as json_logs
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox.relay import OutboxRelay
 
-log = logging.getLogger("pgoutbox.relay")
+log = logging.getLogger(__name__)
 
 COMMAND = "relay"
 HELP = (

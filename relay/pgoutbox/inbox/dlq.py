@@ -20,7 +20,7 @@ and stream sequence. publish() tells a refusal that can never clear
 (DlqRefused) from one that may.
 
 A replay carries the original event exactly as the relay published it (see
-envelope.py), except the subject and `Nats-Msg-Id =
+core/wire.py), except the subject and `Nats-Msg-Id =
 {message_id}:replay:{handler}:{n}:{nonce}`: the nonce keeps JetStream from
 dropping a replay that follows a crashed replayer pass, and the message id is
 the part before the first colon, still taken from Nats-Msg-Id alone.

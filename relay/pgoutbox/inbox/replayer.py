@@ -33,7 +33,7 @@ from pgoutbox.inbox import dlq
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.store import Inbox
 
-log = logging.getLogger("pgoutbox.inbox.replayer")
+log = logging.getLogger(__name__)
 
 # Prefix of last_error of a dead letter whose replay can never be published.
 UNPUBLISHABLE = "REPLAY_UNPUBLISHABLE"

@@ -9,7 +9,7 @@ does not know.
 
 Claimed rows are read so that no value can fail the fetch: ids, payload and
 headers as text, and timestamps as the wire text built from PostgreSQL's own
-rendering (envelope.wire_time), or a marker for values that have none
+rendering (wire.wire_time), or a marker for values that have none
 (±infinity, BC, years past 9999, which psycopg cannot load as datetimes).
 """
 
@@ -25,15 +25,14 @@ from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
-from pgoutbox.core import db
-from pgoutbox.core import wire as envelope
+from pgoutbox.core import db, wire
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch, wrap_exceptions
 
 __all__ = ["CLAIMED_COLUMNS", "WAKEUP_CHANNEL", "DatabaseUnavailable", "OutboxCalls", "WireTimeLoader", "pool"]
 
-log = logging.getLogger("pgoutbox.core.db")
+log = logging.getLogger(__name__)
 
-# The columns the wire envelope needs (envelope.to_nats), plus the claim token
+# The columns the wire envelope needs (wire.to_nats), plus the claim token
 # and attempts; decoding fewer columns keeps claiming cheap. payload and
 # headers come as jsonb text: the payload goes on the wire as PostgreSQL
 # renders it (exact numbers, no decode/encode round trip through Python).
@@ -52,11 +51,11 @@ def _log_warning(diag) -> None:
 
 
 class WireTimeLoader(Loader):
-    """timestamptz -> wire text or envelope.Unrepresentable; never raises (a
+    """timestamptz -> wire text or wire.Unrepresentable; never raises (a
     value Python's datetime cannot hold would otherwise fail the whole fetch)."""
 
-    def load(self, data) -> str | envelope.Unrepresentable:
-        return envelope.wire_time(bytes(data).decode())
+    def load(self, data) -> str | wire.Unrepresentable:
+        return wire.wire_time(bytes(data).decode())
 
 
 def pool(

@@ -27,12 +27,12 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from pgoutbox.core import wire as envelope
+from pgoutbox.core import wire
 from pgoutbox.core.backoff import Every
 from pgoutbox.core.errors import BrokerUnavailable, ConfigError
 from pgoutbox.core.wire import HEADER_FRAMING, PERMANENT, PublishError, message_size
 
-log = logging.getLogger("pgoutbox.outbox.publisher")
+log = logging.getLogger(__name__)
 
 # The JetStream API error a stream's max_msg_size produces; it can never
 # succeed on retry. Other JetStream errors (limits reached, leader moving...)
@@ -78,17 +78,17 @@ class _NoResponders(Exception):
 
 
 def encode(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
-    """envelope.to_nats, plus what a claimed row must satisfy that a replayed
+    """wire.to_nats, plus what a claimed row must satisfy that a replayed
     envelope need not: the subject the INSERT trigger derives from the row's
     parts, and an object payload (rows written around emit can lack both)."""
-    subject, body, headers = envelope.to_nats(row)
+    subject, body, headers = wire.to_nats(row)
     if subject != f"{row['context']}.event.{row['event_type']}.v{row['event_version']}":
-        raise envelope.WireError(
+        raise wire.WireError(
             PublishError.BAD_SUBJECT,
             f"subject {subject!r} is not {{context}}.event.{{event_type}}.v{{event_version}} of this event",
         )
     if body[:1] != b"{":  # jsonb renders an object with "{" first
-        raise envelope.WireError(PublishError.BAD_PAYLOAD, f"payload is not a JSON object: {body[:40]!r}")
+        raise wire.WireError(PublishError.BAD_PAYLOAD, f"payload is not a JSON object: {body[:40]!r}")
     return subject, body, headers
 
 
@@ -97,7 +97,7 @@ def encode_outcome(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]] 
     carries may fail its batch."""
     try:
         return encode(row)
-    except envelope.WireError as exc:
+    except wire.WireError as exc:
         code = PublishError._value2member_map_.get(exc.code, PublishError.ENCODE_FAILED)
         return Outcome(row["event_id"], code=code, detail=exc.detail)  # type: ignore[arg-type]
     except Exception as exc:

@@ -28,7 +28,7 @@ claim (but at once for a keyed event's successor). Housekeeping: outbox.create_p
 partitions_every, and the backlog gauges every backlog_interval.
 
 Failures belong to one event, never to its batch or the process: rows are
-read so that no value can fail the fetch (outbox_calls), and whatever an
+read so that no value can fail the fetch (calls.py), and whatever an
 event carries that cannot be published (a timestamp RFC 3339 cannot express,
 a header NATS cannot carry, an oversize message: publisher.PERMANENT) is
 dead-lettered at once with its code; other errors are retried with
@@ -65,7 +65,7 @@ from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
 from pgoutbox.outbox.settings import RelayConfig
 from pgoutbox.outbox.wakeups import Wakeups
 
-log = logging.getLogger("pgoutbox.relay")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 

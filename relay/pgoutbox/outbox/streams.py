@@ -56,7 +56,7 @@ _STREAM_KEYS = {"name", "subjects", "description", *DEFAULTS}
 _CONTEXT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the SQL check context_is_a_subject_token
 _STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
-log = logging.getLogger("pgoutbox.outbox.streams")
+log = logging.getLogger(__name__)
 UNAVAILABLE_WAIT = 30.0  # seconds a start-up check waits for a cluster's JetStream to answer
 _SIZE_UNIT = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 

@@ -30,7 +30,7 @@ from pgoutbox.core.backoff import Every, reconnect_delays
 from pgoutbox.outbox import calls
 from pgoutbox.outbox.calls import WAKEUP_CHANNEL, DatabaseUnavailable
 
-log = logging.getLogger("pgoutbox.outbox.wakeups")
+log = logging.getLogger(__name__)
 
 # Also true on a standby and on a primary fenced with default_transaction_read_only.
 _LIVENESS = "SELECT outbox.schema_version() AS v, current_setting('transaction_read_only') = 'on' AS read_only"
