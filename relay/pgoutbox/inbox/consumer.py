@@ -59,7 +59,7 @@ from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.flow import DatabaseGate, MessageFlow, transient
 from pgoutbox.inbox.handler_client import HandlerClient
-from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
 from pgoutbox.inbox.pull import Puller
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
@@ -501,14 +501,14 @@ class Consumer:
         gauge = self.metrics.in_flight.labels(h.name)
         gauge.inc(len(msgs))
 
-        def done(msg, outcome: str | Exception | None) -> None:
+        def done(msg, outcome: Outcome | Exception | None) -> None:
             gauge.dec()
             slots.give(1)
             if outcome is None:  # cancelled, or the consumer stopped: redelivered, not counted
                 return
             if isinstance(outcome, Exception):
                 self._left(h, msg, outcome)
-                outcome = "error"
+                outcome = Outcome.ERROR
             self.metrics.count(h.name, outcome)
 
         await self.flow.handle_fetch(msgs, h, done)

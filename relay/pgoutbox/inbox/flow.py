@@ -70,7 +70,7 @@ from pgoutbox.core.wire import InvalidMessage, PublishError
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
-from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
 from pgoutbox.inbox.settings import HandlerRuntime
 from pgoutbox.inbox.store import Inbox
 
@@ -263,7 +263,7 @@ class Settler:
 
 
 # What the consumer is told as each message of a fetch finishes.
-Done = Callable[[Any, "str | Exception | None"], None]
+Done = Callable[[Any, "Outcome | Exception | None"], None]
 
 
 @dataclass(slots=True)
@@ -281,7 +281,7 @@ class Admitted:
         return f'{self.body[:-1].decode()},"trace":{trace}}}'
 
 
-async def _acked(msg, outcome: str) -> str:
+async def _acked(msg, outcome: Outcome) -> Outcome:
     await msg.ack()
     return outcome
 
@@ -358,7 +358,7 @@ class MessageFlow:
         consumer stopped. Never raises but CancelledError."""
         reported: set[int] = set()
 
-        def once(msg, outcome: str | Exception | None) -> None:
+        def once(msg, outcome: Outcome | Exception | None) -> None:
             if id(msg) not in reported:
                 reported.add(id(msg))
                 self.heartbeat.done(msg)
@@ -412,9 +412,9 @@ class MessageFlow:
             if isinstance(row, str):
                 work.append(self._run(a.msg, self._unreadable(a.msg, h, row), done))
             elif row["status"] == "PROCESSED":
-                work.append(self._run(a.msg, _acked(a.msg, "duplicate"), done))
+                work.append(self._run(a.msg, _acked(a.msg, Outcome.DUPLICATE), done))
             elif row["status"] == "DEAD_LETTER":
-                work.append(self._run(a.msg, _acked(a.msg, "parked"), done))
+                work.append(self._run(a.msg, _acked(a.msg, Outcome.PARKED), done))
             else:
                 work.append(self._run(a.msg, self._process(a, h, row), done))
         if len(work) == 1:
@@ -439,7 +439,7 @@ class MessageFlow:
 
     async def _run(self, msg, work, done: Done) -> None:
         try:
-            outcome: str | Exception | None = await work
+            outcome: Outcome | Exception | None = await work
         except asyncio.CancelledError:
             done(msg, None)
             raise
@@ -498,7 +498,7 @@ class MessageFlow:
                 raise
             return f"PostgreSQL cannot store it: [{exc.sqlstate}] {exc.diag.message_primary or exc}"
 
-    async def _process(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> str:
+    async def _process(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
         try:
             return await self._call(a, h, row)
         except Stopping:
@@ -512,9 +512,9 @@ class MessageFlow:
             reason = f"{CONSUMER_ERROR}: {type(exc).__name__}: {str(exc)[:500]}"
             if not await self._dead_letter(a.msg, h, a.envelope, row, reason, _origin(a.msg)):
                 return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
-            return "dead_lettered"
+            return Outcome.DEAD_LETTERED
 
-    async def _call(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> str:
+    async def _call(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         failures = self.inbox.failures(row)
@@ -528,7 +528,7 @@ class MessageFlow:
             if not await self.database(lambda: settler.settle(message_id)):
                 return await self._settled_elsewhere(msg, h, message_id)
             await msg.ack()
-            return "processed"
+            return Outcome.PROCESSED
         # This failure is the handler's (failures + 1)th: the one that reaches
         # max_deliver dead-letters, here, while the message is in hand.
         last = failures + 1 >= h.max_deliver
@@ -548,7 +548,7 @@ class MessageFlow:
                     "nak_delay": round(delay, 3),
                 },
             )
-            return "retried"
+            return Outcome.RETRIED
         reason = (
             answer.summary
             if action is Action.DEAD_LETTER
@@ -556,9 +556,9 @@ class MessageFlow:
         )
         if not await self._dead_letter(msg, h, envelope, row, reason, _origin(msg)):
             return await self._settled_elsewhere(msg, h, message_id)
-        return "dead_lettered"
+        return Outcome.DEAD_LETTERED
 
-    async def _settled_elsewhere(self, msg, h: HandlerRuntime, message_id: str) -> str:
+    async def _settled_elsewhere(self, msg, h: HandlerRuntime, message_id: str) -> Outcome:
         """Another delivery of the same message id (a redelivery while this one
         ran, or the same id published twice) settled the row first: its outcome stands."""
         await msg.ack()
@@ -569,7 +569,7 @@ class MessageFlow:
                 "message_id": message_id,
             },
         )
-        return "duplicate"
+        return Outcome.DUPLICATE
 
     def _retry_delay(self, answer: HandlerAnswer, failure: int) -> float:
         """The nak delay after the handler's failure number `failure` (1, 2, ...)."""
@@ -685,7 +685,7 @@ class MessageFlow:
                 if not await sleep(delay, self.stopping):
                     raise
 
-    async def _unreadable(self, msg, h: HandlerRuntime, why: str) -> str:
+    async def _unreadable(self, msg, h: HandlerRuntime, why: str) -> Outcome:
         """Publishes a message that cannot enter the inbox to `.invalid`, raw
         when that fits; acks it when it was delivered (a stream's copy, from an
         advisory, has nothing to ack). When no notice can be published, the
@@ -724,4 +724,4 @@ class MessageFlow:
                 "error": problem,
             },
         )
-        return "invalid"
+        return Outcome.INVALID

@@ -8,9 +8,22 @@ Each Consumer owns its own CollectorRegistry, so several can share a process
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-OUTCOMES = ("processed", "duplicate", "parked", "dead_lettered", "retried", "invalid", "error")
+
+class Outcome(StrEnum):
+    """What became of a delivery: the `outcome` label of the messages counter
+    (a str: labels and logs read the same as plain strings)."""
+
+    PROCESSED = "processed"
+    DUPLICATE = "duplicate"  # already processed: acked, handler not called
+    PARKED = "parked"  # already dead-lettered: acked
+    DEAD_LETTERED = "dead_lettered"
+    RETRIED = "retried"
+    INVALID = "invalid"  # unreadable: sent to .invalid
+    ERROR = "error"  # an infrastructure failure: not acked
 
 
 class ConsumerMetrics:
@@ -63,10 +76,10 @@ class ConsumerMetrics:
             registry=r,
         )
 
-    def count(self, handler: str, outcome: str) -> None:
+    def count(self, handler: str, outcome: Outcome) -> None:
         self.messages.labels(handler, outcome).inc()
 
-    def value(self, handler: str, outcome: str) -> float:
+    def value(self, handler: str, outcome: Outcome | str) -> float:
         """The current count (for tests and the benchmark)."""
         return (
             self.registry.get_sample_value("pgoutbox_consumer_messages_total", {"handler": handler, "outcome": outcome})
