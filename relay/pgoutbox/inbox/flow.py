@@ -17,7 +17,7 @@ its own otherwise:
      heartbeat (Heartbeat), so that a long handler does not outlive ack_wait;
   4. act on the answer (handler_contract):
      processed   -> inbox.settle (with the other outcomes that are ready:
-                    Settler), then ack;
+                    store.Settler), then ack;
      dead letter -> DLQ notice, then inbox.record_error(dead, replay_after),
                     then ack. The notice comes first: a DEAD_LETTER row has
                     its notice, and a crash in between only repeats the
@@ -64,7 +64,7 @@ import psycopg
 from nats.aio.msg import Msg
 
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
-from pgoutbox.core.errors import DatabaseUnavailable, IllegalTransition, PolicyViolation, SqlState
+from pgoutbox.core.errors import DatabaseUnavailable, PolicyViolation, SqlState
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.core.wire import InvalidMessage, PublishError
 from pgoutbox.inbox import dlq
@@ -72,7 +72,7 @@ from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_
 from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
 from pgoutbox.inbox.settings import HandlerRuntime
-from pgoutbox.inbox.store import Inbox
+from pgoutbox.inbox.store import Inbox, settles
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -188,80 +188,6 @@ class Heartbeat:
                     log.warning("in-progress ack failed", extra={"error": repr(exc)})
 
 
-# deadlock_detected, serialization_failure: the transaction rolled back, try again.
-_RETRIED = frozenset({"40P01", "40001"})
-
-
-class Settler:
-    """Settles one handler's outcomes in batches: an outcome waits while the
-    call before it runs, then goes with every other one that is ready in one
-    inbox.settle() (one transaction). When nothing is running, an outcome goes
-    at once: batching never adds a wait of its own. On schema 7 (no
-    inbox.settle) each outcome is its own mark_processed/record_error."""
-
-    def __init__(self, inbox: Inbox, handler: str):
-        self.inbox = inbox
-        self.handler = handler
-        self._waiting: list[tuple[str, str | None, asyncio.Future]] = []
-        self._running = False
-        self._task: asyncio.Task | None = None
-
-    async def settle(self, message_id: str, error: str | None = None) -> bool:
-        """PROCESSED (error None) or FAILED; False when the row was no longer
-        RECEIVED/FAILED (another delivery settled it first)."""
-        if not self.inbox.batches:
-            if error is None:
-                return await _settles(self.inbox.mark_processed(message_id, self.handler))
-            return await _settles(self.inbox.record_error(message_id, self.handler, error))
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.append((message_id, error, future))
-        if not self._running:
-            self._running = True
-            self._task = asyncio.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        try:
-            while self._waiting:
-                items, self._waiting = self._waiting, []
-                batch: list[tuple[str, str | None, asyncio.Future]] = []
-                seen: set[str] = set()
-                for item in items:
-                    # The same id twice (two deliveries at once): the second waits for the next call.
-                    (self._waiting if item[0] in seen else batch).append(item)
-                    seen.add(item[0])
-                processed = [m for m, error, _ in batch if error is None]
-                failed = [(m, error) for m, error, _ in batch if error is not None]
-                try:
-                    moved = await self._settle(processed, failed)
-                except Exception as exc:
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                except BaseException:
-                    for _, _, future in batch:
-                        future.cancel()
-                    raise
-                for message_id, _, future in batch:
-                    if not future.done():
-                        future.set_result(message_id in moved)
-        finally:
-            self._running = False
-
-    async def _settle(self, processed: list[str], failed: list[tuple[str, str]]) -> set[str]:
-        """inbox.settle(), tried again after a deadlock or serialization
-        failure (two batches sharing ids, in another order: rolled back, nothing
-        recorded), so that such a clash does not call the handlers again."""
-        for attempt in range(3):
-            try:
-                return await self.inbox.settle(self.handler, processed, [m for m, _ in failed], [e for _, e in failed])
-            except psycopg.Error as exc:
-                if exc.sqlstate not in _RETRIED or attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-
 # What the consumer is told as each message of a fetch finishes.
 Done = Callable[[Any, "Outcome | Exception | None"], None]
 
@@ -313,18 +239,6 @@ def _consumed_by(envelope: dict[str, Any], h: HandlerRuntime) -> None:
         raise InvalidMessage(f"subject {envelope['subject']!r} is not one handler {h.name} consumes")
 
 
-async def _settles(call) -> bool:
-    """Awaits an inbox move; False when the row was no longer RECEIVED/FAILED
-    (ILLEGAL_TRANSITION): another delivery of the same message settled it."""
-    try:
-        await call
-    except IllegalTransition as exc:
-        if exc.code is not SqlState.ILLEGAL_TRANSITION:
-            raise
-        return False
-    return True
-
-
 class MessageFlow:
     def __init__(
         self,
@@ -349,7 +263,6 @@ class MessageFlow:
         self.stopping = stopping
         self.gate = gate
         self.heartbeat = Heartbeat()
-        self._settlers: dict[str, Settler] = {}
 
     async def handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
         """Processes the messages of one fetch, and calls done(msg, outcome)
@@ -451,37 +364,31 @@ class MessageFlow:
 
     async def _receive_all(self, h: HandlerRuntime, admitted: list[Admitted]) -> list[dict[str, Any] | str]:
         """The inbox rows of a fetch, recorded with one call (receive_batch);
-        one by one on schema 7, or when the batch is refused (to learn which
-        message is at fault and refuse only that one)."""
+        one by one on a schema without it (the store says so), or when the
+        batch is refused (to learn which message is at fault and refuse only
+        that one)."""
         if not admitted:
             return []
-        if self.inbox.batches:
-            try:
-                rows = await self.inbox.receive_batch(
-                    h.name,
-                    [a.envelope["message_id"] for a in admitted],
-                    [a.envelope["subject"] for a in admitted],
-                    [a.stored() for a in admitted],
-                )
-            except PolicyViolation:
-                pass
-            except psycopg.Error as exc:
-                if not _refuses_data(exc):
-                    raise
-            else:
-                ordered: list[dict[str, Any] | str] = [row for row in rows]
-                if [row["ordinal"] for row in rows] != list(range(1, len(admitted) + 1)):
-                    raise RuntimeError("inbox.receive_batch() did not return one row per message")
-                return ordered
+        rows: list[dict[str, Any]] | None = None
+        try:
+            rows = await self.inbox.receive_batch(
+                h.name,
+                [a.envelope["message_id"] for a in admitted],
+                [a.envelope["subject"] for a in admitted],
+                [a.stored() for a in admitted],
+            )
+        except PolicyViolation:
+            pass
+        except psycopg.Error as exc:
+            if not _refuses_data(exc):
+                raise
+        if rows is not None:
+            if [row["ordinal"] for row in rows] != list(range(1, len(admitted) + 1)):
+                raise RuntimeError("inbox.receive_batch() did not return one row per message")
+            return list(rows)
         if len(admitted) == 1:
             return [await self._receive(h, admitted[0].envelope)]
         return list(await asyncio.gather(*(self._receive(h, a.envelope) for a in admitted)))
-
-    def _settler(self, h: HandlerRuntime) -> Settler:
-        settler = self._settlers.get(h.name)
-        if settler is None:
-            settler = self._settlers[h.name] = Settler(self.inbox, h.name)
-        return settler
 
     def use(self, nc, js) -> None:
         """The connection to publish on, after the consumer re-established it."""
@@ -523,9 +430,8 @@ class MessageFlow:
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         action = decide(answer)
-        settler = self._settler(h)
         if action is Action.PROCESSED:
-            if not await self.database(lambda: settler.settle(message_id)):
+            if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):
                 return await self._settled_elsewhere(msg, h, message_id)
             await msg.ack()
             return Outcome.PROCESSED
@@ -533,7 +439,7 @@ class MessageFlow:
         # max_deliver dead-letters, here, while the message is in hand.
         last = failures + 1 >= h.max_deliver
         if action is Action.RETRY and not last:
-            if not await self.database(lambda: settler.settle(message_id, answer.summary)):
+            if not await self.database(lambda: self.inbox.settle_one(h.name, message_id, answer.summary)):
                 return await self._settled_elsewhere(msg, h, message_id)
             delay = self._retry_delay(answer, failures + 1)
             await msg.nak(delay=delay)
@@ -617,9 +523,7 @@ class MessageFlow:
         subject, problem = await self._publish_notice(build, persist=True)
         recorded = reason if problem is None else f"{UNPUBLISHABLE}: {problem}; {reason}"
         if not await self.database(
-            lambda: _settles(
-                self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after)
-            )
+            lambda: settles(self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after))
         ):
             return False
         if msg is not None:
