@@ -11,6 +11,7 @@ GET /readyz    200 when the worker's readiness check reports no problem;
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -91,6 +92,12 @@ class HealthServer:
 
     def tick(self) -> None:
         self.last_tick = time.monotonic()
+
+    async def ticking(self) -> None:
+        """Ticks every second until cancelled: /healthz is alive while the event loop runs."""
+        while True:
+            self.tick()
+            await asyncio.sleep(1)
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -53,7 +53,7 @@ from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, reconnect_delays
 from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable
 from pgoutbox.core.health import HealthServer
-from pgoutbox.core.stopping import until_stopped
+from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
@@ -221,7 +221,7 @@ class Consumer:
                 setting="OUTBOX_CONSUMER_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port",
             )
             self.health.start()
-            self._background.append(asyncio.create_task(self._tick_loop(self.health)))
+            self._background.append(asyncio.create_task(self.health.ticking()))
         await self._connect()
         self.pool = inbox_store.pool(cfg.database_url, cfg.db_pool_size)
         self.inbox = Inbox(self.pool)
@@ -367,7 +367,7 @@ class Consumer:
                     self._bound.clear()
                     failed, self.nc = self.nc, None
                     await self._close_nats(failed)
-                    await until_stopped(asyncio.sleep(next(delays)), self.stopping)
+                    await sleep(next(delays), self.stopping)
 
     # -- JetStream ----------------------------------------------------------
     def _consumer_config(self, h: HandlerRuntime, subjects: list[str], description: str) -> ConsumerConfig:
@@ -547,13 +547,7 @@ class Consumer:
                 self._db_ok = False
                 if every():
                     log.warning("inbox.backlog() failed: %s", exc, extra={"error": repr(exc)})
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), self.cfg.backlog_interval)
-
-    async def _tick_loop(self, health: HealthServer) -> None:
-        while True:
-            health.tick()
-            await asyncio.sleep(1)
+            await sleep(self.cfg.backlog_interval, self.stopping)
 
     def problems(self) -> list[str]:
         """Why the consumer is not ready (empty: ready). Called from the health thread."""

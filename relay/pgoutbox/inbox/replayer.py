@@ -20,7 +20,6 @@ pass's other rows are replayed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import nats.errors
@@ -28,6 +27,7 @@ import psycopg
 
 from pgoutbox.core.backoff import Every
 from pgoutbox.core.errors import DatabaseUnavailable
+from pgoutbox.core.stopping import sleep
 from pgoutbox.core.wire import PublishError, message_size
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.metrics import ConsumerMetrics
@@ -155,5 +155,4 @@ class Replayer:
                     else:
                         log.exception("replay pass failed")
             if done < self.batch_size:  # a full batch means more may be due: go on at once
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), self.poll_interval)
+                await sleep(self.poll_interval, stopping)

@@ -58,6 +58,7 @@ from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays
 from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim
 from pgoutbox.core.health import HealthServer
+from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.calls import DatabaseUnavailable, OutboxCalls
 from pgoutbox.outbox.metrics import RelayMetrics
@@ -127,7 +128,8 @@ class OutboxRelay:
                 asyncio.create_task(self._mark_loop(published), name="mark"),
             ]
             background.append(asyncio.create_task(self._backlog_loop(), name="backlog"))
-            background.append(asyncio.create_task(self._tick_loop(), name="tick"))
+            if self.http is not None:
+                background.append(asyncio.create_task(self.http.ticking(), name="tick"))
             if self.cfg.partitions_every > 0:
                 background.append(asyncio.create_task(self._partitions_loop(), name="partitions"))
             if self.cfg.wakeups:
@@ -191,7 +193,7 @@ class OutboxRelay:
             cfg.http_host,
             cfg.http_port,
             self.metrics,
-            self.problems,
+            self._readiness,
             setting="OUTBOX_RELAY_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port",
         )
         self.http.start()
@@ -229,7 +231,7 @@ class OutboxRelay:
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
-                await self._unless_stopping(self.publisher.wait_connected(cfg.poll_interval))
+                await until_stopped(self.publisher.wait_connected(cfg.poll_interval), self.stopping)
                 continue
             self.metrics.nats_up.set(1)
             self.wakeups.arm()
@@ -245,7 +247,7 @@ class OutboxRelay:
                         exc,
                         extra={"action": "db_retry"},
                     )
-                await self._unless_stopping(asyncio.sleep(next(delays)))
+                await sleep(next(delays), self.stopping)
                 continue
             except psycopg.Error as exc:
                 # Not expected (rows are read so that none can fail the fetch),
@@ -259,7 +261,7 @@ class OutboxRelay:
                         exc.sqlstate,
                         extra={"action": "claim_error", "sqlstate": exc.sqlstate},
                     )
-                await self._unless_stopping(asyncio.sleep(next(delays)))
+                await sleep(next(delays), self.stopping)
                 continue
             delays, lines = reconnect_delays(), Every()
             self.metrics.database_up.set(1)
@@ -478,7 +480,7 @@ class OutboxRelay:
                         exc.sqlstate,
                         extra={"action": "backlog_error", "sqlstate": exc.sqlstate},
                     )
-            self.problems()
+            self._readiness()
             await asyncio.sleep(self.cfg.backlog_interval)
 
     async def _partitions_loop(self) -> None:
@@ -497,18 +499,11 @@ class OutboxRelay:
                 log.error("creating partitions failed: %s", _one_line(exc), extra={"action": "partitions_error"})
             await asyncio.sleep(self.cfg.partitions_every)
 
-    async def _tick_loop(self) -> None:
-        """/healthz is alive while this event loop keeps ticking."""
-        while True:
-            if self.http:
-                self.http.tick()
-            await asyncio.sleep(1)
-
     def _progress(self) -> None:
         self._last_progress = time.monotonic()
 
     def problems(self) -> list[str]:
-        """Why the relay is not ready (empty: ready); also called from the HTTP thread."""
+        """Why the relay is not ready (empty: ready); changes nothing."""
         problems = []
         if not self.started.is_set():
             problems.append("starting")
@@ -521,6 +516,11 @@ class OutboxRelay:
         idle = time.monotonic() - self._last_progress
         if (self._due > 0 or self._in_flight > 0) and idle > self.cfg.stall_after:
             problems.append(f"no progress for {idle:.0f}s while {self._due} event(s) are due")
+        return problems
+
+    def _readiness(self) -> list[str]:
+        """problems(), also shown by the ready gauge: /readyz (the HTTP thread) and each backlog round."""
+        problems = self.problems()
         self.metrics.ready.set(0 if problems else 1)
         return problems
 
@@ -535,14 +535,6 @@ class OutboxRelay:
                         "%s (attempt %d): %s; retrying", what, lines.attempts, exc, extra={"action": "db_retry"}
                     )
                 await asyncio.sleep(next(delays))
-
-    async def _unless_stopping(self, aw: Awaitable) -> None:
-        """Awaits aw, or returns early (cancelling it) when the relay starts stopping."""
-        task = asyncio.ensure_future(aw)
-        stop = asyncio.ensure_future(self.stopping.wait())
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        for t in (task, stop):
-            t.cancel()
 
 
 def _one_line(exc: BaseException) -> str:
