@@ -14,7 +14,7 @@ import nats.errors
 import nats.js.errors
 
 from pgoutbox.cli import streams
-from pgoutbox.core import bounds, settings
+from pgoutbox.core import bounds, broker, settings
 from pgoutbox.core.errors import ConfigError, ExitCode
 from pgoutbox.core.settings import option
 from pgoutbox.outbox import audit
@@ -153,13 +153,9 @@ async def audit_streams(cfg: AuditConfig, names: list[str], repair: bool, say=_s
                     say(line)
                 reports.append(report)
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
-        raise settings.broker_unavailable(
-            cfg.nats_url, "start nats-server with -js", "JetStream is not enabled"
-        ) from exc
+        raise broker.unavailable(cfg.nats_url, "start nats-server with -js", "JetStream is not enabled") from exc
     except _LOST as exc:
-        raise settings.broker_unavailable(
-            cfg.nats_url, f"{type(exc).__name__}: {exc}", "lost NATS during the audit"
-        ) from exc
+        raise broker.unavailable(cfg.nats_url, f"{type(exc).__name__}: {exc}", "lost NATS during the audit") from exc
     finally:
         await nc.close()
     return reports

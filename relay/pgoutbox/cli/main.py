@@ -38,7 +38,7 @@ from pgoutbox.cli import (
     streams,
 )
 from pgoutbox.cli import settings as settings_command
-from pgoutbox.core import db, settings
+from pgoutbox.core import broker, db, settings
 from pgoutbox.core.errors import PgOutboxError, from_database
 
 # The subcommands, in --help order.
@@ -127,7 +127,7 @@ def as_domain_error(exc: Exception, cfg: object | None) -> PgOutboxError | None:
         return from_database(exc)
     nats_url = getattr(cfg, "nats_url", None)
     if isinstance(exc, _BROKER_ERRORS) and nats_url:
-        return settings.broker_unavailable(nats_url, f"{type(exc).__name__}: {exc}")
+        return broker.unavailable(nats_url, f"{type(exc).__name__}: {exc}")
     return None
 
 

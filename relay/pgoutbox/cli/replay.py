@@ -10,12 +10,12 @@ import asyncio
 
 from pgoutbox.cli import event_loop
 from pgoutbox.cli.consume import stop_on_signals
-from pgoutbox.core import db, settings
+from pgoutbox.core import broker, db, settings
 from pgoutbox.core import logs as json_logs
 from pgoutbox.core.stopping import until_stopped
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
-from pgoutbox.inbox.consumer import check_schema, connect_nats
+from pgoutbox.inbox.consumer import check_schema
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.store import Inbox
@@ -34,7 +34,7 @@ def add_arguments(parser) -> None:
 
 
 async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: db.Pool, opened: list) -> int:
-    nc = await connect_nats(cfg.nats_url, "pgoutbox-replayer", retry=not once)
+    nc = await broker.connect(cfg.nats_url, "pgoutbox-replayer", retry=not once)
     opened.append(nc)
     inbox = Inbox(pool)
     await check_schema(inbox, cfg.database_url, retry=not once)

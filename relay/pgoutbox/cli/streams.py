@@ -11,7 +11,7 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from pgoutbox.core import settings
+from pgoutbox.core import broker, settings
 from pgoutbox.core.settings import option
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
@@ -57,27 +57,11 @@ async def _apply(url: str, specs) -> list[tuple[str, str]]:
     try:
         return await streams.apply(nc.jetstream(), specs)
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
-        raise settings.broker_unavailable(url, "start nats-server with -js", "JetStream is not enabled") from exc
+        raise broker.unavailable(url, "start nats-server with -js", "JetStream is not enabled") from exc
     finally:
         await nc.close()
 
 
 async def connect(url: str) -> nats.NATS:
     """One connection, no reconnect: an operator's command fails at once (exit 4) when NATS is away."""
-    errors: list[str] = []
-
-    async def note(exc):  # instead of nats-py's traceback on stderr
-        errors.append(f"{type(exc).__name__}: {exc}")
-
-    try:
-        # max_reconnect_attempts=0 would mean "forever" in nats-py 2.16.
-        return await nats.connect(
-            url.split(","),
-            connect_timeout=5,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.1,
-            error_cb=note,
-        )
-    except Exception as exc:
-        raise settings.broker_unavailable(url, errors[-1] if errors else str(exc) or type(exc).__name__) from exc
+    return await broker.connect(url, retry=False)

@@ -49,9 +49,9 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from pgoutbox.core import db
+from pgoutbox.core import broker, db
 from pgoutbox.core.backoff import Every, reconnect_delays
-from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable
+from pgoutbox.core.errors import ConfigError, DatabaseUnavailable
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.inbox import dlq
@@ -66,65 +66,6 @@ from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backof
 from pgoutbox.inbox.store import Inbox
 
 log = logging.getLogger(__name__)
-
-
-def nats_servers(url: str) -> list[str]:
-    return [u.strip() for u in url.split(",") if u.strip()]
-
-
-def nats_where(url: str) -> str:
-    """The servers of OUTBOX_NATS_URL for messages: host:port, never credentials."""
-    return ",".join(
-        s.partition("://")[2].rpartition("@")[2] if "://" in s else s.rpartition("@")[2] for s in nats_servers(url)
-    )
-
-
-async def connect_nats(url: str, name: str, *, retry: bool = True, closed_cb=None):
-    """A NATS connection. retry: wait for as long as NATS is unreachable (one
-    log line per attempt, at most every 5 seconds; nats-py then
-    reconnects a lost connection by itself); otherwise BrokerUnavailable."""
-    where = nats_where(url)
-    every = Every()
-    made: list = []
-
-    async def error(exc: Exception) -> None:
-        if retry and every():
-            log.warning(
-                "NATS unavailable at %s (OUTBOX_NATS_URL): %s; retrying",
-                where,
-                str(exc) or type(exc).__name__,
-                extra={"action": "nats_retry"},
-            )
-
-    async def disconnected() -> None:
-        if made and not made[0].is_closed:  # not our own close
-            log.warning("NATS disconnected; reconnecting", extra={"action": "nats_disconnected"})
-
-    async def reconnected() -> None:
-        log.info("NATS reconnected", extra={"action": "nats_reconnected"})
-
-    try:
-        nc = await nats.connect(
-            servers=nats_servers(url),
-            name=name,
-            # -1 also retries the first connect; nats-py's 0 would too (it only drops a
-            # server after more than max_reconnect_attempts failures): 1 is two attempts.
-            max_reconnect_attempts=-1 if retry else 1,
-            allow_reconnect=retry,
-            reconnect_time_wait=1,
-            connect_timeout=2,
-            error_cb=error,
-            disconnected_cb=disconnected,
-            reconnected_cb=reconnected,
-            closed_cb=closed_cb,
-        )
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
-        raise BrokerUnavailable(
-            f"cannot connect to NATS at {where} (OUTBOX_NATS_URL): {str(exc) or type(exc).__name__}"
-        ) from None
-    made.append(nc)
-    log.info("NATS connected", extra={"action": "nats_connected", "max_payload": nc.max_payload})
-    return nc
 
 
 async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = True) -> None:
@@ -318,7 +259,7 @@ class Consumer:
             if this and this[0] is self.nc and not self.stopping.is_set():
                 self._closed.set()
 
-        nc = await connect_nats(self.cfg.nats_url, "pgoutbox-consumer", closed_cb=on_closed)
+        nc = await broker.connect(self.cfg.nats_url, "pgoutbox-consumer", closed_cb=on_closed)
         this.append(nc)
         self._closed.clear()
         self.nc, self.js = nc, nc.jetstream()
@@ -412,7 +353,7 @@ class Consumer:
                     if every():
                         log.warning(
                             "JetStream unavailable at %s (%s); retrying",
-                            nats_where(self.cfg.nats_url),
+                            broker.where(self.cfg.nats_url),
                             type(exc).__name__,
                             extra={"action": "nats_retry", "handler": h.name},
                         )

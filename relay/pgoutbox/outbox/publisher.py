@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import json
 import logging
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +26,8 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from pgoutbox.core import wire
-from pgoutbox.core.backoff import Every
-from pgoutbox.core.errors import BrokerUnavailable, ConfigError
+from pgoutbox.core import broker, wire
+from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.core.wire import HEADER_FRAMING, PERMANENT, PublishError, message_size
 
 log = logging.getLogger(__name__)
@@ -122,7 +120,6 @@ class Publisher:
         self._inbox = ""
         self._tokens = itertools.count()
         self._waiting: dict[str, asyncio.Future] = {}
-        self._closing = False
 
     @property
     def js(self):
@@ -147,55 +144,18 @@ class Publisher:
     async def connect(self) -> None:
         """Returns once connected; retries for as long as NATS is unreachable."""
 
-        async def disconnected():
+        async def disconnected() -> None:
             self._connected.clear()
-            if not self._closing:
-                log.warning("NATS disconnected", extra={"action": "nats_disconnected"})
 
-        async def reconnected():
+        async def reconnected() -> None:
             self._connected.set()
-            log.info("NATS reconnected", extra={"action": "nats_reconnected"})
 
-        lines = Every()
-
-        async def error(exc):
-            # nats-py retries every 250 ms while NATS is away: one line per 5 s is enough.
-            if not lines():
-                return
-            reason = str(exc) or type(exc).__name__
-            if self._connected.is_set():
-                log.warning("NATS: %s", reason, extra={"action": "nats_error"})
-            else:
-                log.warning(
-                    "%s (attempt %d); retrying",
-                    BrokerUnavailable(f"cannot connect to NATS at {where(self.url)} (OUTBOX_NATS_URL): {reason}"),
-                    lines.attempts,
-                    extra={"action": "nats_error"},
-                )
-
-        try:
-            self.nc = await nats.connect(
-                [u.strip() for u in self.url.split(",") if u.strip()],  # every node of a cluster
-                name=self.name,
-                max_reconnect_attempts=-1,  # also retries the first connect
-                reconnect_time_wait=0.25,
-                connect_timeout=2,
-                disconnected_cb=disconnected,
-                reconnected_cb=reconnected,
-                error_cb=error,
-            )
-        except nats.errors.Error as exc:  # raised at once only for what no retry can fix, e.g. a malformed URL
-            raise ConfigError(f"OUTBOX_NATS_URL {where(self.url)}: {exc}") from exc
+        self.nc = await broker.connect(self.url, self.name, disconnected_cb=disconnected, reconnected_cb=reconnected)
         self._inbox = self.nc.new_inbox()
         await self.nc.subscribe(self._inbox + ".*", cb=self._on_reply)
         self._connected.set()
-        log.info(
-            "NATS connected",
-            extra={"action": "nats_connected", "max_payload": self.nc.max_payload},
-        )
 
     async def close(self) -> None:
-        self._closing = True
         if self.nc is not None and not self.nc.is_closed:
             await self.nc.close()
 
@@ -294,18 +254,6 @@ class Publisher:
         return Outcome(
             None, code=PublishError.JETSTREAM_ERROR, detail=f"stream {stream} did not respond for {subject!r}"
         )
-
-
-def where(url: str) -> str:
-    """The servers of a NATS URL list, for messages: without user or password."""
-    out = []
-    for one in url.split(","):
-        try:
-            parts = urllib.parse.urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
-            out.append(f"{parts.hostname or '?'}:{parts.port or 4222}")
-        except ValueError:
-            out.append("(unparsable URL)")
-    return ",".join(out)
 
 
 def _classify_send_error(event_id, exc: Exception) -> Outcome:
