@@ -39,7 +39,7 @@ from pgoutbox.cli import (
 )
 from pgoutbox.cli import settings as settings_command
 from pgoutbox.core import broker, db, settings
-from pgoutbox.core.errors import PgOutboxError, from_database
+from pgoutbox.core.errors import PgOutboxError, from_database, one_line
 
 # The subcommands, in --help order.
 COMMANDS = (
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if error is None:
             raise
         code = f" [{error.code}]" if error.code else ""
-        message = " / ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        message = one_line(str(error))
         print(f"pgoutbox {mod.COMMAND}: {type(error).__name__}{code}: {message}", file=sys.stderr)
         return int(error.exit_code)
 

@@ -19,7 +19,7 @@ import nats
 import nats.errors
 
 from pgoutbox.core.backoff import Every
-from pgoutbox.core.errors import BrokerUnavailable, ConfigError
+from pgoutbox.core.errors import BrokerUnavailable, ConfigError, one_line
 from pgoutbox.core.settings import redact
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,6 @@ def where(url: str) -> str:
     return ",".join(out)
 
 
-def reason(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
-
-
 def unavailable(url: str, why: str, what: str = "cannot reach NATS") -> BrokerUnavailable:
     """One line for NATS that cannot be reached: where, which setting, why (never a password)."""
     return BrokerUnavailable(f"{what} at {where(url)} ({SETTING}): {redact(why, url)}")
@@ -78,11 +74,11 @@ async def connect(
         if not retry or not lines():
             return
         if made and made[0].is_connected:
-            log.warning("NATS: %s", reason(exc), extra={"action": "nats_error"})
+            log.warning("NATS: %s", one_line(exc), extra={"action": "nats_error"})
         else:
             log.warning(
                 "%s (attempt %d); retrying",
-                unavailable(url, reason(exc), "cannot connect to NATS"),
+                unavailable(url, one_line(exc), "cannot connect to NATS"),
                 lines.attempts,
                 extra={"action": "nats_error"},
             )
@@ -115,8 +111,8 @@ async def connect(
         )
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         if retry:  # raised at once only for what no retry can fix, e.g. a malformed URL
-            raise ConfigError(f"OUTBOX_NATS_URL {where(url)}: {redact(reason(exc), url)}") from exc
-        raise unavailable(url, errors[-1] if errors else reason(exc), "cannot connect to NATS") from None
+            raise ConfigError(f"OUTBOX_NATS_URL {where(url)}: {redact(one_line(exc), url)}") from exc
+        raise unavailable(url, errors[-1] if errors else one_line(exc), "cannot connect to NATS") from None
     made.append(nc)
     log.info("NATS connected", extra={"action": "nats_connected", "max_payload": nc.max_payload})
     return nc

@@ -29,7 +29,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgoutbox import OLDEST_SCHEMA, SCHEMA_VERSION
-from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch
+from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch, one_line
 from pgoutbox.core.settings import redact
 
 SETTING = "OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset"
@@ -83,8 +83,7 @@ def is_connection_error(exc: BaseException) -> bool:
 
 
 def _reason(exc: BaseException, database_url: str | None) -> str:
-    reason = " / ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    return redact(reason.removeprefix("connection failed: "), conninfo(database_url))
+    return redact(one_line(str(exc)).removeprefix("connection failed: "), conninfo(database_url))
 
 
 def unavailable(exc: BaseException, database_url: str | None, *, lost: bool = False) -> DatabaseUnavailable:

@@ -26,7 +26,7 @@ import nats.errors
 import psycopg
 
 from pgoutbox.core.backoff import Every
-from pgoutbox.core.errors import DatabaseUnavailable
+from pgoutbox.core.errors import DatabaseUnavailable, one_line
 from pgoutbox.core.stopping import sleep
 from pgoutbox.core.wire import PublishError, message_size
 from pgoutbox.inbox import dlq
@@ -151,7 +151,7 @@ class Replayer:
                     if isinstance(
                         exc, (DatabaseUnavailable, psycopg.OperationalError, nats.errors.Error, asyncio.TimeoutError)
                     ):
-                        log.warning("replay pass failed: %s", str(exc) or type(exc).__name__)
+                        log.warning("replay pass failed: %s", one_line(exc))
                     else:
                         log.exception("replay pass failed")
             if done < self.batch_size:  # a full batch means more may be due: go on at once

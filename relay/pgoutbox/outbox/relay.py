@@ -56,7 +56,7 @@ import psycopg
 
 from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays
-from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim
+from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim, one_line
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.outbox import streams
@@ -257,7 +257,7 @@ class OutboxRelay:
                     log.error(
                         "claim failed (attempt %d): %s [%s]",
                         lines.attempts,
-                        _one_line(exc),
+                        one_line(exc),
                         exc.sqlstate,
                         extra={"action": "claim_error", "sqlstate": exc.sqlstate},
                     )
@@ -425,13 +425,13 @@ class OutboxRelay:
                     log.error(
                         "could not mark a batch before its lease ended (%s); it will be re-claimed "
                         "and re-published, deduplicated by Nats-Msg-Id",
-                        _one_line(exc),
+                        one_line(exc),
                         extra={"action": "mark_abandoned"},
                     )
                     return 0
                 if lines():
                     log.warning(
-                        "mark failed (attempt %d): %s", lines.attempts, _one_line(exc), extra={"action": "db_retry"}
+                        "mark failed (attempt %d): %s", lines.attempts, one_line(exc), extra={"action": "db_retry"}
                     )
                 await asyncio.sleep(next(delays))
                 continue
@@ -476,7 +476,7 @@ class OutboxRelay:
                 if lines():
                     log.error(
                         "backlog metrics unavailable: %s [%s]",
-                        _one_line(exc),
+                        one_line(exc),
                         exc.sqlstate,
                         extra={"action": "backlog_error", "sqlstate": exc.sqlstate},
                     )
@@ -496,7 +496,7 @@ class OutboxRelay:
             except (SchemaMismatch, ConfigError):
                 raise
             except (psycopg.Error, PgOutboxError) as exc:  # housekeeping must not stop delivery
-                log.error("creating partitions failed: %s", _one_line(exc), extra={"action": "partitions_error"})
+                log.error("creating partitions failed: %s", one_line(exc), extra={"action": "partitions_error"})
             await asyncio.sleep(self.cfg.partitions_every)
 
     def _progress(self) -> None:
@@ -535,7 +535,3 @@ class OutboxRelay:
                         "%s (attempt %d): %s; retrying", what, lines.attempts, exc, extra={"action": "db_retry"}
                     )
                 await asyncio.sleep(next(delays))
-
-
-def _one_line(exc: BaseException) -> str:
-    return " / ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__

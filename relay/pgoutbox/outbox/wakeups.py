@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, reconnect_delays
+from pgoutbox.core.errors import one_line
 from pgoutbox.outbox import calls
 from pgoutbox.outbox.calls import WAKEUP_CHANNEL, DatabaseUnavailable
 
@@ -217,7 +218,7 @@ class Wakeups:
                 if lines():
                     log.warning(
                         "LISTEN connection lost: %s",
-                        " / ".join(str(exc).split("\n")).strip() or type(exc).__name__,
+                        one_line(exc),
                         extra={"action": "listen_lost"},
                     )
                 await asyncio.sleep(next(delays))
