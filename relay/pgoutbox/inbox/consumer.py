@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import Any
@@ -50,7 +51,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import broker, db
-from pgoutbox.core.backoff import Every, reconnect_delays
+from pgoutbox.core.backoff import Every, reconnect_delays, retrying
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
@@ -67,31 +68,34 @@ from pgoutbox.inbox.store import Inbox
 
 log = logging.getLogger(__name__)
 
+# JetStream not answering (yet): waited for, the durables bound once it does.
+_JETSTREAM_AWAY = (
+    nats.errors.TimeoutError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+)
+
 
 async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = True) -> None:
     """Checks the schema version, waiting (retry) for as long as PostgreSQL is
     unreachable, else DatabaseUnavailable; SchemaMismatch for a schema this
     code does not know or a database without one (the pool checks each new
     connection: inbox_store.pool)."""
-    delays, every = reconnect_delays(), Every()
-    while True:
-        try:
-            version = await inbox.schema_version()
-        except DatabaseUnavailable as exc:
-            if not retry or not exc.retryable:
-                raise
-            if every():
-                log.warning("%s; retrying", exc, extra={"action": "db_retry"})
-            await asyncio.sleep(next(delays))
-            continue
-        # The pool checked it (each new connection is checked): say what it found.
-        log.info(
-            "schema version %s (this pgoutbox runs on %s)",
-            version,
-            db.supported_schemas(),
-            extra={"action": "schema_checked", "schema_version": version},
-        )
-        return
+    version = await retrying(
+        inbox.schema_version,
+        retry_on=lambda exc: retry and isinstance(exc, DatabaseUnavailable) and exc.retryable,
+        log=log,
+        line=lambda exc, _: f"{exc}; retrying",
+        action="db_retry",
+    )
+    # The pool checked it (each new connection is checked): say what it found.
+    log.info(
+        "schema version %s (this pgoutbox runs on %s)",
+        version,
+        db.supported_schemas(),
+        extra={"action": "schema_checked", "schema_version": version},
+    )
 
 
 class Slots:
@@ -338,26 +342,16 @@ class Consumer:
     async def _bind_all(self) -> None:
         """Binds every handler's durables and starts their fetch loops; waits
         while JetStream does not answer (a missing stream is a ConfigError)."""
-        delays, every = reconnect_delays(), Every()
+        where = broker.where(self.cfg.nats_url)
         for h in self.handlers:
-            while True:
-                try:
-                    subscriptions = await self._bind(h)
-                    break
-                except (
-                    nats.errors.TimeoutError,
-                    nats.js.errors.ServiceUnavailableError,
-                    nats.errors.ConnectionClosedError,
-                    nats.errors.ConnectionReconnectingError,
-                ) as exc:
-                    if every():
-                        log.warning(
-                            "JetStream unavailable at %s (%s); retrying",
-                            broker.where(self.cfg.nats_url),
-                            type(exc).__name__,
-                            extra={"action": "nats_retry", "handler": h.name},
-                        )
-                    await asyncio.sleep(next(delays))
+            subscriptions = await retrying(
+                functools.partial(self._bind, h),
+                retry_on=lambda exc: isinstance(exc, _JETSTREAM_AWAY),
+                log=log,
+                line=lambda exc, _: f"JetStream unavailable at {where} ({type(exc).__name__}); retrying",
+                action="nats_retry",
+                extra={"handler": h.name},
+            )
             for kind, sub, batch in subscriptions:
                 slots = self._slots.setdefault((h.name, kind), Slots(h.concurrency if kind == "events" else 1))
                 self._loops.append(asyncio.create_task(self._fetch_loop(h, sub, slots, batch)))

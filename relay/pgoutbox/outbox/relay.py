@@ -55,7 +55,7 @@ import nats.errors
 import psycopg
 
 from pgoutbox.core import db
-from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays
+from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays, retrying
 from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim, one_line
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
@@ -525,13 +525,10 @@ class OutboxRelay:
         return problems
 
     async def _retry_db(self, call: Callable[[], Awaitable[T]], what: str) -> T:
-        delays, lines = reconnect_delays(), Every()
-        while True:
-            try:
-                return await call()
-            except DatabaseUnavailable as exc:
-                if lines():
-                    log.warning(
-                        "%s (attempt %d): %s; retrying", what, lines.attempts, exc, extra={"action": "db_retry"}
-                    )
-                await asyncio.sleep(next(delays))
+        return await retrying(
+            call,
+            retry_on=lambda exc: isinstance(exc, DatabaseUnavailable),
+            log=log,
+            line=lambda exc, attempt: f"{what} (attempt {attempt}): {exc}; retrying",
+            action="db_retry",
+        )
