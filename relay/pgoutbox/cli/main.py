@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from types import ModuleType
+from typing import NoReturn
 
 import nats.errors
 import nats.js.errors
@@ -62,7 +64,7 @@ COMMANDS = (
 )
 
 
-def _commands():
+def _commands() -> tuple[ModuleType, ...]:
     return COMMANDS
 
 
@@ -79,7 +81,7 @@ def all_settings() -> dict[str, tuple[settings.Setting, ...]]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         """One line (argparse would print the whole usage block first)."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 

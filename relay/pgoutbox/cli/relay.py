@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import difflib
 import logging
@@ -24,7 +25,7 @@ CONFIG = relay_settings.RelayConfig
 SETTINGS = relay_settings.RELAY
 
 
-def run(cfg: relay_settings.RelayConfig, args) -> int:
+def run(cfg: relay_settings.RelayConfig, args: argparse.Namespace) -> int:
     # A signal before the event loop takes them over stops the relay too
     # (exit 0 at once), rather than killing it or printing a traceback.
     early: list[int] = []

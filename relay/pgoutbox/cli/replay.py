@@ -6,7 +6,9 @@ unreachable server is one line and exit code 3 (PostgreSQL) or 4 (NATS)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+from typing import Any
 
 from pgoutbox.cli import event_loop
 from pgoutbox.cli.consume import stop_on_signals
@@ -29,11 +31,11 @@ CONFIG = cs.ReplayConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="one pass, print how many were re-published, exit")
 
 
-async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: db.Pool, opened: list) -> int:
+async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: db.Pool, opened: list[Any]) -> int:
     nc = await broker.connect(cfg.nats_url, "pgoutbox-replayer", retry=not once)
     opened.append(nc)
     inbox = Inbox(pool)
@@ -62,7 +64,7 @@ async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: d
 async def _main(cfg: cs.ReplayConfig, once: bool) -> int:
     stop = stop_on_signals()
     pool = inbox_store.pool(cfg.database_url, 1)
-    opened: list = []
+    opened: list[Any] = []
     try:
         work = asyncio.ensure_future(_replay(cfg, once, stop, pool, opened))
         if not await until_stopped(work, stop):
@@ -75,6 +77,6 @@ async def _main(cfg: cs.ReplayConfig, once: bool) -> int:
         await pool.close()
 
 
-def run(cfg: cs.ReplayConfig, args) -> int:
+def run(cfg: cs.ReplayConfig, args: argparse.Namespace) -> int:
     json_logs.setup(cfg.log_level)
     return event_loop.run(_main(cfg, args.once))

@@ -3,6 +3,7 @@ file, idempotently (created / updated (what changed) / unchanged)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 from dataclasses import dataclass
@@ -34,13 +35,13 @@ CONFIG = StreamsConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check", action="store_true", help="validate the file (and its duplicate windows against the lease) only"
     )
 
 
-def run(cfg: StreamsConfig, args) -> int:
+def run(cfg: StreamsConfig, args: argparse.Namespace) -> int:
     specs = streams.load(cfg.streams_file)
     streams.check_lease(specs, cfg.lease)
     if args.check:
@@ -52,7 +53,7 @@ def run(cfg: StreamsConfig, args) -> int:
     return 0
 
 
-async def _apply(url: str, specs) -> list[tuple[str, str]]:
+async def _apply(url: str, specs: list[streams.StreamSpec]) -> list[tuple[str, str]]:
     nc = await connect(url)
     try:
         return await streams.apply(nc.jetstream(), specs)

@@ -17,11 +17,18 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from pgoutbox.core.errors import ConfigError
+
+
+class HasRegistry(Protocol):
+    """The workers' metrics: each owns its CollectorRegistry."""
+
+    registry: CollectorRegistry
 
 
 class HealthServer:
@@ -31,12 +38,12 @@ class HealthServer:
         self,
         host: str,
         port: int,
-        metrics,
+        metrics: HasRegistry,
         readiness: Callable[[], list[str]],
         liveness_timeout: float = 30.0,
         liveness: Callable[[], list[str]] | None = None,
         setting: str = "the HTTP port setting",
-    ):
+    ) -> None:
         self.metrics = metrics
         self.readiness = readiness
         self.liveness = liveness
@@ -45,7 +52,7 @@ class HealthServer:
         server_self = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
+            def do_GET(self) -> None:
                 if self.path == "/metrics":
                     self._send(200, generate_latest(server_self.metrics.registry), CONTENT_TYPE_LATEST)
                 elif self.path == "/healthz":
@@ -66,17 +73,17 @@ class HealthServer:
                 else:
                     self._json(404, {"error": "not found", "paths": ["/metrics", "/healthz", "/readyz"]})
 
-            def _json(self, status, document):
+            def _json(self, status: int, document: dict[str, Any]) -> None:
                 self._send(status, json.dumps(document).encode(), "application/json")
 
-            def _send(self, status, body, content_type):
+            def _send(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):  # quiet: scrapes are not events
+            def log_message(self, format: str, *args: Any) -> None:  # quiet: scrapes are not events
                 pass
 
         try:

@@ -43,6 +43,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import nats
@@ -145,9 +146,9 @@ class Consumer:
         self._closed = asyncio.Event()  # nats-py gave the connection up (CLOSED)
         self._bound: set[str] = set()
         self._slots: dict[tuple[str, str], Slots] = {}
-        self._loops: list[asyncio.Task] = []
-        self._background: list[asyncio.Task] = []
-        self._in_flight: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._background: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._db_ok = False
         self._left_every = Every()  # one "left for redelivery" line per outage
         self.gate: DatabaseGate | None = None
@@ -257,7 +258,7 @@ class Consumer:
     async def _connect(self) -> None:
         """Connects to NATS, waiting for as long as it is unreachable; nats-py
         then reconnects a lost connection by itself."""
-        this: list = []  # the connection, once made: only its own closing counts
+        this: list[Any] = []  # the connection, once made: only its own closing counts
 
         async def on_closed() -> None:
             if this and this[0] is self.nc and not self.stopping.is_set():
@@ -268,7 +269,7 @@ class Consumer:
         self._closed.clear()
         self.nc, self.js = nc, nc.jetstream()
 
-    async def _close_nats(self, nc) -> None:
+    async def _close_nats(self, nc: Any) -> None:
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await nc.close()  # flushes the acks already written
@@ -356,7 +357,7 @@ class Consumer:
                 slots = self._slots.setdefault((h.name, kind), Slots(h.concurrency if kind == "events" else 1))
                 self._loops.append(asyncio.create_task(self._fetch_loop(h, sub, slots, batch)))
 
-    async def _bind(self, h: HandlerRuntime):
+    async def _bind(self, h: HandlerRuntime) -> list[tuple[str, Puller, int]]:
         spec = h.spec
         try:
             await self.js.stream_info(spec.stream)
@@ -390,7 +391,7 @@ class Consumer:
         await asyncio.gather(*self._loops, return_exceptions=True)
         self._loops.clear()
 
-    async def _fetch_loop(self, h: HandlerRuntime, sub, slots: Slots, batch: int) -> None:
+    async def _fetch_loop(self, h: HandlerRuntime, sub: Puller, slots: Slots, batch: int) -> None:
         """Fetches for as long as the consumer runs: no error ends it (a closed
         connection is re-established by _keep_connected, which restarts it)."""
         every = Every()
@@ -417,7 +418,7 @@ class Consumer:
             if msgs:
                 self._track(self._process(h, msgs, slots))
 
-    def _track(self, work) -> None:
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
         """An in-flight task, waited for at shutdown; an exception it raises
         (a defect: flow reports each message itself) is logged, never left
         unretrieved."""
@@ -425,18 +426,18 @@ class Consumer:
         self._in_flight.add(task)
         task.add_done_callback(self._finished)
 
-    def _finished(self, task: asyncio.Task) -> None:
+    def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("in-flight task failed", exc_info=task.exception())
 
-    async def _process(self, h: HandlerRuntime, msgs: list, slots: Slots) -> None:
+    async def _process(self, h: HandlerRuntime, msgs: list[Any], slots: Slots) -> None:
         """One fetch, through the message flow; each message frees its slot
         and is counted as soon as it finishes (flow reports each exactly once)."""
         gauge = self.metrics.in_flight.labels(h.name)
         gauge.inc(len(msgs))
 
-        def done(msg, outcome: Outcome | Exception | None) -> None:
+        def done(msg: Any, outcome: Outcome | Exception | None) -> None:
             gauge.dec()
             slots.give(1)
             if outcome is None:  # cancelled, or the consumer stopped: redelivered, not counted
@@ -448,7 +449,7 @@ class Consumer:
 
         await self.flow.handle_fetch(msgs, h, done)
 
-    def _left(self, h: HandlerRuntime, msg, exc: Exception) -> None:
+    def _left(self, h: HandlerRuntime, msg: Any, exc: Exception) -> None:
         """A message left unacknowledged (a server away, or a failure to
         dead-letter it): nak'ed with the retry delay of its delivery, so that
         it comes back without waiting for ack_wait; it records no failure."""

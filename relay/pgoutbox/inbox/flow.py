@@ -76,6 +76,8 @@ from pgoutbox.inbox.store import Inbox, settles
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A notice to publish: subject, body, headers.
+Notice = tuple[str, bytes, dict[str, str]]
 
 
 class Stopping(Exception):
@@ -100,7 +102,7 @@ class DatabaseGate:
         self._probe = probe
         self._up = asyncio.Event()
         self._up.set()
-        self._watch: asyncio.Task | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._since = 0.0
 
     @property
@@ -158,7 +160,7 @@ class Heartbeat:
         self._tick = 1.0
         self._shorter = asyncio.Event()  # the tick shrank: the sleep under way is too long
 
-    def track(self, msgs, interval: float) -> None:
+    def track(self, msgs: list[Any], interval: float) -> None:
         due = time.monotonic() + interval
         for msg in msgs:
             self._due[id(msg)] = (msg, due, interval)
@@ -167,7 +169,7 @@ class Heartbeat:
             self._tick = interval / 4
             self._shorter.set()
 
-    def done(self, msg) -> None:
+    def done(self, msg: Any) -> None:
         self._due.pop(id(msg), None)
 
     async def run(self) -> None:
@@ -207,7 +209,7 @@ class Admitted:
         return f'{self.body[:-1].decode()},"trace":{trace}}}'
 
 
-async def _acked(msg, outcome: Outcome) -> Outcome:
+async def _acked(msg: Any, outcome: Outcome) -> Outcome:
     await msg.ack()
     return outcome
 
@@ -219,7 +221,7 @@ UNPUBLISHABLE = "DLQ_UNPUBLISHABLE"
 CONSUMER_ERROR = "CONSUMER_ERROR"
 
 
-def _origin(msg) -> tuple[str | None, int | None]:
+def _origin(msg: Any) -> tuple[str | None, int | None]:
     """Stream and stream sequence of a delivery, or of a stream's copy (advisory)."""
     if isinstance(msg, Msg):
         return msg.metadata.stream, msg.metadata.sequence.stream
@@ -245,14 +247,14 @@ class MessageFlow:
         *,
         inbox: Inbox,
         client: HandlerClient,
-        nc,
-        js,
+        nc: Any,
+        js: Any,
         metrics: ConsumerMetrics,
         retry_backoff: Backoff,
         replay_backoff: Backoff,
         stopping: asyncio.Event,
         gate: DatabaseGate,
-    ):
+    ) -> None:
         self.inbox = inbox
         self.client = client
         self.nc = nc
@@ -264,14 +266,14 @@ class MessageFlow:
         self.gate = gate
         self.heartbeat = Heartbeat()
 
-    async def handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
+    async def handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         """Processes the messages of one fetch, and calls done(msg, outcome)
         exactly once for each, as it finishes: a metrics label, the exception
         that left it unacknowledged, or None when it was cancelled or the
         consumer stopped. Never raises but CancelledError."""
         reported: set[int] = set()
 
-        def once(msg, outcome: Outcome | Exception | None) -> None:
+        def once(msg: Any, outcome: Outcome | Exception | None) -> None:
             if id(msg) not in reported:
                 reported.add(id(msg))
                 self.heartbeat.done(msg)
@@ -306,7 +308,7 @@ class MessageFlow:
                     raise
                 self.gate.lost(exc)
 
-    async def _handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
+    async def _handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
         work = []
         for msg in msgs:
@@ -335,7 +337,7 @@ class MessageFlow:
         elif work:
             await asyncio.gather(*work)
 
-    async def _admit(self, msg, h: HandlerRuntime) -> Admitted | str:
+    async def _admit(self, msg: Any, h: HandlerRuntime) -> Admitted | str:
         """A delivery read: its envelope and request body, or why it is unreadable."""
         delivery = msg.metadata.num_delivered
         if delivery > 1:
@@ -350,7 +352,7 @@ class MessageFlow:
             log.exception("unreadable message", extra={"handler": h.name})
             return f"unreadable ({type(exc).__name__}: {str(exc)[:200]})"
 
-    async def _run(self, msg, work, done: Done) -> None:
+    async def _run(self, msg: Any, work: Awaitable[Outcome], done: Done) -> None:
         try:
             outcome: Outcome | Exception | None = await work
         except asyncio.CancelledError:
@@ -390,7 +392,7 @@ class MessageFlow:
             return [await self._receive(h, admitted[0].envelope)]
         return list(await asyncio.gather(*(self._receive(h, a.envelope) for a in admitted)))
 
-    def use(self, nc, js) -> None:
+    def use(self, nc: Any, js: Any) -> None:
         """The connection to publish on, after the consumer re-established it."""
         self.nc, self.js = nc, js
 
@@ -464,7 +466,7 @@ class MessageFlow:
             return await self._settled_elsewhere(msg, h, message_id)
         return Outcome.DEAD_LETTERED
 
-    async def _settled_elsewhere(self, msg, h: HandlerRuntime, message_id: str) -> Outcome:
+    async def _settled_elsewhere(self, msg: Any, h: HandlerRuntime, message_id: str) -> Outcome:
         """Another delivery of the same message id (a redelivery while this one
         ran, or the same id published twice) settled the row first: its outcome stands."""
         await msg.ack()
@@ -485,7 +487,7 @@ class MessageFlow:
 
     async def _dead_letter(
         self,
-        msg,
+        msg: Any,
         h: HandlerRuntime,
         envelope: dict[str, Any],
         row: dict[str, Any],
@@ -540,7 +542,7 @@ class MessageFlow:
         )
         return True
 
-    async def _publish_notice(self, build, *, persist: bool) -> tuple[str | None, str | None]:
+    async def _publish_notice(self, build: Callable[[bool], Notice], *, persist: bool) -> tuple[str | None, str | None]:
         """Publishes the notice build(copy) makes: the original copied when it
         fits, else referenced; referenced again when JetStream refuses the
         copy as too large (a stream's max_msg_size). Returns (subject, None),
@@ -589,7 +591,7 @@ class MessageFlow:
                 if not await sleep(delay, self.stopping):
                     raise
 
-    async def _unreadable(self, msg, h: HandlerRuntime, why: str) -> Outcome:
+    async def _unreadable(self, msg: Any, h: HandlerRuntime, why: str) -> Outcome:
         """Publishes a message that cannot enter the inbox to `.invalid`, raw
         when that fits; acks it when it was delivered (a stream's copy, from an
         advisory, has nothing to ack). When no notice can be published, the

@@ -9,6 +9,7 @@ Each Consumer owns its own CollectorRegistry, so several can share a process
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -86,7 +87,7 @@ class ConsumerMetrics:
             or 0.0
         )
 
-    def set_backlog(self, rows: list[dict], now: float) -> None:
+    def set_backlog(self, rows: list[dict[str, Any]], now: float) -> None:
         self.backlog.clear()
         self.oldest_unprocessed_age.clear()
         for row in rows:

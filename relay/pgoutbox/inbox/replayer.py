@@ -24,6 +24,7 @@ import logging
 
 import nats.errors
 import psycopg
+from nats.js import JetStreamContext
 
 from pgoutbox.core.backoff import Every
 from pgoutbox.core.errors import DatabaseUnavailable, one_line
@@ -47,15 +48,15 @@ class Replayer:
         self,
         *,
         inbox: Inbox,
-        js,
+        js: JetStreamContext,
         metrics: ConsumerMetrics,
         worker: str,
         batch_size: int,
         poll_interval: float,
         dlq_max_age: float,
         dlq_duplicate_window: float,
-        nc=None,
-    ):
+        nc: nats.NATS | None = None,
+    ) -> None:
         self.inbox = inbox
         self.js = js
         self.nc = nc  # for its max_payload (None: not checked before publishing)
@@ -66,7 +67,7 @@ class Replayer:
         self._dlq_options = {"max_age": dlq_max_age, "duplicate_window": dlq_duplicate_window}
         self._streams: set[str] = set()
 
-    def use(self, nc, js) -> None:
+    def use(self, nc: nats.NATS, js: JetStreamContext) -> None:
         """The connection to publish on, after the consumer re-established it."""
         self.nc, self.js = nc, js
 

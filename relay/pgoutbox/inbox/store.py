@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -36,7 +36,7 @@ _NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema
 _PERMISSION_DENIED = "42501"
 
 
-class ClaimedReplays(list):
+class ClaimedReplays(list[dict[str, Any]]):
     """The rows inbox.claim_replays() moved to RECEIVED, and the connection of
     the transaction that claimed them (to park a row that cannot be replayed)."""
 
@@ -68,7 +68,7 @@ def pool(database_url: str | None, size: int) -> db.Pool:
     return db.Pool(database_url, name="inbox", size=size, refused=refused)
 
 
-async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple) -> dict[str, Any]:
+async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple[Any, ...]) -> dict[str, Any]:
     async with conn.cursor(row_factory=dict_row) as cur:
         with wrap_exceptions():
             await cur.execute(query, params)
@@ -79,7 +79,9 @@ async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple) -> dict
 
 # The inbox functions on a given connection, inside whatever transaction it
 # has open: in-database handlers call them in their business transaction.
-async def receive(conn, message_id: str, handler: str, subject: str, envelope: dict | None) -> dict[str, Any]:
+async def receive(
+    conn: psycopg.AsyncConnection[Any], message_id: str, handler: str, subject: str, envelope: dict[str, Any] | None
+) -> dict[str, Any]:
     return await _one(
         conn,
         "SELECT * FROM inbox.receive(%s, %s, %s, %s)",
@@ -87,12 +89,12 @@ async def receive(conn, message_id: str, handler: str, subject: str, envelope: d
     )
 
 
-async def mark_processed(conn, message_id: str, handler: str) -> dict[str, Any]:
+async def mark_processed(conn: psycopg.AsyncConnection[Any], message_id: str, handler: str) -> dict[str, Any]:
     return await _one(conn, "SELECT * FROM inbox.mark_processed(%s, %s)", (message_id, handler))
 
 
 async def record_error(
-    conn,
+    conn: psycopg.AsyncConnection[Any],
     message_id: str,
     handler: str,
     error: str,
@@ -107,7 +109,14 @@ async def record_error(
 
 
 async def record_in_database_error(
-    conn, message_id: str, handler: str, subject: str, envelope: dict | None, error: str, *, dead: bool
+    conn: psycopg.AsyncConnection[Any],
+    message_id: str,
+    handler: str,
+    subject: str,
+    envelope: dict[str, Any] | None,
+    error: str,
+    *,
+    dead: bool,
 ) -> dict[str, Any]:
     return await _one(
         conn,
@@ -125,7 +134,9 @@ def failures(row: dict[str, Any], counted: bool) -> int:
     return max(int(row["attempts"]) - 1, 0)
 
 
-async def receive_batch(conn, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]) -> list[dict]:
+async def receive_batch(
+    conn: psycopg.AsyncConnection[Any], handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
+) -> list[dict[str, Any]]:
     """inbox.receive_batch(): one row per message, in the order given;
     `envelopes` are JSON texts (serialised once by the caller)."""
     async with conn.cursor(row_factory=dict_row) as cur:
@@ -138,7 +149,9 @@ async def receive_batch(conn, handler: str, ids: list[str], subjects: list[str],
             return await cur.fetchall()
 
 
-async def settle(conn, handler: str, processed: list[str], failed: list[str], errors: list[str]) -> set[str]:
+async def settle(
+    conn: psycopg.AsyncConnection[Any], handler: str, processed: list[str], failed: list[str], errors: list[str]
+) -> set[str]:
     """inbox.settle(): the ids of the rows it moved."""
     async with conn.cursor() as cur:
         with wrap_exceptions():
@@ -150,7 +163,7 @@ async def settle(conn, handler: str, processed: list[str], failed: list[str], er
 
 
 async def receive_processed(
-    conn, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
+    conn: psycopg.AsyncConnection[Any], handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
 ) -> list[tuple[int, str | None]]:
     """inbox.receive_processed(), in the caller's transaction: (ordinal,
     status) of each message it did not record, 1-based; none when it recorded
@@ -166,7 +179,7 @@ async def receive_processed(
             return await cur.fetchall()
 
 
-async def settles(call) -> bool:
+async def settles(call: Awaitable[Any]) -> bool:
     """Awaits an inbox move; False when the row was no longer RECEIVED/FAILED
     (ILLEGAL_TRANSITION): another delivery of the same message settled it."""
     try:
@@ -191,14 +204,14 @@ class Settler:
     def __init__(self, inbox: Inbox, handler: str):
         self.inbox = inbox
         self.handler = handler
-        self._waiting: list[tuple[str, str | None, asyncio.Future]] = []
+        self._waiting: list[tuple[str, str | None, asyncio.Future[bool]]] = []
         self._running = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def settle(self, message_id: str, error: str | None = None) -> bool:
         """PROCESSED (error None) or FAILED; False when the row was no longer
         RECEIVED/FAILED (another delivery settled it first)."""
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((message_id, error, future))
         if not self._running:
             self._running = True
@@ -209,7 +222,7 @@ class Settler:
         try:
             while self._waiting:
                 items, self._waiting = self._waiting, []
-                batch: list[tuple[str, str | None, asyncio.Future]] = []
+                batch: list[tuple[str, str | None, asyncio.Future[bool]]] = []
                 seen: set[str] = set()
                 for item in items:
                     # The same id twice (two deliveries at once): the second waits for the next call.
@@ -296,7 +309,7 @@ class Inbox:
         async with self.pool.connection() as conn:
             return await settle(conn, handler, processed, failed, errors)
 
-    async def receive(self, message_id: str, handler: str, subject: str, envelope: dict) -> dict[str, Any]:
+    async def receive(self, message_id: str, handler: str, subject: str, envelope: dict[str, Any]) -> dict[str, Any]:
         async with self.pool.connection() as conn:
             return await receive(conn, message_id, handler, subject, envelope)
 
@@ -325,7 +338,7 @@ class Inbox:
 
     async def schema_version(self) -> int:
         async with self.pool.connection() as conn:
-            return (await _one(conn, "SELECT outbox.schema_version() AS v", ()))["v"]
+            return int((await _one(conn, "SELECT outbox.schema_version() AS v", ()))["v"])
 
     @contextlib.asynccontextmanager
     async def claimed_replays(self, worker: str, batch_size: int) -> AsyncIterator[ClaimedReplays]:

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
@@ -44,7 +45,7 @@ CLAIMED_COLUMNS = (
 WAKEUP_CHANNEL = "outbox_v1"  # sql/40_outbox_wakeup.sql
 
 
-def _log_warning(diag) -> None:
+def _log_warning(diag: psycopg.errors.Diagnostic) -> None:
     """PostgreSQL's RAISE WARNING (e.g. from create_partitions) into our logs."""
     if diag.severity_nonlocalized == "WARNING":
         log.warning("PostgreSQL: %s", diag.message_primary, extra={"action": "db_warning", "hint": diag.message_hint})
@@ -54,7 +55,7 @@ class WireTimeLoader(Loader):
     """timestamptz -> wire text or wire.Unrepresentable; never raises (a
     value Python's datetime cannot hold would otherwise fail the whole fetch)."""
 
-    def load(self, data) -> str | wire.Unrepresentable:
+    def load(self, data: Buffer) -> str | wire.Unrepresentable:
         return wire.wire_time(bytes(data).decode())
 
 
@@ -119,7 +120,7 @@ class OutboxCalls:
         await self._give_back(self._conn)
         await self.pool.close()
 
-    async def _run(self, query: str, params: tuple = (), *, rows: bool = False) -> Any:
+    async def _run(self, query: str, params: tuple[Any, ...] = (), *, rows: bool = False) -> Any:
         conn = self._conn
         if conn is None:
             async with self._getting:
@@ -141,36 +142,38 @@ class OutboxCalls:
                 await self._give_back(conn)
             raise
 
-    async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict]:
-        return await self._run(
+    async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self._run(
             f"SELECT {CLAIMED_COLUMNS} FROM outbox.claim(%s, %s, %s)",
             (worker, batch_size, timedelta(seconds=lease)),
             rows=True,
         )
+        return rows
 
-    async def mark_published(self, claim_token, event_ids: list) -> int:
+    async def mark_published(self, claim_token: Any, event_ids: list[Any]) -> int:
         row = await self._run("SELECT outbox.mark_published(%s::uuid, %s::uuid[]) AS n", (claim_token, event_ids))
-        return row["n"]
+        return int(row["n"])
 
     async def mark_failed(
-        self, claim_token, event_ids: list, errors: list[str], retry_at: list[datetime | None]
+        self, claim_token: Any, event_ids: list[Any], errors: list[str], retry_at: list[datetime | None]
     ) -> int:
         row = await self._run(
             "SELECT outbox.mark_failed(%s::uuid, %s::uuid[], %s, %s::timestamptz[]) AS n",
             (claim_token, event_ids, errors, retry_at),
         )
-        return row["n"]
+        return int(row["n"])
 
-    async def backlog(self) -> list[dict]:
-        return await self._run("SELECT * FROM outbox.backlog()", rows=True)
+    async def backlog(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self._run("SELECT * FROM outbox.backlog()", rows=True)
+        return rows
 
     async def notify_throttle(self) -> float:
         row = await self._run("SELECT outbox.notify_throttle() AS gap")
-        return row["gap"].total_seconds()
+        return float(row["gap"].total_seconds())
 
     async def create_partitions(self, days_ahead: int) -> list[str]:
         rows = await self._run("SELECT p AS name FROM outbox.create_partitions(%s) AS p", (days_ahead,), rows=True)
         return [r["name"] for r in rows]
 
     async def schema_version(self) -> int:
-        return (await self._run("SELECT outbox.schema_version() AS v"))["v"]
+        return int((await self._run("SELECT outbox.schema_version() AS v"))["v"])

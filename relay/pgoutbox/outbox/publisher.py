@@ -25,6 +25,8 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from pgoutbox.core import broker, wire
 from pgoutbox.core.errors import BrokerUnavailable
@@ -119,10 +121,10 @@ class Publisher:
         self._connected = asyncio.Event()
         self._inbox = ""
         self._tokens = itertools.count()
-        self._waiting: dict[str, asyncio.Future] = {}
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     @property
-    def js(self):
+    def js(self) -> JetStreamContext:
         return self._client().jetstream(timeout=self.timeout)
 
     def _client(self) -> nats.NATS:
@@ -159,7 +161,7 @@ class Publisher:
         if self.nc is not None and not self.nc.is_closed:
             await self.nc.close()
 
-    async def _on_reply(self, msg) -> None:
+    async def _on_reply(self, msg: Msg) -> None:
         future = self._waiting.pop(msg.subject.rpartition(".")[2], None)
         if future is None or future.done():
             return  # a late ack for a publish already given up on
@@ -182,7 +184,7 @@ class Publisher:
         if not self.connected:
             return [Outcome(r["event_id"], code=PublishError.NATS_UNAVAILABLE, detail="not connected") for r in rows]
         outcomes: list[Outcome | None] = [None] * len(rows)
-        sent: dict[int, tuple[str, asyncio.Future]] = {}
+        sent: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         nc = self._client()
         max_payload = nc.max_payload
         loop = asyncio.get_running_loop()
@@ -256,7 +258,7 @@ class Publisher:
         )
 
 
-def _classify_send_error(event_id, exc: Exception) -> Outcome:
+def _classify_send_error(event_id: Any, exc: Exception) -> Outcome:
     if isinstance(exc, nats.errors.MaxPayloadError):
         return Outcome(event_id, code=PublishError.MAX_PAYLOAD, detail="payload exceeds max_payload")
     if isinstance(exc, nats.errors.BadHeaderError):

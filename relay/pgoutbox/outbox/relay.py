@@ -49,7 +49,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 import psycopg
@@ -59,10 +59,11 @@ from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays, retrying
 from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim, one_line
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
+from pgoutbox.core.wire import PublishError
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.calls import DatabaseUnavailable, OutboxCalls
 from pgoutbox.outbox.metrics import RelayMetrics
-from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
+from pgoutbox.outbox.publisher import Outcome, Publisher
 from pgoutbox.outbox.settings import RelayConfig
 from pgoutbox.outbox.wakeups import Wakeups
 
@@ -72,13 +73,13 @@ T = TypeVar("T")
 
 @dataclass
 class Batch:
-    rows: list[dict]
+    rows: list[dict[str, Any]]
     claimed_at: float  # monotonic
     outcomes: list[Outcome] = field(default_factory=list)
     handed_back: bool = False
 
     @property
-    def token(self):
+    def token(self) -> Any:
         return self.rows[0]["claim_token"]
 
 
@@ -110,7 +111,7 @@ class OutboxRelay:
     async def run(self, stop: asyncio.Event) -> None:
         """Runs until `stop` is set (or a fatal error); raises ConfigError on unsafe settings."""
         stop_task = asyncio.create_task(stop.wait())
-        background: list[asyncio.Task] = []
+        background: list[asyncio.Task[None]] = []
         try:
             start = asyncio.create_task(self._start())
             await asyncio.wait({start, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -198,7 +199,7 @@ class OutboxRelay:
         )
         self.http.start()
 
-    async def _drain(self, pipeline: list[asyncio.Task]) -> None:
+    async def _drain(self, pipeline: list[asyncio.Task[None]]) -> None:
         """Stop claiming; let claimed batches finish (or be handed back) within the grace."""
         self.stopping.set()
         self.wakeups.stop()
@@ -225,7 +226,7 @@ class OutboxRelay:
 
     # -- the three stages ---------------------------------------------------
 
-    async def _claim_loop(self, out: asyncio.Queue) -> None:
+    async def _claim_loop(self, out: asyncio.Queue[Batch | None]) -> None:
         cfg = self.cfg
         delays, lines = reconnect_delays(), Every()
         while not self.stopping.is_set():
@@ -285,14 +286,14 @@ class OutboxRelay:
             await self.wakeups.wait()
         await out.put(None)
 
-    async def _publish_loop(self, inp: asyncio.Queue, out: asyncio.Queue) -> None:
+    async def _publish_loop(self, inp: asyncio.Queue[Batch | None], out: asyncio.Queue[Batch | None]) -> None:
         """Publishes up to publish_batches claimed batches at once. They are
         independent: a claim never hands out an event while an earlier one of
         its key is unfinished, so no two batches in flight share a key. Without
         this, a batch claimed while the previous one awaits its acks would
         wait for them too (the tail of the latency at high rates)."""
         slots = asyncio.Semaphore(self.cfg.publish_batches)
-        in_flight: set[asyncio.Task] = set()
+        in_flight: set[asyncio.Task[None]] = set()
         try:
             while (batch := await inp.get()) is not None:
                 await slots.acquire()
@@ -306,7 +307,7 @@ class OutboxRelay:
             raise
         await out.put(None)
 
-    async def _publish(self, batch: Batch, out: asyncio.Queue, slots: asyncio.Semaphore) -> None:
+    async def _publish(self, batch: Batch, out: asyncio.Queue[Batch | None], slots: asyncio.Semaphore) -> None:
         try:
             if self.stopping.is_set() and not self.publisher.connected:
                 batch.handed_back = True
@@ -326,7 +327,7 @@ class OutboxRelay:
         finally:
             slots.release()
 
-    async def _publish_rows(self, rows: list[dict]) -> list[Outcome]:
+    async def _publish_rows(self, rows: list[dict[str, Any]]) -> list[Outcome]:
         """Each row's outcome; an unexpected failure of the whole call is every
         row's transient failure (retried, then dead-lettered), not the relay's."""
         try:
@@ -342,7 +343,7 @@ class OutboxRelay:
                 for r in rows
             ]
 
-    async def _mark_loop(self, inp: asyncio.Queue) -> None:
+    async def _mark_loop(self, inp: asyncio.Queue[Batch | None]) -> None:
         while (batch := await inp.get()) is not None:
             try:
                 await self._mark(batch)
@@ -351,11 +352,11 @@ class OutboxRelay:
 
     async def _mark(self, batch: Batch) -> None:
         now = datetime.now(UTC)
-        done: list = []
-        failed_ids: list = []
+        done: list[Any] = []
+        failed_ids: list[Any] = []
         errors: list[str] = []
         retry_at: list[datetime | None] = []
-        dead: set = set()
+        dead: set[Any] = set()
         keyed = False
         for row, outcome in zip(batch.rows, batch.outcomes):
             if outcome.ok:
