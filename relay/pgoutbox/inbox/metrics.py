@@ -1,5 +1,5 @@
 """Prometheus metrics of the consumer and replayer (served by
-health_server.HealthServer; /readyz fails unless NATS and PostgreSQL are
+core/health.py::HealthServer; /readyz fails unless NATS and PostgreSQL are
 reachable and every durable is bound).
 
 Each Consumer owns its own CollectorRegistry, so several can share a process
