@@ -66,11 +66,11 @@ async def connect(
     """A NATS connection to every server of `url` (see the module's docstring
     for `retry`). The callbacks run after this module's own log lines."""
     lines = Every()
-    errors: list[str] = []
+    last: list[str] = []  # the last error nats-py reported (a list: set from the callback)
     made: list[nats.NATS] = []
 
     async def error(exc: Exception) -> None:
-        errors.append(f"{type(exc).__name__}: {exc}")  # instead of nats-py's traceback on stderr
+        last[:] = [f"{type(exc).__name__}: {exc}"]  # instead of nats-py's traceback on stderr
         if not retry or not lines():
             return
         if made and made[0].is_connected:
@@ -112,7 +112,7 @@ async def connect(
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         if retry:  # raised at once only for what no retry can fix, e.g. a malformed URL
             raise ConfigError(f"OUTBOX_NATS_URL {where(url)}: {redact(one_line(exc), url)}") from exc
-        raise unavailable(url, errors[-1] if errors else one_line(exc), "cannot connect to NATS") from None
+        raise unavailable(url, last[0] if last else one_line(exc), "cannot connect to NATS") from None
     made.append(nc)
     log.info("NATS connected", extra={"action": "nats_connected", "max_payload": nc.max_payload})
     return nc
