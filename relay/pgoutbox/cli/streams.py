@@ -65,4 +65,4 @@ async def _apply(url: str, specs: list[streams.StreamSpec]) -> list[tuple[str, s
 
 async def connect(url: str) -> nats.NATS:
     """One connection, no reconnect: an operator's command fails at once (exit 4) when NATS is away."""
-    return await broker.connect(url, retry=False)
+    return await broker.connect(url, retry=False, quiet=True)

@@ -59,12 +59,14 @@ async def connect(
     name: str | None = None,
     *,
     retry: bool = True,
+    quiet: bool = False,
     closed_cb: Callback | None = None,
     disconnected_cb: Callback | None = None,
     reconnected_cb: Callback | None = None,
 ) -> nats.NATS:
     """A NATS connection to every server of `url` (see the module's docstring
-    for `retry`). The callbacks run after this module's own log lines."""
+    for `retry`). The callbacks run after this module's own log lines; quiet:
+    none (an operator's command, which prints its own)."""
     lines = Every()
     last: list[str] = []  # the last error nats-py reported (a list: set from the callback)
     made: list[nats.NATS] = []
@@ -84,13 +86,14 @@ async def connect(
             )
 
     async def disconnected() -> None:
-        if made and not made[0].is_closed:  # not our own close
+        if made and not made[0].is_closed and not quiet:  # not our own close
             log.warning("NATS disconnected; reconnecting", extra={"action": "nats_disconnected"})
         if disconnected_cb is not None:
             await disconnected_cb()
 
     async def reconnected() -> None:
-        log.info("NATS reconnected", extra={"action": "nats_reconnected"})
+        if not quiet:
+            log.info("NATS reconnected", extra={"action": "nats_reconnected"})
         if reconnected_cb is not None:
             await reconnected_cb()
 
@@ -114,5 +117,6 @@ async def connect(
             raise ConfigError(f"OUTBOX_NATS_URL {where(url)}: {redact(one_line(exc), url)}") from exc
         raise unavailable(url, last[0] if last else one_line(exc), "cannot connect to NATS") from None
     made.append(nc)
-    log.info("NATS connected", extra={"action": "nats_connected", "max_payload": nc.max_payload})
+    if not quiet:
+        log.info("NATS connected", extra={"action": "nats_connected", "max_payload": nc.max_payload})
     return nc
