@@ -67,7 +67,7 @@ lint: setup ## ruff (lint, format), mypy and sqlfluff: what the suite checks too
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@$(VENV)/bin/mypy -p pgoutbox
-	@$(VENV)/bin/lint-imports
+	@$(VENV)/bin/lint-imports --no-logo
 	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
 
 bench/sql: setup ## Emit and claim throughput figures (not a test)

@@ -24,7 +24,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "ruff"), "format", "--check", "."],
         [str(BIN / "mypy"), "-p", "pgoutbox"],
-        [str(BIN / "lint-imports")],
+        [str(BIN / "lint-imports"), "--no-logo"],
     ],
     ids=["sqlfluff", "ruff-check", "ruff-format", "mypy", "import-linter"],
 )
