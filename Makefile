@@ -63,7 +63,7 @@ docs/reference: setup ## Regenerate the settings table of docs/reference.md from
 docs/chart: setup ## Redraw docs/images/delivery_report.png (the delivery chart of docs/archival.md) from sample data
 	@$(PY) scripts/sample_chart.py docs/images/delivery_report.png
 
-lint: setup ## ruff (lint, format), mypy and sqlfluff: what the suite checks too
+lint: setup ## ruff (lint, format), mypy, import-linter and sqlfluff: what the suite checks too
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@$(VENV)/bin/mypy -p pgoutbox
