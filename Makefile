@@ -66,10 +66,11 @@ docs/reference: setup ## Regenerate the settings and metrics tables of docs/refe
 docs/chart: setup ## Redraw docs/images/delivery_report.png (the delivery chart of docs/archival.md) from sample data
 	@$(PY) scripts/sample_chart.py docs/images/delivery_report.png
 
-lint: setup ## ruff (lint, format), mypy and sqlfluff: what the suite checks too
+lint: setup ## ruff (lint, format), mypy, import-linter and sqlfluff: what the suite checks too
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@$(VENV)/bin/mypy -p pgoutbox -p pgoutbox_spark
+	@$(VENV)/bin/lint-imports --no-logo
 	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
 
 bench/sql: setup ## Emit and claim throughput figures (not a test)

@@ -48,8 +48,7 @@ import psycopg
 from nats.js.api import DeliverPolicy, StreamConfig
 
 import machine
-from pgoutbox.core import migrate
-from pgoutbox.core import wire as envelope
+from pgoutbox.core import migrate, wire
 from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from pgoutbox.outbox import streams
@@ -226,7 +225,7 @@ async def raw_publish_rate(ns_url: str, rows: list[dict], window: int) -> dict[s
     """nats-py alone: the same messages into a separate stream, pipelined by window."""
     messages = []
     for row in rows:
-        subject, body, headers = envelope.to_nats(row)
+        subject, body, headers = wire.to_nats(row)
         messages.append(("raw." + subject, body, headers))
     nc = await nats.connect(ns_url)
     js = nc.jetstream()
@@ -327,7 +326,7 @@ async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float, emit_
     received: dict[str, float] = {}
 
     async def on_msg(msg):
-        received[msg.headers[envelope.MSG_ID]] = time.perf_counter()
+        received[msg.headers[wire.MSG_ID]] = time.perf_counter()
 
     sub = await js.subscribe(f"{CONTEXT}.event.>", cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
     emitter = await asyncio.create_subprocess_exec(

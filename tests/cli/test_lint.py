@@ -1,6 +1,7 @@
 """The house's linters as part of the suite: sqlfluff (postgres dialect, see
 .sqlfluff) over every SQL file we ship or test with, ruff (lint and format)
-and mypy over the Python (configured in pyproject.toml)."""
+and mypy over the Python, and import-linter's contracts (imports point down,
+no import circles; all configured in pyproject.toml)."""
 
 import subprocess
 import sys
@@ -23,8 +24,9 @@ def run(*args: str) -> subprocess.CompletedProcess:
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "ruff"), "format", "--check", "."],
         [str(BIN / "mypy"), "-p", "pgoutbox", "-p", "pgoutbox_spark"],
+        [str(BIN / "lint-imports"), "--no-logo"],
     ],
-    ids=["sqlfluff", "ruff-check", "ruff-format", "mypy"],
+    ids=["sqlfluff", "ruff-check", "ruff-format", "mypy", "import-linter"],
 )
 def test_lint_clean(argv):
     result = run(*argv)

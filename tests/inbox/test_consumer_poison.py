@@ -461,7 +461,7 @@ def test_a_signal_during_start_up_with_a_server_unreachable_stops_promptly(
     proc = _command([command], env, log_path)
     try:
         expected = (
-            f"NATS unavailable at 127.0.0.1:{nowhere} (OUTBOX_NATS_URL)"
+            f"cannot connect to NATS at 127.0.0.1:{nowhere} (OUTBOX_NATS_URL or --nats-url)"
             if down == "nats"
             else f"cannot connect to PostgreSQL at 127.0.0.1:{nowhere} database app (OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset)"
         )
@@ -515,7 +515,7 @@ def test_replay_once_answers_an_unreachable_server_with_one_line(tmp_path, datab
         (
             {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": f"nats://127.0.0.1:{nowhere}"},
             4,
-            f"pgoutbox replay: BrokerUnavailable: cannot connect to NATS at 127.0.0.1:{nowhere} (OUTBOX_NATS_URL)",
+            f"pgoutbox replay: BrokerUnavailable: cannot connect to NATS at 127.0.0.1:{nowhere} (OUTBOX_NATS_URL or --nats-url)",
         ),
         (
             {

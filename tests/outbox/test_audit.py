@@ -250,7 +250,7 @@ async def test_operator_mistakes_get_one_line_and_an_exit_code(database_url, nat
     cases = [
         (("--repair", STREAM), env, 2, "needs a reason"),
         (("NOPE",), env, 2, "stream NOPE not found"),
-        ((STREAM,), {**env, "OUTBOX_NATS_URL": nowhere}, 4, "cannot reach NATS"),
+        ((STREAM,), {**env, "OUTBOX_NATS_URL": nowhere}, 4, "cannot connect to NATS"),
         ((STREAM,), {**env, "OUTBOX_DATABASE_URL": down_db}, 3, "DatabaseUnavailable"),
         ((STREAM, "--slack", "soon"), env, 2, "OUTBOX_AUDIT_SLACK"),
     ]

@@ -17,8 +17,7 @@ import nats
 import pytest
 
 from pgoutbox.cli import main as cli
-from pgoutbox.core import settings
-from pgoutbox.core import wire as envelope
+from pgoutbox.core import settings, wire
 from pgoutbox.core.backoff import RetryPolicy
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.dev.embedded import EmbeddedNats, free_port
@@ -337,11 +336,11 @@ def test_envelope_passes_jsonb_text_through_and_still_compacts_objects():
         "headers": '{"traceparent": "00-abc-def-01"}',
         "context": "sea",
     }
-    subject, body, headers = envelope.to_nats(row)
+    subject, body, headers = wire.to_nats(row)
     assert body == b'{"n": 1.10, "big": 123456789012345678901234567890.5}'
     assert headers["Nats-Msg-Id"] == row["event_id"] and headers["traceparent"] == "00-abc-def-01"
     # A forged reserved header is refused (the event's BAD_HEADER), never sent or silently dropped.
-    with pytest.raises(envelope.WireError, match="BAD_HEADER: header name 'Nats-Msg-Id' is reserved"):
-        envelope.to_nats({**row, "headers": '{"Nats-Msg-Id": "forged"}'})
-    assert envelope.to_nats({**row, "payload": {"a": [1, 2]}, "headers": {}})[1] == b'{"a":[1,2]}'
+    with pytest.raises(wire.WireError, match="BAD_HEADER: header name 'Nats-Msg-Id' is reserved"):
+        wire.to_nats({**row, "headers": '{"Nats-Msg-Id": "forged"}'})
+    assert wire.to_nats({**row, "payload": {"a": [1, 2]}, "headers": {}})[1] == b'{"a":[1,2]}'
     assert message_size(b"12345", {"A": "bc"}) == 5 + len(b"NATS/1.0\r\nA: bc\r\n\r\n")

@@ -17,7 +17,7 @@ import nats
 import psycopg
 import pytest
 
-from pgoutbox.core import wire as envelope
+from pgoutbox.core import wire
 from pgoutbox.dev.embedded import EmbeddedNats
 from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
 from pgoutbox.outbox.wakeups import Wakeups
@@ -69,7 +69,7 @@ async def test_relay_publishes_the_backlog_with_the_envelope_and_marks_it(databa
     assert paid.subject == "sea.event.order_paid.v3"
     # The payload's digits survive exactly (no float round trip).
     assert b"12345678901234567890.123456789" in paid.data
-    env = envelope.from_nats(paid.subject, paid.data, paid.headers)
+    env = wire.from_nats(paid.subject, paid.data, paid.headers)
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT event_type, event_version, aggregate_type, aggregate_id, correlation_id::text,"

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from pgoutbox.core import wire as envelope
+from pgoutbox.core import wire
 from pgoutbox.outbox.publisher import MAX_DETAIL, Outcome, PublishError, encode_outcome
 from support.inbox import until
 from support.outbox import (
@@ -193,7 +193,7 @@ async def test_the_wire_carries_extreme_but_expressible_times_exactly(database_u
         "2024-02-29 12:00:00.5+00": "2024-02-29T12:00:00.500000Z",
         "2024-02-29 23:30:00-02": "2024-03-01T01:30:00Z",
     }
-    ids = {insert_raw(database_url, occurred_at=t): wire for t, wire in times.items()}
+    ids = {insert_raw(database_url, occurred_at=t): text for t, text in times.items()}
     [emitted] = emit(database_url, 1)
     with psycopg.connect(database_url, autocommit=True) as conn:
         at = conn.execute("SELECT occurred_at FROM outbox.events WHERE event_id = %s", (emitted,)).fetchone()[0]
@@ -210,14 +210,14 @@ async def test_an_unexpected_encoding_failure_is_that_events_dead_letter(databas
     await apply_streams(nats_server.url)
     ids = emit(database_url, 10)
     doomed = ids[4]
-    real = envelope.to_nats
+    real = wire.to_nats
 
     def to_nats(event):
         if event["event_id"] == doomed:
             raise RuntimeError("injected: the encoder has a bug")
         return real(event)
 
-    monkeypatch.setattr(envelope, "to_nats", to_nats)
+    monkeypatch.setattr(wire, "to_nats", to_nats)
     async with running_relay(relay_config(database_url, nats_server.url)) as relay:
         await until(settled(database_url, 10), 15, "all settled")
         assert not relay.stopping.is_set()
@@ -247,7 +247,7 @@ def row(**overrides):
 
 
 @pytest.mark.parametrize(
-    "text, wire",
+    "text, expected",
     [
         ("2025-01-02 03:04:05+00", "2025-01-02T03:04:05Z"),
         ("2025-01-02 03:04:05.1+00", "2025-01-02T03:04:05.100000Z"),
@@ -256,11 +256,11 @@ def row(**overrides):
         ("0001-01-01 00:00:00+00", "0001-01-01T00:00:00Z"),
     ],
 )
-def test_wire_time_matches_the_datetime_rendering(text, wire):
-    assert envelope.wire_time(text) == wire
+def test_wire_time_matches_the_datetime_rendering(text, expected):
+    assert wire.wire_time(text) == expected
     if "+00" in text:  # the same text as a datetime gives (the format of earlier versions)
         as_datetime = datetime.fromisoformat(text)
-        assert envelope.to_nats(row(occurred_at=as_datetime))[2]["Pgoutbox-Occurred-At"] == wire
+        assert wire.to_nats(row(occurred_at=as_datetime))[2]["Pgoutbox-Occurred-At"] == expected
 
 
 @pytest.mark.parametrize(
@@ -277,8 +277,8 @@ def test_wire_time_matches_the_datetime_rendering(text, wire):
     ],
 )
 def test_wire_time_marks_what_rfc_3339_cannot_express(text):
-    value = envelope.wire_time(text)
-    assert value == envelope.Unrepresentable(text)
+    value = wire.wire_time(text)
+    assert value == wire.Unrepresentable(text)
     outcome = encode_outcome(row(occurred_at=value))
     assert outcome.code == PublishError.BAD_TIMESTAMP and outcome.permanent
     assert (

@@ -123,7 +123,7 @@ def test_a_signal_stops_the_relay_while_it_waits_for_nats(database_url, relays, 
     time.sleep(3)  # nats-py retries every 250 ms: still at most one line per 5 s
     lines = retry_lines(relay, "nats_error")
     assert 1 <= len(lines) <= 2, lines
-    assert lines[0].startswith(f"cannot connect to NATS at 127.0.0.1:{port} (OUTBOX_NATS_URL): ")
+    assert lines[0].startswith(f"cannot connect to NATS at 127.0.0.1:{port} (OUTBOX_NATS_URL or --nats-url): ")
     assert "secret" not in relay.output()
     assert_clean_stop(relay, sig)
     assert status_counts(database_url) == {}

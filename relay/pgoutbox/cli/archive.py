@@ -4,12 +4,19 @@ or purge the inbox day (spark/pgoutbox_spark/archive.py, package pgoutbox_spark;
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
 
 from pgoutbox.core import bounds, db, settings
 from pgoutbox.core.errors import ConfigError, SchemaMismatch
 from pgoutbox.core.settings import option
+
+if TYPE_CHECKING:  # the spark extra: imported when a command needs it
+    from pgoutbox_spark.archive import ArchiveOptions
 
 COMMAND = "archive"
 HELP = (
@@ -200,7 +207,7 @@ CONFIG = ArchiveConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def options(cfg: ArchiveConfig):
+def options(cfg: ArchiveConfig) -> ArchiveOptions:
     from pgoutbox_spark.archive import ArchiveOptions
     from pgoutbox_spark.storage import normalise_uri
 
@@ -219,7 +226,7 @@ def options(cfg: ArchiveConfig):
     )
 
 
-def _print_plan(units) -> None:
+def _print_plan(units: list[Any]) -> None:
     for u in units:
         state = "eligible" if u.eligible else f"blocked: {u.blocked_by}"
         print(f"{u.source:15} {u.day}  {u.row_count:>10} rows  {state}")
@@ -227,7 +234,7 @@ def _print_plan(units) -> None:
         print("nothing old enough to archive")
 
 
-def run(cfg: ArchiveConfig, args) -> int:
+def run(cfg: ArchiveConfig, args: argparse.Namespace) -> int:
     try:
         from pgoutbox_spark import archive, session
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -241,14 +248,14 @@ def run(cfg: ArchiveConfig, args) -> int:
             return archive_days(spark, conn, cfg)
 
 
-def check_schema(conn) -> None:
+def check_schema(conn: psycopg.Connection[Any]) -> None:
     from pgoutbox_spark import database
 
     if not database.has_seal_figures(conn):
         raise SchemaMismatch("this archiver takes seal figures (outbox.seal_figures): run `pgoutbox migrate`")
 
 
-def archive_days(spark, conn, cfg: ArchiveConfig) -> int:
+def archive_days(spark: Any, conn: psycopg.Connection[Any], cfg: ArchiveConfig) -> int:
     """The run on a session already started: one line per day, then a summary;
     1 when a day failed."""
     from pgoutbox_spark import archive, jdbc
@@ -258,7 +265,7 @@ def archive_days(spark, conn, cfg: ArchiveConfig) -> int:
     return print_outcomes(outcomes, opts.archive_uri)
 
 
-def print_outcomes(outcomes, archive_uri: str) -> int:
+def print_outcomes(outcomes: list[Any], archive_uri: str) -> int:
     """One line per day (removed, archived, blocked, busy, done or failed with
     its code), a summary; the exit code: 1 when a day failed."""
     for o in outcomes:

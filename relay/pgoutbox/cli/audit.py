@@ -7,14 +7,16 @@ remain (found without --repair, or still inside the duplicate window)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import nats.errors
 import nats.js.errors
 
 from pgoutbox.cli import streams
-from pgoutbox.core import bounds, settings
+from pgoutbox.core import bounds, broker, settings
 from pgoutbox.core.errors import ConfigError, ExitCode
 from pgoutbox.core.settings import option
 from pgoutbox.outbox import audit
@@ -108,7 +110,7 @@ CONFIG = AuditConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("streams", nargs="+", metavar="STREAM", help="JetStream stream names, e.g. SEA_EVENTS")
     parser.add_argument(
         "--repair",
@@ -117,7 +119,7 @@ def add_arguments(parser) -> None:
     )
 
 
-def run(cfg: AuditConfig, args) -> int:
+def run(cfg: AuditConfig, args: argparse.Namespace) -> int:
     if args.repair and not (cfg.reason or "").strip():
         raise ConfigError("--repair needs a reason: --reason or OUTBOX_AUDIT_REASON (it is recorded)")
     if args.repair:
@@ -139,7 +141,9 @@ _LOST = (
 )
 
 
-async def audit_streams(cfg: AuditConfig, names: list[str], repair: bool, say=_say) -> list[audit.Report]:
+async def audit_streams(
+    cfg: AuditConfig, names: list[str], repair: bool, say: Callable[[str], None] = _say
+) -> list[audit.Report]:
     """Audits (and repairs) each stream in turn, saying progress and reports through `say`."""
     nc = await streams.connect(cfg.nats_url)
     reports = []
@@ -153,13 +157,9 @@ async def audit_streams(cfg: AuditConfig, names: list[str], repair: bool, say=_s
                     say(line)
                 reports.append(report)
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
-        raise settings.broker_unavailable(
-            cfg.nats_url, "start nats-server with -js", "JetStream is not enabled"
-        ) from exc
+        raise broker.unavailable(cfg.nats_url, "start nats-server with -js", "JetStream is not enabled") from exc
     except _LOST as exc:
-        raise settings.broker_unavailable(
-            cfg.nats_url, f"{type(exc).__name__}: {exc}", "lost NATS during the audit"
-        ) from exc
+        raise broker.unavailable(cfg.nats_url, f"{type(exc).__name__}: {exc}", "lost NATS during the audit") from exc
     finally:
         await nc.close()
     return reports

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 
@@ -34,7 +35,7 @@ async def serve(consumer: Consumer) -> None:
     await consumer.run(stop_on_signals())
 
 
-def run(cfg: cs.ConsumerConfig, args) -> int:
+def run(cfg: cs.ConsumerConfig, args: argparse.Namespace) -> int:
     json_logs.setup(cfg.log_level)
     handlers = cs.load_handlers(cfg)
     event_loop.run(serve(Consumer(handlers, cfg)))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from types import ModuleType
+from typing import NoReturn
 
 import nats.errors
 import nats.js.errors
@@ -38,8 +40,8 @@ from pgoutbox.cli import (
     streams,
 )
 from pgoutbox.cli import settings as settings_command
-from pgoutbox.core import db, settings
-from pgoutbox.core.errors import PgOutboxError, from_database
+from pgoutbox.core import broker, db, settings
+from pgoutbox.core.errors import PgOutboxError, from_database, one_line
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.outbox.metrics import RelayMetrics
 
@@ -64,7 +66,7 @@ COMMANDS = (
 )
 
 
-def _commands():
+def _commands() -> tuple[ModuleType, ...]:
     return COMMANDS
 
 
@@ -87,7 +89,7 @@ def all_metrics() -> dict[str, object]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         """One line (argparse would print the whole usage block first)."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -135,7 +137,7 @@ def as_domain_error(exc: Exception, cfg: object | None) -> PgOutboxError | None:
         return from_database(exc)
     nats_url = getattr(cfg, "nats_url", None)
     if isinstance(exc, _BROKER_ERRORS) and nats_url:
-        return settings.broker_unavailable(nats_url, f"{type(exc).__name__}: {exc}")
+        return broker.unavailable(nats_url, f"{type(exc).__name__}: {exc}")
     return None
 
 
@@ -154,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if error is None:
             raise
         code = f" [{error.code}]" if error.code else ""
-        message = " / ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        message = one_line(str(error))
         print(f"pgoutbox {mod.COMMAND}: {type(error).__name__}{code}: {message}", file=sys.stderr)
         return int(error.exit_code)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from pgoutbox.core import db, migrate, settings
@@ -40,7 +41,7 @@ CONFIG = MigrateConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def run(cfg: MigrateConfig, args) -> int:
+def run(cfg: MigrateConfig, args: argparse.Namespace) -> int:
     with db.connect(cfg.database_url) as conn:
         ran = migrate.migrate(conn, cfg.target, extension=cfg.extension)
         for step in ran:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from pgoutbox.core import db, settings
@@ -23,7 +24,7 @@ CONFIG = PartitionsConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def run(cfg: PartitionsConfig, args) -> int:
+def run(cfg: PartitionsConfig, args: argparse.Namespace) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         created = [r[0] for r in conn.execute("SELECT * FROM outbox.create_partitions(%s)", (cfg.days_ahead,))]
     print("created: " + (", ".join(created) if created else "nothing (all present)"))

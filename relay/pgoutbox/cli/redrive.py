@@ -3,6 +3,7 @@ their handler, with a reason (recorded in inbox.redrive_log)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import uuid
 from dataclasses import dataclass
@@ -34,14 +35,14 @@ CONFIG = RedriveConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("handler", metavar="HANDLER", help="the handler whose dead letters to redrive")
     parser.add_argument("message_ids", nargs="*", metavar="MESSAGE_ID", help="message ids to redrive")
     parser.add_argument("--all", action="store_true", help="every dead letter of the handler")
     parser.add_argument("--list", action="store_true", help="only list the handler's dead letters")
 
 
-def run(cfg: RedriveConfig, args) -> int:
+def run(cfg: RedriveConfig, args: argparse.Namespace) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         if args.list:
             cur = conn.cursor(row_factory=dict_row).execute(

@@ -3,6 +3,7 @@ or check that the generated file is up to date (exit 1 when stale)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +27,11 @@ CONFIG = RegistryConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("generate", "check"))
 
 
-def run(cfg: RegistryConfig, args) -> int:
+def run(cfg: RegistryConfig, args: argparse.Namespace) -> int:
     if args.action == "generate":
         handlers = registry.generate(Path(cfg.manifest_dir), Path(cfg.registry_file))
         print(f"wrote {cfg.registry_file}: {len(handlers)} handler(s): {', '.join(h.name for h in handlers)}")

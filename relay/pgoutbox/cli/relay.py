@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import difflib
 import logging
@@ -13,7 +14,7 @@ from pgoutbox.core import logs as json_logs
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox.relay import OutboxRelay
 
-log = logging.getLogger("pgoutbox.relay")
+log = logging.getLogger(__name__)
 
 COMMAND = "relay"
 HELP = (
@@ -24,7 +25,7 @@ CONFIG = relay_settings.RelayConfig
 SETTINGS = relay_settings.RELAY
 
 
-def run(cfg: relay_settings.RelayConfig, args) -> int:
+def run(cfg: relay_settings.RelayConfig, args: argparse.Namespace) -> int:
     # A signal before the event loop takes them over stops the relay too
     # (exit 0 at once), rather than killing it or printing a traceback.
     early: list[int] = []

@@ -6,16 +6,18 @@ unreachable server is one line and exit code 3 (PostgreSQL) or 4 (NATS)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+from typing import Any
 
 from pgoutbox.cli import event_loop
 from pgoutbox.cli.consume import stop_on_signals
-from pgoutbox.core import db, settings
+from pgoutbox.core import broker, db, settings
 from pgoutbox.core import logs as json_logs
 from pgoutbox.core.stopping import until_stopped
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
-from pgoutbox.inbox.consumer import check_schema, connect_nats
+from pgoutbox.inbox.consumer import check_schema
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.store import Inbox
@@ -29,12 +31,12 @@ CONFIG = cs.ReplayConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="one pass, print how many were re-published, exit")
 
 
-async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: db.Pool, opened: list) -> int:
-    nc = await connect_nats(cfg.nats_url, "pgoutbox-replayer", retry=not once)
+async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: db.Pool, opened: list[Any]) -> int:
+    nc = await broker.connect(cfg.nats_url, "pgoutbox-replayer", retry=not once)
     opened.append(nc)
     inbox = Inbox(pool)
     await check_schema(inbox, cfg.database_url, retry=not once)
@@ -62,7 +64,7 @@ async def _replay(cfg: cs.ReplayConfig, once: bool, stop: asyncio.Event, pool: d
 async def _main(cfg: cs.ReplayConfig, once: bool) -> int:
     stop = stop_on_signals()
     pool = inbox_store.pool(cfg.database_url, 1)
-    opened: list = []
+    opened: list[Any] = []
     try:
         work = asyncio.ensure_future(_replay(cfg, once, stop, pool, opened))
         if not await until_stopped(work, stop):
@@ -75,6 +77,6 @@ async def _main(cfg: cs.ReplayConfig, once: bool) -> int:
         await pool.close()
 
 
-def run(cfg: cs.ReplayConfig, args) -> int:
+def run(cfg: cs.ReplayConfig, args: argparse.Namespace) -> int:
     json_logs.setup(cfg.log_level)
     return event_loop.run(_main(cfg, args.once))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from pgoutbox.core import bounds, db, settings
@@ -26,12 +27,12 @@ CONFIG = ReplaySwitchConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("handler", metavar="HANDLER")
     parser.add_argument("state", choices=("on", "off"))
 
 
-def run(cfg: ReplaySwitchConfig, args) -> int:
+def run(cfg: ReplaySwitchConfig, args: argparse.Namespace) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         [(enabled,)] = conn.execute(
             "SELECT enabled FROM inbox.set_replay(%s, %s, %s)", (args.handler, args.state == "on", cfg.reason)

@@ -4,6 +4,7 @@ type and day, over the archive and the live tables, as Parquet, CSV and PNG."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -32,7 +33,7 @@ CONFIG = ReportConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def run(cfg: ReportConfig, args) -> int:
+def run(cfg: ReportConfig, args: argparse.Namespace) -> int:
     try:
         from pgoutbox_spark import jdbc, report, session, storage
     except ImportError as exc:  # pragma: no cover - depends on the install

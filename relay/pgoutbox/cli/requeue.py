@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import uuid
 from dataclasses import dataclass
 
@@ -25,11 +26,11 @@ CONFIG = RequeueConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("event_ids", nargs="+", metavar="EVENT_ID", help="event ids to requeue")
 
 
-def run(cfg: RequeueConfig, args) -> int:
+def run(cfg: RequeueConfig, args: argparse.Namespace) -> int:
     try:
         ids = [uuid.UUID(x) for x in args.event_ids]
     except ValueError as exc:

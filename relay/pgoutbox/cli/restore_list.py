@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Any
 
 from pgoutbox.core import migrate
 
@@ -15,7 +17,7 @@ CONFIG = None  # nothing to configure: a filter from stdin to stdout
 SETTINGS = ()
 
 
-def run(cfg, args) -> int:
+def run(cfg: Any, args: argparse.Namespace) -> int:
     toc, skipped = migrate.restore_list(sys.stdin.read())
     sys.stdout.write(toc)
     print(f"pgoutbox restore-list: {skipped} entries commented out (ATTACH PARTITION builds them)", file=sys.stderr)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import Any
+
 from pgoutbox.core import settings
 
 COMMAND = "settings"
@@ -10,11 +13,11 @@ CONFIG = None  # nothing to configure
 SETTINGS = ()
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", action="store_true", help="print the table of docs/reference.md")
 
 
-def run(cfg, args) -> int:
+def run(cfg: Any, args: argparse.Namespace) -> int:
     groups = args.settings_groups
     if args.markdown:
         print(settings.markdown_table(groups))

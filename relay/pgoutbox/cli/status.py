@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
+from typing import Any
+
+import psycopg
 
 from pgoutbox.core import bounds, db, settings
 from pgoutbox.core.errors import wrap_exceptions
@@ -35,13 +39,13 @@ CONFIG = StatusConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def _rows(conn, query: str, params) -> list[dict]:
+def _rows(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
     cur = conn.execute(query, params)
-    names = [c.name for c in cur.description]
+    names = [c.name for c in cur.description or ()]
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def run(cfg: StatusConfig, args) -> int:
+def run(cfg: StatusConfig, args: argparse.Namespace) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         report = {
             "outbox": _rows(conn, "SELECT * FROM outbox.backlog(%s)", (cfg.context,)),

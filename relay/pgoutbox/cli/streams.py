@@ -3,6 +3,7 @@ file, idempotently (created / updated (what changed) / unchanged)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from pgoutbox.core import settings
+from pgoutbox.core import broker, settings
 from pgoutbox.core.settings import option
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
@@ -34,13 +35,13 @@ CONFIG = StreamsConfig
 SETTINGS = settings.of(CONFIG)
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check", action="store_true", help="validate the file (and its duplicate windows against the lease) only"
     )
 
 
-def run(cfg: StreamsConfig, args) -> int:
+def run(cfg: StreamsConfig, args: argparse.Namespace) -> int:
     specs = streams.load(cfg.streams_file)
     streams.check_lease(specs, cfg.lease)
     if args.check:
@@ -52,32 +53,16 @@ def run(cfg: StreamsConfig, args) -> int:
     return 0
 
 
-async def _apply(url: str, specs) -> list[tuple[str, str]]:
+async def _apply(url: str, specs: list[streams.StreamSpec]) -> list[tuple[str, str]]:
     nc = await connect(url)
     try:
         return await streams.apply(nc.jetstream(), specs)
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
-        raise settings.broker_unavailable(url, "start nats-server with -js", "JetStream is not enabled") from exc
+        raise broker.unavailable(url, "start nats-server with -js", "JetStream is not enabled") from exc
     finally:
         await nc.close()
 
 
 async def connect(url: str) -> nats.NATS:
     """One connection, no reconnect: an operator's command fails at once (exit 4) when NATS is away."""
-    errors: list[str] = []
-
-    async def note(exc):  # instead of nats-py's traceback on stderr
-        errors.append(f"{type(exc).__name__}: {exc}")
-
-    try:
-        # max_reconnect_attempts=0 would mean "forever" in nats-py 2.16.
-        return await nats.connect(
-            url.split(","),
-            connect_timeout=5,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.1,
-            error_cb=note,
-        )
-    except Exception as exc:
-        raise settings.broker_unavailable(url, errors[-1] if errors else str(exc) or type(exc).__name__) from exc
+    return await broker.connect(url, retry=False, quiet=True)

@@ -1,6 +1,6 @@
 """Exponential backoff with bounded jitter, for the consumer's redelivery
-delays (nak) and the replay schedule of dead letters, and (RetryPolicy) the
-relay's publish retries.
+delays (nak) and the replay schedule of dead letters, (RetryPolicy) the
+relay's publish retries, and (retrying) every wait for a server to answer.
 
     delay(n) = uniform(1 - jitter, 1) * min(max_delay, base * 2 ** (n - 1))
 
@@ -12,10 +12,15 @@ messages dead-lettered together still spread out.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -102,3 +107,27 @@ class Every:
             return False
         self._last = now
         return True
+
+
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    *,
+    retry_on: Callable[[Exception], bool],
+    log: logging.Logger,
+    line: Callable[[Exception, int], str],
+    action: str,
+    extra: Mapping[str, Any] | None = None,
+) -> T:
+    """call() until it returns: after a failure retry_on accepts (any other is
+    raised), a pause of reconnect_delays() and one log line, at most every 5 s,
+    `line(exc, attempt)` under the caller's logger."""
+    delays, lines = reconnect_delays(), Every()
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not retry_on(exc):
+                raise
+            if lines():
+                log.warning(line(exc, lines.attempts), extra={"action": action, **(extra or {})})
+            await asyncio.sleep(next(delays))

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Self
 
 import psycopg
 import psycopg.errors
@@ -29,7 +30,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgoutbox import OLDEST_SCHEMA, SCHEMA_VERSION
-from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch
+from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch, one_line
 from pgoutbox.core.settings import redact
 
 SETTING = "OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset"
@@ -83,8 +84,7 @@ def is_connection_error(exc: BaseException) -> bool:
 
 
 def _reason(exc: BaseException, database_url: str | None) -> str:
-    reason = " / ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    return redact(reason.removeprefix("connection failed: "), conninfo(database_url))
+    return redact(one_line(str(exc)).removeprefix("connection failed: "), conninfo(database_url))
 
 
 def unavailable(exc: BaseException, database_url: str | None, *, lost: bool = False) -> DatabaseUnavailable:
@@ -114,8 +114,8 @@ def _bad_conninfo(exc: psycopg.ProgrammingError, database_url: str | None) -> Co
 
 
 def connect(
-    database_url: str | None, *, autocommit: bool = True, check_schema: bool = False, **kwargs
-) -> psycopg.Connection:
+    database_url: str | None, *, autocommit: bool = True, check_schema: bool = False, **kwargs: Any
+) -> psycopg.Connection[Any]:
     """A connection; with check_schema, only to a schema this code was built for."""
     try:
         conn = psycopg.connect(conninfo(database_url), autocommit=autocommit, **kwargs)
@@ -209,7 +209,7 @@ class Pool:
         self._refused = refused
         self._error: BaseException | None = None
         self._failed = asyncio.Event()
-        kwargs: dict = {"autocommit": True, "connect_timeout": CONNECT_TIMEOUT}
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": CONNECT_TIMEOUT}
         if options:
             kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in options.items())
         self._pool = AsyncConnectionPool(
@@ -293,7 +293,7 @@ class Pool:
                 f"(at {describe(self.database_url)})"
             ) from exc
 
-    async def _abandon(self, got: asyncio.Future) -> None:
+    async def _abandon(self, got: asyncio.Future[Any]) -> None:
         got.cancel()
         try:
             conn = await got
@@ -344,7 +344,7 @@ def _recording(pool: Pool) -> type[psycopg.AsyncConnection]:
 
     class Connection(psycopg.AsyncConnection):
         @classmethod
-        async def connect(cls, conninfo: str = "", **kwargs):
+        async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
             try:
                 return await super().connect(conninfo, **kwargs)
             except psycopg.OperationalError as exc:

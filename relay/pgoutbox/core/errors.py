@@ -14,6 +14,12 @@ from collections.abc import Iterator
 import psycopg
 
 
+def one_line(exc: BaseException | str) -> str:
+    """A message on one line (its lines joined by " / "); an exception without one: its type's name."""
+    text = " / ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text or (type(exc).__name__ if isinstance(exc, BaseException) else "")
+
+
 class SqlState(enum.StrEnum):
     INVALID_OUTBOX = "OB001"
     FUTURE_EVENT = "OB002"

@@ -13,17 +13,25 @@ metrics_table() renders the workers' metrics as the table of docs/reference.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 
 from pgoutbox.core.errors import ConfigError
+
+
+class HasRegistry(Protocol):
+    """The workers' metrics: each owns its CollectorRegistry."""
+
+    registry: CollectorRegistry
 
 
 class HealthServer:
@@ -33,12 +41,12 @@ class HealthServer:
         self,
         host: str,
         port: int,
-        metrics,
+        metrics: HasRegistry,
         readiness: Callable[[], list[str]],
         liveness_timeout: float = 30.0,
         liveness: Callable[[], list[str]] | None = None,
         setting: str = "the HTTP port setting",
-    ):
+    ) -> None:
         self.metrics = metrics
         self.readiness = readiness
         self.liveness = liveness
@@ -47,7 +55,7 @@ class HealthServer:
         server_self = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
+            def do_GET(self) -> None:
                 if self.path == "/metrics":
                     self._send(200, generate_latest(server_self.metrics.registry), CONTENT_TYPE_LATEST)
                 elif self.path == "/healthz":
@@ -68,17 +76,17 @@ class HealthServer:
                 else:
                     self._json(404, {"error": "not found", "paths": ["/metrics", "/healthz", "/readyz"]})
 
-            def _json(self, status, document):
+            def _json(self, status: int, document: dict[str, Any]) -> None:
                 self._send(status, json.dumps(document).encode(), "application/json")
 
-            def _send(self, status, body, content_type):
+            def _send(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):  # quiet: scrapes are not events
+            def log_message(self, format: str, *args: Any) -> None:  # quiet: scrapes are not events
                 pass
 
         try:
@@ -95,12 +103,18 @@ class HealthServer:
     def tick(self) -> None:
         self.last_tick = time.monotonic()
 
+    async def ticking(self) -> None:
+        """Ticks every second until cancelled: /healthz is alive while the event loop runs."""
+        while True:
+            self.tick()
+            await asyncio.sleep(1)
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
 
 
-def families(metrics) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
+def families(metrics: object) -> Iterator[tuple[str, str, tuple[str, ...], str]]:
     """(name as exposed, type, label names, help) of each metric a worker's
     metrics object holds, in declaration order (a counter's name with `_total`)."""
     for value in vars(metrics).values():

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import psycopg.conninfo
 
 from pgoutbox.core.bounds import Bound
-from pgoutbox.core.errors import BrokerUnavailable, ConfigError
+from pgoutbox.core.errors import ConfigError
 from pgoutbox.core.logs import level_name
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -260,10 +260,3 @@ NATS_URL = Setting(
     nats_urls,
     secret=True,
 )
-
-
-def broker_unavailable(nats_url: str, reason: str, what: str = "cannot reach NATS") -> BrokerUnavailable:
-    """One line for NATS that cannot be reached: where, which setting, why (never a password)."""
-    return BrokerUnavailable(
-        f"{what} at {redact(nats_url)} (OUTBOX_NATS_URL or --nats-url): {redact(reason, nats_url)}"
-    )

@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 MSG_ID = "Nats-Msg-Id"
-PREFIX = "Pgoutbox-"
 # header name -> envelope field
 _FIELDS = {
     "Pgoutbox-Context": "context",

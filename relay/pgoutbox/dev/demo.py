@@ -16,8 +16,10 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import nats
+import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import db, migrate
@@ -38,24 +40,22 @@ duplicate_window = "2m"
 """
 
 
-def _emit(conn) -> list[str]:
+def _emit(conn: psycopg.Connection[Any]) -> list[str]:
     ids = []
     with conn.transaction():  # the business change and its events commit together
         for n, poison in ((1, False), (2, False), (3, True)):
-            ids.append(
-                str(
-                    conn.execute(
-                        "SELECT outbox.emit('order', %s, 'order_created', %s::jsonb, context => 'sea',"
-                        " ordering_key => %s, headers => %s::jsonb)",
-                        (
-                            str(1000 + n),
-                            json.dumps({"schema_version": 1, "total": 10 * n, "poison": poison}),
-                            str(1000 + n),
-                            json.dumps({"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}),
-                        ),
-                    ).fetchone()[0]
-                )
-            )
+            row = conn.execute(
+                "SELECT outbox.emit('order', %s, 'order_created', %s::jsonb, context => 'sea',"
+                " ordering_key => %s, headers => %s::jsonb)",
+                (
+                    str(1000 + n),
+                    json.dumps({"schema_version": 1, "total": 10 * n, "poison": poison}),
+                    str(1000 + n),
+                    json.dumps({"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}),
+                ),
+            ).fetchone()
+            assert row is not None  # outbox.emit returns the event's id
+            ids.append(str(row[0]))
     return ids
 
 

@@ -13,8 +13,11 @@ import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import nats
+import psycopg
+from nats.js import JetStreamContext
 
 from pgoutbox.core import db, settings
 from pgoutbox.inbox import registry
@@ -24,9 +27,9 @@ from pgoutbox.inbox.consumer import Consumer
 HANDLER = "order_mailer"
 
 
-def print_rows(conn, title: str, query: str, params: tuple = ()) -> None:
+def print_rows(conn: psycopg.Connection[Any], title: str, query: str, params: tuple[Any, ...] = ()) -> None:
     cur = conn.execute(query, params)
-    names = [c.name for c in cur.description]
+    names = [c.name for c in cur.description or ()]
     print(f"\n== {title}")
     for row in cur.fetchall():
         print("   " + json.dumps(dict(zip(names, row)), default=str))
@@ -42,7 +45,7 @@ class SampleHandler:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self):
+            def do_POST(self) -> None:
                 envelope = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 poison = bool(envelope["payload"].get("poison"))
                 sample.seen.append(f"{envelope['subject']} {envelope['aggregate_id']} -> {422 if poison else 200}")
@@ -52,7 +55,7 @@ class SampleHandler:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -101,9 +104,9 @@ async def consume_and_report(database_url: str, nats_url: str, expected: int, co
             info = await js.stream_info(f"{context.upper()}_DLQ")
             notices = []
             for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):
-                msg = await js.get_msg(info.config.name, seq)
-                if ".dlq.dead." in msg.subject:
-                    body = json.loads(msg.data)
+                msg = await js.get_msg(str(info.config.name), seq)
+                if ".dlq.dead." in (msg.subject or ""):
+                    body = json.loads(msg.data or b"")
                     notices.append(
                         f"{msg.subject}: {body['reason']} (replays so far: {body['replay_attempts']},"
                         f" next in: {body['next_replay_in_seconds']})"
@@ -128,9 +131,9 @@ class _connected:
     def __init__(self, url: str):
         self.url = url
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> JetStreamContext:
         self.nc = await nats.connect(self.url)
         return self.nc.jetstream()
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         await self.nc.close()

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ PG_BIN = Path(os.environ.get("OUTBOX_PG_BIN", "/usr/lib/postgresql/15/bin"))
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _as_postgres(cmd: list[str]) -> list[str]:
@@ -44,7 +45,7 @@ def nats_server_binary() -> Path:
     return candidate
 
 
-def _wait(predicate, timeout: float, what: str) -> None:
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -70,7 +71,7 @@ class EmbeddedPostgres:
     def dsn(self, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
-    def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), *args]),
             check=check,
@@ -131,7 +132,7 @@ class EmbeddedPostgres:
 class EmbeddedNats:
     root: Path
     port: int = 0
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     extra_args: list[str] = field(default_factory=list)
 
     @property

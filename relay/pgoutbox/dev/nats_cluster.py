@@ -27,9 +27,11 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.js.errors
+from nats.js.api import ClusterInfo
 
 from .embedded import EmbeddedNats, free_port
 from .tcp_proxy import TcpProxy
@@ -37,7 +39,7 @@ from .tcp_proxy import TcpProxy
 CLUSTER_NAME = "pgoutbox"
 
 
-async def connect(urls: str, **options) -> nats.NATS:
+async def connect(urls: str, **options: Any) -> nats.NATS:
     """A client on every node of a comma-separated URL list, without nats-py's
     traceback on stderr for each node that is down at the moment."""
 
@@ -138,7 +140,7 @@ class NatsCluster:
         """The node's own /healthz: up, and every stream and consumer replica on it current."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_ports[i]}/healthz", timeout=2) as r:
-                return json.load(r).get("status") == "ok"
+                return bool(json.load(r).get("status") == "ok")
         except (OSError, ValueError):  # refused, 503 (HTTPError is an OSError), unreadable
             return False
 
@@ -188,7 +190,7 @@ class NatsCluster:
         names = [node_name(i) for i in range(self.size)]
         return names.index(name) if name in names else None
 
-    async def stream_cluster(self, stream: str, timeout: float = 5):
+    async def stream_cluster(self, stream: str, timeout: float = 5) -> ClusterInfo | None:
         """The stream's cluster info (leader and replicas) from the JetStream API."""
         nc = await connect(self.urls)
         try:

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import nats
@@ -49,17 +51,17 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from pgoutbox.core import db
-from pgoutbox.core.backoff import Every, reconnect_delays
-from pgoutbox.core.errors import BrokerUnavailable, ConfigError, DatabaseUnavailable
+from pgoutbox.core import broker, db
+from pgoutbox.core.backoff import Every, reconnect_delays, retrying
+from pgoutbox.core.errors import ConfigError, DatabaseUnavailable
 from pgoutbox.core.health import HealthServer
-from pgoutbox.core.stopping import until_stopped
+from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.flow import DatabaseGate, MessageFlow, transient
 from pgoutbox.inbox.handler_client import HandlerClient
-from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
 from pgoutbox.inbox.pull import Puller
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
@@ -67,64 +69,13 @@ from pgoutbox.inbox.store import Inbox
 
 log = logging.getLogger(__name__)
 
-
-def nats_servers(url: str) -> list[str]:
-    return [u.strip() for u in url.split(",") if u.strip()]
-
-
-def nats_where(url: str) -> str:
-    """The servers of OUTBOX_NATS_URL for messages: host:port, never credentials."""
-    return ",".join(
-        s.partition("://")[2].rpartition("@")[2] if "://" in s else s.rpartition("@")[2] for s in nats_servers(url)
-    )
-
-
-async def connect_nats(url: str, name: str, *, retry: bool = True, closed_cb=None):
-    """A NATS connection. retry: wait for as long as NATS is unreachable (one
-    log line per attempt, at most every 5 seconds; nats-py then
-    reconnects a lost connection by itself); otherwise BrokerUnavailable."""
-    where = nats_where(url)
-    every = Every()
-    made: list = []
-
-    async def error(exc: Exception) -> None:
-        if retry and every():
-            log.warning(
-                "NATS unavailable at %s (OUTBOX_NATS_URL): %s; retrying",
-                where,
-                str(exc) or type(exc).__name__,
-                extra={"action": "nats_retry"},
-            )
-
-    async def disconnected() -> None:
-        if made and not made[0].is_closed:  # not our own close
-            log.warning("NATS disconnected; reconnecting", extra={"action": "nats_disconnected"})
-
-    async def reconnected() -> None:
-        log.info("NATS reconnected", extra={"action": "nats_reconnected"})
-
-    try:
-        nc = await nats.connect(
-            servers=nats_servers(url),
-            name=name,
-            # -1 also retries the first connect; nats-py's 0 would too (it only drops a
-            # server after more than max_reconnect_attempts failures): 1 is two attempts.
-            max_reconnect_attempts=-1 if retry else 1,
-            allow_reconnect=retry,
-            reconnect_time_wait=1,
-            connect_timeout=2,
-            error_cb=error,
-            disconnected_cb=disconnected,
-            reconnected_cb=reconnected,
-            closed_cb=closed_cb,
-        )
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
-        raise BrokerUnavailable(
-            f"cannot connect to NATS at {where} (OUTBOX_NATS_URL): {str(exc) or type(exc).__name__}"
-        ) from None
-    made.append(nc)
-    log.info("NATS connected", extra={"action": "nats_connected", "max_payload": nc.max_payload})
-    return nc
+# JetStream not answering (yet): waited for, the durables bound once it does.
+_JETSTREAM_AWAY = (
+    nats.errors.TimeoutError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+)
 
 
 async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = True) -> None:
@@ -132,25 +83,20 @@ async def check_schema(inbox: Inbox, database_url: str | None, *, retry: bool = 
     unreachable, else DatabaseUnavailable; SchemaMismatch for a schema this
     code does not know or a database without one (the pool checks each new
     connection: inbox_store.pool)."""
-    delays, every = reconnect_delays(), Every()
-    while True:
-        try:
-            version = await inbox.schema_version()
-        except DatabaseUnavailable as exc:
-            if not retry or not exc.retryable:
-                raise
-            if every():
-                log.warning("%s; retrying", exc, extra={"action": "db_retry"})
-            await asyncio.sleep(next(delays))
-            continue
-        # The pool checked it (each new connection is checked): say what it found.
-        log.info(
-            "schema version %s (this pgoutbox runs on %s)",
-            version,
-            db.supported_schemas(),
-            extra={"action": "schema_checked", "schema_version": version},
-        )
-        return
+    version = await retrying(
+        inbox.schema_version,
+        retry_on=lambda exc: retry and isinstance(exc, DatabaseUnavailable) and exc.retryable,
+        log=log,
+        line=lambda exc, _: f"{exc}; retrying",
+        action="db_retry",
+    )
+    # The pool checked it (each new connection is checked): say what it found.
+    log.info(
+        "schema version %s (this pgoutbox runs on %s)",
+        version,
+        db.supported_schemas(),
+        extra={"action": "schema_checked", "schema_version": version},
+    )
 
 
 class Slots:
@@ -200,9 +146,9 @@ class Consumer:
         self._closed = asyncio.Event()  # nats-py gave the connection up (CLOSED)
         self._bound: set[str] = set()
         self._slots: dict[tuple[str, str], Slots] = {}
-        self._loops: list[asyncio.Task] = []
-        self._background: list[asyncio.Task] = []
-        self._in_flight: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._background: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._db_ok = False
         self._left_every = Every()  # one "left for redelivery" line per outage
         self.gate: DatabaseGate | None = None
@@ -221,7 +167,7 @@ class Consumer:
                 setting="OUTBOX_CONSUMER_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port",
             )
             self.health.start()
-            self._background.append(asyncio.create_task(self._tick_loop(self.health)))
+            self._background.append(asyncio.create_task(self.health.ticking()))
         await self._connect()
         self.pool = inbox_store.pool(cfg.database_url, cfg.db_pool_size)
         self.inbox = Inbox(self.pool)
@@ -312,18 +258,18 @@ class Consumer:
     async def _connect(self) -> None:
         """Connects to NATS, waiting for as long as it is unreachable; nats-py
         then reconnects a lost connection by itself."""
-        this: list = []  # the connection, once made: only its own closing counts
+        this: list[Any] = []  # the connection, once made: only its own closing counts
 
         async def on_closed() -> None:
             if this and this[0] is self.nc and not self.stopping.is_set():
                 self._closed.set()
 
-        nc = await connect_nats(self.cfg.nats_url, "pgoutbox-consumer", closed_cb=on_closed)
+        nc = await broker.connect(self.cfg.nats_url, "pgoutbox-consumer", closed_cb=on_closed)
         this.append(nc)
         self._closed.clear()
         self.nc, self.js = nc, nc.jetstream()
 
-    async def _close_nats(self, nc) -> None:
+    async def _close_nats(self, nc: Any) -> None:
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await nc.close()  # flushes the acks already written
@@ -367,7 +313,7 @@ class Consumer:
                     self._bound.clear()
                     failed, self.nc = self.nc, None
                     await self._close_nats(failed)
-                    await until_stopped(asyncio.sleep(next(delays)), self.stopping)
+                    await sleep(next(delays), self.stopping)
 
     # -- JetStream ----------------------------------------------------------
     def _consumer_config(self, h: HandlerRuntime, subjects: list[str], description: str) -> ConsumerConfig:
@@ -397,31 +343,21 @@ class Consumer:
     async def _bind_all(self) -> None:
         """Binds every handler's durables and starts their fetch loops; waits
         while JetStream does not answer (a missing stream is a ConfigError)."""
-        delays, every = reconnect_delays(), Every()
+        where = broker.where(self.cfg.nats_url)
         for h in self.handlers:
-            while True:
-                try:
-                    subscriptions = await self._bind(h)
-                    break
-                except (
-                    nats.errors.TimeoutError,
-                    nats.js.errors.ServiceUnavailableError,
-                    nats.errors.ConnectionClosedError,
-                    nats.errors.ConnectionReconnectingError,
-                ) as exc:
-                    if every():
-                        log.warning(
-                            "JetStream unavailable at %s (%s); retrying",
-                            nats_where(self.cfg.nats_url),
-                            type(exc).__name__,
-                            extra={"action": "nats_retry", "handler": h.name},
-                        )
-                    await asyncio.sleep(next(delays))
+            subscriptions = await retrying(
+                functools.partial(self._bind, h),
+                retry_on=lambda exc: isinstance(exc, _JETSTREAM_AWAY),
+                log=log,
+                line=lambda exc, _: f"JetStream unavailable at {where} ({type(exc).__name__}); retrying",
+                action="nats_retry",
+                extra={"handler": h.name},
+            )
             for kind, sub, batch in subscriptions:
                 slots = self._slots.setdefault((h.name, kind), Slots(h.concurrency if kind == "events" else 1))
                 self._loops.append(asyncio.create_task(self._fetch_loop(h, sub, slots, batch)))
 
-    async def _bind(self, h: HandlerRuntime):
+    async def _bind(self, h: HandlerRuntime) -> list[tuple[str, Puller, int]]:
         spec = h.spec
         try:
             await self.js.stream_info(spec.stream)
@@ -455,7 +391,7 @@ class Consumer:
         await asyncio.gather(*self._loops, return_exceptions=True)
         self._loops.clear()
 
-    async def _fetch_loop(self, h: HandlerRuntime, sub, slots: Slots, batch: int) -> None:
+    async def _fetch_loop(self, h: HandlerRuntime, sub: Puller, slots: Slots, batch: int) -> None:
         """Fetches for as long as the consumer runs: no error ends it (a closed
         connection is re-established by _keep_connected, which restarts it)."""
         every = Every()
@@ -482,7 +418,7 @@ class Consumer:
             if msgs:
                 self._track(self._process(h, msgs, slots))
 
-    def _track(self, work) -> None:
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
         """An in-flight task, waited for at shutdown; an exception it raises
         (a defect: flow reports each message itself) is logged, never left
         unretrieved."""
@@ -490,30 +426,30 @@ class Consumer:
         self._in_flight.add(task)
         task.add_done_callback(self._finished)
 
-    def _finished(self, task: asyncio.Task) -> None:
+    def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("in-flight task failed", exc_info=task.exception())
 
-    async def _process(self, h: HandlerRuntime, msgs: list, slots: Slots) -> None:
+    async def _process(self, h: HandlerRuntime, msgs: list[Any], slots: Slots) -> None:
         """One fetch, through the message flow; each message frees its slot
         and is counted as soon as it finishes (flow reports each exactly once)."""
         gauge = self.metrics.in_flight.labels(h.name)
         gauge.inc(len(msgs))
 
-        def done(msg, outcome: str | Exception | None) -> None:
+        def done(msg: Any, outcome: Outcome | Exception | None) -> None:
             gauge.dec()
             slots.give(1)
             if outcome is None:  # cancelled, or the consumer stopped: redelivered, not counted
                 return
             if isinstance(outcome, Exception):
                 self._left(h, msg, outcome)
-                outcome = "error"
+                outcome = Outcome.ERROR
             self.metrics.count(h.name, outcome)
 
         await self.flow.handle_fetch(msgs, h, done)
 
-    def _left(self, h: HandlerRuntime, msg, exc: Exception) -> None:
+    def _left(self, h: HandlerRuntime, msg: Any, exc: Exception) -> None:
         """A message left unacknowledged (a server away, or a failure to
         dead-letter it): nak'ed with the retry delay of its delivery, so that
         it comes back without waiting for ack_wait; it records no failure."""
@@ -547,13 +483,7 @@ class Consumer:
                 self._db_ok = False
                 if every():
                     log.warning("inbox.backlog() failed: %s", exc, extra={"error": repr(exc)})
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), self.cfg.backlog_interval)
-
-    async def _tick_loop(self, health: HealthServer) -> None:
-        while True:
-            health.tick()
-            await asyncio.sleep(1)
+            await sleep(self.cfg.backlog_interval, self.stopping)
 
     def problems(self) -> list[str]:
         """Why the consumer is not ready (empty: ready). Called from the health thread."""

@@ -20,7 +20,7 @@ and stream sequence. publish() tells a refusal that can never clear
 (DlqRefused) from one that may.
 
 A replay carries the original event exactly as the relay published it (see
-envelope.py), except the subject and `Nats-Msg-Id =
+core/wire.py), except the subject and `Nats-Msg-Id =
 {message_id}:replay:{handler}:{n}:{nonce}`: the nonce keeps JetStream from
 dropping a replay that follows a crashed replayer pass, and the message id is
 the part before the first colon, still taken from Nats-Msg-Id alone.
@@ -37,6 +37,7 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
+from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from pgoutbox.core import wire
@@ -252,7 +253,7 @@ class DlqRefused(Exception):
 _PERMANENT_JS_ERRORS = frozenset({10054, 10059})
 
 
-async def publish(js, subject: str, body: bytes, headers: dict[str, str]) -> None:
+async def publish(js: JetStreamContext, subject: str, body: bytes, headers: dict[str, str]) -> None:
     """Publishes one DLQ message; DlqRefused when the refusal is permanent
     (too large, no stream captures the subject, a permanent JetStream error),
     anything else (timeouts, lost connection) propagates as it is."""
@@ -273,12 +274,12 @@ async def publish(js, subject: str, body: bytes, headers: dict[str, str]) -> Non
         raise
 
 
-async def ensure_stream(js, context: str, *, max_age: float, duplicate_window: float) -> str:
+async def ensure_stream(js: JetStreamContext, context: str, *, max_age: float, duplicate_window: float) -> str:
     """The name of the stream capturing this context's DLQ subjects; creates
     `{CONTEXT}_DLQ` when none does. An existing stream is left as it is."""
     probe = replay_subject(context, "probe")
     try:
-        return await js.find_stream_name_by_subject(probe)
+        return str(await js.find_stream_name_by_subject(probe))
     except nats.js.errors.NotFoundError:
         pass
     config = StreamConfig(

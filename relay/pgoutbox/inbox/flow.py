@@ -17,7 +17,7 @@ its own otherwise:
      heartbeat (Heartbeat), so that a long handler does not outlive ack_wait;
   4. act on the answer (handler_contract):
      processed   -> inbox.settle (with the other outcomes that are ready:
-                    Settler), then ack;
+                    store.Settler), then ack;
      dead letter -> DLQ notice, then inbox.record_error(dead, replay_after),
                     then ack. The notice comes first: a DEAD_LETTER row has
                     its notice, and a crash in between only repeats the
@@ -64,18 +64,20 @@ import psycopg
 from nats.aio.msg import Msg
 
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
-from pgoutbox.core.errors import DatabaseUnavailable, IllegalTransition, PolicyViolation, SqlState
+from pgoutbox.core.errors import DatabaseUnavailable, PolicyViolation, SqlState
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.core.wire import InvalidMessage, PublishError
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
-from pgoutbox.inbox.metrics import ConsumerMetrics
+from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
 from pgoutbox.inbox.settings import HandlerRuntime
-from pgoutbox.inbox.store import Inbox
+from pgoutbox.inbox.store import Inbox, settles
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A notice to publish: subject, body, headers.
+Notice = tuple[str, bytes, dict[str, str]]
 
 
 class Stopping(Exception):
@@ -100,7 +102,7 @@ class DatabaseGate:
         self._probe = probe
         self._up = asyncio.Event()
         self._up.set()
-        self._watch: asyncio.Task | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._since = 0.0
 
     @property
@@ -158,7 +160,7 @@ class Heartbeat:
         self._tick = 1.0
         self._shorter = asyncio.Event()  # the tick shrank: the sleep under way is too long
 
-    def track(self, msgs, interval: float) -> None:
+    def track(self, msgs: list[Any], interval: float) -> None:
         due = time.monotonic() + interval
         for msg in msgs:
             self._due[id(msg)] = (msg, due, interval)
@@ -167,7 +169,7 @@ class Heartbeat:
             self._tick = interval / 4
             self._shorter.set()
 
-    def done(self, msg) -> None:
+    def done(self, msg: Any) -> None:
         self._due.pop(id(msg), None)
 
     async def run(self) -> None:
@@ -188,82 +190,8 @@ class Heartbeat:
                     log.warning("in-progress ack failed", extra={"error": repr(exc)})
 
 
-# deadlock_detected, serialization_failure: the transaction rolled back, try again.
-_RETRIED = frozenset({"40P01", "40001"})
-
-
-class Settler:
-    """Settles one handler's outcomes in batches: an outcome waits while the
-    call before it runs, then goes with every other one that is ready in one
-    inbox.settle() (one transaction). When nothing is running, an outcome goes
-    at once: batching never adds a wait of its own. On schema 7 (no
-    inbox.settle) each outcome is its own mark_processed/record_error."""
-
-    def __init__(self, inbox: Inbox, handler: str):
-        self.inbox = inbox
-        self.handler = handler
-        self._waiting: list[tuple[str, str | None, asyncio.Future]] = []
-        self._running = False
-        self._task: asyncio.Task | None = None
-
-    async def settle(self, message_id: str, error: str | None = None) -> bool:
-        """PROCESSED (error None) or FAILED; False when the row was no longer
-        RECEIVED/FAILED (another delivery settled it first)."""
-        if not self.inbox.batches:
-            if error is None:
-                return await _settles(self.inbox.mark_processed(message_id, self.handler))
-            return await _settles(self.inbox.record_error(message_id, self.handler, error))
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.append((message_id, error, future))
-        if not self._running:
-            self._running = True
-            self._task = asyncio.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        try:
-            while self._waiting:
-                items, self._waiting = self._waiting, []
-                batch: list[tuple[str, str | None, asyncio.Future]] = []
-                seen: set[str] = set()
-                for item in items:
-                    # The same id twice (two deliveries at once): the second waits for the next call.
-                    (self._waiting if item[0] in seen else batch).append(item)
-                    seen.add(item[0])
-                processed = [m for m, error, _ in batch if error is None]
-                failed = [(m, error) for m, error, _ in batch if error is not None]
-                try:
-                    moved = await self._settle(processed, failed)
-                except Exception as exc:
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                except BaseException:
-                    for _, _, future in batch:
-                        future.cancel()
-                    raise
-                for message_id, _, future in batch:
-                    if not future.done():
-                        future.set_result(message_id in moved)
-        finally:
-            self._running = False
-
-    async def _settle(self, processed: list[str], failed: list[tuple[str, str]]) -> set[str]:
-        """inbox.settle(), tried again after a deadlock or serialization
-        failure (two batches sharing ids, in another order: rolled back, nothing
-        recorded), so that such a clash does not call the handlers again."""
-        for attempt in range(3):
-            try:
-                return await self.inbox.settle(self.handler, processed, [m for m, _ in failed], [e for _, e in failed])
-            except psycopg.Error as exc:
-                if exc.sqlstate not in _RETRIED or attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-
 # What the consumer is told as each message of a fetch finishes.
-Done = Callable[[Any, "str | Exception | None"], None]
+Done = Callable[[Any, "Outcome | Exception | None"], None]
 
 
 @dataclass(slots=True)
@@ -281,7 +209,7 @@ class Admitted:
         return f'{self.body[:-1].decode()},"trace":{trace}}}'
 
 
-async def _acked(msg, outcome: str) -> str:
+async def _acked(msg: Any, outcome: Outcome) -> Outcome:
     await msg.ack()
     return outcome
 
@@ -293,7 +221,7 @@ UNPUBLISHABLE = "DLQ_UNPUBLISHABLE"
 CONSUMER_ERROR = "CONSUMER_ERROR"
 
 
-def _origin(msg) -> tuple[str | None, int | None]:
+def _origin(msg: Any) -> tuple[str | None, int | None]:
     """Stream and stream sequence of a delivery, or of a stream's copy (advisory)."""
     if isinstance(msg, Msg):
         return msg.metadata.stream, msg.metadata.sequence.stream
@@ -313,32 +241,20 @@ def _consumed_by(envelope: dict[str, Any], h: HandlerRuntime) -> None:
         raise InvalidMessage(f"subject {envelope['subject']!r} is not one handler {h.name} consumes")
 
 
-async def _settles(call) -> bool:
-    """Awaits an inbox move; False when the row was no longer RECEIVED/FAILED
-    (ILLEGAL_TRANSITION): another delivery of the same message settled it."""
-    try:
-        await call
-    except IllegalTransition as exc:
-        if exc.code is not SqlState.ILLEGAL_TRANSITION:
-            raise
-        return False
-    return True
-
-
 class MessageFlow:
     def __init__(
         self,
         *,
         inbox: Inbox,
         client: HandlerClient,
-        nc,
-        js,
+        nc: Any,
+        js: Any,
         metrics: ConsumerMetrics,
         retry_backoff: Backoff,
         replay_backoff: Backoff,
         stopping: asyncio.Event,
         gate: DatabaseGate,
-    ):
+    ) -> None:
         self.inbox = inbox
         self.client = client
         self.nc = nc
@@ -349,16 +265,15 @@ class MessageFlow:
         self.stopping = stopping
         self.gate = gate
         self.heartbeat = Heartbeat()
-        self._settlers: dict[str, Settler] = {}
 
-    async def handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
+    async def handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         """Processes the messages of one fetch, and calls done(msg, outcome)
         exactly once for each, as it finishes: a metrics label, the exception
         that left it unacknowledged, or None when it was cancelled or the
         consumer stopped. Never raises but CancelledError."""
         reported: set[int] = set()
 
-        def once(msg, outcome: str | Exception | None) -> None:
+        def once(msg: Any, outcome: Outcome | Exception | None) -> None:
             if id(msg) not in reported:
                 reported.add(id(msg))
                 self.heartbeat.done(msg)
@@ -393,7 +308,7 @@ class MessageFlow:
                     raise
                 self.gate.lost(exc)
 
-    async def _handle_fetch(self, msgs: list, h: HandlerRuntime, done: Done) -> None:
+    async def _handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
         work = []
         for msg in msgs:
@@ -412,9 +327,9 @@ class MessageFlow:
             if isinstance(row, str):
                 work.append(self._run(a.msg, self._unreadable(a.msg, h, row), done))
             elif row["status"] == "PROCESSED":
-                work.append(self._run(a.msg, _acked(a.msg, "duplicate"), done))
+                work.append(self._run(a.msg, _acked(a.msg, Outcome.DUPLICATE), done))
             elif row["status"] == "DEAD_LETTER":
-                work.append(self._run(a.msg, _acked(a.msg, "parked"), done))
+                work.append(self._run(a.msg, _acked(a.msg, Outcome.PARKED), done))
             else:
                 work.append(self._run(a.msg, self._process(a, h, row), done))
         if len(work) == 1:
@@ -422,7 +337,7 @@ class MessageFlow:
         elif work:
             await asyncio.gather(*work)
 
-    async def _admit(self, msg, h: HandlerRuntime) -> Admitted | str:
+    async def _admit(self, msg: Any, h: HandlerRuntime) -> Admitted | str:
         """A delivery read: its envelope and request body, or why it is unreadable."""
         delivery = msg.metadata.num_delivered
         if delivery > 1:
@@ -437,9 +352,9 @@ class MessageFlow:
             log.exception("unreadable message", extra={"handler": h.name})
             return f"unreadable ({type(exc).__name__}: {str(exc)[:200]})"
 
-    async def _run(self, msg, work, done: Done) -> None:
+    async def _run(self, msg: Any, work: Awaitable[Outcome], done: Done) -> None:
         try:
-            outcome: str | Exception | None = await work
+            outcome: Outcome | Exception | None = await work
         except asyncio.CancelledError:
             done(msg, None)
             raise
@@ -451,39 +366,33 @@ class MessageFlow:
 
     async def _receive_all(self, h: HandlerRuntime, admitted: list[Admitted]) -> list[dict[str, Any] | str]:
         """The inbox rows of a fetch, recorded with one call (receive_batch);
-        one by one on schema 7, or when the batch is refused (to learn which
-        message is at fault and refuse only that one)."""
+        one by one on a schema without it (the store says so), or when the
+        batch is refused (to learn which message is at fault and refuse only
+        that one)."""
         if not admitted:
             return []
-        if self.inbox.batches:
-            try:
-                rows = await self.inbox.receive_batch(
-                    h.name,
-                    [a.envelope["message_id"] for a in admitted],
-                    [a.envelope["subject"] for a in admitted],
-                    [a.stored() for a in admitted],
-                )
-            except PolicyViolation:
-                pass
-            except psycopg.Error as exc:
-                if not _refuses_data(exc):
-                    raise
-            else:
-                ordered: list[dict[str, Any] | str] = [row for row in rows]
-                if [row["ordinal"] for row in rows] != list(range(1, len(admitted) + 1)):
-                    raise RuntimeError("inbox.receive_batch() did not return one row per message")
-                return ordered
+        rows: list[dict[str, Any]] | None = None
+        try:
+            rows = await self.inbox.receive_batch(
+                h.name,
+                [a.envelope["message_id"] for a in admitted],
+                [a.envelope["subject"] for a in admitted],
+                [a.stored() for a in admitted],
+            )
+        except PolicyViolation:
+            pass
+        except psycopg.Error as exc:
+            if not _refuses_data(exc):
+                raise
+        if rows is not None:
+            if [row["ordinal"] for row in rows] != list(range(1, len(admitted) + 1)):
+                raise RuntimeError("inbox.receive_batch() did not return one row per message")
+            return list(rows)
         if len(admitted) == 1:
             return [await self._receive(h, admitted[0].envelope)]
         return list(await asyncio.gather(*(self._receive(h, a.envelope) for a in admitted)))
 
-    def _settler(self, h: HandlerRuntime) -> Settler:
-        settler = self._settlers.get(h.name)
-        if settler is None:
-            settler = self._settlers[h.name] = Settler(self.inbox, h.name)
-        return settler
-
-    def use(self, nc, js) -> None:
+    def use(self, nc: Any, js: Any) -> None:
         """The connection to publish on, after the consumer re-established it."""
         self.nc, self.js = nc, js
 
@@ -498,7 +407,7 @@ class MessageFlow:
                 raise
             return f"PostgreSQL cannot store it: [{exc.sqlstate}] {exc.diag.message_primary or exc}"
 
-    async def _process(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> str:
+    async def _process(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
         try:
             return await self._call(a, h, row)
         except Stopping:
@@ -512,9 +421,9 @@ class MessageFlow:
             reason = f"{CONSUMER_ERROR}: {type(exc).__name__}: {str(exc)[:500]}"
             if not await self._dead_letter(a.msg, h, a.envelope, row, reason, _origin(a.msg)):
                 return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
-            return "dead_lettered"
+            return Outcome.DEAD_LETTERED
 
-    async def _call(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> str:
+    async def _call(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         failures = self.inbox.failures(row)
@@ -523,17 +432,16 @@ class MessageFlow:
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         action = decide(answer)
-        settler = self._settler(h)
         if action is Action.PROCESSED:
-            if not await self.database(lambda: settler.settle(message_id)):
+            if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):
                 return await self._settled_elsewhere(msg, h, message_id)
             await msg.ack()
-            return "processed"
+            return Outcome.PROCESSED
         # This failure is the handler's (failures + 1)th: the one that reaches
         # max_deliver dead-letters, here, while the message is in hand.
         last = failures + 1 >= h.max_deliver
         if action is Action.RETRY and not last:
-            if not await self.database(lambda: settler.settle(message_id, answer.summary)):
+            if not await self.database(lambda: self.inbox.settle_one(h.name, message_id, answer.summary)):
                 return await self._settled_elsewhere(msg, h, message_id)
             delay = self._retry_delay(answer, failures + 1)
             await msg.nak(delay=delay)
@@ -548,7 +456,7 @@ class MessageFlow:
                     "nak_delay": round(delay, 3),
                 },
             )
-            return "retried"
+            return Outcome.RETRIED
         reason = (
             answer.summary
             if action is Action.DEAD_LETTER
@@ -556,9 +464,9 @@ class MessageFlow:
         )
         if not await self._dead_letter(msg, h, envelope, row, reason, _origin(msg)):
             return await self._settled_elsewhere(msg, h, message_id)
-        return "dead_lettered"
+        return Outcome.DEAD_LETTERED
 
-    async def _settled_elsewhere(self, msg, h: HandlerRuntime, message_id: str) -> str:
+    async def _settled_elsewhere(self, msg: Any, h: HandlerRuntime, message_id: str) -> Outcome:
         """Another delivery of the same message id (a redelivery while this one
         ran, or the same id published twice) settled the row first: its outcome stands."""
         await msg.ack()
@@ -569,7 +477,7 @@ class MessageFlow:
                 "message_id": message_id,
             },
         )
-        return "duplicate"
+        return Outcome.DUPLICATE
 
     def _retry_delay(self, answer: HandlerAnswer, failure: int) -> float:
         """The nak delay after the handler's failure number `failure` (1, 2, ...)."""
@@ -579,7 +487,7 @@ class MessageFlow:
 
     async def _dead_letter(
         self,
-        msg,
+        msg: Any,
         h: HandlerRuntime,
         envelope: dict[str, Any],
         row: dict[str, Any],
@@ -617,9 +525,7 @@ class MessageFlow:
         subject, problem = await self._publish_notice(build, persist=True)
         recorded = reason if problem is None else f"{UNPUBLISHABLE}: {problem}; {reason}"
         if not await self.database(
-            lambda: _settles(
-                self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after)
-            )
+            lambda: settles(self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after))
         ):
             return False
         if msg is not None:
@@ -636,7 +542,7 @@ class MessageFlow:
         )
         return True
 
-    async def _publish_notice(self, build, *, persist: bool) -> tuple[str | None, str | None]:
+    async def _publish_notice(self, build: Callable[[bool], Notice], *, persist: bool) -> tuple[str | None, str | None]:
         """Publishes the notice build(copy) makes: the original copied when it
         fits, else referenced; referenced again when JetStream refuses the
         copy as too large (a stream's max_msg_size). Returns (subject, None),
@@ -685,7 +591,7 @@ class MessageFlow:
                 if not await sleep(delay, self.stopping):
                     raise
 
-    async def _unreadable(self, msg, h: HandlerRuntime, why: str) -> str:
+    async def _unreadable(self, msg: Any, h: HandlerRuntime, why: str) -> Outcome:
         """Publishes a message that cannot enter the inbox to `.invalid`, raw
         when that fits; acks it when it was delivered (a stream's copy, from an
         advisory, has nothing to ack). When no notice can be published, the
@@ -724,4 +630,4 @@ class MessageFlow:
                 "error": problem,
             },
         )
-        return "invalid"
+        return Outcome.INVALID

@@ -1,5 +1,5 @@
 """Prometheus metrics of the consumer and replayer (served by
-health_server.HealthServer; /readyz fails unless NATS and PostgreSQL are
+core/health.py::HealthServer; /readyz fails unless NATS and PostgreSQL are
 reachable and every durable is bound).
 
 Each Consumer owns its own CollectorRegistry, so several can share a process
@@ -13,9 +13,23 @@ metrics table of docs/reference.md (`make docs/reference`).
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-OUTCOMES = ("processed", "duplicate", "parked", "dead_lettered", "retried", "invalid", "error")
+
+class Outcome(StrEnum):
+    """What became of a delivery: the `outcome` label of the messages counter
+    (a str: labels and logs read the same as plain strings)."""
+
+    PROCESSED = "processed"
+    DUPLICATE = "duplicate"  # already processed: acked, handler not called
+    PARKED = "parked"  # already dead-lettered: acked
+    DEAD_LETTERED = "dead_lettered"
+    RETRIED = "retried"
+    INVALID = "invalid"  # unreadable: sent to .invalid
+    ERROR = "error"  # an infrastructure failure: not acked
 
 
 class ConsumerMetrics:
@@ -68,17 +82,17 @@ class ConsumerMetrics:
             registry=r,
         )
 
-    def count(self, handler: str, outcome: str) -> None:
+    def count(self, handler: str, outcome: Outcome) -> None:
         self.messages.labels(handler, outcome).inc()
 
-    def value(self, handler: str, outcome: str) -> float:
+    def value(self, handler: str, outcome: Outcome | str) -> float:
         """The current count (for tests and the benchmark)."""
         return (
             self.registry.get_sample_value("pgoutbox_consumer_messages_total", {"handler": handler, "outcome": outcome})
             or 0.0
         )
 
-    def set_backlog(self, rows: list[dict], now: float) -> None:
+    def set_backlog(self, rows: list[dict[str, Any]], now: float) -> None:
         self.backlog.clear()
         self.oldest_unprocessed_age.clear()
         for row in rows:

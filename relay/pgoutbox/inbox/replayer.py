@@ -20,20 +20,21 @@ pass's other rows are replayed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import nats.errors
 import psycopg
+from nats.js import JetStreamContext
 
 from pgoutbox.core.backoff import Every
-from pgoutbox.core.errors import DatabaseUnavailable
+from pgoutbox.core.errors import DatabaseUnavailable, one_line
+from pgoutbox.core.stopping import sleep
 from pgoutbox.core.wire import PublishError, message_size
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.store import Inbox
 
-log = logging.getLogger("pgoutbox.inbox.replayer")
+log = logging.getLogger(__name__)
 
 # Prefix of last_error of a dead letter whose replay can never be published.
 UNPUBLISHABLE = "REPLAY_UNPUBLISHABLE"
@@ -47,15 +48,15 @@ class Replayer:
         self,
         *,
         inbox: Inbox,
-        js,
+        js: JetStreamContext,
         metrics: ConsumerMetrics,
         worker: str,
         batch_size: int,
         poll_interval: float,
         dlq_max_age: float,
         dlq_duplicate_window: float,
-        nc=None,
-    ):
+        nc: nats.NATS | None = None,
+    ) -> None:
         self.inbox = inbox
         self.js = js
         self.nc = nc  # for its max_payload (None: not checked before publishing)
@@ -66,7 +67,7 @@ class Replayer:
         self._dlq_options = {"max_age": dlq_max_age, "duplicate_window": dlq_duplicate_window}
         self._streams: set[str] = set()
 
-    def use(self, nc, js) -> None:
+    def use(self, nc: nats.NATS, js: JetStreamContext) -> None:
         """The connection to publish on, after the consumer re-established it."""
         self.nc, self.js = nc, js
 
@@ -151,9 +152,8 @@ class Replayer:
                     if isinstance(
                         exc, (DatabaseUnavailable, psycopg.OperationalError, nats.errors.Error, asyncio.TimeoutError)
                     ):
-                        log.warning("replay pass failed: %s", str(exc) or type(exc).__name__)
+                        log.warning("replay pass failed: %s", one_line(exc))
                     else:
                         log.exception("replay pass failed")
             if done < self.batch_size:  # a full batch means more may be due: go on at once
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), self.poll_interval)
+                await sleep(self.poll_interval, stopping)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pgoutbox.core import bounds, settings
 from pgoutbox.core.backoff import Backoff, jitter_fraction
@@ -299,7 +300,7 @@ class HandlerRuntime:
 
 
 def resolve(spec: registry.HandlerSpec, cfg: ConsumerConfig) -> HandlerRuntime:
-    def pick(name: str, default_name: str | None = None):
+    def pick(name: str, default_name: str | None = None) -> Any:
         value = getattr(spec, name)
         return value if value is not None else getattr(cfg, default_name or name)
 

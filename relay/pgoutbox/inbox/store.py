@@ -5,8 +5,9 @@ opens one, as the replayer does); a lost connection raises DatabaseUnavailable."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +16,14 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgoutbox.core import db
-from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, SchemaMismatch, wrap_exceptions
+from pgoutbox.core.errors import (
+    DatabaseUnavailable,
+    IllegalTransition,
+    PgOutboxError,
+    SchemaMismatch,
+    SqlState,
+    wrap_exceptions,
+)
 
 # The first schema with inbox.receive_batch() and inbox.settle(); on an older
 # one (7 or 8) the consumer records and settles message by message.
@@ -28,7 +36,7 @@ _NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema
 _PERMISSION_DENIED = "42501"
 
 
-class ClaimedReplays(list):
+class ClaimedReplays(list[dict[str, Any]]):
     """The rows inbox.claim_replays() moved to RECEIVED, and the connection of
     the transaction that claimed them (to park a row that cannot be replayed)."""
 
@@ -60,7 +68,7 @@ def pool(database_url: str | None, size: int) -> db.Pool:
     return db.Pool(database_url, name="inbox", size=size, refused=refused)
 
 
-async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple) -> dict[str, Any]:
+async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple[Any, ...]) -> dict[str, Any]:
     async with conn.cursor(row_factory=dict_row) as cur:
         with wrap_exceptions():
             await cur.execute(query, params)
@@ -71,7 +79,9 @@ async def _one(conn: psycopg.AsyncConnection, query: str, params: tuple) -> dict
 
 # The inbox functions on a given connection, inside whatever transaction it
 # has open: in-database handlers call them in their business transaction.
-async def receive(conn, message_id: str, handler: str, subject: str, envelope: dict | None) -> dict[str, Any]:
+async def receive(
+    conn: psycopg.AsyncConnection[Any], message_id: str, handler: str, subject: str, envelope: dict[str, Any] | None
+) -> dict[str, Any]:
     return await _one(
         conn,
         "SELECT * FROM inbox.receive(%s, %s, %s, %s)",
@@ -79,12 +89,12 @@ async def receive(conn, message_id: str, handler: str, subject: str, envelope: d
     )
 
 
-async def mark_processed(conn, message_id: str, handler: str) -> dict[str, Any]:
+async def mark_processed(conn: psycopg.AsyncConnection[Any], message_id: str, handler: str) -> dict[str, Any]:
     return await _one(conn, "SELECT * FROM inbox.mark_processed(%s, %s)", (message_id, handler))
 
 
 async def record_error(
-    conn,
+    conn: psycopg.AsyncConnection[Any],
     message_id: str,
     handler: str,
     error: str,
@@ -99,7 +109,14 @@ async def record_error(
 
 
 async def record_in_database_error(
-    conn, message_id: str, handler: str, subject: str, envelope: dict | None, error: str, *, dead: bool
+    conn: psycopg.AsyncConnection[Any],
+    message_id: str,
+    handler: str,
+    subject: str,
+    envelope: dict[str, Any] | None,
+    error: str,
+    *,
+    dead: bool,
 ) -> dict[str, Any]:
     return await _one(
         conn,
@@ -117,7 +134,9 @@ def failures(row: dict[str, Any], counted: bool) -> int:
     return max(int(row["attempts"]) - 1, 0)
 
 
-async def receive_batch(conn, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]) -> list[dict]:
+async def receive_batch(
+    conn: psycopg.AsyncConnection[Any], handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
+) -> list[dict[str, Any]]:
     """inbox.receive_batch(): one row per message, in the order given;
     `envelopes` are JSON texts (serialised once by the caller)."""
     async with conn.cursor(row_factory=dict_row) as cur:
@@ -130,7 +149,9 @@ async def receive_batch(conn, handler: str, ids: list[str], subjects: list[str],
             return await cur.fetchall()
 
 
-async def settle(conn, handler: str, processed: list[str], failed: list[str], errors: list[str]) -> set[str]:
+async def settle(
+    conn: psycopg.AsyncConnection[Any], handler: str, processed: list[str], failed: list[str], errors: list[str]
+) -> set[str]:
     """inbox.settle(): the ids of the rows it moved."""
     async with conn.cursor() as cur:
         with wrap_exceptions():
@@ -142,7 +163,7 @@ async def settle(conn, handler: str, processed: list[str], failed: list[str], er
 
 
 async def receive_processed(
-    conn, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
+    conn: psycopg.AsyncConnection[Any], handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
 ) -> list[tuple[int, str | None]]:
     """inbox.receive_processed(), in the caller's transaction: (ordinal,
     status) of each message it did not record, 1-based; none when it recorded
@@ -158,11 +179,96 @@ async def receive_processed(
             return await cur.fetchall()
 
 
+async def settles(call: Awaitable[Any]) -> bool:
+    """Awaits an inbox move; False when the row was no longer RECEIVED/FAILED
+    (ILLEGAL_TRANSITION): another delivery of the same message settled it."""
+    try:
+        await call
+    except IllegalTransition as exc:
+        if exc.code is not SqlState.ILLEGAL_TRANSITION:
+            raise
+        return False
+    return True
+
+
+# deadlock_detected, serialization_failure: the transaction rolled back, try again.
+_RETRIED = frozenset({"40P01", "40001"})
+
+
+class Settler:
+    """Settles one handler's outcomes in batches (Inbox.settle_one): an
+    outcome waits while the call before it runs, then goes with every other
+    one that is ready in one inbox.settle() (one transaction). When nothing
+    is running, an outcome goes at once: batching never adds a wait of its own."""
+
+    def __init__(self, inbox: Inbox, handler: str):
+        self.inbox = inbox
+        self.handler = handler
+        self._waiting: list[tuple[str, str | None, asyncio.Future[bool]]] = []
+        self._running = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def settle(self, message_id: str, error: str | None = None) -> bool:
+        """PROCESSED (error None) or FAILED; False when the row was no longer
+        RECEIVED/FAILED (another delivery settled it first)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append((message_id, error, future))
+        if not self._running:
+            self._running = True
+            self._task = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                items, self._waiting = self._waiting, []
+                batch: list[tuple[str, str | None, asyncio.Future[bool]]] = []
+                seen: set[str] = set()
+                for item in items:
+                    # The same id twice (two deliveries at once): the second waits for the next call.
+                    (self._waiting if item[0] in seen else batch).append(item)
+                    seen.add(item[0])
+                processed = [m for m, error, _ in batch if error is None]
+                failed = [(m, error) for m, error, _ in batch if error is not None]
+                try:
+                    moved = await self._settle(processed, failed)
+                except Exception as exc:
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                except BaseException:
+                    for _, _, future in batch:
+                        future.cancel()
+                    raise
+                for message_id, _, future in batch:
+                    if not future.done():
+                        future.set_result(message_id in moved)
+        finally:
+            self._running = False
+
+    async def _settle(self, processed: list[str], failed: list[tuple[str, str]]) -> set[str]:
+        """inbox.settle(), tried again after a deadlock or serialization
+        failure (two batches sharing ids, in another order: rolled back, nothing
+        recorded), so that such a clash does not call the handlers again."""
+        for attempt in range(3):
+            try:
+                return await self.inbox.settle(self.handler, processed, [m for m, _ in failed], [e for _, e in failed])
+            except psycopg.Error as exc:
+                if exc.sqlstate not in _RETRIED or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
 class Inbox:
-    """The same calls, each on a pooled connection in its own transaction."""
+    """The same calls, each on a pooled connection in its own transaction.
+    Which calls a schema has is decided here: on 7 and 8 (no
+    inbox.receive_batch, no inbox.settle) receive_batch returns None and
+    settle_one goes message by message."""
 
     def __init__(self, pool: db.Pool):
         self.pool = pool
+        self._settlers: dict[str, Settler] = {}
 
     @property
     def batches(self) -> bool:
@@ -179,15 +285,31 @@ class Inbox:
 
     async def receive_batch(
         self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
-    ) -> list[dict[str, Any]]:
+    ) -> list[dict[str, Any]] | None:
+        """inbox.receive_batch(), or None on a schema without it: receive() each."""
+        if not self.batches:
+            return None
         async with self.pool.connection() as conn:
             return await receive_batch(conn, handler, ids, subjects, envelopes)
+
+    async def settle_one(self, handler: str, message_id: str, error: str | None = None) -> bool:
+        """PROCESSED (error None) or FAILED, batched with the handler's other
+        outcomes that are ready (Settler); False when the row was no longer
+        RECEIVED/FAILED (another delivery settled it first)."""
+        if not self.batches:
+            if error is None:
+                return await settles(self.mark_processed(message_id, handler))
+            return await settles(self.record_error(message_id, handler, error))
+        settler = self._settlers.get(handler)
+        if settler is None:
+            settler = self._settlers[handler] = Settler(self, handler)
+        return await settler.settle(message_id, error)
 
     async def settle(self, handler: str, processed: list[str], failed: list[str], errors: list[str]) -> set[str]:
         async with self.pool.connection() as conn:
             return await settle(conn, handler, processed, failed, errors)
 
-    async def receive(self, message_id: str, handler: str, subject: str, envelope: dict) -> dict[str, Any]:
+    async def receive(self, message_id: str, handler: str, subject: str, envelope: dict[str, Any]) -> dict[str, Any]:
         async with self.pool.connection() as conn:
             return await receive(conn, message_id, handler, subject, envelope)
 
@@ -216,7 +338,7 @@ class Inbox:
 
     async def schema_version(self) -> int:
         async with self.pool.connection() as conn:
-            return (await _one(conn, "SELECT outbox.schema_version() AS v", ()))["v"]
+            return int((await _one(conn, "SELECT outbox.schema_version() AS v", ()))["v"])
 
     @contextlib.asynccontextmanager
     async def claimed_replays(self, worker: str, batch_size: int) -> AsyncIterator[ClaimedReplays]:

@@ -47,7 +47,7 @@ import struct
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -55,6 +55,7 @@ from typing import Any, BinaryIO
 
 import nats.errors
 import psycopg
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import db
@@ -220,7 +221,7 @@ def subject_pattern(subject: str) -> str:
     return "^" + r"\.".join(parts) + "$"
 
 
-async def stream_view(nc, name: str) -> StreamView:
+async def stream_view(nc: nats.NATS, name: str) -> StreamView:
     """The stream's configuration and state (raw API: nats-py drops first_ts)."""
     reply = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=5)).data)
     error = reply.get("error")
@@ -353,7 +354,9 @@ def _outbox_pass(
         return spill, list(subjects), now, horizon, found
 
 
-async def _stream_pass(nc, view: StreamView, start: datetime | None, spill: _Spill, opts: Options, tick: _Ticker):
+async def _stream_pass(
+    nc: nats.NATS, view: StreamView, start: datetime | None, spill: _Spill, opts: Options, tick: _Ticker
+) -> tuple[int, int]:
     """Every message of the stream from `start` on (headers only), into the
     spill; returns (read, foreign). Pull requests are sent by hand to a
     subscription with a callback: nats-py's fetch() costs a task per message,
@@ -385,7 +388,7 @@ async def _stream_pass(nc, view: StreamView, start: datetime | None, spill: _Spi
         counts["batch"] = 0
         await nc.publish(next_subject, request, reply=inbox)
 
-    async def on_message(msg) -> None:
+    async def on_message(msg: Msg) -> None:
         if done.is_set():
             return
         activity[0] = time.monotonic()
@@ -485,14 +488,14 @@ def _compare(
 
 
 @contextlib.asynccontextmanager
-async def workspace(opts: Options):
+async def workspace(opts: Options) -> AsyncIterator[Path]:
     """The temporary directory of the spill files, removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="pgoutbox-audit-", dir=opts.spill_dir) as root:
         yield Path(root)
 
 
 async def audit_stream(
-    database_url: str | None, nc, name: str, opts: Options, root: Path, progress: Progress = print
+    database_url: str | None, nc: nats.NATS, name: str, opts: Options, root: Path, progress: Progress = print
 ) -> Report:
     """Audits one stream; the report's repair_file lives as long as `root`."""
     started = time.monotonic()

@@ -9,7 +9,7 @@ does not know.
 
 Claimed rows are read so that no value can fail the fetch: ids, payload and
 headers as text, and timestamps as the wire text built from PostgreSQL's own
-rendering (envelope.wire_time), or a marker for values that have none
+rendering (wire.wire_time), or a marker for values that have none
 (±infinity, BC, years past 9999, which psycopg cannot load as datetimes).
 """
 
@@ -21,19 +21,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
-from pgoutbox.core import db
-from pgoutbox.core import wire as envelope
+from pgoutbox.core import db, wire
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, PgOutboxError, SchemaMismatch, wrap_exceptions
 
 __all__ = ["CLAIMED_COLUMNS", "WAKEUP_CHANNEL", "DatabaseUnavailable", "OutboxCalls", "WireTimeLoader", "pool"]
 
-log = logging.getLogger("pgoutbox.core.db")
+log = logging.getLogger(__name__)
 
-# The columns the wire envelope needs (envelope.to_nats), plus the claim token
+# The columns the wire envelope needs (wire.to_nats), plus the claim token
 # and attempts; decoding fewer columns keeps claiming cheap. payload and
 # headers come as jsonb text: the payload goes on the wire as PostgreSQL
 # renders it (exact numbers, no decode/encode round trip through Python).
@@ -45,18 +45,18 @@ CLAIMED_COLUMNS = (
 WAKEUP_CHANNEL = "outbox_v1"  # sql/40_outbox_wakeup.sql
 
 
-def _log_warning(diag) -> None:
+def _log_warning(diag: psycopg.errors.Diagnostic) -> None:
     """PostgreSQL's RAISE WARNING (e.g. from create_partitions) into our logs."""
     if diag.severity_nonlocalized == "WARNING":
         log.warning("PostgreSQL: %s", diag.message_primary, extra={"action": "db_warning", "hint": diag.message_hint})
 
 
 class WireTimeLoader(Loader):
-    """timestamptz -> wire text or envelope.Unrepresentable; never raises (a
+    """timestamptz -> wire text or wire.Unrepresentable; never raises (a
     value Python's datetime cannot hold would otherwise fail the whole fetch)."""
 
-    def load(self, data) -> str | envelope.Unrepresentable:
-        return envelope.wire_time(bytes(data).decode())
+    def load(self, data: Buffer) -> str | wire.Unrepresentable:
+        return wire.wire_time(bytes(data).decode())
 
 
 def pool(
@@ -120,7 +120,7 @@ class OutboxCalls:
         await self._give_back(self._conn)
         await self.pool.close()
 
-    async def _run(self, query: str, params: tuple = (), *, rows: bool = False) -> Any:
+    async def _run(self, query: str, params: tuple[Any, ...] = (), *, rows: bool = False) -> Any:
         conn = self._conn
         if conn is None:
             async with self._getting:
@@ -142,36 +142,38 @@ class OutboxCalls:
                 await self._give_back(conn)
             raise
 
-    async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict]:
-        return await self._run(
+    async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self._run(
             f"SELECT {CLAIMED_COLUMNS} FROM outbox.claim(%s, %s, %s)",
             (worker, batch_size, timedelta(seconds=lease)),
             rows=True,
         )
+        return rows
 
-    async def mark_published(self, claim_token, event_ids: list) -> int:
+    async def mark_published(self, claim_token: Any, event_ids: list[Any]) -> int:
         row = await self._run("SELECT outbox.mark_published(%s::uuid, %s::uuid[]) AS n", (claim_token, event_ids))
-        return row["n"]
+        return int(row["n"])
 
     async def mark_failed(
-        self, claim_token, event_ids: list, errors: list[str], retry_at: list[datetime | None]
+        self, claim_token: Any, event_ids: list[Any], errors: list[str], retry_at: list[datetime | None]
     ) -> int:
         row = await self._run(
             "SELECT outbox.mark_failed(%s::uuid, %s::uuid[], %s, %s::timestamptz[]) AS n",
             (claim_token, event_ids, errors, retry_at),
         )
-        return row["n"]
+        return int(row["n"])
 
-    async def backlog(self) -> list[dict]:
-        return await self._run("SELECT * FROM outbox.backlog()", rows=True)
+    async def backlog(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self._run("SELECT * FROM outbox.backlog()", rows=True)
+        return rows
 
     async def notify_throttle(self) -> float:
         row = await self._run("SELECT outbox.notify_throttle() AS gap")
-        return row["gap"].total_seconds()
+        return float(row["gap"].total_seconds())
 
     async def create_partitions(self, days_ahead: int) -> list[str]:
         rows = await self._run("SELECT p AS name FROM outbox.create_partitions(%s) AS p", (days_ahead,), rows=True)
         return [r["name"] for r in rows]
 
     async def schema_version(self) -> int:
-        return (await self._run("SELECT outbox.schema_version() AS v"))["v"]
+        return int((await self._run("SELECT outbox.schema_version() AS v"))["v"])

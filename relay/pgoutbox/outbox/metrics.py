@@ -9,9 +9,11 @@ metrics table of docs/reference.md (`make docs/reference`)."""
 from __future__ import annotations
 
 from collections import Counter as Tally
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pgoutbox.core.wire import PublishError
 from pgoutbox.outbox.publisher import Outcome
 
 _BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
@@ -74,12 +76,12 @@ class RelayMetrics:
         self.nats_up = Gauge("pgoutbox_relay_nats_up", "1 when connected to NATS", registry=r)
         self.ready = Gauge("pgoutbox_relay_ready", "1 when /readyz answers 200", registry=r)
 
-    def count(self, contexts: dict, outcomes: list[Outcome], dead: set) -> None:
+    def count(self, contexts: dict[Any, str], outcomes: list[Outcome], dead: set[Any]) -> None:
         """Counts one batch's outcomes; contexts maps event_id -> context."""
-        published: Tally[tuple] = Tally()
-        duplicates: Tally[tuple] = Tally()
-        failed: Tally[tuple] = Tally()
-        dead_lettered: Tally[tuple] = Tally()
+        published: Tally[str] = Tally()
+        duplicates: Tally[str] = Tally()
+        failed: Tally[tuple[str, PublishError | None]] = Tally()
+        dead_lettered: Tally[tuple[str, PublishError | None]] = Tally()
         for o in outcomes:
             ctx = contexts[o.event_id]
             if o.ok:
@@ -98,7 +100,7 @@ class RelayMetrics:
         for (ctx, code), n in dead_lettered.items():
             self.dead_lettered.labels(ctx, code).inc(n)
 
-    def backlog(self, rows: list[dict]) -> None:
+    def backlog(self, rows: list[dict[str, Any]]) -> None:
         seen = set()
         for row in rows:
             ctx = row["context"]

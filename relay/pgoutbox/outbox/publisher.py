@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import json
 import logging
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,13 +25,14 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
-from pgoutbox.core import wire as envelope
-from pgoutbox.core.backoff import Every
-from pgoutbox.core.errors import BrokerUnavailable, ConfigError
+from pgoutbox.core import broker, wire
+from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.core.wire import HEADER_FRAMING, PERMANENT, PublishError, message_size
 
-log = logging.getLogger("pgoutbox.outbox.publisher")
+log = logging.getLogger(__name__)
 
 # The JetStream API error a stream's max_msg_size produces; it can never
 # succeed on retry. Other JetStream errors (limits reached, leader moving...)
@@ -78,17 +78,17 @@ class _NoResponders(Exception):
 
 
 def encode(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
-    """envelope.to_nats, plus what a claimed row must satisfy that a replayed
+    """wire.to_nats, plus what a claimed row must satisfy that a replayed
     envelope need not: the subject the INSERT trigger derives from the row's
     parts, and an object payload (rows written around emit can lack both)."""
-    subject, body, headers = envelope.to_nats(row)
+    subject, body, headers = wire.to_nats(row)
     if subject != f"{row['context']}.event.{row['event_type']}.v{row['event_version']}":
-        raise envelope.WireError(
+        raise wire.WireError(
             PublishError.BAD_SUBJECT,
             f"subject {subject!r} is not {{context}}.event.{{event_type}}.v{{event_version}} of this event",
         )
     if body[:1] != b"{":  # jsonb renders an object with "{" first
-        raise envelope.WireError(PublishError.BAD_PAYLOAD, f"payload is not a JSON object: {body[:40]!r}")
+        raise wire.WireError(PublishError.BAD_PAYLOAD, f"payload is not a JSON object: {body[:40]!r}")
     return subject, body, headers
 
 
@@ -97,7 +97,7 @@ def encode_outcome(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]] 
     carries may fail its batch."""
     try:
         return encode(row)
-    except envelope.WireError as exc:
+    except wire.WireError as exc:
         code = PublishError._value2member_map_.get(exc.code, PublishError.ENCODE_FAILED)
         return Outcome(row["event_id"], code=code, detail=exc.detail)  # type: ignore[arg-type]
     except Exception as exc:
@@ -121,11 +121,10 @@ class Publisher:
         self._connected = asyncio.Event()
         self._inbox = ""
         self._tokens = itertools.count()
-        self._waiting: dict[str, asyncio.Future] = {}
-        self._closing = False
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     @property
-    def js(self):
+    def js(self) -> JetStreamContext:
         return self._client().jetstream(timeout=self.timeout)
 
     def _client(self) -> nats.NATS:
@@ -147,59 +146,22 @@ class Publisher:
     async def connect(self) -> None:
         """Returns once connected; retries for as long as NATS is unreachable."""
 
-        async def disconnected():
+        async def disconnected() -> None:
             self._connected.clear()
-            if not self._closing:
-                log.warning("NATS disconnected", extra={"action": "nats_disconnected"})
 
-        async def reconnected():
+        async def reconnected() -> None:
             self._connected.set()
-            log.info("NATS reconnected", extra={"action": "nats_reconnected"})
 
-        lines = Every()
-
-        async def error(exc):
-            # nats-py retries every 250 ms while NATS is away: one line per 5 s is enough.
-            if not lines():
-                return
-            reason = str(exc) or type(exc).__name__
-            if self._connected.is_set():
-                log.warning("NATS: %s", reason, extra={"action": "nats_error"})
-            else:
-                log.warning(
-                    "%s (attempt %d); retrying",
-                    BrokerUnavailable(f"cannot connect to NATS at {where(self.url)} (OUTBOX_NATS_URL): {reason}"),
-                    lines.attempts,
-                    extra={"action": "nats_error"},
-                )
-
-        try:
-            self.nc = await nats.connect(
-                [u.strip() for u in self.url.split(",") if u.strip()],  # every node of a cluster
-                name=self.name,
-                max_reconnect_attempts=-1,  # also retries the first connect
-                reconnect_time_wait=0.25,
-                connect_timeout=2,
-                disconnected_cb=disconnected,
-                reconnected_cb=reconnected,
-                error_cb=error,
-            )
-        except nats.errors.Error as exc:  # raised at once only for what no retry can fix, e.g. a malformed URL
-            raise ConfigError(f"OUTBOX_NATS_URL {where(self.url)}: {exc}") from exc
+        self.nc = await broker.connect(self.url, self.name, disconnected_cb=disconnected, reconnected_cb=reconnected)
         self._inbox = self.nc.new_inbox()
         await self.nc.subscribe(self._inbox + ".*", cb=self._on_reply)
         self._connected.set()
-        log.info(
-            "NATS connected",
-            extra={"action": "nats_connected", "max_payload": self.nc.max_payload},
-        )
 
     async def close(self) -> None:
-        self._closing = True
         if self.nc is not None and not self.nc.is_closed:
             await self.nc.close()
 
-    async def _on_reply(self, msg) -> None:
+    async def _on_reply(self, msg: Msg) -> None:
         future = self._waiting.pop(msg.subject.rpartition(".")[2], None)
         if future is None or future.done():
             return  # a late ack for a publish already given up on
@@ -222,7 +184,7 @@ class Publisher:
         if not self.connected:
             return [Outcome(r["event_id"], code=PublishError.NATS_UNAVAILABLE, detail="not connected") for r in rows]
         outcomes: list[Outcome | None] = [None] * len(rows)
-        sent: dict[int, tuple[str, asyncio.Future]] = {}
+        sent: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         nc = self._client()
         max_payload = nc.max_payload
         loop = asyncio.get_running_loop()
@@ -296,19 +258,7 @@ class Publisher:
         )
 
 
-def where(url: str) -> str:
-    """The servers of a NATS URL list, for messages: without user or password."""
-    out = []
-    for one in url.split(","):
-        try:
-            parts = urllib.parse.urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
-            out.append(f"{parts.hostname or '?'}:{parts.port or 4222}")
-        except ValueError:
-            out.append("(unparsable URL)")
-    return ",".join(out)
-
-
-def _classify_send_error(event_id, exc: Exception) -> Outcome:
+def _classify_send_error(event_id: Any, exc: Exception) -> Outcome:
     if isinstance(exc, nats.errors.MaxPayloadError):
         return Outcome(event_id, code=PublishError.MAX_PAYLOAD, detail="payload exceeds max_payload")
     if isinstance(exc, nats.errors.BadHeaderError):

@@ -28,7 +28,7 @@ claim (but at once for a keyed event's successor). Housekeeping: outbox.create_p
 partitions_every, and the backlog gauges every backlog_interval.
 
 Failures belong to one event, never to its batch or the process: rows are
-read so that no value can fail the fetch (outbox_calls), and whatever an
+read so that no value can fail the fetch (calls.py), and whatever an
 event carries that cannot be published (a timestamp RFC 3339 cannot express,
 a header NATS cannot carry, an oversize message: publisher.PERMANENT) is
 dead-lettered at once with its code; other errors are retried with
@@ -49,35 +49,37 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 import psycopg
 
 from pgoutbox.core import db
-from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays
-from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim
+from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays, retrying
+from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim, one_line
 from pgoutbox.core.health import HealthServer
+from pgoutbox.core.stopping import sleep, until_stopped
+from pgoutbox.core.wire import PublishError
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.calls import DatabaseUnavailable, OutboxCalls
 from pgoutbox.outbox.metrics import RelayMetrics
-from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
+from pgoutbox.outbox.publisher import Outcome, Publisher
 from pgoutbox.outbox.settings import RelayConfig
 from pgoutbox.outbox.wakeups import Wakeups
 
-log = logging.getLogger("pgoutbox.relay")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 @dataclass
 class Batch:
-    rows: list[dict]
+    rows: list[dict[str, Any]]
     claimed_at: float  # monotonic
     outcomes: list[Outcome] = field(default_factory=list)
     handed_back: bool = False
 
     @property
-    def token(self):
+    def token(self) -> Any:
         return self.rows[0]["claim_token"]
 
 
@@ -109,7 +111,7 @@ class OutboxRelay:
     async def run(self, stop: asyncio.Event) -> None:
         """Runs until `stop` is set (or a fatal error); raises ConfigError on unsafe settings."""
         stop_task = asyncio.create_task(stop.wait())
-        background: list[asyncio.Task] = []
+        background: list[asyncio.Task[None]] = []
         try:
             start = asyncio.create_task(self._start())
             await asyncio.wait({start, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -127,7 +129,8 @@ class OutboxRelay:
                 asyncio.create_task(self._mark_loop(published), name="mark"),
             ]
             background.append(asyncio.create_task(self._backlog_loop(), name="backlog"))
-            background.append(asyncio.create_task(self._tick_loop(), name="tick"))
+            if self.http is not None:
+                background.append(asyncio.create_task(self.http.ticking(), name="tick"))
             if self.cfg.partitions_every > 0:
                 background.append(asyncio.create_task(self._partitions_loop(), name="partitions"))
             if self.cfg.wakeups:
@@ -191,12 +194,12 @@ class OutboxRelay:
             cfg.http_host,
             cfg.http_port,
             self.metrics,
-            self.problems,
+            self._readiness,
             setting="OUTBOX_RELAY_HTTP_HOST/PORT or --http-host/--http-port; 0 for any free port",
         )
         self.http.start()
 
-    async def _drain(self, pipeline: list[asyncio.Task]) -> None:
+    async def _drain(self, pipeline: list[asyncio.Task[None]]) -> None:
         """Stop claiming; let claimed batches finish (or be handed back) within the grace."""
         self.stopping.set()
         self.wakeups.stop()
@@ -223,13 +226,13 @@ class OutboxRelay:
 
     # -- the three stages ---------------------------------------------------
 
-    async def _claim_loop(self, out: asyncio.Queue) -> None:
+    async def _claim_loop(self, out: asyncio.Queue[Batch | None]) -> None:
         cfg = self.cfg
         delays, lines = reconnect_delays(), Every()
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
-                await self._unless_stopping(self.publisher.wait_connected(cfg.poll_interval))
+                await until_stopped(self.publisher.wait_connected(cfg.poll_interval), self.stopping)
                 continue
             self.metrics.nats_up.set(1)
             self.wakeups.arm()
@@ -245,7 +248,7 @@ class OutboxRelay:
                         exc,
                         extra={"action": "db_retry"},
                     )
-                await self._unless_stopping(asyncio.sleep(next(delays)))
+                await sleep(next(delays), self.stopping)
                 continue
             except psycopg.Error as exc:
                 # Not expected (rows are read so that none can fail the fetch),
@@ -255,11 +258,11 @@ class OutboxRelay:
                     log.error(
                         "claim failed (attempt %d): %s [%s]",
                         lines.attempts,
-                        _one_line(exc),
+                        one_line(exc),
                         exc.sqlstate,
                         extra={"action": "claim_error", "sqlstate": exc.sqlstate},
                     )
-                await self._unless_stopping(asyncio.sleep(next(delays)))
+                await sleep(next(delays), self.stopping)
                 continue
             delays, lines = reconnect_delays(), Every()
             self.metrics.database_up.set(1)
@@ -283,14 +286,14 @@ class OutboxRelay:
             await self.wakeups.wait()
         await out.put(None)
 
-    async def _publish_loop(self, inp: asyncio.Queue, out: asyncio.Queue) -> None:
+    async def _publish_loop(self, inp: asyncio.Queue[Batch | None], out: asyncio.Queue[Batch | None]) -> None:
         """Publishes up to publish_batches claimed batches at once. They are
         independent: a claim never hands out an event while an earlier one of
         its key is unfinished, so no two batches in flight share a key. Without
         this, a batch claimed while the previous one awaits its acks would
         wait for them too (the tail of the latency at high rates)."""
         slots = asyncio.Semaphore(self.cfg.publish_batches)
-        in_flight: set[asyncio.Task] = set()
+        in_flight: set[asyncio.Task[None]] = set()
         try:
             while (batch := await inp.get()) is not None:
                 await slots.acquire()
@@ -304,7 +307,7 @@ class OutboxRelay:
             raise
         await out.put(None)
 
-    async def _publish(self, batch: Batch, out: asyncio.Queue, slots: asyncio.Semaphore) -> None:
+    async def _publish(self, batch: Batch, out: asyncio.Queue[Batch | None], slots: asyncio.Semaphore) -> None:
         try:
             if self.stopping.is_set() and not self.publisher.connected:
                 batch.handed_back = True
@@ -324,7 +327,7 @@ class OutboxRelay:
         finally:
             slots.release()
 
-    async def _publish_rows(self, rows: list[dict]) -> list[Outcome]:
+    async def _publish_rows(self, rows: list[dict[str, Any]]) -> list[Outcome]:
         """Each row's outcome; an unexpected failure of the whole call is every
         row's transient failure (retried, then dead-lettered), not the relay's."""
         try:
@@ -340,7 +343,7 @@ class OutboxRelay:
                 for r in rows
             ]
 
-    async def _mark_loop(self, inp: asyncio.Queue) -> None:
+    async def _mark_loop(self, inp: asyncio.Queue[Batch | None]) -> None:
         while (batch := await inp.get()) is not None:
             try:
                 await self._mark(batch)
@@ -349,11 +352,11 @@ class OutboxRelay:
 
     async def _mark(self, batch: Batch) -> None:
         now = datetime.now(UTC)
-        done: list = []
-        failed_ids: list = []
+        done: list[Any] = []
+        failed_ids: list[Any] = []
         errors: list[str] = []
         retry_at: list[datetime | None] = []
-        dead: set = set()
+        dead: set[Any] = set()
         keyed = False
         for row, outcome in zip(batch.rows, batch.outcomes):
             if outcome.ok:
@@ -423,13 +426,13 @@ class OutboxRelay:
                     log.error(
                         "could not mark a batch before its lease ended (%s); it will be re-claimed "
                         "and re-published, deduplicated by Nats-Msg-Id",
-                        _one_line(exc),
+                        one_line(exc),
                         extra={"action": "mark_abandoned"},
                     )
                     return 0
                 if lines():
                     log.warning(
-                        "mark failed (attempt %d): %s", lines.attempts, _one_line(exc), extra={"action": "db_retry"}
+                        "mark failed (attempt %d): %s", lines.attempts, one_line(exc), extra={"action": "db_retry"}
                     )
                 await asyncio.sleep(next(delays))
                 continue
@@ -474,11 +477,11 @@ class OutboxRelay:
                 if lines():
                     log.error(
                         "backlog metrics unavailable: %s [%s]",
-                        _one_line(exc),
+                        one_line(exc),
                         exc.sqlstate,
                         extra={"action": "backlog_error", "sqlstate": exc.sqlstate},
                     )
-            self.problems()
+            self._readiness()
             await asyncio.sleep(self.cfg.backlog_interval)
 
     async def _partitions_loop(self) -> None:
@@ -494,21 +497,14 @@ class OutboxRelay:
             except (SchemaMismatch, ConfigError):
                 raise
             except (psycopg.Error, PgOutboxError) as exc:  # housekeeping must not stop delivery
-                log.error("creating partitions failed: %s", _one_line(exc), extra={"action": "partitions_error"})
+                log.error("creating partitions failed: %s", one_line(exc), extra={"action": "partitions_error"})
             await asyncio.sleep(self.cfg.partitions_every)
-
-    async def _tick_loop(self) -> None:
-        """/healthz is alive while this event loop keeps ticking."""
-        while True:
-            if self.http:
-                self.http.tick()
-            await asyncio.sleep(1)
 
     def _progress(self) -> None:
         self._last_progress = time.monotonic()
 
     def problems(self) -> list[str]:
-        """Why the relay is not ready (empty: ready); also called from the HTTP thread."""
+        """Why the relay is not ready (empty: ready); changes nothing."""
         problems = []
         if not self.started.is_set():
             problems.append("starting")
@@ -521,29 +517,19 @@ class OutboxRelay:
         idle = time.monotonic() - self._last_progress
         if (self._due > 0 or self._in_flight > 0) and idle > self.cfg.stall_after:
             problems.append(f"no progress for {idle:.0f}s while {self._due} event(s) are due")
+        return problems
+
+    def _readiness(self) -> list[str]:
+        """problems(), also shown by the ready gauge: /readyz (the HTTP thread) and each backlog round."""
+        problems = self.problems()
         self.metrics.ready.set(0 if problems else 1)
         return problems
 
     async def _retry_db(self, call: Callable[[], Awaitable[T]], what: str) -> T:
-        delays, lines = reconnect_delays(), Every()
-        while True:
-            try:
-                return await call()
-            except DatabaseUnavailable as exc:
-                if lines():
-                    log.warning(
-                        "%s (attempt %d): %s; retrying", what, lines.attempts, exc, extra={"action": "db_retry"}
-                    )
-                await asyncio.sleep(next(delays))
-
-    async def _unless_stopping(self, aw: Awaitable) -> None:
-        """Awaits aw, or returns early (cancelling it) when the relay starts stopping."""
-        task = asyncio.ensure_future(aw)
-        stop = asyncio.ensure_future(self.stopping.wait())
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        for t in (task, stop):
-            t.cancel()
-
-
-def _one_line(exc: BaseException) -> str:
-    return " / ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        return await retrying(
+            call,
+            retry_on=lambda exc: isinstance(exc, DatabaseUnavailable),
+            log=log,
+            line=lambda exc, attempt: f"{what} (attempt {attempt}): {exc}; retrying",
+            action="db_retry",
+        )

@@ -39,7 +39,8 @@ from typing import Any
 import httpx
 import nats.errors
 import nats.js.errors
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js import JetStreamContext
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig, StreamInfo
 
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.core.settings import duration
@@ -56,7 +57,7 @@ _STREAM_KEYS = {"name", "subjects", "description", *DEFAULTS}
 _CONTEXT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the SQL check context_is_a_subject_token
 _STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
-log = logging.getLogger("pgoutbox.outbox.streams")
+log = logging.getLogger(__name__)
 UNAVAILABLE_WAIT = 30.0  # seconds a start-up check waits for a cluster's JetStream to answer
 _SIZE_UNIT = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -215,7 +216,7 @@ def _differences(want: StreamConfig, have: StreamConfig) -> list[str]:
     return diffs
 
 
-async def apply(js, specs: list[StreamSpec]) -> list[tuple[str, str]]:
+async def apply(js: JetStreamContext, specs: list[StreamSpec]) -> list[tuple[str, str]]:
     """Creates missing streams and updates changed ones; returns (name, what happened)."""
     report = []
     for spec in specs:
@@ -255,14 +256,14 @@ def captures_outbox_subjects(filter_subject: str) -> bool:
     return len(tokens) == len(shape)
 
 
-async def _all_streams(js, unavailable_for: float = UNAVAILABLE_WAIT) -> list:
+async def _all_streams(js: JetStreamContext, unavailable_for: float = UNAVAILABLE_WAIT) -> list[StreamInfo]:
     """Every stream's info; waits out a cluster electing its JetStream meta
     leader (503 "temporarily unavailable", or no answer at all, for seconds
     after a node is lost)."""
     deadline = time.monotonic() + unavailable_for
     while True:
         try:
-            streams: list = []
+            streams: list[StreamInfo] = []
             offset = 0
             while True:
                 page = await js.streams_info(offset)
@@ -307,7 +308,7 @@ class Replicas:
         return f"stream {stream}: {self.current} of {self.configured} replica(s) current ({where}{late})"
 
 
-def replicas(si) -> Replicas:
+def replicas(si: StreamInfo) -> Replicas:
     """Counts what the cluster holds now; a server outside a cluster is its own leader."""
     configured = si.config.num_replicas or 1
     cluster = si.cluster
@@ -315,11 +316,13 @@ def replicas(si) -> Replicas:
         return Replicas(configured, 1, getattr(cluster, "leader", None))
     peers = cluster.replicas or []
     current = [p.name for p in peers if p.current and not p.offline]
-    behind = tuple(p.name for p in peers if not (p.current and not p.offline))
+    behind = tuple(str(p.name) for p in peers if not (p.current and not p.offline))
     return Replicas(configured, (1 if cluster.leader else 0) + len(current), cluster.leader, behind)
 
 
-async def check(js, lease: float, specs: list[StreamSpec] | None = None, monitor_url: str | None = None) -> Findings:
+async def check(
+    js: JetStreamContext, lease: float, specs: list[StreamSpec] | None = None, monitor_url: str | None = None
+) -> Findings:
     """What is wrong with the streams the relay publishes to."""
     out = Findings()
     wanted = {s.name: s for s in specs or []}
@@ -327,19 +330,20 @@ async def check(js, lease: float, specs: list[StreamSpec] | None = None, monitor
     outbox = [si for si in found if any(captures_outbox_subjects(f) for f in si.config.subjects or [])]
     for si in outbox:
         c = si.config
+        name = str(c.name)
         if (c.duplicate_window or 0) <= lease:
-            out.errors.append(_window_too_short(c.name, c.duplicate_window or 0, lease))
-        spec = wanted.get(c.name)
+            out.errors.append(_window_too_short(name, c.duplicate_window or 0, lease))
+        spec = wanted.get(name)
         if spec and (c.num_replicas or 1) < spec.replicas:
             out.durability.append(
                 f"stream {c.name} has {c.num_replicas} replica(s), the streams file asks for "
                 f"{spec.replicas}: run `pgoutbox streams`"
             )
-        seen = out.replicas[c.name] = replicas(si)
-        log.info(seen.describe(c.name), extra={"action": "stream_replicas", "stream": c.name})
+        seen = out.replicas[name] = replicas(si)
+        log.info(seen.describe(name), extra={"action": "stream_replicas", "stream": c.name})
         if seen.current < seen.configured:
             out.durability.append(
-                seen.describe(c.name) + ": an acknowledged event is stored on fewer servers than configured"
+                seen.describe(name) + ": an acknowledged event is stored on fewer servers than configured"
             )
         if c.storage == StorageType.MEMORY:
             out.durability.append(f"stream {c.name} uses memory storage: a server restart loses its messages")

@@ -24,13 +24,17 @@ import heapq
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
+
+import psycopg
 
 from pgoutbox.core import db
 from pgoutbox.core.backoff import Every, reconnect_delays
+from pgoutbox.core.errors import one_line
 from pgoutbox.outbox import calls
 from pgoutbox.outbox.calls import WAKEUP_CHANNEL, DatabaseUnavailable
 
-log = logging.getLogger("pgoutbox.outbox.wakeups")
+log = logging.getLogger(__name__)
 
 # Also true on a standby and on a primary fenced with default_transaction_read_only.
 _LIVENESS = "SELECT outbox.schema_version() AS v, current_setting('transaction_read_only') = 'on' AS read_only"
@@ -51,7 +55,7 @@ class Wakeups:
         self._woken = False  # a wake-up since arm()
         self._urgent = False  # a wake-up since arm() that no pause may hold back
         self._stopped = False
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._wakes = True  # whether the waiter ends on a wake-up (not during a pause)
         self._deadlines: list[float] = []  # heap of monotonic times to claim again
         # The LISTEN session's socket and reader while one watches it (listen).
@@ -130,7 +134,7 @@ class Wakeups:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def _notifications(self, conn, seconds: float) -> None:
+    async def _notifications(self, conn: psycopg.AsyncConnection[Any], seconds: float) -> None:
         """For `seconds`, calls notified() whenever notifications arrive on the
         idle LISTEN session: a reader callback on its socket that reads them
         with libpq, rather than psycopg's notifies() generator (a wait set up
@@ -138,7 +142,7 @@ class Wakeups:
         connection lost)."""
         loop = asyncio.get_running_loop()
         pgconn, fd = conn.pgconn, conn.fileno()
-        lost: asyncio.Future = loop.create_future()
+        lost: asyncio.Future[None] = loop.create_future()
 
         def readable() -> None:
             try:
@@ -179,7 +183,7 @@ class Wakeups:
         finally:
             await pool.close()
 
-    async def _listen(self, pool) -> None:
+    async def _listen(self, pool: db.Pool) -> None:
         delays, lines = reconnect_delays(), Every()
         while True:
             try:
@@ -207,7 +211,7 @@ class Wakeups:
                     # error: the liveness call below fails on it.
                     await self._notifications(conn, max(self.poll_interval, 5.0))
                     cur = await conn.execute(_LIVENESS)
-                    row = await cur.fetchone()
+                    row: Any = await cur.fetchone()
                     if row and row["read_only"]:  # the pool's sessions return dicts (calls.pool)
                         raise DatabaseUnavailable(
                             f"the server of the LISTEN session at {db.describe(pool.database_url)} "
@@ -217,7 +221,7 @@ class Wakeups:
                 if lines():
                     log.warning(
                         "LISTEN connection lost: %s",
-                        " / ".join(str(exc).split("\n")).strip() or type(exc).__name__,
+                        one_line(exc),
                         extra={"action": "listen_lost"},
                     )
                 await asyncio.sleep(next(delays))
