@@ -103,7 +103,7 @@ def refused(exc: psycopg.Error, database_url: str | None) -> DatabaseUnavailable
     """One line for a statement the login role may not run (a missing grant, not a bug)."""
     return DatabaseUnavailable(
         f"PostgreSQL at {describe(database_url)} refused [{exc.sqlstate}]: {_reason(exc, database_url)}; "
-        f"grant the role of {SETTING} the pgoutbox role this command needs (README: Roles)"
+        f"grant the role of {SETTING} the pgoutbox role this command needs (docs/reference.md: Roles)"
     )
 
 

@@ -62,7 +62,7 @@ class SqlState(enum.StrEnum):
 
 
 class ExitCode(enum.IntEnum):
-    """What every `pgoutbox` command exits with (the README lists them)."""
+    """What every `pgoutbox` command exits with (docs/reference.md lists them)."""
 
     OK = 0
     FAILED = 1  # the command ran and reports a failure of what it was asked to do
