@@ -134,7 +134,7 @@ def parse(handler: BaseHTTPRequestHandler) -> tuple[str, dict[str, Any]]:
 
 def make_handler(pool: ConnectionPool, work_seconds: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             if self.path != "/workflow-runs":
                 self.answer(HTTPStatus.NOT_FOUND.value, {"error": "POST /workflow-runs"})
                 return
@@ -158,7 +158,7 @@ def make_handler(pool: ConnectionPool, work_seconds: float) -> type[BaseHTTPRequ
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+        def log_message(self, format: str, *args: Any) -> None:
             log.debug(format, *args)
 
     return Handler

@@ -20,20 +20,9 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgoutbox.core.errors import SqlState
+from support.roles import login
 
 HANDLER = "start_workflow_run"
-
-
-def login(url: str, role: str) -> str:
-    """The URL for a fresh login role in group `role` (the server trusts loopback)."""
-    name = f"t_{role.removeprefix('pgoutbox_')}_{time.monotonic_ns()}"
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute(
-            psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
-                psycopg.sql.Identifier(name), psycopg.sql.Identifier(role)
-            )
-        )
-    return url.replace("postgres@", f"{name}@", 1)
 
 
 @pytest.fixture
@@ -42,9 +31,7 @@ def writer_url(database_url):
 
 
 def claim(conn: psycopg.Connection, key: str) -> tuple[bool, str, Any]:
-    return conn.execute(
-        "SELECT claimed, status, result FROM inbox.claim_command(%s, %s)", (HANDLER, key)
-    ).fetchone()
+    return conn.execute("SELECT claimed, status, result FROM inbox.claim_command(%s, %s)", (HANDLER, key)).fetchone()
 
 
 def wait_until_blocked(admin: psycopg.Connection, pid: int, timeout: float = 10.0) -> None:
