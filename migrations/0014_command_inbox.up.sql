@@ -192,7 +192,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION inbox.claim_command(text, text) IS
-'Claims a command key for a handler: claimed = true for the first claim (or one after FAILED), else the stored status and result.';
+'Claims a command key: claimed = true for the first claim (or one after FAILED), else the stored status and result.';
 -- end generated
 
 -- generated from sql/65_inbox_commands.sql: inbox._refuse_command_move

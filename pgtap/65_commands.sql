@@ -33,7 +33,10 @@ SELECT is(
     TRUE, 'another handler has its own key'
 );
 SELECT is(
-    (SELECT claimed_by FROM inbox.commands WHERE handler = 'start_run' AND command_key = 'k1'),
+    (
+        SELECT claimed_by FROM inbox.commands
+        WHERE handler = 'start_run' AND command_key = 'k1'
+    ),
     session_user::text, 'claimed_by is the session''s login'
 );
 SELECT is(
@@ -80,7 +83,9 @@ SELECT throws_ok(
 );
 SELECT is(
     (
-        SELECT claimed::text || '|' || status || '|' || attempts || '|' || last_error || '|' || (settled_at IS NULL)::text
+        SELECT
+            claimed::text || '|' || status || '|' || attempts || '|' || last_error
+            || '|' || (settled_at IS NULL)::text
         FROM inbox.claim_command('start_run', 'k2')
     ),
     'true|IN_PROGRESS|2|workflow engine said 503|true', 'a claim after FAILED claims it again and keeps the last error'
@@ -99,7 +104,8 @@ SELECT throws_ok(
     $$SELECT inbox.complete_command('start_run', 'never', '{}')$$, 'OB081', NULL, 'complete of an unknown key'
 );
 SELECT throws_ok(
-    $$SELECT inbox.fail_command('other_handler', 'k2', 'x')$$, 'OB081', NULL, 'fail of a key claimed by another handler only'
+    $$SELECT inbox.fail_command('other_handler', 'k2', 'x')$$, 'OB081', NULL,
+    'fail of a key claimed by another handler only'
 );
 SELECT throws_ok($$SELECT * FROM inbox.claim_command('bad name', 'k')$$, 'OB080', NULL, 'a handler with a space');
 SELECT throws_ok($$SELECT * FROM inbox.claim_command(NULL, 'k')$$, 'OB080', NULL, 'no handler');

@@ -173,7 +173,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION inbox.claim_command(text, text) IS
-'Claims a command key for a handler: claimed = true for the first claim (or one after FAILED), else the stored status and result.';
+'Claims a command key: claimed = true for the first claim (or one after FAILED), else the stored status and result.';
 
 -- Why a guarded command move matched no row: unknown key, or wrong state.
 CREATE OR REPLACE FUNCTION inbox._refuse_command_move(handler text, command_key text, target text)
