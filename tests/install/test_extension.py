@@ -249,7 +249,7 @@ def test_a_down_path_that_fails_at_its_last_step_changes_nothing(installed, new_
         with pytest.raises(psycopg.errors.CheckViolation):
             m.migrate(conn, OLDEST_DOWN)
         assert m.extension_version(conn) == LATEST == m.applied_version(conn)
-        # 0013's grant, which the first step down revokes, is still there.
+        # 0013's grant, which a step down revokes, is still there.
         assert conn.execute(
             "SELECT has_function_privilege('pgoutbox_archiver', 'outbox.schema_version()', 'EXECUTE')"
         ).fetchone() == (True,)
