@@ -19,6 +19,7 @@ that role on the example's own table).
     409 the key's first request committed its claim but not its answer yet
         (an application that claims in its own transaction; never this one)
     400 no key, a key that is too long, or a body that is not such an object
+    413 a body over 64 KiB
 
 One transaction per request: inbox.claim_command(), then, for the first
 claim only, the run's row, its outbox event (wf.event.run_started.v1) and
@@ -57,6 +58,7 @@ from pgoutbox.core.errors import SqlState
 log = logging.getLogger(__name__)
 
 HANDLER = "start_workflow_run"
+MAX_BODY = 65536
 
 SCHEMA = """
 CREATE SCHEMA IF NOT EXISTS wf;
@@ -119,6 +121,11 @@ def parse(handler: BaseHTTPRequestHandler) -> tuple[str, dict[str, Any]]:
         raise Refused(HTTPStatus.BAD_REQUEST, "an Idempotency-Key header is required")
     try:
         length = int(handler.headers.get("Content-Length") or 0)
+    except ValueError:
+        raise Refused(HTTPStatus.BAD_REQUEST, "Content-Length is not a number") from None
+    if not 0 <= length <= MAX_BODY:  # a negative length would read until the client hangs up
+        raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a body of 0 to {MAX_BODY} bytes, please")
+    try:
         request = json.loads(handler.rfile.read(length) or b"null")
     except ValueError:
         raise Refused(HTTPStatus.BAD_REQUEST, "the body is not JSON") from None

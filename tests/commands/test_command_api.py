@@ -7,6 +7,7 @@ still running gets the first one's run id."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
@@ -147,4 +148,14 @@ def test_a_key_reused_with_another_request_and_requests_without_a_good_key_are_r
     assert post(base, None)[0] == 400
     assert post(base, "k" * 257)[0] == 400
     assert post(base, "cmd-3", ["not", "an", "object"])[0] == 400
+    assert post(base, "cmd-4", {"workflow": "w", "input": {"x": "y" * 70000}})[0] == 413
+    # A negative Content-Length must not make the server read until the client hangs up.
+    host, port = base.removeprefix("http://").split(":")
+    raw = http.client.HTTPConnection(host, int(port), timeout=10)
+    raw.putrequest("POST", "/workflow-runs")
+    raw.putheader("Idempotency-Key", "cmd-5")
+    raw.putheader("Content-Length", "-1")
+    raw.endheaders()
+    assert raw.getresponse().status == 413
+    raw.close()
     assert runs_and_events(database_url) == (1, 1)
