@@ -1,6 +1,9 @@
-"""Real components only: the suite starts its own PostgreSQL 15 (one server,
-one template database with the migrations applied, a fresh clone per test)
-and a fresh nats-server with JetStream per test that asks for one."""
+"""Real components only: the suite starts its own PostgreSQL 15 (one server
+per pytest-xdist worker, one template database with the migrations applied,
+a fresh clone per test) and a fresh nats-server with JetStream per test that
+asks for one. Both take free loopback ports and their own folders, so that
+workers (and other processes on the machine) never meet; roles, being
+cluster-wide, stay inside one worker's server."""
 
 from __future__ import annotations
 
@@ -20,6 +23,33 @@ from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "pgoutbox_template"
 _counter = itertools.count()
+
+
+# Heavy tests that must not run side by side (`make test` runs `--dist loadgroup`):
+# each group goes to one worker, which runs its tests one after the other.
+#   spark:   one SparkSession (a JVM, 2 cores) and the standalone Spark cluster;
+#   chaos:   the chaos soaks, NATS cluster and PostgreSQL failover runs;
+#   outage:  kills and outages under load, whose timeouts a starved machine would trip;
+#   install: PGXS installs the extension into the one PostgreSQL installation.
+_GROUPS = {
+    "tests/chaos/": "chaos",
+    "tests/inbox/test_consumer_outages.py": "outage",
+    "tests/inbox/test_consumer_crash.py": "outage",
+    "tests/outbox/test_relay_processes.py": "outage",
+    "tests/install/": "install",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if item.get_closest_marker("spark") or "spark" in getattr(item, "fixturenames", ()):
+            group = "spark"
+        else:
+            group = next((g for prefix, g in _GROUPS.items() if path.startswith(prefix)), None)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True, scope="session")
