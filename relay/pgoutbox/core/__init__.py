@@ -7,5 +7,5 @@
     migrate    applying migrations/ in order, under an advisory lock
     backoff, health, logs   retry delays, /metrics /healthz /readyz, JSON log lines
 
-core imports nothing from outbox/, inbox/, cli/ or dev/ (tests/cli/test_layering.py).
+core imports nothing from outbox/, inbox/, cli/ or dev/ (tests/unit/test_layering.py).
 """

@@ -9,5 +9,5 @@
     registry        handler manifests -> the static registry file the consumer loads
     metrics, settings   the consumer's Prometheus metrics and OUTBOX_CONSUMER_* settings
 
-Imports core only; never outbox/ (tests/cli/test_layering.py).
+Imports core only; never outbox/ (tests/unit/test_layering.py).
 """

@@ -9,5 +9,5 @@
     audit      which COMPLETED events a stream lacks (broker loss), and their requeue
     metrics, settings   the relay's Prometheus metrics and OUTBOX_RELAY_* settings
 
-Imports core only; never inbox/ (tests/cli/test_layering.py).
+Imports core only; never inbox/ (tests/unit/test_layering.py).
 """
