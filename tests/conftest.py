@@ -19,6 +19,7 @@ import pytest
 
 from pgoutbox.core import migrate as migrate_mod
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
+from support.inbox import FakeHandler
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "pgoutbox_template"
@@ -117,6 +118,15 @@ def nats_server(tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def handler():
+    """An HTTP handler on a free loopback port, answering as each message's
+    payload says (support.inbox.FakeHandler), stopped after the test."""
+    fake = FakeHandler()
+    yield fake
+    fake.close()
 
 
 @pytest.fixture(scope="session")

@@ -14,17 +14,16 @@ from pgoutbox.core.errors import ConfigError, SchemaMismatch
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox.consumer import Consumer
 from support.inbox import (
-    FakeHandler,
     add_stream,
     consumer_config,
     event,
     jetstream,
     publish,
     running_consumer,
-    until,
     write_registry,
 )
 from support.schema import newer_schema
+from support.waiting import until
 
 H = "billing"
 
@@ -35,13 +34,6 @@ def _get(port: int, path: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-
-
-@pytest.fixture
-def handler():
-    fake = FakeHandler()
-    yield fake
-    fake.close()
 
 
 async def test_metrics_health_and_readiness(tmp_path, database_url, nats_server, handler):

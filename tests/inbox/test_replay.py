@@ -26,22 +26,15 @@ from support.inbox import (
     jetstream,
     publish,
     running_consumer,
-    until,
     write_registry,
 )
+from support.waiting import until
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"
 
 
 # -- the replayer against real servers --------------------------------------
-
-
-@pytest.fixture
-def handler():
-    fake = FakeHandler()
-    yield fake
-    fake.close()
 
 
 def _notices(dlq):

@@ -23,7 +23,7 @@ from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.dev.embedded import free_port
 from pgoutbox.dev.tcp_proxy import TcpProxy
 from pgoutbox.outbox import audit
-from support.inbox import FakeHandler, consumer_config, inbox_row, running_consumer, until, write_registry
+from support.inbox import consumer_config, inbox_row, running_consumer, write_registry
 from support.outbox import (
     ROOT,
     apply_streams,
@@ -34,6 +34,7 @@ from support.outbox import (
     status_counts,
     stream_messages,
 )
+from support.waiting import until
 
 STREAM = "SEA_EVENTS"
 H = "billing"
@@ -95,13 +96,6 @@ def requeue_log(url: str) -> list[tuple]:
         return conn.execute(
             "SELECT event_id::text, from_status, reason, published_at_before IS NOT NULL FROM outbox.requeue_log"
         ).fetchall()
-
-
-@pytest.fixture
-def handler():
-    fake = FakeHandler()
-    yield fake
-    fake.close()
 
 
 async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(

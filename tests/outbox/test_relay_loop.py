@@ -20,7 +20,6 @@ import pytest
 from pgoutbox.core import wire as envelope
 from pgoutbox.dev.embedded import EmbeddedNats
 from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
-from support.inbox import until
 from support.outbox import (
     apply_streams,
     emit,
@@ -30,6 +29,7 @@ from support.outbox import (
     status_counts,
     stream_messages,
 )
+from support.waiting import until
 
 
 async def completed(url: str, n: int, timeout: float = 30) -> None:

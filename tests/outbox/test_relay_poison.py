@@ -21,7 +21,6 @@ from psycopg.types.json import Jsonb
 
 from pgoutbox.core import wire as envelope
 from pgoutbox.outbox.publisher import MAX_DETAIL
-from support.inbox import until
 from support.outbox import (
     RelayProcess,
     apply_streams,
@@ -31,8 +30,8 @@ from support.outbox import (
     running_relay,
     status_counts,
     stream_messages,
-    wait_for,
 )
+from support.waiting import until, wait_for
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
