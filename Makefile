@@ -65,7 +65,7 @@ wheel: setup ## Build the wheel and sdist into dist/ (pip install dist/pgoutbox-
 	@ls dist
 
 verify/docs: setup ## README and docs/reference.md: tables match the code, examples run as written
-	@$(PYTEST) -q tests/cli/test_docs.py tests/unit/test_relay_docs.py tests/unit/test_consumer_docs.py
+	@$(PYTEST) -q tests/cli/test_docs.py tests/unit/test_docs_tables.py tests/unit/test_relay_docs.py tests/unit/test_consumer_docs.py
 
 docs/reference: setup ## Regenerate the settings table of docs/reference.md from the code
 	@$(PY) scripts/reference_tables.py
