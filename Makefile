@@ -8,7 +8,7 @@ PYTEST := $(VENV)/bin/pytest
 # Workers for the server tiers: the tests mostly wait on PostgreSQL, NATS and
 # subprocesses, so more workers than cores pay (measured on 2 cores: see tests/README.md).
 # Heavy groups stay on one worker each (--dist loadgroup, tests/conftest.py).
-WORKERS ?= 5
+WORKERS ?= 6
 XDIST := -n $(WORKERS) --dist loadgroup
 
 .PHONY: help setup demo test test/unit test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/e2e bench/archive bench chaos clean

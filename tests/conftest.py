@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from _pytest.nodeid import NodeId
 
 from pgoutbox.core import migrate as migrate_mod
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
@@ -27,30 +28,56 @@ _counter = itertools.count()
 
 
 # Heavy tests that must not run side by side (`make test` runs `--dist loadgroup`):
-# each group goes to one worker, which runs its tests one after the other.
-#   spark:   one SparkSession (a JVM, 2 cores) and the standalone Spark cluster;
-#   chaos:   the chaos soaks, NATS cluster and PostgreSQL failover runs;
-#   outage:  kills and outages under load, whose timeouts a starved machine would trip;
-#   install: PGXS installs the extension into the one PostgreSQL installation.
+# each group goes to one worker, which runs its tests one after the other,
+# while the other workers share the rest.
+#   chaos:         the chaos soaks (the harness under load, the NATS cluster's);
+#   outage:        kills, outages and failovers under load, whose timeouts a
+#                  starved machine would trip;
+#   spark-cluster: the standalone Spark cluster (master, workers, spark-submit);
+#   spark-ops, spark: the tests on a SparkSession (a JVM on 2 cores, 20-30 s to
+#                  start, one per worker that needs it), in two groups: one
+#                  would be the run's longest chain;
+#   install:       PGXS installs the extension into the one PostgreSQL installation.
 _GROUPS = {
-    "tests/chaos/": "chaos",
+    "tests/chaos/test_chaos.py": "chaos",
+    "tests/chaos/test_cluster.py": "chaos",
+    "tests/chaos/test_failover.py": "outage",
     "tests/inbox/test_consumer_outages.py": "outage",
     "tests/inbox/test_consumer_crash.py": "outage",
     "tests/outbox/test_relay_processes.py": "outage",
+    "tests/archival/test_archive_cluster.py": "spark-cluster",
+    "tests/archival/test_archive_operations.py": "spark-ops",
     "tests/install/": "install",
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
+    # Before every other implementation (xdist's reads the groups).
     for item in items:
         path = item.nodeid.split("::")[0]
-        if item.get_closest_marker("spark") or "spark" in getattr(item, "fixturenames", ()):
+        group = next((g for prefix, g in _GROUPS.items() if path.startswith(prefix)), None)
+        if group is None and (item.get_closest_marker("spark") or "spark" in getattr(item, "fixturenames", ())):
             group = "spark"
-        else:
-            group = next((g for prefix, g in _GROUPS.items() if path.startswith(prefix)), None)
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
+    result = yield
+    # pytest-xdist 3.8 tells the scheduler a test's group by appending
+    # "@group" to its node id, through Item._nodeid, which pytest 9.2 no longer
+    # reads (the id is Item._id): without this, every group is scattered over
+    # the workers. Done only when xdist's own did not take effect.
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            names = sorted(
+                {
+                    str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")
+                }
+            )
+            suffix = "@" + "_".join(names)
+            if names and not item.nodeid.endswith(suffix):
+                item._id = NodeId.parse(item.nodeid + suffix)
+    return result
 
 
 @pytest.fixture(autouse=True, scope="session")
