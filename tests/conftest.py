@@ -30,7 +30,9 @@ _counter = itertools.count()
 # Heavy tests that must not run side by side (`make test` runs `--dist loadgroup`):
 # each group goes to one worker, which runs its tests one after the other,
 # while the other workers share the rest.
-#   chaos:         the chaos soaks (the harness under load, the NATS cluster's);
+#   chaos:         the chaos harness's soaks (the run's longest chain, about 6 min);
+#   chaos-cluster: the NATS cluster's soak and replica check (a chain of its own:
+#                  with the soaks above it would be the whole run's length);
 #   outage:        kills, outages and failovers under load, whose timeouts a
 #                  starved machine would trip;
 #   spark-cluster: the standalone Spark cluster (master, workers, spark-submit);
@@ -40,7 +42,7 @@ _counter = itertools.count()
 #   install:       PGXS installs the extension into the one PostgreSQL installation.
 _GROUPS = {
     "tests/chaos/test_chaos.py": "chaos",
-    "tests/chaos/test_cluster.py": "chaos",
+    "tests/chaos/test_cluster.py": "chaos-cluster",
     "tests/chaos/test_failover.py": "outage",
     "tests/inbox/test_consumer_outages.py": "outage",
     "tests/inbox/test_consumer_crash.py": "outage",
