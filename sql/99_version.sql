@@ -10,7 +10,8 @@ VALUES
 (10, '0010_archival_operations'),
 (11, '0011_emit_path'),
 (12, '0012_consumer_failures'),
-(13, '0013_least_privilege')
+(13, '0013_least_privilege'),
+(14, '0014_upcasters')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

@@ -1,0 +1,353 @@
+-- 0014_upcasters (up): upcasters, so that a handler sees one payload version.
+--
+--   * inbox.upcasters registers SQL functions (jsonb) -> jsonb, each turning
+--     version n of an event type's payload into n + 1;
+--     inbox.register_upcaster() and inbox.unregister_upcaster() (granted to
+--     pgoutbox_admin) keep it, refusing a function of another signature or a
+--     VOLATILE one (OB070, OB073).
+--   * inbox.upcast() runs a chain (OB071 a step is missing, OB072 a step
+--     failed); inbox.upcast_gaps() lists the registered versions whose chain
+--     does not reach a version.
+--   * inbox.receive_batch_as() is inbox.receive_batch() for a handler that
+--     declares a version: the same call upcasts each message to process, or
+--     says why it cannot (that message's dead letter).
+--
+-- Expand only: a table and functions are added, nothing changes; workers of
+-- release 0.3.0 (schema 11) run on it unchanged.
+-- Apply with `pgoutbox migrate`, or `psql -v ON_ERROR_STOP=1 -f` this file.
+-- Safe to re-run and to run twice at once (one transaction, advisory lock,
+-- idempotent DDL). Refuses to run unless the schema is at version 13 or 14.
+-- Catalog changes only: no row is read or rewritten.
+
+BEGIN;
+
+SELECT pg_advisory_xact_lock(hashtextextended('pgoutbox.migrate', 0));
+
+DO $$
+BEGIN
+    -- Nested IFs: plpgsql plans each condition only when it reaches it.
+    IF to_regclass('outbox.schema_migrations') IS NULL THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0014 needs 0001 to 0013 applied first'
+            USING ERRCODE = 'OB090';
+    END IF;
+    IF (SELECT coalesce(max(version), 0) FROM outbox.schema_migrations) NOT IN (13, 14) THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0014 applies on version 13 (or re-runs on 14) only'
+            USING ERRCODE = 'OB090';
+    END IF;
+END;
+$$;
+
+CREATE TABLE IF NOT EXISTS inbox.upcasters (
+    event_type text NOT NULL,
+    from_version integer NOT NULL,
+    to_version integer GENERATED ALWAYS AS (from_version + 1) STORED,
+    upcaster regprocedure NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    registered_by text NOT NULL DEFAULT session_user,
+    CONSTRAINT upcasters_pkey PRIMARY KEY (event_type, from_version),
+    -- The event_type token of {context}.event.{event_type}.v{version}.
+    CONSTRAINT event_type_is_named CHECK (event_type ~ '^[A-Za-z0-9_-]{1,128}$'),
+    -- A subject's version has at most 9 digits: the last step ends at 999999999.
+    CONSTRAINT from_version_is_in_range CHECK (from_version BETWEEN 1 AND 999999998)
+);
+COMMENT ON TABLE inbox.upcasters IS
+'One step per row: upcaster(payload of event_type v from_version) = payload of v from_version + 1.';
+
+-- generated from sql/65_upcasters.sql: inbox._upcaster_problem
+-- Why a function cannot be an upcaster, or NULL when it can.
+CREATE OR REPLACE FUNCTION inbox._upcaster_problem(upcaster regprocedure)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN p.oid IS NULL THEN 'it does not exist'
+        WHEN p.prokind <> 'f' THEN 'it is not a plain function'
+        WHEN p.pronargs <> 1 OR p.proargtypes[0] <> 'jsonb'::regtype
+            OR p.prorettype <> 'jsonb'::regtype OR p.proretset THEN 'its signature is not (jsonb) -> jsonb'
+        WHEN p.provolatile = 'v' THEN 'it is VOLATILE; declare it IMMUTABLE or STABLE'
+    END
+    FROM (SELECT _upcaster_problem.upcaster::oid AS oid) AS given
+    LEFT JOIN pg_proc AS p ON p.oid = given.oid;
+$$;
+-- end generated
+
+-- generated from sql/65_upcasters.sql: inbox.register_upcaster
+-- Registers (or replaces) the step event_type v from_version -> v from_version + 1.
+CREATE OR REPLACE FUNCTION inbox.register_upcaster(
+    event_type text,
+    from_version integer,
+    upcaster regprocedure
+)
+RETURNS inbox.upcasters
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    problem text;
+    row inbox.upcasters;
+BEGIN
+    IF event_type IS NULL OR event_type !~ '^[A-Za-z0-9_-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_UPCASTER: event type % is not 1-128 letters, digits, _ -', quote_nullable(left(event_type, 150))
+            USING ERRCODE = 'OB070';
+    END IF;
+    IF from_version IS NULL OR from_version NOT BETWEEN 1 AND 999999998 THEN
+        RAISE EXCEPTION 'INVALID_UPCASTER: from_version must be between 1 and 999999998, got %', coalesce(from_version::text, 'NULL')
+            USING ERRCODE = 'OB070';
+    END IF;
+    problem := coalesce(inbox._upcaster_problem(upcaster), CASE WHEN upcaster IS NULL THEN 'none is given' END);
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_UPCASTER: % cannot upcast % v%: %', coalesce(upcaster::text, 'NULL'), event_type, from_version, problem
+            USING ERRCODE = 'OB070';
+    END IF;
+    INSERT INTO inbox.upcasters AS u (event_type, from_version, upcaster)
+    VALUES (register_upcaster.event_type, register_upcaster.from_version, register_upcaster.upcaster)
+    ON CONFLICT ON CONSTRAINT upcasters_pkey DO UPDATE
+    SET upcaster = excluded.upcaster, registered_at = now(), registered_by = session_user
+    RETURNING * INTO row;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.register_upcaster(text, integer, regprocedure) IS
+'Registers (or replaces) the upcaster of event_type v from_version -> v from_version + 1: a (jsonb) -> jsonb function.';
+-- end generated
+
+-- generated from sql/65_upcasters.sql: inbox.unregister_upcaster
+CREATE OR REPLACE FUNCTION inbox.unregister_upcaster(event_type text, from_version integer)
+RETURNS inbox.upcasters
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.upcasters;
+BEGIN
+    DELETE FROM inbox.upcasters AS u
+    WHERE u.event_type = unregister_upcaster.event_type AND u.from_version = unregister_upcaster.from_version
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'UNKNOWN_UPCASTER: no upcaster for % v%', coalesce(event_type, 'NULL'), coalesce(from_version::text, 'NULL')
+            USING ERRCODE = 'OB073';
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.unregister_upcaster(text, integer) IS
+'Removes the upcaster of event_type v from_version -> v from_version + 1.';
+-- end generated
+
+-- generated from sql/65_upcasters.sql: inbox._upcast
+-- The chain from_version -> to_version, without raising: (payload, NULL),
+-- or (NULL, why) for a missing step or a step that raised or returned no
+-- JSON object. The why starts with the code's name and number: it becomes
+-- the dead letter's last_error. One subtransaction for the whole chain.
+CREATE OR REPLACE FUNCTION inbox._upcast(
+    event_type text,
+    from_version integer,
+    to_version integer,
+    payload jsonb,
+    OUT result jsonb,
+    OUT error text
+)
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    v integer := from_version;
+    fn regprocedure;
+    step jsonb;
+BEGIN
+    result := payload;
+    IF from_version > to_version THEN
+        result := NULL;
+        error := format('UPCAST_MISSING [OB071]: %s v%s is newer than v%s; upcasters only go up', event_type, from_version, to_version);
+        RETURN;
+    END IF;
+    BEGIN
+        WHILE v < to_version LOOP
+            SELECT u.upcaster INTO fn FROM inbox.upcasters AS u
+            WHERE u.event_type = _upcast.event_type AND u.from_version = v;
+            IF NOT FOUND THEN
+                result := NULL;
+                error := format('UPCAST_MISSING [OB071]: no upcaster for %s v%s -> v%s (chain v%s -> v%s)', event_type, v, v + 1, from_version, to_version);
+                RETURN;
+            END IF;
+            EXECUTE format('SELECT %s($1)', fn::oid::regproc) INTO step USING result;
+            IF jsonb_typeof(step) IS DISTINCT FROM 'object' THEN
+                result := NULL;
+                error := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s returned %s, not a JSON object', event_type, v, v + 1, fn, coalesce(jsonb_typeof(step), 'NULL'));
+                RETURN;
+            END IF;
+            result := step;
+            v := v + 1;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        result := NULL;
+        error := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s raised [%s] %s', event_type, v, v + 1, coalesce(fn::text, '?'), SQLSTATE, left(SQLERRM, 500));
+    END;
+END;
+$$;
+-- end generated
+
+-- generated from sql/65_upcasters.sql: inbox.upcast
+-- The payload of event_type v from_version as v to_version (itself when the
+-- versions are equal). Raises UPCAST_MISSING (OB071) or UPCAST_FAILED
+-- (OB072), naming the event type and the step. For in-database handlers,
+-- the replayer and an application's tests.
+CREATE OR REPLACE FUNCTION inbox.upcast(
+    event_type text,
+    from_version integer,
+    to_version integer,
+    payload jsonb
+)
+RETURNS jsonb
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    got record;
+BEGIN
+    IF event_type IS NULL OR from_version IS NULL OR to_version IS NULL
+        OR from_version < 1 OR to_version < 1 OR jsonb_typeof(payload) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an event type, versions from 1 and a JSON object payload are required'
+            USING ERRCODE = 'OB006';
+    END IF;
+    got := inbox._upcast(event_type, from_version, to_version, payload);
+    IF got.error IS NOT NULL THEN
+        RAISE EXCEPTION '%', got.error
+            USING ERRCODE = CASE WHEN got.error LIKE 'UPCAST_MISSING%' THEN 'OB071' ELSE 'OB072' END;
+    END IF;
+    RETURN got.result;
+END;
+$$;
+COMMENT ON FUNCTION inbox.upcast(text, integer, integer, jsonb) IS
+'event_type''s payload from v from_version to v to_version through the registered upcasters; OB071 missing step, OB072 a step failed.';
+-- end generated
+
+-- generated from sql/65_upcasters.sql: inbox.upcast_gaps
+-- The registered versions of event_type whose chain does not reach
+-- to_version, and the first step missing from it. No row: every registered
+-- version reaches it (pgoutbox_tap.upcasters_reach() asserts that).
+CREATE OR REPLACE FUNCTION inbox.upcast_gaps(event_type text, to_version integer)
+RETURNS TABLE (from_version integer, missing_from integer)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT s.from_version, min(v.v)::integer
+    FROM inbox.upcasters AS s
+    CROSS JOIN LATERAL generate_series(s.from_version, upcast_gaps.to_version - 1) AS v (v)
+    WHERE s.event_type = upcast_gaps.event_type AND s.from_version < upcast_gaps.to_version
+        AND NOT EXISTS (
+            SELECT FROM inbox.upcasters AS u
+            WHERE u.event_type = upcast_gaps.event_type AND u.from_version = v.v
+                AND inbox._upcaster_problem(u.upcaster) IS NULL
+        )
+    GROUP BY s.from_version
+    ORDER BY s.from_version;
+$$;
+COMMENT ON FUNCTION inbox.upcast_gaps(text, integer) IS
+'Registered versions of an event type whose chain does not reach to_version, with the first missing step.';
+-- end generated
+
+-- generated from sql/65_upcasters.sql: inbox.receive_batch_as
+-- receive_batch() for a handler that wants every payload as version
+-- to_version: the same rows, and for each message to process (RECEIVED or
+-- FAILED) whose subject is older, the upcast payload (JSON text, numbers as
+-- given) or why it cannot be upcast (that message's own dead letter). One
+-- call, one round trip: the chain runs where the fetch is recorded.
+-- event_version: the version the message came in at (its subject's).
+CREATE OR REPLACE FUNCTION inbox.receive_batch_as(
+    handler text,
+    message_ids uuid[],
+    subjects text[],
+    envelopes jsonb[],
+    to_version integer
+)
+RETURNS TABLE (
+    ordinal integer,
+    message_id uuid,
+    status text,
+    attempts integer,
+    last_error text,
+    dlq_metadata jsonb,
+    event_version integer,
+    upcast_payload text,
+    upcast_error text
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+    subject text;
+    got record;
+BEGIN
+    IF to_version IS NULL OR to_version NOT BETWEEN 1 AND 999999999 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: to_version must be between 1 and 999999999, got %', coalesce(to_version::text, 'NULL')
+            USING ERRCODE = 'OB006';
+    END IF;
+    FOR r IN
+        SELECT * FROM inbox.receive_batch(
+            receive_batch_as.handler, receive_batch_as.message_ids, receive_batch_as.subjects,
+            receive_batch_as.envelopes
+        )
+    LOOP
+        ordinal := r.ordinal;
+        message_id := r.message_id;
+        status := r.status;
+        attempts := r.attempts;
+        last_error := r.last_error;
+        dlq_metadata := r.dlq_metadata;
+        subject := receive_batch_as.subjects[r.ordinal];
+        event_version := substring(subject FROM '^[^.]+\.event\.[^.]+\.v([1-9][0-9]{0,8})$')::integer;
+        upcast_payload := NULL;
+        upcast_error := NULL;
+        IF r.status IN ('RECEIVED', 'FAILED') THEN
+            IF event_version IS NULL THEN
+                upcast_error := format('UPCAST_MISSING [OB071]: subject %s names no event type and version', subject);
+            ELSIF event_version <> to_version THEN
+                got := inbox._upcast(
+                    split_part(subject, '.', 3), event_version, to_version,
+                    receive_batch_as.envelopes[r.ordinal] -> 'payload'
+                );
+                upcast_payload := got.result::text;
+                upcast_error := got.error;
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION inbox.receive_batch_as(text, uuid[], text[], jsonb[], integer) IS
+'receive_batch() plus, for each message to process, its payload upcast to to_version or why it cannot be.';
+-- end generated
+
+REVOKE ALL ON FUNCTION
+inbox._upcaster_problem(regprocedure),
+inbox.register_upcaster(text, integer, regprocedure),
+inbox.unregister_upcaster(text, integer),
+inbox._upcast(text, integer, integer, jsonb),
+inbox.upcast(text, integer, integer, jsonb),
+inbox.upcast_gaps(text, integer),
+inbox.receive_batch_as(text, uuid[], text[], jsonb[], integer)
+FROM public;
+GRANT EXECUTE ON FUNCTION inbox.receive_batch_as(text, uuid[], text[], jsonb[], integer) TO pgoutbox_consumer;
+GRANT EXECUTE ON FUNCTION
+inbox.register_upcaster(text, integer, regprocedure),
+inbox.unregister_upcaster(text, integer)
+TO pgoutbox_admin;
+GRANT EXECUTE ON FUNCTION
+inbox.upcast(text, integer, integer, jsonb),
+inbox.upcast_gaps(text, integer)
+TO pgoutbox_consumer, pgoutbox_admin;
+GRANT SELECT ON inbox.upcasters TO pgoutbox_admin;
+
+INSERT INTO outbox.schema_migrations (version, name)
+VALUES (14, '0014_upcasters')
+ON CONFLICT (version) DO NOTHING;
+
+COMMIT;
