@@ -223,7 +223,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION inbox.upcast(text, integer, integer, jsonb) IS
-'event_type''s payload from v from_version to v to_version through the registered upcasters; OB071 missing step, OB072 a step failed.';
+'A payload from v from_version to v to_version through the registered upcasters (OB071 missing, OB072 failed).';
 -- end generated
 
 -- generated from sql/65_upcasters.sql: inbox.upcast_gaps

@@ -188,7 +188,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION inbox.upcast(text, integer, integer, jsonb) IS
-'event_type''s payload from v from_version to v to_version through the registered upcasters; OB071 missing step, OB072 a step failed.';
+'A payload from v from_version to v to_version through the registered upcasters (OB071 missing, OB072 failed).';
 
 -- The registered versions of event_type whose chain does not reach
 -- to_version, and the first step missing from it. No row: every registered
