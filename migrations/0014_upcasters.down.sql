@@ -30,7 +30,7 @@ $$;
 DROP FUNCTION IF EXISTS inbox.receive_batch_as(text, uuid[], text[], jsonb[], integer);
 DROP FUNCTION IF EXISTS inbox.upcast_gaps(text, integer);
 DROP FUNCTION IF EXISTS inbox.upcast(text, integer, integer, jsonb);
-DROP FUNCTION IF EXISTS inbox._upcast(text, integer, integer, jsonb);
+DROP FUNCTION IF EXISTS inbox._upcast_all(integer[], text[], integer[], integer, jsonb[]);
 DROP FUNCTION IF EXISTS inbox.unregister_upcaster(text, integer);
 DROP FUNCTION IF EXISTS inbox.register_upcaster(text, integer, regprocedure);
 DROP FUNCTION IF EXISTS inbox._upcaster_problem(regprocedure);

@@ -2,8 +2,11 @@
 -- pgtap/helpers/upcasters.sql.
 -- Scenarios:
 --   * register_upcaster refuses, with OB070, a function that is not
---     (jsonb) -> jsonb, a set-returning or VOLATILE one, a bad event type or
---     version; the table's named CHECKs hold the same rules
+--     (jsonb) -> jsonb, a set-returning or VOLATILE one, one that would run
+--     as the schema owner but is owned by another role (unless SECURITY
+--     DEFINER), a bad event type or version; the table's named CHECKs hold
+--     the same rules; an upcaster altered since it was registered so that
+--     it no longer qualifies is refused when used (OB072)
 --   * a registered step goes from_version -> from_version + 1; registering
 --     it again replaces the function; unregister removes it, and refuses an
 --     unknown step (OB073)
@@ -14,12 +17,13 @@
 --   * upcast_gaps lists each registered version whose chain breaks, with
 --     the first missing step; the helpers pass on a complete chain
 --   * receive_batch_as: in one call, a v1 message to process comes back
---     upcast, a v2 one as it is, a broken one with its own error; a
+--     upcast, a v2 one as it is, a broken one with its own error, a step
+--     that raises on one payload of two fails that one only; a
 --     PROCESSED duplicate is not upcast; the rows are recorded as
 --     receive_batch records them
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(29);
+SELECT plan(32);
 \ir helpers/upcasters.sql
 
 CREATE SCHEMA app;
@@ -36,6 +40,18 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT jsonb_build_array(p) $$;
 CREATE FUNCTION app.volatile(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 CREATE FUNCTION app.text_in(p text) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT p::jsonb $$;
 CREATE FUNCTION app.set_out(p jsonb) RETURNS SETOF jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT p $$;
+-- Raises on a payload with "bad" only.
+CREATE FUNCTION app.strict(p jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p ? 'bad' THEN RAISE EXCEPTION 'bad payload' USING ERRCODE = '22023'; END IF;
+    RETURN p || '{"checked": true}';
+END $$;
+CREATE ROLE t_up_owner;
+CREATE FUNCTION app.foreign_owned(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT p $$;
+ALTER FUNCTION app.foreign_owned(jsonb) OWNER TO t_up_owner;
+CREATE FUNCTION app.foreign_definer(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE SECURITY DEFINER AS $$ SELECT p $$;
+ALTER FUNCTION app.foreign_definer(jsonb) OWNER TO t_up_owner;
 
 -- Refusals.
 SELECT throws_ok(
@@ -49,6 +65,19 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT inbox.register_upcaster('order_created', 1, 'app.volatile(jsonb)')$$, 'OB070', NULL,
     'register refuses a VOLATILE function'
+);
+SELECT throws_ok(
+    $$SELECT inbox.register_upcaster('order_created', 1, 'app.foreign_owned(jsonb)')$$, 'OB070', NULL,
+    'register refuses a function that would run as the schema owner but is owned by another role'
+);
+SELECT lives_ok(
+    $$SELECT inbox.register_upcaster('parcel_sent', 1, 'app.foreign_definer(jsonb)')$$,
+    'a SECURITY DEFINER function of another role registers: it runs as its own owner'
+);
+ALTER FUNCTION app.foreign_definer(jsonb) SECURITY INVOKER;
+SELECT throws_ok(
+    $$SELECT inbox.upcast('parcel_sent', 1, 2, '{}')$$, 'OB072', NULL,
+    'an upcaster altered since so that it no longer qualifies is refused when used'
 );
 SELECT throws_ok(
     $$SELECT inbox.register_upcaster('order.created', 1, 'app.order_v1_v2(jsonb)')$$, 'OB070', NULL,
@@ -107,6 +136,7 @@ SELECT throws_ok(
 );
 SELECT inbox.register_upcaster('payment_made', 1, 'app.raises(jsonb)');
 SELECT inbox.register_upcaster('refund_made', 1, 'app.array_out(jsonb)');
+SELECT inbox.register_upcaster('invoice_sent', 1, 'app.strict(jsonb)');
 SELECT throws_ok(
     $$SELECT inbox.upcast('payment_made', 1, 2, '{}')$$, 'OB072', NULL, 'a step that raises: UPCAST_FAILED'
 );
@@ -114,7 +144,7 @@ SELECT throws_ok(
     $$SELECT inbox.upcast('refund_made', 1, 2, '{}')$$, 'OB072', NULL, 'a step that returns an array: UPCAST_FAILED'
 );
 SELECT alike(
-    (inbox._upcast('payment_made', 1, 2, '{}')).error,
+    (SELECT error FROM inbox._upcast_all(ARRAY[1], ARRAY['payment_made'], ARRAY[1], 2, ARRAY['{}'::jsonb])),
     'UPCAST_FAILED [OB072]: payment_made v1 -> v2: app.raises(jsonb) raised [22023] no total in%',
     'the error names the code, the event type, the step, the function and its error'
 );
@@ -135,6 +165,8 @@ SELECT gen_random_uuid() AS v1_id \gset
 SELECT gen_random_uuid() AS v2_id \gset
 SELECT gen_random_uuid() AS bad_id \gset
 SELECT gen_random_uuid() AS dup_id \gset
+SELECT gen_random_uuid() AS good_invoice_id \gset
+SELECT gen_random_uuid() AS bad_invoice_id \gset
 SELECT inbox.receive_processed(
     'billing', ARRAY[:'dup_id']::uuid[], ARRAY['sea.event.order_created.v1'],
     ARRAY['{"payload": {"amount": 1}}']::jsonb[]
@@ -142,26 +174,27 @@ SELECT inbox.receive_processed(
 CREATE TEMP TABLE got AS
 SELECT * FROM inbox.receive_batch_as(
     'billing',
-    ARRAY[:'v1_id', :'v2_id', :'bad_id', :'dup_id']::uuid[],
+    ARRAY[:'v1_id', :'v2_id', :'bad_id', :'dup_id', :'good_invoice_id', :'bad_invoice_id']::uuid[],
     ARRAY[
         'sea.event.order_created.v1', 'sea.event.order_created.v2', 'sea.event.payment_made.v1',
-        'sea.event.order_created.v1'
+        'sea.event.order_created.v1', 'sea.event.invoice_sent.v1', 'sea.event.invoice_sent.v1'
     ],
     ARRAY[
-        '{"payload": {"amount": 7}}', '{"payload": {"total": 8}}', '{"payload": {}}', '{"payload": {"amount": 1}}'
+        '{"payload": {"amount": 7}}', '{"payload": {"total": 8}}', '{"payload": {}}', '{"payload": {"amount": 1}}',
+        '{"payload": {"n": 1}}', '{"payload": {"bad": 1}}'
     ]::jsonb[],
     2
 );
 SELECT results_eq(
     $$SELECT ordinal, status, event_version, upcast_payload::jsonb FROM got ORDER BY ordinal$$,
     $$VALUES (1, 'RECEIVED', 1, '{"total": 7}'::jsonb), (2, 'RECEIVED', 2, NULL), (3, 'RECEIVED', 1, NULL),
-        (4, 'PROCESSED', 1, NULL)$$,
-    'receive_batch_as: v1 upcast, v2 as it is, the broken one without a payload, the duplicate not upcast'
+        (4, 'PROCESSED', 1, NULL), (5, 'RECEIVED', 1, '{"n": 1, "checked": true}'::jsonb), (6, 'RECEIVED', 1, NULL)$$,
+    'receive_batch_as: v1 upcast, v2 as it is, the broken ones without a payload, the duplicate not upcast'
 );
 SELECT is(
     (SELECT array_agg(left(coalesce(upcast_error, '-'), 27) ORDER BY ordinal) FROM got),
-    ARRAY['-', '-', 'UPCAST_FAILED [OB072]: paym', '-'],
-    'only the broken message carries an error'
+    ARRAY['-', '-', 'UPCAST_FAILED [OB072]: paym', '-', '-', 'UPCAST_FAILED [OB072]: invo'],
+    'only the broken messages carry an error: a step that raises on one payload of two fails that one only'
 );
 SELECT is(
     (

@@ -27,7 +27,11 @@ CREATE TABLE IF NOT EXISTS inbox.upcasters (
 COMMENT ON TABLE inbox.upcasters IS
 'One step per row: upcaster(payload of event_type v from_version) = payload of v from_version + 1.';
 
--- Why a function cannot be an upcaster, or NULL when it can.
+-- Why a function cannot be an upcaster, or NULL when it can. Checked when
+-- it is registered and again before each use (a function can be altered
+-- since): a function that is not SECURITY DEFINER runs as the owner of the
+-- inbox schema, so it must be owned by that owner (or a superuser), else an
+-- admin could run code of their own with the owner's rights.
 CREATE OR REPLACE FUNCTION inbox._upcaster_problem(upcaster regprocedure)
 RETURNS text
 LANGUAGE sql STABLE
@@ -39,9 +43,17 @@ AS $$
         WHEN p.pronargs <> 1 OR p.proargtypes[0] <> 'jsonb'::regtype
             OR p.prorettype <> 'jsonb'::regtype OR p.proretset THEN 'its signature is not (jsonb) -> jsonb'
         WHEN p.provolatile = 'v' THEN 'it is VOLATILE; declare it IMMUTABLE or STABLE'
+        WHEN NOT p.prosecdef AND p.proowner <> n.nspowner
+            AND NOT coalesce((SELECT r.rolsuper FROM pg_roles AS r WHERE r.oid = p.proowner), FALSE)
+            THEN format(
+                'it would run as %s, the owner of schema inbox, but is owned by %s: make it SECURITY DEFINER, or owned by %s',
+                pg_get_userbyid(n.nspowner), pg_get_userbyid(p.proowner), pg_get_userbyid(n.nspowner)
+            )
     END
     FROM (SELECT _upcaster_problem.upcaster::oid AS oid) AS given
-    LEFT JOIN pg_proc AS p ON p.oid = given.oid;
+    CROSS JOIN pg_namespace AS n
+    LEFT JOIN pg_proc AS p ON p.oid = given.oid
+    WHERE n.nspname = 'inbox';
 $$;
 
 -- Registers (or replaces) the step event_type v from_version -> v from_version + 1.
@@ -105,54 +117,102 @@ $$;
 COMMENT ON FUNCTION inbox.unregister_upcaster(text, integer) IS
 'Removes the upcaster of event_type v from_version -> v from_version + 1.';
 
--- The chain from_version -> to_version, without raising: (payload, NULL),
--- or (NULL, why) for a missing step or a step that raised or returned no
--- JSON object. The why starts with the code's name and number: it becomes
--- the dead letter's last_error. One subtransaction for the whole chain.
-CREATE OR REPLACE FUNCTION inbox._upcast(
-    event_type text,
-    from_version integer,
+-- The chains of several payloads (event_types[k] v versions[k] ->
+-- to_version, payloads[k]; ords[k] names them in the result), without
+-- raising: (ordinal, payload, NULL), or (ordinal, NULL, why) for a missing
+-- step, a step that raised or returned no JSON object, or an upcaster no
+-- longer valid. The why starts with the code's name and number: it becomes
+-- the dead letter's last_error. Step by step, each step applied to every
+-- payload that needs it in one statement (one subtransaction); when that
+-- statement raises, the step is applied one payload at a time, so that only
+-- the payloads it raises on fail.
+CREATE OR REPLACE FUNCTION inbox._upcast_all(
+    ords integer[],
+    event_types text[],
+    versions integer[],
     to_version integer,
-    payload jsonb,
-    OUT result jsonb,
-    OUT error text
+    payloads jsonb[]
 )
+RETURNS TABLE (ordinal integer, result jsonb, error text)
 LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    v integer := from_version;
+    cur integer[] := versions;
+    done jsonb[] := payloads;
+    errs text[] := array_fill(NULL::text, ARRAY[cardinality(ords)]);
+    step record;
     fn regprocedure;
-    step jsonb;
+    problem text;
+    idx integer[];
+    results jsonb[];
+    one jsonb;
+    j integer;
+    k integer;
 BEGIN
-    result := payload;
-    IF from_version > to_version THEN
-        result := NULL;
-        error := format('UPCAST_MISSING [OB071]: %s v%s is newer than v%s; upcasters only go up', event_type, from_version, to_version);
-        RETURN;
-    END IF;
-    BEGIN
-        WHILE v < to_version LOOP
-            SELECT u.upcaster INTO fn FROM inbox.upcasters AS u
-            WHERE u.event_type = _upcast.event_type AND u.from_version = v;
-            IF NOT FOUND THEN
-                result := NULL;
-                error := format('UPCAST_MISSING [OB071]: no upcaster for %s v%s -> v%s (chain v%s -> v%s)', event_type, v, v + 1, from_version, to_version);
-                RETURN;
+    FOR k IN 1..coalesce(cardinality(ords), 0) LOOP
+        IF cur[k] IS NULL OR event_types[k] IS NULL THEN
+            errs[k] := 'UPCAST_MISSING [OB071]: the subject names no event type and version';
+        ELSIF cur[k] > to_version THEN
+            errs[k] := format('UPCAST_MISSING [OB071]: %s v%s is newer than v%s; upcasters only go up', event_types[k], cur[k], to_version);
+        END IF;
+    END LOOP;
+    LOOP
+        -- The lowest step still to take, and every payload waiting for it.
+        SELECT t.et, t.v INTO step
+        FROM unnest(event_types, cur, errs) AS t (et, v, e)
+        WHERE t.e IS NULL AND t.v < to_version
+        ORDER BY t.v, t.et
+        LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        SELECT array_agg(t.k ORDER BY t.k) INTO idx
+        FROM unnest(event_types, cur, errs) WITH ORDINALITY AS t (et, v, e, k)
+        WHERE t.e IS NULL AND t.et = step.et AND t.v = step.v;
+        SELECT u.upcaster, inbox._upcaster_problem(u.upcaster) INTO fn, problem
+        FROM inbox.upcasters AS u
+        WHERE u.event_type = step.et AND u.from_version = step.v;
+        IF NOT FOUND OR problem IS NOT NULL THEN
+            FOREACH k IN ARRAY idx LOOP
+                errs[k] := CASE WHEN problem IS NULL
+                    THEN format('UPCAST_MISSING [OB071]: no upcaster for %s v%s -> v%s (chain v%s -> v%s)', step.et, step.v, step.v + 1, versions[k], to_version)
+                    ELSE format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s cannot be used: %s', step.et, step.v, step.v + 1, fn, problem)
+                END;
+            END LOOP;
+            CONTINUE;
+        END IF;
+        BEGIN
+            EXECUTE format('SELECT array_agg(%s(t.p) ORDER BY t.i) FROM unnest($1) WITH ORDINALITY AS t (p, i)', fn::oid::regproc)
+            INTO results
+            USING (SELECT array_agg(done[i.k] ORDER BY i.n) FROM unnest(idx) WITH ORDINALITY AS i (k, n));
+        EXCEPTION WHEN OTHERS THEN
+            results := NULL;
+        END;
+        IF results IS NULL THEN
+            results := '{}';
+            FOREACH k IN ARRAY idx LOOP
+                BEGIN
+                    EXECUTE format('SELECT %s($1)', fn::oid::regproc) INTO one USING done[k];
+                EXCEPTION WHEN OTHERS THEN
+                    one := NULL;
+                    errs[k] := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s raised [%s] %s', step.et, step.v, step.v + 1, fn, SQLSTATE, left(SQLERRM, 500));
+                END;
+                results := array_append(results, one);
+            END LOOP;
+        END IF;
+        FOR j IN 1..cardinality(idx) LOOP
+            k := idx[j];
+            CONTINUE WHEN errs[k] IS NOT NULL;
+            IF jsonb_typeof(results[j]) IS DISTINCT FROM 'object' THEN
+                errs[k] := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s returned %s, not a JSON object', step.et, step.v, step.v + 1, fn, coalesce(jsonb_typeof(results[j]), 'NULL'));
+            ELSE
+                done[k] := results[j];
+                cur[k] := cur[k] + 1;
             END IF;
-            EXECUTE format('SELECT %s($1)', fn::oid::regproc) INTO step USING result;
-            IF jsonb_typeof(step) IS DISTINCT FROM 'object' THEN
-                result := NULL;
-                error := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s returned %s, not a JSON object', event_type, v, v + 1, fn, coalesce(jsonb_typeof(step), 'NULL'));
-                RETURN;
-            END IF;
-            result := step;
-            v := v + 1;
         END LOOP;
-    EXCEPTION WHEN OTHERS THEN
-        result := NULL;
-        error := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s raised [%s] %s', event_type, v, v + 1, coalesce(fn::text, '?'), SQLSTATE, left(SQLERRM, 500));
-    END;
+    END LOOP;
+    RETURN QUERY
+    SELECT ords[i.k], CASE WHEN errs[i.k] IS NULL THEN done[i.k] END, errs[i.k]
+    FROM generate_subscripts(ords, 1) AS i (k);
 END;
 $$;
 
@@ -174,12 +234,13 @@ AS $$
 DECLARE
     got record;
 BEGIN
-    IF event_type IS NULL OR from_version IS NULL OR to_version IS NULL
+    IF nullif(event_type, '') IS NULL OR from_version IS NULL OR to_version IS NULL
         OR from_version < 1 OR to_version < 1 OR jsonb_typeof(payload) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: an event type, versions from 1 and a JSON object payload are required'
             USING ERRCODE = 'OB006';
     END IF;
-    got := inbox._upcast(event_type, from_version, to_version, payload);
+    SELECT * INTO got
+    FROM inbox._upcast_all(ARRAY[1], ARRAY[event_type], ARRAY[from_version], to_version, ARRAY[payload]);
     IF got.error IS NOT NULL THEN
         RAISE EXCEPTION '%', got.error
             USING ERRCODE = CASE WHEN got.error LIKE 'UPCAST_MISSING%' THEN 'OB071' ELSE 'OB072' END;
@@ -242,45 +303,46 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-DECLARE
-    r record;
-    subject text;
-    got record;
 BEGIN
     IF to_version IS NULL OR to_version NOT BETWEEN 1 AND 999999999 THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: to_version must be between 1 and 999999999, got %', coalesce(to_version::text, 'NULL')
             USING ERRCODE = 'OB006';
     END IF;
-    FOR r IN
-        SELECT * FROM inbox.receive_batch(
+    RETURN QUERY
+    WITH received AS MATERIALIZED (
+        SELECT
+            r.*,
+            substring(s.subject FROM '^[^.]+\.event\.[^.]+\.v([1-9][0-9]{0,8})$')::integer AS v,
+            nullif(split_part(s.subject, '.', 3), '') AS et
+        FROM inbox.receive_batch(
             receive_batch_as.handler, receive_batch_as.message_ids, receive_batch_as.subjects,
             receive_batch_as.envelopes
-        )
-    LOOP
-        ordinal := r.ordinal;
-        message_id := r.message_id;
-        status := r.status;
-        attempts := r.attempts;
-        last_error := r.last_error;
-        dlq_metadata := r.dlq_metadata;
-        subject := receive_batch_as.subjects[r.ordinal];
-        event_version := substring(subject FROM '^[^.]+\.event\.[^.]+\.v([1-9][0-9]{0,8})$')::integer;
-        upcast_payload := NULL;
-        upcast_error := NULL;
-        IF r.status IN ('RECEIVED', 'FAILED') THEN
-            IF event_version IS NULL THEN
-                upcast_error := format('UPCAST_MISSING [OB071]: subject %s names no event type and version', subject);
-            ELSIF event_version <> to_version THEN
-                got := inbox._upcast(
-                    split_part(subject, '.', 3), event_version, to_version,
-                    receive_batch_as.envelopes[r.ordinal] -> 'payload'
-                );
-                upcast_payload := got.result::text;
-                upcast_error := got.error;
-            END IF;
-        END IF;
-        RETURN NEXT;
-    END LOOP;
+        ) AS r
+        CROSS JOIN LATERAL (SELECT receive_batch_as.subjects[r.ordinal] AS subject) AS s
+    ),
+    todo AS MATERIALIZED (
+        SELECT
+            array_agg(t.ordinal ORDER BY t.ordinal) AS ords,
+            array_agg(t.et ORDER BY t.ordinal) AS ets,
+            array_agg(t.v ORDER BY t.ordinal) AS vs,
+            array_agg(receive_batch_as.envelopes[t.ordinal] -> 'payload' ORDER BY t.ordinal) AS payloads
+        FROM received AS t
+        WHERE t.status IN ('RECEIVED', 'FAILED') AND t.v IS DISTINCT FROM receive_batch_as.to_version
+    ),
+    upcast AS (
+        SELECT u.*
+        FROM todo
+        CROSS JOIN LATERAL inbox._upcast_all(
+            todo.ords, todo.ets, todo.vs, receive_batch_as.to_version, todo.payloads
+        ) AS u
+        WHERE todo.ords IS NOT NULL
+    )
+    SELECT
+        r.ordinal, r.message_id, r.status, r.attempts, r.last_error, r.dlq_metadata, r.v,
+        u.result::text, u.error
+    FROM received AS r
+    LEFT JOIN upcast AS u ON u.ordinal = r.ordinal
+    ORDER BY r.ordinal;
 END;
 $$;
 COMMENT ON FUNCTION inbox.receive_batch_as(text, uuid[], text[], jsonb[], integer) IS
