@@ -59,28 +59,42 @@ COMMENT ON TABLE inbox.upcasters IS
 -- since): a function that is not SECURITY DEFINER runs as the owner of the
 -- inbox schema, so it must be owned by that owner (or a superuser), else an
 -- admin could run code of their own with the owner's rights.
+-- plpgsql, not sql: its plan is kept for the session (it runs for each
+-- step of each fetch).
 CREATE OR REPLACE FUNCTION inbox._upcaster_problem(upcaster regprocedure)
 RETURNS text
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
-    SELECT CASE
-        WHEN p.oid IS NULL THEN 'it does not exist'
-        WHEN p.prokind <> 'f' THEN 'it is not a plain function'
-        WHEN p.pronargs <> 1 OR p.proargtypes[0] <> 'jsonb'::regtype
-            OR p.prorettype <> 'jsonb'::regtype OR p.proretset THEN 'its signature is not (jsonb) -> jsonb'
-        WHEN p.provolatile = 'v' THEN 'it is VOLATILE; declare it IMMUTABLE or STABLE'
-        WHEN NOT p.prosecdef AND p.proowner <> n.nspowner
-            AND NOT coalesce((SELECT r.rolsuper FROM pg_roles AS r WHERE r.oid = p.proowner), FALSE)
-            THEN format(
-                'it would run as %s, the owner of schema inbox, but is owned by %s: make it SECURITY DEFINER, or owned by %s',
-                pg_get_userbyid(n.nspowner), pg_get_userbyid(p.proowner), pg_get_userbyid(n.nspowner)
-            )
-    END
-    FROM (SELECT _upcaster_problem.upcaster::oid AS oid) AS given
-    CROSS JOIN pg_namespace AS n
-    LEFT JOIN pg_proc AS p ON p.oid = given.oid
-    WHERE n.nspname = 'inbox';
+DECLARE
+    p record;
+    schema_owner oid;
+BEGIN
+    SELECT f.prokind, f.pronargs, f.proargtypes, f.prorettype, f.proretset, f.provolatile, f.prosecdef, f.proowner
+    INTO p
+    FROM pg_proc AS f WHERE f.oid = upcaster;
+    IF NOT FOUND THEN
+        RETURN 'it does not exist';
+    ELSIF p.prokind <> 'f' THEN
+        RETURN 'it is not a plain function';
+    ELSIF p.pronargs <> 1 OR p.proargtypes[0] <> 'jsonb'::regtype
+        OR p.prorettype <> 'jsonb'::regtype OR p.proretset THEN
+        RETURN 'its signature is not (jsonb) -> jsonb';
+    ELSIF p.provolatile = 'v' THEN
+        RETURN 'it is VOLATILE; declare it IMMUTABLE or STABLE';
+    ELSIF p.prosecdef THEN
+        RETURN NULL;  -- runs as its own owner
+    END IF;
+    SELECT n.nspowner INTO schema_owner FROM pg_namespace AS n WHERE n.nspname = 'inbox';
+    IF p.proowner = schema_owner
+        OR (SELECT r.rolsuper FROM pg_roles AS r WHERE r.oid = p.proowner) THEN
+        RETURN NULL;
+    END IF;
+    RETURN format(
+        'it would run as %s, the owner of schema inbox, but is owned by %s: make it SECURITY DEFINER, or owned by %s',
+        pg_get_userbyid(schema_owner), pg_get_userbyid(p.proowner), pg_get_userbyid(schema_owner)
+    );
+END;
 $$;
 -- end generated
 
