@@ -5,8 +5,13 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
+# Workers for the server tiers: the tests mostly wait on PostgreSQL, NATS and
+# subprocesses, so more workers than cores pay (measured on 2 cores: see tests/README.md).
+# Heavy groups stay on one worker each (--dist loadgroup, tests/conftest.py).
+WORKERS ?= 6
+XDIST := -n $(WORKERS) --dist loadgroup
 
-.PHONY: help setup demo test test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/e2e bench/archive bench chaos clean
+.PHONY: help setup demo test test/unit test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/e2e bench/archive bench chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -17,11 +22,16 @@ setup: ## Install Debian packages (if missing) and the .venv (if stale)
 demo: setup ## Run the demo on an embedded PostgreSQL + NATS under .data/
 	@$(PY) -m pgoutbox.dev.demo
 
-test: setup ## Run the whole test suite (pgTAP, lint, pytest) on real PostgreSQL and NATS
-	@$(PYTEST) -q
+test: setup ## Run the whole test suite: the unit tier first (seconds), then pgTAP and pytest on real PostgreSQL and NATS (WORKERS=n)
+	@$(PYTEST) -q tests/unit
+	@$(PYTEST) -q $(XDIST) --ignore=tests/unit
+
+test/unit: setup ## The unit tier only: no server, in-memory fakes (seconds)
+	@$(PYTEST) -q tests/unit
 
 test/quick: setup ## The suite without slow and Spark tests
-	@$(PYTEST) -q -m "not slow and not spark"
+	@$(PYTEST) -q tests/unit
+	@$(PYTEST) -q $(XDIST) --ignore=tests/unit -m "not slow and not spark"
 
 test/poison: setup ## The poison pipeline test, long Hypothesis profile (EXAMPLES=n per class, default 200)
 	@PGOUTBOX_HYPOTHESIS_PROFILE=long PGOUTBOX_POISON_EXAMPLES=$(or $(EXAMPLES),200) $(PYTEST) -q -p no:cacheprovider tests/chaos/test_poison_pipeline.py
@@ -58,7 +68,7 @@ wheel: setup sdist ## Build the sdist, then the wheel from it, into dist/ (pip i
 	@ls dist
 
 verify/docs: setup ## README and docs/reference.md: tables match the code, examples run as written
-	@$(PYTEST) -q tests/cli/test_docs.py tests/outbox/test_relay_docs.py tests/inbox/test_consumer_docs.py
+	@$(PYTEST) -q tests/cli/test_docs.py tests/unit/test_docs_tables.py tests/unit/test_relay_docs.py tests/unit/test_consumer_docs.py
 
 docs/reference: setup ## Regenerate the settings and metrics tables of docs/reference.md from the code
 	@$(PY) scripts/reference_tables.py
@@ -66,7 +76,7 @@ docs/reference: setup ## Regenerate the settings and metrics tables of docs/refe
 docs/chart: setup ## Redraw docs/images/delivery_report.png (the delivery chart of docs/archival.md) from sample data
 	@$(PY) scripts/sample_chart.py docs/images/delivery_report.png
 
-lint: setup ## ruff (lint, format), mypy, import-linter and sqlfluff: what the suite checks too
+lint: setup ## ruff (lint, format), mypy, import-linter and sqlfluff (CI runs it before the tests; also .pre-commit-config.yaml)
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@$(VENV)/bin/mypy -p pgoutbox -p pgoutbox_spark

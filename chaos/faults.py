@@ -199,7 +199,7 @@ def _draw_foreign(pipeline: Pipeline) -> None:
 @fault("foreign_messages", prepare=_draw_foreign)
 def foreign_messages(pipeline: Pipeline, rng: random.Random) -> str:
     """A burst of hostile messages published straight to the stream, drawn
-    from the poison strategies (tests/support/poison.py), header values
+    from the poison strategies (chaos/poison.py), header values
     nats-py would not send included; the check follows each one."""
     cases = pipeline.extras["foreign_cases"]
     first = pipeline.extras["foreign_next"]

@@ -3,7 +3,7 @@ stream, outside the outbox (so outside the ledger of committed events).
 
 Two kinds, both published by fault kinds (chaos/faults.py):
   * hostile ones, drawn once per run from the poison strategies of
-    tests/support/poison.py (any_foreign(), and foreign_header_values():
+    chaos/poison.py (any_foreign(), and foreign_header_values():
     header values with Unicode white space, invisible characters, invalid
     UTF-8, event versions of thousands of digits). Each that reached the
     stream must end as a `.invalid` DLQ notice naming its stream sequence,
@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from support import poison
+from chaos import poison
 
 # One UUID inside a Nats-Msg-Id, however it is wrapped (the strategies put at
 # most the one fresh UUID of ForeignCase.materialise in an id).

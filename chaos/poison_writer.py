@@ -1,5 +1,5 @@
 """The poison writer: a share of the chaos emits drawn from the Hypothesis
-strategies of tests/poison.py (the poison pipeline test's), so that the
+strategies of chaos/poison.py (the poison pipeline test's), so that the
 ledger covers hostile input under faults.
 
 Each hostile emit runs in a business transaction that first inserts a marker
@@ -24,7 +24,7 @@ import psycopg
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from support import poison
+from chaos import poison
 
 CODED = re.compile(r"^[A-Z][A-Z0-9_]+: ")
 

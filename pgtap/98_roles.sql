@@ -2,9 +2,12 @@
 -- Scenarios:
 --   * nothing in outbox/inbox is granted to PUBLIC; every API function is
 --     SECURITY DEFINER with a pinned search_path
---   * writer: may emit, nothing else (no claim, no table access)
+--   * writer: may emit and use the command inbox, nothing else (no claim, no
+--     table access)
 --   * relay: may claim and mark, not emit, not requeue, not read tables
---   * consumer: may use the inbox functions, not the outbox ones
+--   * consumer: may use the inbox functions, not the outbox ones nor the
+--     command inbox
+--   * admin: may read inbox.commands, not claim commands
 --   * admin: may requeue, create partitions and read, but never write tables
 --   * archiver: may make the schema check every command makes, not claim,
 --     emit or requeue
@@ -13,7 +16,7 @@
 --   * nobody may DELETE from outbox.events
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(30);
+SELECT plan(37);
 
 CREATE ROLE t_writer IN ROLE pgoutbox_writer;
 CREATE ROLE t_relay IN ROLE pgoutbox_relay;
@@ -60,6 +63,17 @@ SELECT throws_ok(
       VALUES ('sea', 'o', '1', 'created', '{"schema_version": 1}')$$,
     '42501', NULL, 'writer: may not insert around emit'
 );
+SELECT is(
+    (SELECT claimed FROM inbox.claim_command('start_run', 'role-k1')), TRUE, 'writer: may claim a command'
+);
+SELECT is(
+    (SELECT status FROM inbox.complete_command('start_run', 'role-k1', '{"run_id": 1}')), 'DONE',
+    'writer: may complete a command'
+);
+SELECT lives_ok(
+    $$SELECT * FROM inbox.lookup_command('start_run', 'role-k1')$$, 'writer: may look a command up'
+);
+SELECT throws_ok($$SELECT * FROM inbox.commands$$, '42501', NULL, 'writer: may not read the command table');
 RESET ROLE;
 
 SET LOCAL ROLE t_relay;
@@ -85,10 +99,17 @@ SELECT lives_ok(
 );
 SELECT throws_ok($$SELECT * FROM outbox.claim('w', 1, '1 minute')$$, '42501', NULL, 'consumer: may not claim');
 SELECT throws_ok($$SELECT * FROM inbox.messages$$, '42501', NULL, 'consumer: may not read the table directly');
+SELECT throws_ok(
+    $$SELECT * FROM inbox.claim_command('start_run', 'role-k2')$$, '42501', NULL, 'consumer: may not claim a command'
+);
 RESET ROLE;
 
 SET LOCAL ROLE t_admin;
 SELECT lives_ok($$SELECT * FROM outbox.events$$, 'admin: may read events');
+SELECT lives_ok($$SELECT * FROM inbox.commands$$, 'admin: may read the command table');
+SELECT throws_ok(
+    $$SELECT * FROM inbox.claim_command('start_run', 'role-k3')$$, '42501', NULL, 'admin: may not claim a command'
+);
 SELECT lives_ok($$SELECT * FROM outbox.create_partitions(1)$$, 'admin: may create partitions');
 SELECT throws_ok(
     $$SELECT outbox.requeue(ARRAY[gen_random_uuid()], 'x')$$, 'OB015', NULL,

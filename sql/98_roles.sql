@@ -27,6 +27,14 @@ GRANT EXECUTE ON FUNCTION
 outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz)
 TO pgoutbox_writer;
 
+-- The command inbox: called by applications inside their own transactions.
+GRANT EXECUTE ON FUNCTION
+inbox.claim_command(text, text),
+inbox.complete_command(text, text, jsonb),
+inbox.fail_command(text, text, text),
+inbox.lookup_command(text, text)
+TO pgoutbox_writer;
+
 GRANT EXECUTE ON FUNCTION
 outbox.claim(text, integer, interval),
 outbox.mark_published(uuid, uuid[]),
@@ -79,7 +87,7 @@ GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_re
 -- Named tables, not ALL TABLES: partitions are read through their parent,
 -- and a re-run must not widen grants to partitions created since.
 GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations, outbox.wakeup_policy,
-inbox.messages, inbox.replay_switches, inbox.redrive_log, inbox.upcasters TO pgoutbox_admin;
+inbox.messages, inbox.replay_switches, inbox.redrive_log, inbox.commands, inbox.upcasters TO pgoutbox_admin;
 
 -- pgoutbox_archiver: what the archival job and the report need, nothing more.
 -- It reads the two tables and the partitions it sealed (Spark reads them over

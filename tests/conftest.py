@@ -1,6 +1,9 @@
-"""Real components only: the suite starts its own PostgreSQL 15 (one server,
-one template database with the migrations applied, a fresh clone per test)
-and a fresh nats-server with JetStream per test that asks for one."""
+"""Real components only: the suite starts its own PostgreSQL 15 (one server
+per pytest-xdist worker, one template database with the migrations applied,
+a fresh clone per test) and a fresh nats-server with JetStream per test that
+asks for one. Both take free loopback ports and their own folders, so that
+workers (and other processes on the machine) never meet; roles, being
+cluster-wide, stay inside one worker's server."""
 
 from __future__ import annotations
 
@@ -13,13 +16,70 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from _pytest.nodeid import NodeId
 
 from pgoutbox.core import migrate as migrate_mod
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
+from support.inbox import FakeHandler
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "pgoutbox_template"
 _counter = itertools.count()
+
+
+# Heavy tests that must not run side by side (`make test` runs `--dist loadgroup`):
+# each group goes to one worker, which runs its tests one after the other,
+# while the other workers share the rest.
+#   chaos:         the chaos harness's soaks (the run's longest chain, about 6 min);
+#   chaos-cluster: the NATS cluster's soak and replica check (a chain of its own:
+#                  with the soaks above it would be the whole run's length);
+#   outage:        kills, outages and failovers under load, whose timeouts a
+#                  starved machine would trip;
+#   spark-cluster: the standalone Spark cluster (master, workers, spark-submit);
+#   spark-ops, spark: the tests on a SparkSession (a JVM on 2 cores, 20-30 s to
+#                  start, one per worker that needs it), in two groups: one
+#                  would be the run's longest chain;
+#   install:       PGXS installs the extension into the one PostgreSQL installation.
+_GROUPS = {
+    "tests/chaos/test_chaos.py": "chaos",
+    "tests/chaos/test_cluster.py": "chaos-cluster",
+    "tests/chaos/test_failover.py": "outage",
+    "tests/inbox/test_consumer_outages.py": "outage",
+    "tests/inbox/test_consumer_crash.py": "outage",
+    "tests/outbox/test_relay_processes.py": "outage",
+    "tests/archival/test_archive_cluster.py": "spark-cluster",
+    "tests/archival/test_archive_operations.py": "spark-ops",
+    "tests/install/": "install",
+}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
+    # Before every other implementation (xdist's reads the groups).
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = next((g for prefix, g in _GROUPS.items() if path.startswith(prefix)), None)
+        if group is None and (item.get_closest_marker("spark") or "spark" in getattr(item, "fixturenames", ())):
+            group = "spark"
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    result = yield
+    # pytest-xdist 3.8 tells the scheduler a test's group by appending
+    # "@group" to its node id, through Item._nodeid, which pytest 9.2 no longer
+    # reads (the id is Item._id): without this, every group is scattered over
+    # the workers. Done only when xdist's own did not take effect.
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            names = sorted(
+                {
+                    str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")
+                }
+            )
+            suffix = "@" + "_".join(names)
+            if names and not item.nodeid.endswith(suffix):
+                item._id = NodeId.parse(item.nodeid + suffix)
+    return result
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -87,6 +147,15 @@ def nats_server(tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def handler():
+    """An HTTP handler on a free loopback port, answering as each message's
+    payload says (support.inbox.FakeHandler), stopped after the test."""
+    fake = FakeHandler()
+    yield fake
+    fake.close()
 
 
 @pytest.fixture(scope="session")

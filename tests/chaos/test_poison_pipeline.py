@@ -71,11 +71,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chaos.poison import CLASSES, CONTEXT, EVENT_TYPE, SUBJECTS, EmitCase, ForeignCase, refusal_problem
 from conftest import create_database, drop_database
 from pgoutbox.dev.embedded import EmbeddedNats
 from support.inbox import write_registry
 from support.outbox import apply_streams
-from support.poison import CLASSES, CONTEXT, EVENT_TYPE, SUBJECTS, EmitCase, ForeignCase, refusal_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER = "fuzz"

@@ -5,7 +5,6 @@ failure or loss as DatabaseUnavailable, in bounded time, on both sides."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import psycopg
 import pytest
@@ -13,7 +12,6 @@ import pytest
 from pgoutbox import OLDEST_SCHEMA, SCHEMA_VERSION
 from pgoutbox.core import db
 from pgoutbox.core.errors import DatabaseUnavailable, SchemaMismatch
-from pgoutbox.dev.embedded import free_port
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.outbox.calls import OutboxCalls
 from support.schema import newer_schema
@@ -22,24 +20,6 @@ from support.schema import newer_schema
 def _terminate(database_url: str, pid: int) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-
-
-async def test_a_refused_connect_fails_the_waiting_call_at_once_with_libpqs_reason():
-    port = free_port()
-    pool = db.Pool(f"postgresql://postgres@127.0.0.1:{port}/shop", name="t")
-    try:
-        for _ in range(2):  # also once the pool has given its first attempt up
-            started = time.monotonic()
-            with pytest.raises(DatabaseUnavailable) as raised:
-                async with pool.connection():
-                    pass
-            assert time.monotonic() - started < db.CONNECT_TIMEOUT
-            message = str(raised.value)
-            assert message.startswith(f"cannot connect to PostgreSQL at 127.0.0.1:{port} database shop ({db.SETTING})")
-            assert "Connection refused" in message and "\n" not in message
-            assert raised.value.retryable
-    finally:
-        await pool.close()
 
 
 async def test_every_new_connection_checks_the_schema_version(database_url, empty_database_url):

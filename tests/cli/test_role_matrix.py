@@ -43,7 +43,8 @@ from pgoutbox.core import wire
 from pgoutbox.dev.embedded import PG_BIN
 from support import archival
 from support.inbox import FakeHandler, dlq_messages, event, jetstream, publish
-from support.outbox import emit, status_counts, wait_for
+from support.outbox import emit, status_counts
+from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference.md"

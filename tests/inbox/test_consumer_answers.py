@@ -11,7 +11,6 @@ import pytest
 
 from pgoutbox.core import wire
 from support.inbox import (
-    FakeHandler,
     add_stream,
     consumer_config,
     dlq_messages,
@@ -21,18 +20,11 @@ from support.inbox import (
     publish,
     refused_url,
     running_consumer,
-    until,
     write_registry,
 )
+from support.waiting import until
 
 H = "billing"
-
-
-@pytest.fixture
-def handler():
-    fake = FakeHandler(hang=3.0)
-    yield fake
-    fake.close()
 
 
 async def _ack_state(js):

@@ -36,9 +36,9 @@ from support.inbox import (
     jetstream,
     publish,
     running_consumer,
-    until,
     write_registry,
 )
+from support.waiting import until
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"
@@ -58,13 +58,6 @@ def _receive_batch(conn, envelopes: list[dict], handler: str = H) -> list[dict]:
             [psycopg.types.json.Jsonb(e) for e in envelopes],
         ),
     ).fetchall()
-
-
-@pytest.fixture
-def handler():
-    h = FakeHandler()
-    yield h
-    h.close()
 
 
 def test_receive_batch_records_a_fetch_and_returns_each_row_in_order(database_url):

@@ -12,17 +12,8 @@ import pytest
 
 from pgoutbox.dev.embedded import free_port
 from pgoutbox.dev.tcp_proxy import TcpProxy
-from support.inbox import (
-    FakeHandler,
-    add_stream,
-    consumer_metric,
-    event,
-    inbox_row,
-    jetstream,
-    publish,
-    until,
-    write_registry,
-)
+from support.inbox import FakeHandler, add_stream, consumer_metric, event, inbox_row, jetstream, publish, write_registry
+from support.waiting import until
 
 H = "billing"
 

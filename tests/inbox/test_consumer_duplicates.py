@@ -11,7 +11,6 @@ import pytest
 
 from pgoutbox.dev.tcp_proxy import TcpProxy
 from support.inbox import (
-    FakeHandler,
     add_stream,
     consumer_config,
     event,
@@ -19,18 +18,11 @@ from support.inbox import (
     jetstream,
     publish,
     running_consumer,
-    until,
     write_registry,
 )
+from support.waiting import until
 
 H = "billing"
-
-
-@pytest.fixture
-def handler():
-    fake = FakeHandler()
-    yield fake
-    fake.close()
 
 
 @pytest.fixture

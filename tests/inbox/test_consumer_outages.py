@@ -30,16 +30,8 @@ import pytest
 
 from pgoutbox.core import migrate
 from pgoutbox.dev.embedded import EmbeddedPostgres, free_port
-from support.inbox import (
-    FakeHandler,
-    add_stream,
-    dlq_messages,
-    event,
-    jetstream,
-    publish,
-    until,
-    write_registry,
-)
+from support.inbox import FakeHandler, add_stream, dlq_messages, event, jetstream, publish, write_registry
+from support.waiting import until
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"

@@ -31,7 +31,6 @@ from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from pgoutbox.dev.tcp_proxy import TcpProxy
 from pgoutbox.outbox.publisher import message_size
 from support.inbox import (
-    FakeHandler,
     add_stream,
     consumer_config,
     dlq_messages,
@@ -40,21 +39,14 @@ from support.inbox import (
     jetstream,
     publish,
     running_consumer,
-    until,
     write_registry,
 )
 from support.schema import newer_schema
+from support.waiting import until
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"
 MAX_PAYLOAD = 64 * 1024
-
-
-@pytest.fixture
-def handler():
-    fake = FakeHandler()
-    yield fake
-    fake.close()
 
 
 @pytest.fixture

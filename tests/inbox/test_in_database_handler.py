@@ -166,17 +166,6 @@ async def test_idle_exit_without_any_message_exits_zero_after_n_seconds(database
     assert 0.9 <= waited <= 3.0, waited
 
 
-def test_idle_exit_refuses_a_value_that_is_not_a_positive_number():
-    for value in ("0", "-2", "soon"):
-        out = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "in_database_handler.py"), "--idle-exit", value],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert out.returncode == 2 and "--idle-exit" in out.stderr and "Traceback" not in out.stderr, out.stderr
-
-
 async def test_a_versioned_in_database_handler_gets_upcast_payloads_and_dead_letters_what_cannot_be(database_url):
     """handle_in_transaction(version=2), as a login holding pgoutbox_consumer
     only: a v1 payload reaches apply upcast (inbox.upcast, same transaction),

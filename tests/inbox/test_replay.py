@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 
 import psycopg
 import pytest
 
 from pgoutbox.cli import main as cli
-from pgoutbox.core.backoff import Backoff
 from pgoutbox.inbox import dlq as dlq_wire
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.metrics import ConsumerMetrics
@@ -28,56 +26,15 @@ from support.inbox import (
     jetstream,
     publish,
     running_consumer,
-    until,
     write_registry,
 )
+from support.waiting import until
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"
 
 
-# -- the policy -------------------------------------------------------------
-
-
-def test_backoff_doubles_up_to_the_cap():
-    b = Backoff(base=1.0, max_delay=60.0, jitter=0.0)
-    assert [b.delay(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 60, 60]
-    assert b.ceiling(10_000) == 60.0  # no overflow for absurd attempt numbers
-
-
-@pytest.mark.parametrize("jitter", [0.25, 0.5, 1.0])
-def test_jitter_stays_within_its_bounds_and_spreads_over_them(jitter):
-    b = Backoff(base=0.5, max_delay=30.0, jitter=jitter)
-    rng = random.Random(7)
-    for attempt in range(1, 12):
-        ceiling = b.ceiling(attempt)
-        samples = [b.delay(attempt, rng) for _ in range(2000)]
-        low, high = ceiling * (1 - jitter), ceiling
-        assert all(low <= s <= high for s in samples), attempt
-        # Spread over the whole band, not stuck at one end.
-        assert min(samples) < low + 0.05 * (high - low) and max(samples) > high - 0.05 * (high - low)
-
-
-def test_backoff_refuses_nonsense():
-    for kwargs in (
-        {"base": 0, "max_delay": 1},
-        {"base": 2, "max_delay": 1},
-        {"base": 1, "max_delay": 2, "jitter": 1.5},
-    ):
-        with pytest.raises(ValueError):
-            Backoff(**kwargs)
-    with pytest.raises(ValueError):
-        Backoff(1, 2).delay(0)
-
-
 # -- the replayer against real servers --------------------------------------
-
-
-@pytest.fixture
-def handler():
-    fake = FakeHandler()
-    yield fake
-    fake.close()
 
 
 def _notices(dlq):

@@ -39,6 +39,7 @@ gen_extension = importlib.util.module_from_spec(_spec)
 sys.modules["gen_extension"] = gen_extension  # dataclasses look their module up
 _spec.loader.exec_module(gen_extension)
 
+
 LATEST = m.discover()[-1].version
 OLDEST_DOWN = gen_extension.OLDEST_DOWN
 SEEDED = set(gen_extension.seeded_tables(gen_extension.migrations(ROOT / "migrations")))
@@ -249,7 +250,7 @@ def test_a_down_path_that_fails_at_its_last_step_changes_nothing(installed, new_
         with pytest.raises(psycopg.errors.CheckViolation):
             m.migrate(conn, OLDEST_DOWN)
         assert m.extension_version(conn) == LATEST == m.applied_version(conn)
-        # 0013's grant, which the first step down revokes, is still there.
+        # 0013's grant, which a step down revokes, is still there.
         assert conn.execute(
             "SELECT has_function_privilege('pgoutbox_archiver', 'outbox.schema_version()', 'EXECUTE')"
         ).fetchone() == (True,)
@@ -437,12 +438,3 @@ def test_an_extension_database_survives_dump_and_restore_with_every_row(installe
             == 1
         )
         db.check_schema_version(m.applied_version(conn))
-
-
-def test_restore_list_leaves_a_plain_dump_alone():
-    toc = "; Archive\n3553; 2606 16674 CONSTRAINT outbox events_p20261124 events_p20261124_pkey postgres\n"
-    toc += "3605; 0 0 INDEX ATTACH outbox events_p20261124_pkey postgres\n"
-    assert m.restore_list(toc) == (toc, 0)
-    extension = "2; 3079 16385 EXTENSION - pgoutbox \n" + toc
-    out, skipped = m.restore_list(extension)
-    assert skipped == 2 and out.count("\n;3") == 2

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from pgxs import install_extension
 from pgoutbox import SCHEMA_VERSION, __version__
 from pgoutbox.core import migrate
 from support.inbox import FakeHandler
+from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,14 +117,13 @@ def test_the_installed_package_runs_away_from_the_checkout(venv, work):
     assert int(where[2]) == len(migrate.discover()) == SCHEMA_VERSION
 
 
-def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen, log: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def running(proc: subprocess.Popen, log: Path, what: str):
+    """For wait_for(alive=...): fails at once when the process exited."""
+
+    def check() -> None:
         assert proc.poll() is None, f"{what}: the process exited {proc.returncode}:\n{log.read_text()}"
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()}")
+
+    return check
 
 
 def start(venv: Path, work: Path, command: str, env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
@@ -185,7 +184,10 @@ def test_migrate_relay_consume_and_status_from_the_installed_wheel(
 
     relay, relay_log = start(venv, work, "relay", environment(**base, relay_http_port="0", relay_name="wheel"))
     try:
-        wait_for(lambda: status() == "COMPLETED", 60, "the relay to publish the event", relay, relay_log)
+        what = "the relay to publish the event"
+        wait_for(
+            lambda: status() == "COMPLETED", 60, what, alive=running(relay, relay_log, what), detail=relay_log.read_text
+        )
     finally:
         stop(relay, relay_log)
 
@@ -209,7 +211,8 @@ def test_migrate_relay_consume_and_status_from_the_installed_wheel(
                     ).fetchone()
                 return row is not None and row[0] == "PROCESSED"
 
-            wait_for(processed, 60, "the consumer to hand the event over", consume, consume_log)
+            what = "the consumer to hand the event over"
+            wait_for(processed, 60, what, alive=running(consume, consume_log, what), detail=consume_log.read_text)
         finally:
             stop(consume, consume_log)
         assert [c.message_id for c in handler.calls] == [event_id]

@@ -12,7 +12,6 @@ import os
 import sys
 import threading
 import time
-from datetime import UTC, datetime, timedelta
 
 import nats
 import psycopg
@@ -24,7 +23,7 @@ from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.dev.embedded import free_port
 from pgoutbox.dev.tcp_proxy import TcpProxy
 from pgoutbox.outbox import audit
-from support.inbox import FakeHandler, consumer_config, inbox_row, running_consumer, until, write_registry
+from support.inbox import consumer_config, inbox_row, running_consumer, write_registry
 from support.outbox import (
     ROOT,
     apply_streams,
@@ -35,6 +34,7 @@ from support.outbox import (
     status_counts,
     stream_messages,
 )
+from support.waiting import until
 
 STREAM = "SEA_EVENTS"
 H = "billing"
@@ -96,13 +96,6 @@ def requeue_log(url: str) -> list[tuple]:
         return conn.execute(
             "SELECT event_id::text, from_status, reason, published_at_before IS NOT NULL FROM outbox.requeue_log"
         ).fetchall()
-
-
-@pytest.fixture
-def handler():
-    fake = FakeHandler()
-    yield fake
-    fake.close()
 
 
 async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(
@@ -288,29 +281,3 @@ async def test_losing_nats_in_the_middle_of_an_audit_is_one_broker_error(databas
     finally:
         proxy.close()
     assert raised.value.exit_code == 4
-
-
-def test_horizon_follows_the_retention():
-    now = datetime(2026, 1, 2, tzinfo=UTC)
-    base = audit.StreamView("S", ("a.>",), 120.0, 0.0, False, None, 10, 10)
-    assert base.horizon(now, None, 60) is None, "a stream without limits keeps everything"
-    aged = audit.StreamView("S", ("a.>",), 120.0, 86400.0, False, now - timedelta(days=1), 10, 10)
-    assert aged.horizon(now, None, 60) == now - timedelta(days=1) + timedelta(seconds=180)
-    assert aged.horizon(now, 3600, 60) == now - timedelta(hours=1), "--since narrows it"
-    first = now - timedelta(hours=2)
-    sized = audit.StreamView("S", ("a.>",), 120.0, 0.0, True, first, 10, 10)
-    assert sized.horizon(now, None, 60) == first + timedelta(seconds=180)
-
-
-def test_subject_patterns_match_like_nats():
-    import re
-
-    cases = {
-        "sea.event.>": (["sea.event.a.v1", "sea.event.a"], ["sea.event", "sea.eventx.a", "xsea.event.a"]),
-        "sea.*.a.v1": (["sea.event.a.v1"], ["sea.event.b.v1", "sea.e.f.a.v1"]),
-        "a-b.c_d": (["a-b.c_d"], ["a-b.c_dx", "aab.c_d"]),
-    }
-    for subject, (yes, no) in cases.items():
-        pattern = re.compile(audit.subject_pattern(subject))
-        assert all(pattern.match(s) for s in yes), subject
-        assert not any(pattern.match(s) for s in no), subject

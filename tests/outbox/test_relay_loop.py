@@ -20,8 +20,6 @@ import pytest
 from pgoutbox.core import wire
 from pgoutbox.dev.embedded import EmbeddedNats
 from pgoutbox.outbox.publisher import Outcome, Publisher, PublishError
-from pgoutbox.outbox.wakeups import Wakeups
-from support.inbox import until
 from support.outbox import (
     apply_streams,
     emit,
@@ -31,6 +29,7 @@ from support.outbox import (
     status_counts,
     stream_messages,
 )
+from support.waiting import until
 
 
 async def completed(url: str, n: int, timeout: float = 30) -> None:
@@ -141,25 +140,6 @@ async def test_a_keys_next_event_is_not_held_back_by_the_claim_interval(database
         # soon as its predecessor is marked, not 20 s after the previous claim.
         await completed(database_url, 3, timeout=15)
     assert len(set(claim_tokens(database_url))) == 3
-
-
-async def test_a_pause_ends_early_only_for_an_urgent_wake_up_or_stop():
-    wakeups = Wakeups(poll_interval=60)
-    pause = asyncio.create_task(wakeups.pause(60))
-    await asyncio.sleep(0.05)
-    wakeups.wake()  # counted for the next wait, not ending the pause
-    await asyncio.sleep(0.05)
-    assert not pause.done()
-    wakeups.wake(urgent=True)
-    await asyncio.wait_for(pause, 5)
-    await asyncio.wait_for(wakeups.wait(), 5)  # the wake-ups came: no wait
-    wakeups.arm()
-    waiting = asyncio.create_task(wakeups.wait())
-    await asyncio.sleep(0.05)
-    assert not waiting.done()
-    wakeups.stop()
-    await asyncio.wait_for(waiting, 5)
-    await asyncio.wait_for(wakeups.pause(60), 5)  # stopped: no pause any more
 
 
 async def test_poll_only_relay_still_drains(database_url, nats_server):

@@ -18,16 +18,8 @@ import pytest
 
 from pgoutbox.core import migrate
 from pgoutbox.dev.embedded import EmbeddedPostgres, free_port
-from support.outbox import (
-    RelayProcess,
-    all_completed,
-    apply_streams,
-    emit,
-    msg_ids,
-    status_counts,
-    stream_messages,
-    wait_for,
-)
+from support.outbox import RelayProcess, all_completed, apply_streams, emit, msg_ids, status_counts, stream_messages
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ concurrently, and reversible (up -> down -> up)."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import threading
 from pathlib import Path
@@ -80,17 +79,6 @@ def test_canonical_schema_and_migrations_build_the_same_catalog(pg_server):
     finally:
         drop_database(pg_server, a)
         drop_database(pg_server, b)
-
-
-def test_migration_files_are_properly_named():
-    files = sorted(p.name for p in (ROOT / "migrations").iterdir())
-    assert files, "no migrations"
-    for name in files:
-        assert re.fullmatch(r"\d{4}_[a-z0-9_]+\.(up|down)\.sql", name), name
-    found = m.discover()
-    assert [x.version for x in found] == list(range(1, len(found) + 1))
-    for x in found:
-        assert "cannot undo" in x.down.read_text(), f"{x.down.name} must say what it cannot undo"
 
 
 def test_up_down_up_round_trip(empty_database_url):

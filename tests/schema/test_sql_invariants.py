@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chaos.poison import EmitCase, any_emit
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox.core import migrate
 from pgoutbox.core.errors import IllegalTransition, SqlState, wrap_exceptions
-from support.poison import EmitCase, any_emit
 
 EMIT = "SELECT outbox.emit('order', %s, 'created', '{\"schema_version\": 1}', context => %s)"
 

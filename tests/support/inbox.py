@@ -4,7 +4,6 @@ wire format, a registry written from a manifest, polling."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -202,19 +201,6 @@ async def jetstream(url: str):
         yield nc.jetstream()
     finally:
         await nc.close()
-
-
-async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def inbox_row(database_url: str, message_id: str, handler: str) -> dict | None:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nats
@@ -20,6 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.relay import OutboxRelay
+from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,17 +51,6 @@ def emit(
 def status_counts(url: str) -> dict[str, int]:
     with psycopg.connect(url, autocommit=True) as conn:
         return dict(conn.execute("SELECT status, count(*) FROM outbox.events GROUP BY 1").fetchall())
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def all_completed(url: str, n: int):

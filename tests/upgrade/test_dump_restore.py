@@ -47,7 +47,7 @@ from pgoutbox.dev.embedded import PG_BIN
 from pgoutbox.dev.tcp_proxy import TcpProxy
 from support import archival
 from support.inbox import FakeHandler
-from support.outbox import msg_ids, status_counts, stream_messages, wait_for
+from support.outbox import msg_ids, status_counts, stream_messages
 from support.upgrade import (
     Delivery,
     Worker,
@@ -61,6 +61,7 @@ from support.upgrade import (
     schema_catalog,
     start_worker,
 )
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,6 @@ import pytest
 
 from pgoutbox.core import migrate
 from support.inbox import FakeHandler
-from support.outbox import wait_for
 from support.upgrade import (
     Delivery,
     Ledger,
@@ -45,6 +44,7 @@ from support.upgrade import (
     start_worker,
     summary,
 )
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

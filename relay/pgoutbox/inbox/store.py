@@ -32,7 +32,7 @@ BATCHES_FROM = 9
 # has inbox.record_in_database_error().
 FAILURES_FROM = 12
 # The first schema with upcasters (inbox.receive_batch_as, inbox.upcast).
-UPCASTS_FROM = 14
+UPCASTS_FROM = 15
 
 _NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema_name
 _PERMISSION_DENIED = "42501"

@@ -1,4 +1,4 @@
--- Upcasters (sql/65_upcasters.sql) and the pgTAP helpers of
+-- Upcasters (sql/66_upcasters.sql) and the pgTAP helpers of
 -- pgtap/helpers/upcasters.sql.
 -- Scenarios:
 --   * register_upcaster refuses, with OB070, a function that is not

@@ -1,9 +1,9 @@
--- 0014_upcasters (down): back to version 13: no upcasters, no
+-- 0015_upcasters (down): back to version 14: no upcasters, no
 -- inbox.receive_batch_as. Refuses (OB091) while an upcaster is registered:
 -- unregister them first (the application's own migration registered them).
 --
--- What it cannot undo: nothing is lost; a consumer of schema 14 whose
--- handlers declare a version stops at its schema check on 13.
+-- What it cannot undo: nothing is lost; a consumer of schema 15 whose
+-- handlers declare a version stops at its schema check on 14.
 
 BEGIN;
 
@@ -13,7 +13,7 @@ DO $$
 BEGIN
     -- Nested IFs: plpgsql plans each condition only when it reaches it.
     IF to_regclass('outbox.schema_migrations') IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM outbox.schema_migrations WHERE version > 14) THEN
+        IF EXISTS (SELECT 1 FROM outbox.schema_migrations WHERE version > 15) THEN
             RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: roll back the newer migrations first'
                 USING ERRCODE = 'OB090';
         END IF;
@@ -37,6 +37,6 @@ DROP FUNCTION IF EXISTS inbox._upcaster_problem(regprocedure);
 DROP TABLE IF EXISTS inbox.upcasters;
 
 DELETE FROM outbox.schema_migrations
-WHERE version = 14;
+WHERE version = 15;
 
 COMMIT;

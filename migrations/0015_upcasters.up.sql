@@ -1,4 +1,4 @@
--- 0014_upcasters (up): upcasters, so that a handler sees one payload version.
+-- 0015_upcasters (up): upcasters, so that a handler sees one payload version.
 --
 --   * inbox.upcasters registers SQL functions (jsonb) -> jsonb, each turning
 --     version n of an event type's payload into n + 1;
@@ -16,7 +16,7 @@
 -- release 0.3.0 (schema 11) run on it unchanged.
 -- Apply with `pgoutbox migrate`, or `psql -v ON_ERROR_STOP=1 -f` this file.
 -- Safe to re-run and to run twice at once (one transaction, advisory lock,
--- idempotent DDL). Refuses to run unless the schema is at version 13 or 14.
+-- idempotent DDL). Refuses to run unless the schema is at version 14 or 15.
 -- Catalog changes only: no row is read or rewritten.
 
 BEGIN;
@@ -27,11 +27,11 @@ DO $$
 BEGIN
     -- Nested IFs: plpgsql plans each condition only when it reaches it.
     IF to_regclass('outbox.schema_migrations') IS NULL THEN
-        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0014 needs 0001 to 0013 applied first'
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0015 needs 0001 to 0014 applied first'
             USING ERRCODE = 'OB090';
     END IF;
-    IF (SELECT coalesce(max(version), 0) FROM outbox.schema_migrations) NOT IN (13, 14) THEN
-        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0014 applies on version 13 (or re-runs on 14) only'
+    IF (SELECT coalesce(max(version), 0) FROM outbox.schema_migrations) NOT IN (14, 15) THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0015 applies on version 14 (or re-runs on 15) only'
             USING ERRCODE = 'OB090';
     END IF;
 END;
@@ -53,7 +53,7 @@ CREATE TABLE IF NOT EXISTS inbox.upcasters (
 COMMENT ON TABLE inbox.upcasters IS
 'One step per row: upcaster(payload of event_type v from_version) = payload of v from_version + 1.';
 
--- generated from sql/65_upcasters.sql: inbox._upcaster_problem
+-- generated from sql/66_upcasters.sql: inbox._upcaster_problem
 -- Why a function cannot be an upcaster, or NULL when it can. Checked when
 -- it is registered and again before each use (a function can be altered
 -- since): a function that is not SECURITY DEFINER runs as the owner of the
@@ -98,7 +98,7 @@ END;
 $$;
 -- end generated
 
--- generated from sql/65_upcasters.sql: inbox.register_upcaster
+-- generated from sql/66_upcasters.sql: inbox.register_upcaster
 -- Registers (or replaces) the step event_type v from_version -> v from_version + 1.
 CREATE OR REPLACE FUNCTION inbox.register_upcaster(
     event_type text,
@@ -139,7 +139,7 @@ COMMENT ON FUNCTION inbox.register_upcaster(text, integer, regprocedure) IS
 'Registers (or replaces) the upcaster of event_type v from_version -> v from_version + 1: a (jsonb) -> jsonb function.';
 -- end generated
 
--- generated from sql/65_upcasters.sql: inbox.unregister_upcaster
+-- generated from sql/66_upcasters.sql: inbox.unregister_upcaster
 CREATE OR REPLACE FUNCTION inbox.unregister_upcaster(event_type text, from_version integer)
 RETURNS inbox.upcasters
 LANGUAGE plpgsql
@@ -163,7 +163,7 @@ COMMENT ON FUNCTION inbox.unregister_upcaster(text, integer) IS
 'Removes the upcaster of event_type v from_version -> v from_version + 1.';
 -- end generated
 
--- generated from sql/65_upcasters.sql: inbox._upcast_all
+-- generated from sql/66_upcasters.sql: inbox._upcast_all
 -- The chains of several payloads (event_types[k] v versions[k] ->
 -- to_version, payloads[k]; ords[k] names them in the result), without
 -- raising: (ordinal, payload, NULL), or (ordinal, NULL, why) for a missing
@@ -264,7 +264,7 @@ END;
 $$;
 -- end generated
 
--- generated from sql/65_upcasters.sql: inbox.upcast
+-- generated from sql/66_upcasters.sql: inbox.upcast
 -- The payload of event_type v from_version as v to_version (itself when the
 -- versions are equal). Raises UPCAST_MISSING (OB071) or UPCAST_FAILED
 -- (OB072), naming the event type and the step. For in-database handlers,
@@ -301,7 +301,7 @@ COMMENT ON FUNCTION inbox.upcast(text, integer, integer, jsonb) IS
 'A payload from v from_version to v to_version through the registered upcasters (OB071 missing, OB072 failed).';
 -- end generated
 
--- generated from sql/65_upcasters.sql: inbox.upcast_gaps
+-- generated from sql/66_upcasters.sql: inbox.upcast_gaps
 -- The registered versions of event_type whose chain does not reach
 -- to_version, and the first step missing from it. No row: every registered
 -- version reaches it (pgoutbox_tap.upcasters_reach() asserts that).
@@ -327,7 +327,7 @@ COMMENT ON FUNCTION inbox.upcast_gaps(text, integer) IS
 'Registered versions of an event type whose chain does not reach to_version, with the first missing step.';
 -- end generated
 
--- generated from sql/65_upcasters.sql: inbox.receive_batch_as
+-- generated from sql/66_upcasters.sql: inbox.receive_batch_as
 -- receive_batch() for a handler that wants every payload as version
 -- to_version: the same rows, and for each message to process (RECEIVED or
 -- FAILED) whose subject is older, the upcast payload (JSON text, numbers as
@@ -423,7 +423,7 @@ TO pgoutbox_consumer, pgoutbox_admin;
 GRANT SELECT ON inbox.upcasters TO pgoutbox_admin;
 
 INSERT INTO outbox.schema_migrations (version, name)
-VALUES (14, '0014_upcasters')
+VALUES (15, '0015_upcasters')
 ON CONFLICT (version) DO NOTHING;
 
 COMMIT;

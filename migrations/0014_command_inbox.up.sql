@@ -1,0 +1,312 @@
+-- 0014_command_inbox (up): the command inbox (sql/65_inbox_commands.sql).
+--
+--   * inbox.commands: one row per (handler, command_key), IN_PROGRESS ->
+--     DONE | FAILED, FAILED -> IN_PROGRESS (claimed again); guarded updates,
+--     no DELETE or TRUNCATE (keys leave only by audited archival).
+--   * inbox.claim_command(), complete_command(), fail_command() and
+--     lookup_command(), called by applications inside their own
+--     transactions: granted to pgoutbox_writer; admins may read the table.
+--
+-- Expand only: a new table and new functions; workers of release 0.3.0
+-- (schema 11) run on it unchanged.
+-- Apply with `pgoutbox migrate`, or `psql -v ON_ERROR_STOP=1 -f` this file.
+-- Safe to re-run and to run twice at once (one transaction, advisory lock,
+-- idempotent DDL). Refuses to run unless the schema is at version 13 or 14.
+-- Catalog changes only: no row is read or rewritten.
+
+BEGIN;
+
+SELECT pg_advisory_xact_lock(hashtextextended('pgoutbox.migrate', 0));
+
+DO $$
+BEGIN
+    -- Nested IFs: plpgsql plans each condition only when it reaches it.
+    IF to_regclass('outbox.schema_migrations') IS NULL THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0014 needs 0001 to 0013 applied first'
+            USING ERRCODE = 'OB090';
+    END IF;
+    IF (SELECT coalesce(max(version), 0) FROM outbox.schema_migrations) NOT IN (13, 14) THEN
+        RAISE EXCEPTION 'MIGRATION_OUT_OF_ORDER: 0014 applies on version 13 (or re-runs on 14) only'
+            USING ERRCODE = 'OB090';
+    END IF;
+END;
+$$;
+
+CREATE TABLE IF NOT EXISTS inbox.commands (
+    handler text NOT NULL,
+    command_key text NOT NULL,
+    status text NOT NULL DEFAULT 'IN_PROGRESS',
+    result jsonb,
+    last_error text,
+    attempts integer NOT NULL DEFAULT 1,
+    first_claimed_at timestamptz NOT NULL DEFAULT now(),
+    claimed_at timestamptz NOT NULL DEFAULT now(),
+    claimed_by text NOT NULL DEFAULT session_user,
+    settled_at timestamptz,
+    PRIMARY KEY (handler, command_key),
+    CONSTRAINT command_status_is_known CHECK (status IN ('IN_PROGRESS', 'DONE', 'FAILED')),
+    CONSTRAINT command_handler_is_named CHECK (handler ~ '^[A-Za-z0-9_.-]{1,128}$'),
+    CONSTRAINT command_key_is_given CHECK (
+        btrim(command_key) <> '' AND length(command_key) <= 256
+    ),
+    CONSTRAINT command_attempts_is_positive CHECK (attempts >= 1),
+    CONSTRAINT command_claimed_not_before_first CHECK (claimed_at >= first_claimed_at),
+    CONSTRAINT command_settled_iff_not_in_progress CHECK (
+        (status = 'IN_PROGRESS') = (settled_at IS NULL)
+    ),
+    CONSTRAINT command_settled_not_before_claimed CHECK (
+        settled_at IS NULL OR settled_at >= claimed_at
+    ),
+    CONSTRAINT command_result_iff_done CHECK ((status = 'DONE') = (result IS NOT NULL)),
+    CONSTRAINT command_failed_has_an_error CHECK (status <> 'FAILED' OR last_error IS NOT NULL)
+);
+COMMENT ON TABLE inbox.commands IS
+'Command inbox keyed by (handler, command_key): the first claim does the work, later claims get its result.';
+
+CREATE OR REPLACE FUNCTION inbox.tg_commands__guard_update()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF (NEW.handler, NEW.command_key, NEW.first_claimed_at)
+        IS DISTINCT FROM (OLD.handler, OLD.command_key, OLD.first_claimed_at) THEN
+        RAISE EXCEPTION 'IMMUTABLE_COMMAND: command % for handler % keeps its key and first claim', OLD.command_key, OLD.handler
+            USING ERRCODE = 'OB011';
+    END IF;
+    IF NEW IS NOT DISTINCT FROM OLD
+        OR (OLD.status, NEW.status) IN (
+            ('IN_PROGRESS', 'DONE'), ('IN_PROGRESS', 'FAILED'), ('FAILED', 'IN_PROGRESS')
+        ) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'ILLEGAL_TRANSITION: command % for handler % cannot move from % to %', OLD.command_key, OLD.handler, OLD.status, NEW.status
+        USING ERRCODE = 'OB010';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_guard_update
+BEFORE UPDATE ON inbox.commands
+FOR EACH ROW EXECUTE FUNCTION inbox.tg_commands__guard_update();
+
+-- No ad-hoc removal: a key that disappears lets its command run twice.
+CREATE OR REPLACE FUNCTION inbox.tg_commands__forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.commands only by audited archival'
+        USING ERRCODE = 'OB012';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+
+-- The command a call is about: a handler name like the message inbox's, and
+-- a key of 1-256 characters that is not blank.
+CREATE OR REPLACE FUNCTION inbox._check_command(handler text, command_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: handler % is not a name of 1-128 letters, digits, _ . -', quote_literal(left(coalesce(handler, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+    IF nullif(btrim(command_key), '') IS NULL OR length(command_key) > 256 THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: command_key % is not a key of 1-256 characters', quote_literal(left(coalesce(command_key, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+END;
+$$;
+
+-- Claims a command key for a handler, in the caller's transaction. claimed
+-- is true when this call holds the command: the first claim, or a claim
+-- after the command FAILED (a client's retry is expected to run it again;
+-- attempts counts the claims). Otherwise the row as committed comes back:
+-- IN_PROGRESS (the first claim committed before its result), or DONE with
+-- its result. A claim of a key whose first claim is still uncommitted waits
+-- for it (see the top of this file). Call it in READ COMMITTED, the default:
+-- under REPEATABLE READ or SERIALIZABLE the waiting claim fails with a
+-- serialization error (40001), and a retry of the transaction sees the row.
+CREATE OR REPLACE FUNCTION inbox.claim_command(handler text, command_key text)
+RETURNS TABLE (
+    claimed boolean,
+    status text,
+    result jsonb,
+    last_error text,
+    attempts integer,
+    first_claimed_at timestamptz,
+    settled_at timestamptz
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    claimed := TRUE;
+    INSERT INTO inbox.commands AS c (handler, command_key)
+    VALUES (claim_command.handler, claim_command.command_key)
+    ON CONFLICT ON CONSTRAINT commands_pkey DO NOTHING
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        -- Waits on a concurrent re-claim's row lock, then re-reads the row:
+        -- only one of two retries of a FAILED command claims it.
+        UPDATE inbox.commands AS c
+        SET status = 'IN_PROGRESS', attempts = c.attempts + 1, claimed_at = greatest(now(), c.claimed_at),
+            claimed_by = session_user, settled_at = NULL
+        WHERE c.handler = claim_command.handler AND c.command_key = claim_command.command_key
+            AND c.status = 'FAILED'
+        RETURNING * INTO row;
+    END IF;
+    IF NOT FOUND THEN
+        claimed := FALSE;
+        SELECT * INTO row FROM inbox.commands AS c
+        WHERE c.handler = claim_command.handler AND c.command_key = claim_command.command_key;
+    END IF;
+    status := row.status;
+    result := row.result;
+    last_error := row.last_error;
+    attempts := row.attempts;
+    first_claimed_at := row.first_claimed_at;
+    settled_at := row.settled_at;
+    RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION inbox.claim_command(text, text) IS
+'Claims a command key: claimed = true for the first claim (or one after FAILED), else the stored status and result.';
+
+-- Why a guarded command move matched no row: unknown key, or wrong state.
+CREATE OR REPLACE FUNCTION inbox._refuse_command_move(handler text, command_key text, target text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    current_status text;
+BEGIN
+    SELECT c.status INTO current_status FROM inbox.commands AS c
+    WHERE c.handler = _refuse_command_move.handler AND c.command_key = _refuse_command_move.command_key;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'UNKNOWN_COMMAND: no command % for handler %', quote_literal(left(command_key, 150)), handler
+            USING ERRCODE = 'OB081', HINT = 'Call inbox.claim_command() first.';
+    END IF;
+    RAISE EXCEPTION 'ILLEGAL_TRANSITION: command % for handler % cannot move from % to %', quote_literal(left(command_key, 150)), handler, current_status, target
+        USING ERRCODE = 'OB010';
+END;
+$$;
+
+-- Stores a claimed command's result: IN_PROGRESS -> DONE. Every later claim
+-- returns this result. At most 1 MiB of JSON: it is an answer, not a store.
+CREATE OR REPLACE FUNCTION inbox.complete_command(handler text, command_key text, result jsonb)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF result IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a result is required (JSON null is one)' USING ERRCODE = 'OB006';
+    END IF;
+    IF octet_length(result::text) > 1048576 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: result is % bytes of JSON, more than 1048576 (1 MiB)', octet_length(result::text)
+            USING ERRCODE = 'OB009';
+    END IF;
+    UPDATE inbox.commands AS c
+    SET status = 'DONE', result = complete_command.result, settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = complete_command.handler AND c.command_key = complete_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, 'DONE');
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.complete_command(text, text, jsonb) IS
+'IN_PROGRESS -> DONE with the command''s result, which every later claim returns.';
+
+-- Records that a claimed command's work failed: IN_PROGRESS -> FAILED. The
+-- next claim of the key claims it again (a retry runs the command again).
+-- Also the way out for a command left IN_PROGRESS by a crash between two
+-- transactions (claim committed, work never finished).
+CREATE OR REPLACE FUNCTION inbox.fail_command(handler text, command_key text, error text)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE inbox.commands AS c
+    SET status = 'FAILED', last_error = outbox._clip_error(fail_command.error),
+        settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = fail_command.handler AND c.command_key = fail_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, 'FAILED');
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.fail_command(text, text, text) IS
+'IN_PROGRESS -> FAILED with an error; the next claim of the key claims it again.';
+
+-- The command as committed (no row for an unknown key); does not wait.
+CREATE OR REPLACE FUNCTION inbox.lookup_command(handler text, command_key text)
+RETURNS SETOF inbox.commands
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    RETURN QUERY
+    SELECT * FROM inbox.commands AS c
+    WHERE c.handler = lookup_command.handler AND c.command_key = lookup_command.command_key;
+END;
+$$;
+COMMENT ON FUNCTION inbox.lookup_command(text, text) IS
+'The command row for a handler and key as committed; no row when the key was never claimed.';
+
+REVOKE ALL ON FUNCTION inbox.tg_commands__guard_update() FROM public;
+REVOKE ALL ON FUNCTION inbox.tg_commands__forbid_delete() FROM public;
+REVOKE ALL ON FUNCTION inbox._check_command(text, text) FROM public;
+REVOKE ALL ON FUNCTION inbox._refuse_command_move(text, text, text) FROM public;
+REVOKE ALL ON FUNCTION inbox.claim_command(text, text) FROM public;
+REVOKE ALL ON FUNCTION inbox.complete_command(text, text, jsonb) FROM public;
+REVOKE ALL ON FUNCTION inbox.fail_command(text, text, text) FROM public;
+REVOKE ALL ON FUNCTION inbox.lookup_command(text, text) FROM public;
+GRANT EXECUTE ON FUNCTION
+inbox.claim_command(text, text),
+inbox.complete_command(text, text, jsonb),
+inbox.fail_command(text, text, text),
+inbox.lookup_command(text, text)
+TO pgoutbox_writer;
+GRANT SELECT ON inbox.commands TO pgoutbox_admin;
+
+INSERT INTO outbox.schema_migrations (version, name)
+VALUES (14, '0014_command_inbox')
+ON CONFLICT (version) DO NOTHING;
+
+COMMIT;

@@ -1,0 +1,133 @@
+"""The consumer's flow (pgoutbox.inbox.flow.MessageFlow) without a server:
+what it does with each delivery of a fetch, decided from the inbox row and
+the handler's answer, on the in-memory fakes of tests/unit/fakes.py (the
+inbox, the handler client, the NATS connection that carries acks and naks,
+JetStream for DLQ notices). Settings are the defaults. The server tiers
+(tests/inbox/) check the same decisions end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fakes import FakeHandlerClient, FakeInbox, FakeInboxRow, FakeJetStream, FakeNats, answers, delivery
+
+from pgoutbox.core import settings
+from pgoutbox.inbox import registry
+from pgoutbox.inbox import settings as consumer_settings
+from pgoutbox.inbox.flow import DatabaseGate, MessageFlow
+from pgoutbox.inbox.metrics import ConsumerMetrics
+from support.waiting import until
+
+CONFIG = settings.build(
+    consumer_settings.ConsumerConfig,
+    environ={},
+    overrides={"database_url": "postgresql://fake@127.0.0.1:1/fake", "nats_url": "nats://127.0.0.1:1"},
+)
+SPEC = registry.HandlerSpec(
+    name="billing",
+    url="http://127.0.0.1:1/events",
+    context="sea",
+    stream="SEA_EVENTS",
+    subjects=("sea.event.order_created.v1",),
+)
+HANDLER = consumer_settings.resolve(SPEC, CONFIG)
+
+
+class Flow:
+    """A MessageFlow on fakes, and what it reported for each message."""
+
+    def __init__(self, client: FakeHandlerClient, inbox: FakeInbox | None = None):
+        self.inbox = inbox or FakeInbox()
+        self.client, self.nc, self.js = client, FakeNats(), FakeJetStream()
+        self.outcomes: dict[str, object] = {}
+        self.flow = MessageFlow(
+            inbox=self.inbox,  # type: ignore[arg-type]
+            client=self.client,  # type: ignore[arg-type]
+            nc=self.nc,
+            js=self.js,
+            metrics=ConsumerMetrics(),
+            retry_backoff=consumer_settings.retry_backoff(CONFIG),
+            replay_backoff=consumer_settings.replay_backoff(CONFIG),
+            stopping=asyncio.Event(),
+            gate=DatabaseGate(self.inbox.schema_version),
+        )
+
+    async def fetch(self, *msgs) -> None:
+        await self.flow.handle_fetch(
+            list(msgs), HANDLER, lambda msg, outcome: self.outcomes.__setitem__(msg.reply, outcome)
+        )
+
+    def message_id(self, msg) -> str:
+        return msg.headers["Nats-Msg-Id"]
+
+
+async def test_a_processed_answer_settles_the_row_then_acks():
+    f = Flow(FakeHandlerClient(200))
+    msg = delivery(f.nc)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "processed"
+    assert f.inbox.row(f.message_id(msg), "billing").status == "PROCESSED"
+    assert answers(f.nc, msg) == [b""]  # one ack
+    assert f.inbox.calls == ["receive_batch", "settle"]
+
+
+async def test_a_failure_below_max_deliver_records_it_and_naks_with_a_delay():
+    f = Flow(FakeHandlerClient(503))
+    msg = delivery(f.nc)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "retried"
+    row = f.inbox.row(f.message_id(msg), "billing")
+    assert (row.status, row.failures, row.last_error) == ("FAILED", 1, "HTTP 503: fake")
+    (nak,) = answers(f.nc, msg)
+    assert nak.startswith(b"-NAK") and json.loads(nak[len(b"-NAK") :])["delay"] > 0
+    assert f.js.published == []
+
+
+async def test_the_failure_that_reaches_max_deliver_dead_letters_with_a_notice_then_acks():
+    f = Flow(FakeHandlerClient(503))
+    msg = delivery(f.nc, delivered=HANDLER.max_deliver)
+    message_id = f.message_id(msg)
+    failed = HANDLER.max_deliver - 1  # the handler failed every earlier delivery
+    f.inbox.rows[(message_id, "billing")] = FakeInboxRow(status="FAILED", attempts=failed, failures=failed)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "dead_lettered"
+    row = f.inbox.row(message_id, "billing")
+    assert row.status == "DEAD_LETTER" and row.last_error.startswith(f"max_deliver ({HANDLER.max_deliver}) reached")
+    ((subject, _, _),) = f.js.published  # the notice, before the row and the ack
+    assert subject.startswith("sea.dlq.")
+    assert answers(f.nc, msg) == [b""]
+
+
+async def test_a_422_dead_letters_at_the_first_answer():
+    f = Flow(FakeHandlerClient(422))
+    msg = delivery(f.nc)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "dead_lettered"
+    assert f.inbox.row(f.message_id(msg), "billing").status == "DEAD_LETTER"
+    assert len(f.js.published) == 1
+
+
+@pytest.mark.parametrize(("status", "outcome"), [("PROCESSED", "duplicate"), ("DEAD_LETTER", "parked")])
+async def test_a_settled_row_is_acked_without_calling_the_handler(status, outcome):
+    f = Flow(FakeHandlerClient(200))
+    msg = delivery(f.nc, delivered=2)
+    f.inbox.rows[(f.message_id(msg), "billing")] = FakeInboxRow(status=status)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == outcome
+    assert f.client.calls == [] and answers(f.nc, msg) == [b""]
+
+
+async def test_the_database_gate_holds_the_message_until_postgresql_is_back():
+    inbox = FakeInbox(down=3)  # the receive, then two probes, find PostgreSQL away
+    f = Flow(FakeHandlerClient(200), inbox)
+    msg = delivery(f.nc)
+    fetch = asyncio.create_task(f.fetch(msg))
+    await until(lambda: not f.flow.gate.is_up, 5, "the gate closed")
+    assert f.client.calls == [] and answers(f.nc, msg) == []  # held: neither called nor answered
+    await asyncio.wait_for(fetch, 10)
+    assert f.flow.gate.is_up
+    assert f.outcomes[msg.reply] == "processed" and len(f.client.calls) == 1
+    assert answers(f.nc, msg) == [b""]
+    assert inbox.calls.count("receive_batch") == 2  # the held call ran again once the probe passed

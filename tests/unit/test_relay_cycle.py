@@ -1,0 +1,151 @@
+"""The relay loop without a server: the pause between claims, and the loop's
+decisions (publish, mark, retry, dead-letter, wait for NATS, retry a mark) on
+the in-memory fakes of tests/unit/fakes.py. tests/outbox/test_relay_loop.py
+runs the same loop against a real PostgreSQL and nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime, timedelta
+
+from fakes import FakeOutboxStore, FakePublisher
+
+from pgoutbox.core.errors import DatabaseUnavailable
+from pgoutbox.outbox import settings as relay_settings
+from pgoutbox.outbox.publisher import PublishError
+from pgoutbox.outbox.relay import OutboxRelay
+from pgoutbox.outbox.wakeups import Wakeups
+from support.waiting import until
+
+
+async def test_a_pause_ends_early_only_for_an_urgent_wake_up_or_stop():
+    wakeups = Wakeups(poll_interval=60)
+    pause = asyncio.create_task(wakeups.pause(60))
+    await asyncio.sleep(0.05)
+    wakeups.wake()  # counted for the next wait, not ending the pause
+    await asyncio.sleep(0.05)
+    assert not pause.done()
+    wakeups.wake(urgent=True)
+    await asyncio.wait_for(pause, 5)
+    await asyncio.wait_for(wakeups.wait(), 5)  # the wake-ups came: no wait
+    wakeups.arm()
+    waiting = asyncio.create_task(wakeups.wait())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    wakeups.stop()
+    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(wakeups.pause(60), 5)  # stopped: no pause any more
+
+
+# -- the relay loop on in-memory fakes (tests/unit/fakes.py) -------------------
+
+
+@contextlib.asynccontextmanager
+async def relay_on_fakes(store: FakeOutboxStore, publisher: FakePublisher):
+    """OutboxRelay.run on the defaults, its three sessions and its publisher
+    replaced by fakes; start-up (the schema and stream checks, the HTTP
+    server) is left out, and so are wake-ups (a LISTEN session): the claim
+    loop polls, at poll_interval, as it does without them."""
+    cfg = relay_settings.load(
+        environ={},
+        overrides={
+            "database_url": "postgresql://fake@127.0.0.1:1/fake",
+            "nats_url": "nats://127.0.0.1:1",
+            "wakeups": "false",
+        },
+    )
+    relay = OutboxRelay(cfg, publisher)  # type: ignore[arg-type]
+    relay.claims = relay.marks = relay.monitor = store  # type: ignore[assignment]
+
+    async def start() -> None:
+        pass
+
+    relay._start = start  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    await asyncio.wait_for(relay.started.wait(), 5)
+    try:
+        yield relay
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_claimed_events_are_published_in_order_then_marked_completed():
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    ids = store.add(3)
+    async with relay_on_fakes(store, publisher):
+        await until(lambda: all(store.status(i) == "COMPLETED" for i in ids), 5, "three events completed")
+    assert publisher.published == ids
+    assert store.calls.count("mark_published") == 1 and "mark_failed" not in store.calls
+
+
+async def test_a_transient_publish_failure_leaves_the_event_unmarked_and_due_later():
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    ok, failing = store.add(2)
+    publisher.failing[failing] = PublishError.NATS_UNAVAILABLE
+    async with relay_on_fakes(store, publisher):
+        await until(lambda: store.status(failing) == "FAILED", 5, "the failure recorded")
+        assert store.status(ok) == "COMPLETED"
+        event = store.events[failing]
+        assert event["last_error"].startswith("NATS_UNAVAILABLE: ")
+        assert event["retry_at"] > datetime.now(UTC) - timedelta(seconds=1)  # retried later, not dead
+    assert failing not in publisher.published
+
+
+async def test_a_permanent_code_dead_letters_at_once_and_the_rest_of_the_batch_is_published():
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    first, poison, last = store.add(3)
+    publisher.failing[poison] = PublishError.BAD_HEADER
+    async with relay_on_fakes(store, publisher):
+        await until(lambda: store.status(last) == "COMPLETED", 5, "the batch marked")
+    assert store.status(first) == "COMPLETED" and store.status(poison) == "DEAD_LETTER"
+    assert store.events[poison]["attempts"] == 1
+    assert store.events[poison]["last_error"].startswith("BAD_HEADER: ")
+
+
+async def test_a_transient_failure_at_max_attempts_dead_letters_and_says_it_gave_up():
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    (event,) = store.add(1, attempts=9)  # the claim makes it the 10th, the default max_attempts
+    publisher.failing[event] = PublishError.PUBLISH_TIMEOUT
+    async with relay_on_fakes(store, publisher):
+        await until(lambda: store.status(event) != "PROCESSING" and store.status(event) != "PENDING", 5, "marked")
+    assert store.status(event) == "DEAD_LETTER"
+    assert store.events[event]["last_error"].endswith("(gave up after 10 attempts)")
+
+
+async def test_a_publish_call_that_raises_fails_each_row_of_the_batch_not_the_relay():
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    ids = store.add(2)
+    publisher.broken = RuntimeError("boom")
+    async with relay_on_fakes(store, publisher) as relay:
+        await until(lambda: all(store.status(i) == "FAILED" for i in ids), 5, "both failed")
+        assert relay.started.is_set() and not relay.stopping.is_set()
+    assert all(store.events[i]["last_error"].startswith("JETSTREAM_ERROR: ") for i in ids)
+
+
+async def test_nothing_is_claimed_while_nats_is_away():
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    (event,) = store.add(1)
+    publisher.connected = False
+    async with relay_on_fakes(store, publisher):
+        await asyncio.sleep(0.3)
+        assert "claim" not in store.calls and store.status(event) == "PENDING"
+        publisher.connected = True
+        await until(lambda: store.status(event) == "COMPLETED", 5, "published once NATS is back")
+
+
+async def test_a_mark_that_finds_postgresql_away_is_tried_again_and_publishes_nothing_twice():
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    (event,) = store.add(1)
+    real_mark = store.mark_published
+
+    async def mark_once_away(token, ids):
+        store.mark_published = real_mark  # type: ignore[method-assign]
+        raise DatabaseUnavailable("PostgreSQL unavailable (fake)")
+
+    store.mark_published = mark_once_away  # type: ignore[method-assign]
+    async with relay_on_fakes(store, publisher):
+        await until(lambda: store.status(event) == "COMPLETED", 5, "marked after the retry")
+    assert publisher.published == [event]
