@@ -31,7 +31,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from support.inbox import FakeHandler, add_stream, dlq_messages, jetstream, until, write_registry
+from support.inbox import FakeHandler, add_stream, dlq_messages, jetstream, write_registry
+from support.waiting import until
 
 pytestmark = pytest.mark.slow
 
