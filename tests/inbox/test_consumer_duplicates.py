@@ -85,7 +85,11 @@ async def test_a_republish_after_the_duplicate_window_reaches_the_handler_once(
             again = await publish(js, ev)  # e.g. a relay re-publishing after a long outage
             assert again.duplicate is not True and again.seq == first.seq + 1, "JetStream must not have deduplicated it"
             await until(lambda: consumer.metrics.value(H, "duplicate") == 1)
-            info = await js.consumer_info("SEA_EVENTS", H)
+            # The ack goes out after the metric is counted: wait for the server to take it.
+            deadline = asyncio.get_running_loop().time() + 10
+            while (info := await js.consumer_info("SEA_EVENTS", H)).ack_floor.stream_seq < 2:
+                assert asyncio.get_running_loop().time() < deadline, info
+                await asyncio.sleep(0.05)
     assert len(handler.calls) == 1
     assert info.ack_floor.stream_seq == 2
     assert inbox_row(database_url, ev["event_id"], H)["attempts"] == 1

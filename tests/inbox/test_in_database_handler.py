@@ -145,8 +145,9 @@ async def test_idle_exit_ends_the_example_n_seconds_after_the_last_message(datab
     out, err = proc.communicate()
     assert code == 0, err
     assert len(out.splitlines()) == 3, out
-    # ... and it ends N seconds after the last one (not sooner; not much later).
-    assert idle - 0.1 <= ended - last <= idle + 2.0, ended - last
+    # ... and it ends N seconds after the last one (not sooner; not much later: the idle
+    # time counts from the last message's handling, which a loaded machine can slow).
+    assert idle - 0.1 <= ended - last <= idle + 4.0, ended - last
 
 
 async def test_idle_exit_without_any_message_exits_zero_after_n_seconds(database_url, nats_server):

@@ -350,6 +350,8 @@ def fill_every_table(url: str) -> None:
             "SELECT outbox.record_archive('inbox.messages', '2001-01-01', f.row_count, f.checksum, 'file:/a')"
             " FROM outbox.archive_figures('inbox.messages', '2001-01-01') AS f"
         )
+        conn.execute("SELECT claimed FROM inbox.claim_command('orders', 'order-1')")
+        conn.execute("""SELECT inbox.complete_command('orders', 'order-1', '{"run": 1}')""")
         # Seal figures as seal_figures() records them (no outbox day here is old enough to seal).
         conn.execute(
             "INSERT INTO outbox.archive_seal (day, relation, row_count, checksum)"

@@ -117,7 +117,9 @@ class NatsCluster:
         self.nodes[i].start()
 
     def wait_for_jetstream(self, timeout: float = 30) -> None:
-        """Until the JetStream meta group has a leader that answers (API calls work)."""
+        """Until the JetStream meta group has a leader that answers (API calls
+        work) and every node says it is current (/healthz): before that, a
+        stream of three replicas can find no peers to place them on."""
         asyncio.run(self._wait_for_jetstream(timeout))
 
     async def _wait_for_jetstream(self, timeout: float) -> None:
@@ -128,7 +130,9 @@ class NatsCluster:
                 nc = await connect(self.urls)
                 try:
                     await nc.jetstream(timeout=2).account_info()
-                    return
+                    if all(self.healthy(i) for i in range(self.size)):
+                        return
+                    last = TimeoutError("a node is not current yet (/healthz)")
                 finally:
                     await nc.close()
             except Exception as exc:  # no meta leader yet, a node still starting...
