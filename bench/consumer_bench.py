@@ -21,6 +21,12 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
       ON CONFLICT of the batch -> POSTs -> one UPDATE of the batch -> ack), in
       --rounds interleaved rounds, with the medians; CPU per message of the
       loop's process, PostgreSQL and the handler. `--only g` runs (a) and (g).
+  (h) `pgoutbox consume` with default settings, without and with an upcast
+      step: the same manifest, plus `version = 2` and an upcaster of tick
+      v1 -> v2 (a renamed field) registered, so that every message is upcast
+      in the inbox call that records its fetch; in --rounds interleaved
+      rounds, with the medians and the difference per message (wall time,
+      CPU of the consumer process and of PostgreSQL). `--only h` runs (a) and (h).
 
 Every `pgoutbox consume` runs as the login docs/consumer.md gives it (a member
 of pgoutbox_consumer only), with the README's manifest (timeout 10s,
@@ -36,6 +42,7 @@ with the default durability (synchronous_commit on).
     .venv/bin/python bench/consumer_bench.py [--messages 10000] [--processes 1,2,4] [--http2]
     .venv/bin/python bench/consumer_bench.py --only d [--indb-fetch 256]   # (a) and (d) only
     .venv/bin/python bench/consumer_bench.py --only g [--rounds 3]          # (a) and (g) only
+    .venv/bin/python bench/consumer_bench.py --only h [--rounds 3]          # (a) and (h) only
 """
 
 from __future__ import annotations
@@ -307,6 +314,7 @@ async def _consume(
     settings: list[str],
     handler_pid: int | None = None,
     profile: str | None = None,
+    manifest_extra: str = "",
 ) -> dict[str, float]:
     """`pgoutbox consume` x processes on durable `handler`, default settings:
     msg/s, and CPU us per message of the processes, PostgreSQL and the handler."""
@@ -315,6 +323,7 @@ async def _consume(
     # The README's manifest: timeout and max_deliver given, every other value the default.
     (manifests / "bench.toml").write_text(
         f'[[handler]]\nname = "{handler}"\nurl = "{url}"\nsubjects = ["{SUBJECT}"]\ntimeout = "10s"\nmax_deliver = 5\n'
+        + manifest_extra
     )
     registry.generate(manifests, workdir / f"{handler}.registry.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON"))}
@@ -423,10 +432,23 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
         pythonpath: str = str(ROOT),
         settings: list[str] | None = None,
         profile: str | None = None,
+        manifest_extra: str = "",
     ) -> dict[str, float]:
         told = args.setting + (settings or [])
         return await _consume(
-            js, workdir, pg, nats_url, url, handler, n, processes, pythonpath, told, handler_pid, profile
+            js,
+            workdir,
+            pg,
+            nats_url,
+            url,
+            handler,
+            n,
+            processes,
+            pythonpath,
+            told,
+            handler_pid,
+            profile,
+            manifest_extra,
         )
 
     try:
@@ -486,6 +508,8 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
                 _line(f"{count} process(es)", res["rate"], res["cpu_us"], res["pg_us"], base)
         if "g" in only:
             await _against_hand_written(args, js, pg, url, handler_pid, consume)
+        if "h" in only:
+            await _upcast_step(args, pg, consume)
     finally:
         await nc.close()
 
@@ -607,6 +631,44 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
     print(f"  consume / hand-written inbox, each round: {ratios} (target >= 0.6, aim 0.8)")
 
 
+# -- (h) the cost of an upcast step ---------------------------------------------
+# tick v1 {"n": i, ...} -> v2 {"count": i, ...}: a renamed field, as in docs/consumer.md.
+TICK_UPCASTER = """
+CREATE SCHEMA IF NOT EXISTS bench;
+CREATE OR REPLACE FUNCTION bench.tick_v1_v2(p jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT (p - 'n') || jsonb_build_object('count', p -> 'n', 'schema_version', 2) $$;
+SELECT inbox.register_upcaster('tick', 1, 'bench.tick_v1_v2(jsonb)');
+"""
+
+
+async def _upcast_step(args, pg: EmbeddedPostgres, consume) -> None:
+    print(
+        f"(h) pgoutbox consume, default settings: without and with an upcast step (tick v1 -> v2), "
+        f"{args.rounds} interleaved round(s)"
+    )
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute(TICK_UPCASTER)
+    rounds = []
+    for r in range(1, args.rounds + 1):
+        plain = await consume(f"plain{r}")
+        upcast = await consume(f"upcast{r}", manifest_extra="version = 2\n")
+        rounds.append({"plain": plain, "upcast": upcast})
+        _line(f"round {r}: no version (payload as it came)", plain["rate"], plain["cpu_us"], plain["pg_us"])
+        _line(f"round {r}: version = 2, every message upcast", upcast["rate"], upcast["cpu_us"], upcast["pg_us"])
+    med = {k: {m: statistics.median(g[k][m] for g in rounds) for m in rounds[0][k]} for k in ("plain", "upcast")}
+    print(f" median of {len(rounds)} round(s):")
+    _line("no version", med["plain"]["rate"], med["plain"]["cpu_us"], med["plain"]["pg_us"])
+    _line("version = 2, every message upcast", med["upcast"]["rate"], med["upcast"]["cpu_us"], med["upcast"]["pg_us"])
+    wall = (1 / med["upcast"]["rate"] - 1 / med["plain"]["rate"]) * 1e6
+    print(
+        f"  upcast step, per message: wall {wall:+.0f} us, consumer process "
+        f"{med['upcast']['cpu_us'] - med['plain']['cpu_us']:+.0f} us CPU, PostgreSQL "
+        f"{med['upcast']['pg_us'] - med['plain']['pg_us']:+.0f} us CPU",
+        flush=True,
+    )
+
+
 def main(args) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="pgoutbox-consumer-bench-"))
     workdir.chmod(0o755)  # PostgreSQL runs as another user
@@ -645,8 +707,8 @@ if __name__ == "__main__":
         "--setting", action="append", default=[], metavar="OUTBOX_X=V", help="for the consumer processes (repeatable)"
     )
     parser.add_argument("--indb-fetch", type=int, default=256, help="fetch size of the batched in-database loop")
-    parser.add_argument("--only", default="abcdefg", help="the parts to run (a always)")
-    parser.add_argument("--rounds", type=int, default=3, help="(g): rounds of the three loops")
+    parser.add_argument("--only", default="abcdefgh", help="the parts to run (a always)")
+    parser.add_argument("--rounds", type=int, default=3, help="(g), (h): interleaved rounds")
     parser.add_argument("--ref-batch", type=int, default=CONCURRENCY, help="(g): fetch size of the reference loops")
     parser.add_argument(
         "--consume-variant",

@@ -63,7 +63,6 @@ CREATE TABLE IF NOT EXISTS inbox.commands (
 COMMENT ON TABLE inbox.commands IS
 'Command inbox keyed by (handler, command_key): the first claim does the work, later claims get its result.';
 
--- generated from sql/65_inbox_commands.sql: inbox.tg_commands__guard_update
 CREATE OR REPLACE FUNCTION inbox.tg_commands__guard_update()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -85,13 +84,11 @@ BEGIN
         USING ERRCODE = 'OB010';
 END;
 $$;
--- end generated
 
 CREATE OR REPLACE TRIGGER _100_guard_update
 BEFORE UPDATE ON inbox.commands
 FOR EACH ROW EXECUTE FUNCTION inbox.tg_commands__guard_update();
 
--- generated from sql/65_inbox_commands.sql: inbox.tg_commands__forbid_delete
 -- No ad-hoc removal: a key that disappears lets its command run twice.
 CREATE OR REPLACE FUNCTION inbox.tg_commands__forbid_delete()
 RETURNS trigger
@@ -103,7 +100,6 @@ BEGIN
         USING ERRCODE = 'OB012';
 END;
 $$;
--- end generated
 
 CREATE OR REPLACE TRIGGER _100_forbid_delete
 BEFORE DELETE ON inbox.commands
@@ -113,7 +109,6 @@ CREATE OR REPLACE TRIGGER _100_forbid_truncate
 BEFORE TRUNCATE ON inbox.commands
 FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
 
--- generated from sql/65_inbox_commands.sql: inbox._check_command
 -- The command a call is about: a handler name like the message inbox's, and
 -- a key of 1-256 characters that is not blank.
 CREATE OR REPLACE FUNCTION inbox._check_command(handler text, command_key text)
@@ -132,9 +127,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/65_inbox_commands.sql: inbox.claim_command
 -- Claims a command key for a handler, in the caller's transaction. claimed
 -- is true when this call holds the command: the first claim, or a claim
 -- after the command FAILED (a client's retry is expected to run it again;
@@ -193,9 +186,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.claim_command(text, text) IS
 'Claims a command key: claimed = true for the first claim (or one after FAILED), else the stored status and result.';
--- end generated
 
--- generated from sql/65_inbox_commands.sql: inbox._refuse_command_move
 -- Why a guarded command move matched no row: unknown key, or wrong state.
 CREATE OR REPLACE FUNCTION inbox._refuse_command_move(handler text, command_key text, target text)
 RETURNS void
@@ -215,9 +206,7 @@ BEGIN
         USING ERRCODE = 'OB010';
 END;
 $$;
--- end generated
 
--- generated from sql/65_inbox_commands.sql: inbox.complete_command
 -- Stores a claimed command's result: IN_PROGRESS -> DONE. Every later claim
 -- returns this result. At most 1 MiB of JSON: it is an answer, not a store.
 CREATE OR REPLACE FUNCTION inbox.complete_command(handler text, command_key text, result jsonb)
@@ -250,9 +239,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.complete_command(text, text, jsonb) IS
 'IN_PROGRESS -> DONE with the command''s result, which every later claim returns.';
--- end generated
 
--- generated from sql/65_inbox_commands.sql: inbox.fail_command
 -- Records that a claimed command's work failed: IN_PROGRESS -> FAILED. The
 -- next claim of the key claims it again (a retry runs the command again).
 -- Also the way out for a command left IN_PROGRESS by a crash between two
@@ -284,9 +271,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.fail_command(text, text, text) IS
 'IN_PROGRESS -> FAILED with an error; the next claim of the key claims it again.';
--- end generated
 
--- generated from sql/65_inbox_commands.sql: inbox.lookup_command
 -- The command as committed (no row for an unknown key); does not wait.
 CREATE OR REPLACE FUNCTION inbox.lookup_command(handler text, command_key text)
 RETURNS SETOF inbox.commands
@@ -303,7 +288,6 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.lookup_command(text, text) IS
 'The command row for a handler and key as committed; no row when the key was never claimed.';
--- end generated
 
 REVOKE ALL ON FUNCTION inbox.tg_commands__guard_update() FROM public;
 REVOKE ALL ON FUNCTION inbox.tg_commands__forbid_delete() FROM public;

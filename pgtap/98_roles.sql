@@ -11,10 +11,12 @@
 --   * admin: may requeue, create partitions and read, but never write tables
 --   * archiver: may make the schema check every command makes, not claim,
 --     emit or requeue
+--   * upcasters: the admin registers them, the consumer may not; the
+--     consumer may run a chain
 --   * nobody may DELETE from outbox.events
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(33);
+SELECT plan(37);
 
 CREATE ROLE t_writer IN ROLE pgoutbox_writer;
 CREATE ROLE t_relay IN ROLE pgoutbox_relay;
@@ -118,6 +120,25 @@ SELECT throws_ok(
     $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', context => 'sea')$$,
     '42501', NULL, 'admin: may not emit'
 );
+RESET ROLE;
+
+CREATE SCHEMA t_app;
+CREATE FUNCTION t_app.same(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT p $$;
+GRANT USAGE ON SCHEMA t_app TO t_admin, t_consumer;
+SET LOCAL ROLE t_admin;
+SELECT lives_ok(
+    $$SELECT inbox.register_upcaster('order_created', 1, 't_app.same(jsonb)')$$, 'admin: may register an upcaster'
+);
+RESET ROLE;
+SET LOCAL ROLE t_consumer;
+SELECT throws_ok(
+    $$SELECT inbox.register_upcaster('order_created', 1, 't_app.same(jsonb)')$$, '42501', NULL,
+    'consumer: may not register an upcaster'
+);
+SELECT throws_ok(
+    $$SELECT inbox.unregister_upcaster('order_created', 1)$$, '42501', NULL, 'consumer: may not unregister one'
+);
+SELECT is(inbox.upcast('order_created', 1, 2, '{"a": 1}'), '{"a": 1}'::jsonb, 'consumer: may run a chain');
 RESET ROLE;
 
 SET LOCAL ROLE t_archiver;

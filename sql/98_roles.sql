@@ -50,8 +50,20 @@ inbox.claim_replays(text, integer),
 inbox.receive_batch(text, uuid[], text[], jsonb[]),
 inbox.settle(text, uuid[], uuid[], text[]),
 inbox.receive_processed(text, uuid[], text[], jsonb[]),
-inbox.record_in_database_error(uuid, text, text, jsonb, text, boolean)
+inbox.record_in_database_error(uuid, text, text, jsonb, text, boolean),
+inbox.receive_batch_as(text, uuid[], text[], jsonb[], integer)
 TO pgoutbox_consumer;
+
+-- Upcasters: the admin registers them; the consumer (in-database handlers,
+-- the replayer) and the admin run and check chains.
+GRANT EXECUTE ON FUNCTION
+inbox.register_upcaster(text, integer, regprocedure),
+inbox.unregister_upcaster(text, integer)
+TO pgoutbox_admin;
+GRANT EXECUTE ON FUNCTION
+inbox.upcast(text, integer, integer, jsonb),
+inbox.upcast_gaps(text, integer)
+TO pgoutbox_consumer, pgoutbox_admin;
 
 GRANT EXECUTE ON FUNCTION
 outbox.requeue(uuid[], text),
@@ -75,7 +87,7 @@ GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_re
 -- Named tables, not ALL TABLES: partitions are read through their parent,
 -- and a re-run must not widen grants to partitions created since.
 GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations, outbox.wakeup_policy,
-inbox.messages, inbox.replay_switches, inbox.redrive_log, inbox.commands TO pgoutbox_admin;
+inbox.messages, inbox.replay_switches, inbox.redrive_log, inbox.commands, inbox.upcasters TO pgoutbox_admin;
 
 -- pgoutbox_archiver: what the archival job and the report need, nothing more.
 -- It reads the two tables and the partitions it sealed (Spark reads them over

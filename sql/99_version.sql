@@ -11,7 +11,8 @@ VALUES
 (11, '0011_emit_path'),
 (12, '0012_consumer_failures'),
 (13, '0013_least_privilege'),
-(14, '0014_command_inbox')
+(14, '0014_command_inbox'),
+(15, '0015_upcasters')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

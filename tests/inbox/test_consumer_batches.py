@@ -133,7 +133,9 @@ async def test_a_refused_batch_is_received_one_by_one_and_only_the_bad_message_i
         )
         good, bad = _envelope(), _envelope(subject="x" * 1100)
         admitted = [Admitted(None, e, 1, request_body(e)) for e in (good, bad)]
-        rows = await flow._receive_all(type("H", (), {"name": H})(), admitted)  # type: ignore[arg-type]
+        rows = await flow._receive_all(
+            type("H", (), {"name": H, "spec": type("S", (), {"version": None})()})(), admitted
+        )  # type: ignore[arg-type]
     finally:
         await pool.close()
     assert rows[0]["status"] == "RECEIVED"

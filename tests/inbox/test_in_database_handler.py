@@ -10,11 +10,13 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import nats.js.errors
 import psycopg
 
+from pgoutbox.core.errors import PolicyViolation, SqlState
 from pgoutbox.inbox.in_database import handle_in_transaction
 from support.inbox import add_stream, event, inbox_row, jetstream, publish
 
@@ -163,3 +165,54 @@ async def test_idle_exit_without_any_message_exits_zero_after_n_seconds(database
                 proc.wait()
     assert code == 0, proc.communicate()[1]
     assert 0.9 <= waited <= 3.0, waited
+
+
+async def test_a_versioned_in_database_handler_gets_upcast_payloads_and_dead_letters_what_cannot_be(database_url):
+    """handle_in_transaction(version=2), as a login holding pgoutbox_consumer
+    only: a v1 payload reaches apply upcast (inbox.upcast, same transaction),
+    a v2 one as it is; a v1 of a type without an upcaster is dead-lettered at
+    once (UPCAST_MISSING), not retried."""
+    login = f"indb_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE pgoutbox_consumer")
+        conn.execute(
+            "CREATE FUNCTION public.rename_amount(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE"
+            " AS $$ SELECT (p - 'amount') || jsonb_build_object('total', p -> 'amount') $$"
+        )
+        conn.execute("SELECT inbox.register_upcaster('order_created', 1, 'public.rename_amount(jsonb)')")
+    url = database_url.replace("postgresql://postgres@", f"postgresql://{login}@", 1)
+    seen = []
+
+    async def apply(conn, envelope):
+        seen.append((envelope["event_version"], envelope["payload"], envelope.get("received_version")))
+
+    def envelope(event_type, version, payload):
+        return {
+            "message_id": event()["event_id"],
+            "subject": f"sea.event.{event_type}.v{version}",
+            "event_type": event_type,
+            "event_version": version,
+            "payload": payload,
+        }
+
+    old, new = envelope("order_created", 1, {"amount": 3}), envelope("order_created", 2, {"total": 4})
+    orphan = envelope("order_paid", 1, {"amount": 5})
+    try:
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+            assert await handle_in_transaction(conn, H, old, apply, version=2) == "processed"
+            assert await handle_in_transaction(conn, H, new, apply, version=2) == "processed"
+            try:
+                await handle_in_transaction(conn, H, orphan, apply, version=2)
+            except PolicyViolation as exc:
+                assert exc.code is SqlState.UPCAST_MISSING
+            else:
+                raise AssertionError("an upcast that cannot be done must raise")
+        assert seen == [(2, {"total": 3}, 1), (2, {"total": 4}, None)]
+        row = inbox_row(database_url, orphan["message_id"], H)
+        assert row["status"] == "DEAD_LETTER"
+        assert row["last_error"].startswith(
+            "PolicyViolation: UPCAST_MISSING [OB071]: no upcaster for order_paid v1 -> v2"
+        )
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {login}")

@@ -352,6 +352,8 @@ def fill_every_table(url: str) -> None:
         )
         conn.execute("SELECT claimed FROM inbox.claim_command('orders', 'order-1')")
         conn.execute("""SELECT inbox.complete_command('orders', 'order-1', '{"run": 1}')""")
+        conn.execute("CREATE FUNCTION public.v1_to_v2(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT p $$")
+        conn.execute("SELECT inbox.register_upcaster('order_created', 1, 'public.v1_to_v2(jsonb)')")
         # Seal figures as seal_figures() records them (no outbox day here is old enough to seal).
         conn.execute(
             "INSERT INTO outbox.archive_seal (day, relation, row_count, checksum)"

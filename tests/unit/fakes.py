@@ -250,7 +250,10 @@ class FakeInbox:
     def row(self, message_id: str, handler: str) -> FakeInboxRow:
         return self.rows[(message_id, handler)]
 
-    async def receive_batch(self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]) -> list:
+    async def receive_batch(
+        self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str], version: int | None = None
+    ) -> list:
+        """Payloads as they came: the fake has no upcasters (version is for handlers that declare one)."""
         self._call("receive_batch")
         out = []
         for ordinal, message_id in enumerate(ids, 1):
@@ -302,7 +305,9 @@ class FakeHandlerClient:
         self.statuses = list(statuses) or [200]
         self.calls: list[tuple[str, int]] = []
 
-    async def call(self, url: str, body: bytes, envelope: dict, *, handler: str, delivery: int, timeout: float):
+    async def call(
+        self, url: str, body: bytes, envelope: dict, *, handler: str, delivery: int, timeout: float, received=None
+    ):
         self.calls.append((envelope["message_id"], delivery))
         status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
         return HandlerAnswer(status=status, error=None, retry_after=None, elapsed=0.001, text="fake")

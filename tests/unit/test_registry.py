@@ -148,6 +148,17 @@ def test_a_subset_of_handlers_can_be_run(tmp_path):
         ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1"]\ntimeout = "soon"', "timeout"),
         ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1"]\nmax_deliver = 0', "max_deliver"),
         ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1"]\nretries = 3', "unknown key"),
+        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1"]\nversion = 0', "version must"),
+        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1"]\nversion = "2"', "version must"),
+        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1"]\nversion = true', "version must"),
+        (
+            '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1", "sea.event.b.v1"]\nversion = 2',
+            "one event type",
+        ),
+        (
+            '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1", "sea.event.a.v3"]\nversion = 2',
+            "newer than version 2",
+        ),
         ('[handler]\nname = "x"', "use [[handler]]"),
         ('[[handler]\nname = "x"', "not valid TOML"),
         ("", "no [[handler]] found"),
@@ -168,3 +179,16 @@ def test_a_handler_declared_twice_is_refused(tmp_path):
 
 def test_the_example_registry_is_up_to_date():
     registry.check(ROOT / "examples" / "handlers", ROOT / "examples" / "handlers.registry.json")
+
+
+def test_a_declared_version_is_recorded_and_a_registry_without_one_reads_as_before(tmp_path):
+    versioned = (
+        '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v2", "sea.event.a.v1"]\nversion = 2'
+    )
+    target = tmp_path / "r.json"
+    registry.generate(_manifests(tmp_path / "m", {"a.toml": versioned, "b.toml": AUDIT}), target)
+    specs = {h.name: h for h in registry.load(target)}
+    assert specs["x"].version == 2 and specs["x"].event_type == "a"
+    assert specs["audit"].version is None
+    entries = {h["name"]: h for h in json.loads(target.read_text())["handlers"]}
+    assert entries["x"]["version"] == 2 and "version" not in entries["audit"]

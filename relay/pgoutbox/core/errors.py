@@ -57,6 +57,10 @@ class SqlState(enum.StrEnum):
     AUDIT_IMMUTABLE = "OB060"
     NOT_SEALED = "OB061"
     SEAL_BROKEN = "OB062"
+    INVALID_UPCASTER = "OB070"
+    UPCAST_MISSING = "OB071"
+    UPCAST_FAILED = "OB072"
+    UNKNOWN_UPCASTER = "OB073"
     INVALID_COMMAND = "OB080"
     UNKNOWN_COMMAND = "OB081"
     MIGRATION_OUT_OF_ORDER = "OB090"
@@ -204,6 +208,10 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.AUDIT_IMMUTABLE: IllegalTransition,
     SqlState.NOT_SEALED: ArchivalRefused,
     SqlState.SEAL_BROKEN: ArchiveMismatch,
+    SqlState.INVALID_UPCASTER: PolicyViolation,
+    SqlState.UPCAST_MISSING: PolicyViolation,
+    SqlState.UPCAST_FAILED: PolicyViolation,
+    SqlState.UNKNOWN_UPCASTER: PolicyViolation,
     SqlState.MIGRATION_OUT_OF_ORDER: MigrationError,
     SqlState.DATA_WOULD_BE_LOST: MigrationError,
 }

@@ -53,7 +53,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import broker, db
 from pgoutbox.core.backoff import Every, reconnect_delays, retrying
-from pgoutbox.core.errors import ConfigError, DatabaseUnavailable
+from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.inbox import dlq
@@ -276,6 +276,12 @@ class Consumer:
 
     async def _check_schema(self) -> None:
         await check_schema(self.inbox, self.cfg.database_url)
+        versioned = sorted(h.name for h in self.handlers if h.spec.version is not None)
+        if versioned and not self.inbox.upcasts:
+            raise SchemaMismatch(
+                f"handler(s) {', '.join(versioned)} declare a version; upcasters need schema "
+                f"{inbox_store.UPCASTS_FROM} or newer: run `pgoutbox migrate`"
+            )
         self._db_ok = True
 
     async def _keep_connected(self) -> None:

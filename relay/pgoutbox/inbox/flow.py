@@ -12,6 +12,10 @@ its own otherwise:
      learn which message is at fault), committed before anything else:
      PROCESSED -> ack, handler not called (duplicate);
      DEAD_LETTER -> ack (parked; its notice is already in the DLQ);
+     a handler that declares a version records it with
+     inbox.receive_batch_as, which upcasts each older payload to process in
+     the same call; one that cannot be upcast (UPCAST_MISSING,
+     UPCAST_FAILED) is dead-lettered on its own, as in 4;
   3. POST each envelope to the handler, concurrently; a call that outlives a
      third of ack_wait gets in-progress acks from the consumer's one
      heartbeat (Heartbeat), so that a long handler does not outlive ack_wait;
@@ -202,11 +206,22 @@ class Admitted:
     envelope: dict[str, Any]
     delivery: int
     body: bytes
+    # The version the payload came in at, for a handler that declares one.
+    received: int | None = None
 
     def stored(self) -> str:
-        """The envelope as the inbox stores it (JSON text): the body plus the trace context."""
+        """The envelope as the inbox stores it (JSON text): the body plus the
+        trace context. Before given_as(): the inbox keeps what came."""
         trace = json.dumps(self.envelope.get("trace") or {}, separators=(",", ":"))
         return f'{self.body[:-1].decode()},"trace":{trace}}}'
+
+    def given_as(self, version: int, upcast_payload: str | None) -> Admitted:
+        """The delivery as a handler declaring `version` gets it: the upcast
+        payload (JSON text from inbox.receive_batch_as) when it came older."""
+        body = self.body
+        if upcast_payload is not None:
+            body = request_body({**self.envelope, "event_version": version}, upcast_payload.encode())
+        return Admitted(self.msg, self.envelope, self.delivery, body, self.envelope["event_version"])
 
 
 async def _acked(msg: Any, outcome: Outcome) -> Outcome:
@@ -330,7 +345,11 @@ class MessageFlow:
                 work.append(self._run(a.msg, _acked(a.msg, Outcome.DUPLICATE), done))
             elif row["status"] == "DEAD_LETTER":
                 work.append(self._run(a.msg, _acked(a.msg, Outcome.PARKED), done))
+            elif row.get("upcast_error"):
+                work.append(self._run(a.msg, self._not_upcast(a, h, row), done))
             else:
+                if h.spec.version is not None:
+                    a = a.given_as(h.spec.version, row.get("upcast_payload"))
                 work.append(self._run(a.msg, self._process(a, h, row), done))
         if len(work) == 1:
             await work[0]
@@ -378,6 +397,7 @@ class MessageFlow:
                 [a.envelope["message_id"] for a in admitted],
                 [a.envelope["subject"] for a in admitted],
                 [a.stored() for a in admitted],
+                h.spec.version,
             )
         except PolicyViolation:
             pass
@@ -389,16 +409,24 @@ class MessageFlow:
                 raise RuntimeError("inbox.receive_batch() did not return one row per message")
             return list(rows)
         if len(admitted) == 1:
-            return [await self._receive(h, admitted[0].envelope)]
-        return list(await asyncio.gather(*(self._receive(h, a.envelope) for a in admitted)))
+            return [await self._receive(h, admitted[0])]
+        return list(await asyncio.gather(*(self._receive(h, a) for a in admitted)))
 
     def use(self, nc: Any, js: Any) -> None:
         """The connection to publish on, after the consumer re-established it."""
         self.nc, self.js = nc, js
 
-    async def _receive(self, h: HandlerRuntime, envelope: dict[str, Any]) -> dict[str, Any] | str:
-        """inbox.receive(), or why the inbox refused the message's values."""
+    async def _receive(self, h: HandlerRuntime, a: Admitted) -> dict[str, Any] | str:
+        """inbox.receive() (a batch of one for a handler that declares a
+        version: it upcasts too), or why the inbox refused the message's values."""
+        envelope = a.envelope
         try:
+            if h.spec.version is not None:
+                rows = await self.inbox.receive_batch(
+                    h.name, [envelope["message_id"]], [envelope["subject"]], [a.stored()], h.spec.version
+                )
+                assert rows is not None and len(rows) == 1
+                return rows[0]
             return await self.inbox.receive(envelope["message_id"], h.name, envelope["subject"], envelope)
         except PolicyViolation as exc:
             return f"the inbox refused it: [{exc.code}] {exc}"
@@ -423,12 +451,20 @@ class MessageFlow:
                 return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
             return Outcome.DEAD_LETTERED
 
+    async def _not_upcast(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
+        """A payload the upcasters cannot bring to the handler's version: this
+        message's own dead letter (replayed like any other: an upcaster
+        registered or fixed since is used then)."""
+        if not await self._dead_letter(a.msg, h, a.envelope, row, row["upcast_error"], _origin(a.msg)):
+            return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
+        return Outcome.DEAD_LETTERED
+
     async def _call(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         failures = self.inbox.failures(row)
         answer = await self.client.call(
-            h.spec.url, a.body, envelope, handler=h.name, delivery=delivery, timeout=h.timeout
+            h.spec.url, a.body, envelope, handler=h.name, delivery=delivery, timeout=h.timeout, received=a.received
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         action = decide(answer)

@@ -5,6 +5,9 @@ what an answer means.
 The body is the envelope minus its trace context, which travels as the W3C
 `traceparent`/`tracestate` headers. `Idempotency-Key` carries the message id,
 so a handler can deduplicate on its own too (defence in depth).
+`Pgoutbox-Received-Version` (only for a handler whose manifest declares a
+version) is the version the payload came in at; the body's event_version
+and payload are the declared version's, upcast when it came older.
 
 The request is built for cheapness: the body is serialised once, as bytes
 (the inbox stores the same text plus the trace context); the handler's URL
@@ -47,7 +50,9 @@ def _retry_after(value: str | None) -> float | None:
         return None  # an HTTP date: ignored, the backoff applies
 
 
-def request_headers(envelope: dict[str, Any], handler: str, delivery: int) -> dict[str, str]:
+def request_headers(
+    envelope: dict[str, Any], handler: str, delivery: int, received: int | None = None
+) -> dict[str, str]:
     headers = {
         "Content-Type": "application/json",
         "Idempotency-Key": envelope["message_id"],
@@ -55,11 +60,13 @@ def request_headers(envelope: dict[str, Any], handler: str, delivery: int) -> di
         "Pgoutbox-Handler": handler,
         "Pgoutbox-Delivery": str(delivery),
     }
+    if received is not None:
+        headers["Pgoutbox-Received-Version"] = str(received)
     headers.update({k: v for k, v in (envelope.get("trace") or {}).items() if isinstance(v, str)})
     return headers
 
 
-def _header_lines(envelope: dict[str, Any], handler: str, delivery: int) -> bytes:
+def _header_lines(envelope: dict[str, Any], handler: str, delivery: int, received: int | None = None) -> bytes:
     """request_headers() as the lines of the request (one f-string: this runs
     for every message). Every value is safe on a header line: a canonical
     UUID, a handler name ([A-Za-z0-9_.-]), digits, and trace headers the
@@ -69,6 +76,8 @@ def _header_lines(envelope: dict[str, Any], handler: str, delivery: int) -> byte
         f"Content-Type: application/json\r\nIdempotency-Key: {mid}\r\nPgoutbox-Message-Id: {mid}\r\n"
         f"Pgoutbox-Handler: {handler}\r\nPgoutbox-Delivery: {delivery}\r\n"
     )
+    if received is not None:
+        lines += f"Pgoutbox-Received-Version: {received}\r\n"
     trace = envelope.get("trace")
     if trace:
         lines += "".join(f"{k}: {v}\r\n" for k, v in trace.items() if isinstance(v, str))
@@ -111,12 +120,22 @@ class HandlerClient:
         return target
 
     async def call(
-        self, url: str, body: bytes, envelope: dict[str, Any], *, handler: str, delivery: int, timeout: float
+        self,
+        url: str,
+        body: bytes,
+        envelope: dict[str, Any],
+        *,
+        handler: str,
+        delivery: int,
+        timeout: float,
+        received: int | None = None,
     ) -> HandlerAnswer:
-        """POSTs `body` (request_body(envelope)) with the envelope's headers."""
+        """POSTs `body` (request_body(envelope)) with the envelope's headers;
+        `received`: the version the payload came in at (a versioned handler)."""
         started = time.monotonic()
         try:
-            answer = await self._pool.post(self._target(url), body, _header_lines(envelope, handler, delivery), timeout)
+            lines = _header_lines(envelope, handler, delivery, received)
+            answer = await self._pool.post(self._target(url), body, lines, timeout)
         except TimeoutError:
             return HandlerAnswer(None, f"timeout after {timeout:g}s", None, time.monotonic() - started)
         except HttpError as exc:

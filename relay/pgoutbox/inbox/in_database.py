@@ -18,6 +18,11 @@ inbox row once, already PROCESSED, since it commits with the business change:
     UPDATE shop.order_totals SET ...;                      -- for every other one
     COMMIT;                                                 -- then ack them all
 
+A handler written for one payload version passes `version`: apply gets every
+older payload upcast by inbox.upcast() in the same transaction (as_version);
+a payload that cannot be (UPCAST_MISSING, UPCAST_FAILED) is dead-lettered at
+once, since another delivery would fail the same way.
+
 A second delivery of the same message running at the same time waits on the
 first one's uncommitted inbox row, then finds it PROCESSED. The connection's
 role needs pgoutbox_consumer (the inbox functions are granted to it).
@@ -32,9 +37,28 @@ from typing import Any
 
 import psycopg
 
+from pgoutbox.core.errors import PolicyViolation, SqlState
 from pgoutbox.inbox import store as inbox_store
 
 Apply = Callable[[psycopg.AsyncConnection, dict[str, Any]], Awaitable[None]]
+
+
+_UPCAST_ERRORS = frozenset({SqlState.UPCAST_MISSING, SqlState.UPCAST_FAILED})
+
+
+async def as_version(conn: psycopg.AsyncConnection, envelope: dict[str, Any], version: int) -> dict[str, Any]:
+    """The envelope with its payload as `version` (inbox.upcast(), on the
+    caller's connection and transaction) and received_version, the version it
+    came in at; the envelope itself when it came as `version`."""
+    received = int(envelope["event_version"])
+    if received == version:
+        return envelope
+    payload = await inbox_store.upcast(conn, envelope["event_type"], received, version, envelope["payload"])
+    return {**envelope, "event_version": version, "payload": payload, "received_version": received}
+
+
+def _dead_at_once(exc: Exception) -> bool:
+    return isinstance(exc, PolicyViolation) and exc.code in _UPCAST_ERRORS
 
 
 async def handle_in_transaction(
@@ -44,6 +68,7 @@ async def handle_in_transaction(
     apply: Apply,
     *,
     last_delivery: bool = False,
+    version: int | None = None,
 ) -> str:
     """Runs apply(conn, envelope), the business change, in one transaction
     with the inbox marker. Returns "processed", or "duplicate" / "parked"
@@ -60,13 +85,14 @@ async def handle_in_transaction(
                 return "duplicate"
             if row["status"] == "DEAD_LETTER":
                 return "parked"
-            await apply(conn, envelope)
+            await apply(conn, envelope if version is None else await as_version(conn, envelope, version))
             await inbox_store.mark_processed(conn, message_id, handler)
         return "processed"
     except Exception as exc:
         if conn.broken:
             raise  # nothing can be recorded; the redelivery will tell
         error = f"{type(exc).__name__}: {exc}"
+        last_delivery = last_delivery or _dead_at_once(exc)
         if await _schema(conn) >= inbox_store.FAILURES_FROM:
             # The rolled-back transaction took a first delivery's row with it:
             # one call records the delivery again and the failure, and marks
@@ -89,6 +115,7 @@ async def handle_batch_in_transaction(
     apply: Apply,
     *,
     last_deliveries: list[bool] | None = None,
+    version: int | None = None,
 ) -> list[str | Exception]:
     """handle_in_transaction() for a whole fetch: one transaction records the
     batch in the inbox already PROCESSED (inbox.receive_processed: each row
@@ -102,14 +129,16 @@ async def handle_batch_in_transaction(
     lasts = last_deliveries or [False] * len(envelopes)
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE and await _has_batches(conn):
         try:
-            return await _batch(conn, handler, envelopes, apply)
+            return await _batch(conn, handler, envelopes, apply, version)
         except Exception:
             if conn.broken:
                 raise
     outcomes: list[str | Exception] = []
     for envelope, last in zip(envelopes, lasts, strict=True):
         try:
-            outcomes.append(await handle_in_transaction(conn, handler, envelope, apply, last_delivery=last))
+            outcomes.append(
+                await handle_in_transaction(conn, handler, envelope, apply, last_delivery=last, version=version)
+            )
         except Exception as exc:
             if conn.broken:
                 raise
@@ -135,7 +164,7 @@ async def _has_batches(conn: psycopg.AsyncConnection) -> bool:
 
 
 async def _batch(
-    conn: psycopg.AsyncConnection, handler: str, envelopes: list[dict[str, Any]], apply: Apply
+    conn: psycopg.AsyncConnection, handler: str, envelopes: list[dict[str, Any]], apply: Apply, version: int | None
 ) -> list[str | Exception]:
     outcomes: list[str | Exception] = ["processed"] * len(envelopes)
     # Pipeline mode: the business changes of the batch go to the server
@@ -156,7 +185,7 @@ async def _batch(
             outcomes[ordinal - 1] = "parked" if status == "DEAD_LETTER" else "duplicate"
         for envelope, outcome in zip(envelopes, outcomes, strict=True):
             if outcome == "processed":
-                await apply(conn, envelope)
+                await apply(conn, envelope if version is None else await as_version(conn, envelope, version))
     return outcomes
 
 

@@ -19,6 +19,13 @@ with one or more [[handler]] tables):
     concurrency = 16
     batch_size = 32
     replay_max_attempts = 3             # 0: no automated replay
+    version = 2                         # the payload version the handler is given
+
+`version`: the handler gets every payload as this version of its event
+type (all its subjects name one event type, none newer than `version`): the
+consumer upcasts older ones through the upcasters registered in the
+database (inbox.upcasters), in the call that records the fetch. Left out,
+each payload goes as it came, as before.
 
 Optional values left out stay null in the registry; the consumer fills them
 from its OUTBOX_* settings at start-up.
@@ -71,11 +78,19 @@ class HandlerSpec:
     concurrency: int | None = None
     batch_size: int | None = None
     replay_max_attempts: int | None = None
+    version: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["subjects"] = list(self.subjects)
+        if self.version is None:
+            del data["version"]  # a registry without versions reads as it did before them
         return data
+
+    @property
+    def event_type(self) -> str:
+        """The one event type of a handler that declares a version."""
+        return _subject_key(self.subjects[0])[1]
 
 
 _OPTIONAL: dict[str, Any] = {
@@ -87,7 +102,8 @@ _OPTIONAL: dict[str, Any] = {
     "batch_size": settings.positive_int,
     "replay_max_attempts": settings.non_negative_int,
 }
-_KNOWN = {"name", "url", "subjects", "stream", *_OPTIONAL}
+_KNOWN = {"name", "url", "subjects", "stream", "version", *_OPTIONAL}
+_MAX_VERSION = 999_999_999  # a subject's version: at most 9 digits
 
 
 def _subject_key(subject: str) -> tuple[str, str, int]:
@@ -128,6 +144,8 @@ def _handler(raw: Any, where: str) -> HandlerSpec:
     if not isinstance(stream, str) or not _STREAM.match(stream):
         raise RegistryError(f"{where}: stream must match {_STREAM.pattern}, got {stream!r}")
     optional: dict[str, Any] = {}
+    if "version" in raw:
+        optional["version"] = _version(raw["version"], subjects, where)
     for key, parse in _OPTIONAL.items():
         if key not in raw:
             continue
@@ -146,6 +164,19 @@ def _handler(raw: Any, where: str) -> HandlerSpec:
         subjects=tuple(sorted(subjects, key=_subject_key)),
         **optional,
     )
+
+
+def _version(value: Any, subjects: list[str], where: str) -> int:
+    """A handler's declared payload version: one event type, no subject newer."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_VERSION:
+        raise RegistryError(f"{where}: version must be a whole number from 1 to {_MAX_VERSION}, got {value!r}")
+    event_types = sorted({_subject_key(s)[1] for s in subjects})
+    if len(event_types) != 1:
+        raise RegistryError(f"{where}: version needs subjects of one event type, got {event_types}")
+    newer = [s for s in subjects if _subject_key(s)[2] > value]
+    if newer:
+        raise RegistryError(f"{where}: subject(s) {', '.join(newer)} newer than version {value}; upcasters only go up")
+    return value
 
 
 def read_manifests(directory: Path) -> list[HandlerSpec]:
@@ -253,7 +284,7 @@ def load(registry_file: Path) -> list[HandlerSpec]:
     names = {f.name for f in fields(HandlerSpec)}
     handlers = []
     for raw in body:
-        if not isinstance(raw, dict) or set(raw) != names:
+        if not isinstance(raw, dict) or set(raw) not in (names, names - {"version"}):
             raise RegistryError(f"{registry_file}: unexpected handler entry; regenerate it")
         handlers.append(HandlerSpec(**{**raw, "subjects": tuple(raw["subjects"])}))
     return handlers

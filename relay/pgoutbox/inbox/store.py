@@ -31,6 +31,8 @@ BATCHES_FROM = 9
 # The first schema that counts handler failures (dlq_metadata.failures) and
 # has inbox.record_in_database_error().
 FAILURES_FROM = 12
+# The first schema with upcasters (inbox.receive_batch_as, inbox.upcast).
+UPCASTS_FROM = 15
 
 _NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema_name
 _PERMISSION_DENIED = "42501"
@@ -147,6 +149,42 @@ async def receive_batch(
                 (handler, ids, subjects, envelopes),
             )
             return await cur.fetchall()
+
+
+async def receive_batch_as(
+    conn: psycopg.AsyncConnection[Any],
+    handler: str,
+    ids: list[str],
+    subjects: list[str],
+    envelopes: list[str],
+    version: int,
+) -> list[dict[str, Any]]:
+    """inbox.receive_batch_as(): receive_batch()'s rows plus, for each message
+    to process, event_version (as it came), upcast_payload (JSON text, when it
+    came older than `version`) or upcast_error (why it cannot be upcast)."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        with wrap_exceptions():
+            await cur.execute(
+                "SELECT * FROM inbox.receive_batch_as(%s, %b::uuid[], %b::text[], %b::jsonb[], %s)",
+                (handler, ids, subjects, envelopes, version),
+            )
+            return await cur.fetchall()
+
+
+async def upcast(
+    conn: psycopg.AsyncConnection[Any], event_type: str, from_version: int, to_version: int, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """inbox.upcast(): the payload as version to_version; raises PolicyViolation
+    (SqlState.UPCAST_MISSING or UPCAST_FAILED) when the chain cannot."""
+    async with conn.cursor() as cur:
+        with wrap_exceptions():
+            await cur.execute(
+                "SELECT inbox.upcast(%s, %s, %s, %s)", (event_type, from_version, to_version, Jsonb(payload))
+            )
+            row = await cur.fetchone()
+    assert row is not None
+    result: dict[str, Any] = row[0]
+    return result
 
 
 async def settle(
@@ -283,10 +321,19 @@ class Inbox:
     def failures(self, row: dict[str, Any]) -> int:
         return failures(row, self.counts_failures)
 
+    @property
+    def upcasts(self) -> bool:
+        """Whether the schema found has upcasters (inbox.receive_batch_as)."""
+        return (self.pool.schema_found or 0) >= UPCASTS_FROM
+
     async def receive_batch(
-        self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str]
+        self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str], version: int | None = None
     ) -> list[dict[str, Any]] | None:
-        """inbox.receive_batch(), or None on a schema without it: receive() each."""
+        """inbox.receive_batch(), or None on a schema without it: receive() each.
+        With a version: inbox.receive_batch_as(), which upcasts in the same call."""
+        if version is not None:
+            async with self.pool.connection() as conn:
+                return await receive_batch_as(conn, handler, ids, subjects, envelopes, version)
         if not self.batches:
             return None
         async with self.pool.connection() as conn:
