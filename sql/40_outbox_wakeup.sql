@@ -32,7 +32,7 @@
 --     hint, never a missing one.
 -- Notifications are hints; the table is the truth.
 
--- sqlfluff does not parse UNLOGGED sequences (new in PostgreSQL 15), hence the PRS exemption.
+-- The linter (sqlfluff) does not parse UNLOGGED sequences (new in PostgreSQL 15), hence the PRS exemption.
 CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.wakeup_due_at AS bigint;  -- noqa: PRS
 COMMENT ON SEQUENCE outbox.wakeup_due_at IS
 'Time (µs since the epoch) from which the next wake-up NOTIFY is due. Throttle state: unlogged, reset by a crash, which costs one extra NOTIFY.';
