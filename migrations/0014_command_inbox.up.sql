@@ -330,7 +330,7 @@ ALTER TABLE outbox.archive_audit ADD CONSTRAINT source_is_known CHECK (
     source IN ('outbox.events', 'inbox.messages', 'inbox.commands')
 );
 COMMENT ON TABLE outbox.archive_audit IS
-'One row per archived day of outbox.events, inbox.messages or inbox.commands: the figures the rows were removed against.';
+'One row per archived day of outbox.events, inbox.messages or inbox.commands: the figures its rows left against.';
 
 CREATE TABLE IF NOT EXISTS inbox.command_policy (
     singleton boolean PRIMARY KEY DEFAULT TRUE,
@@ -413,7 +413,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.checksum_columns(text) IS
-'Columns of outbox.events, inbox.messages or inbox.commands that enter the archive checksum, in order, with their rendering.';
+'Columns of an archived source (outbox.events, inbox.messages, inbox.commands) in its checksum, in order.';
 -- end generated
 
 -- generated from sql/93_archival_checksum.sql: outbox.archive_figures

@@ -121,24 +121,29 @@ SELECT throws_ok(
     'a command day without an audit row is not purged'
 );
 SELECT throws_ok($$DELETE FROM inbox.commands$$, 'OB012', NULL, 'DELETE on the command inbox outside purge is refused');
-SELECT set_config('pgoutbox.command_purge', 'on', true);
+SELECT set_config('pgoutbox.command_purge', 'on', TRUE);
 SELECT throws_ok(
     $$TRUNCATE inbox.commands$$, 'OB012', NULL, 'TRUNCATE is refused even with the purge''s setting on'
 );
-SELECT set_config('pgoutbox.command_purge', '', true);
+SELECT set_config('pgoutbox.command_purge', '', TRUE);
 
 SELECT outbox.record_archive('inbox.commands', :'d40', f.row_count, f.checksum, 'file:/c/day40')
 FROM outbox.archive_figures('inbox.commands', :'d40') AS f;
 -- A change the API cannot make (the guard is bypassed in replica mode).
 SET LOCAL session_replication_role = replica;
-UPDATE inbox.commands SET result = '{"run_id": "changed"}' WHERE command_key = 'k40a';
+UPDATE inbox.commands SET result = '{"run_id": "changed"}'
+WHERE command_key = 'k40a';
 SET LOCAL session_replication_role = origin;
 SELECT throws_ok(
     format('SELECT inbox.purge_archived_commands(%L)', :'d40'), 'OB053', NULL,
     'a command day changed since its audit is not purged'
 );
 SELECT is(
-    (SELECT count(*) FROM inbox.commands WHERE command_key LIKE 'k40%'), 3::bigint,
+    (
+        SELECT count(*) FROM inbox.commands
+        WHERE command_key LIKE 'k40%'
+    ),
+    3::bigint,
     'the refused purge deleted nothing'
 );
 SELECT ok(

@@ -90,7 +90,7 @@ CREATE TABLE IF NOT EXISTS outbox.archive_audit (
     CONSTRAINT removed_or_voided_not_both CHECK (removed_at IS NULL OR voided_at IS NULL)
 );
 COMMENT ON TABLE outbox.archive_audit IS
-'One row per archived day of outbox.events, inbox.messages or inbox.commands: the figures the rows were removed against.';
+'One row per archived day of outbox.events, inbox.messages or inbox.commands: the figures its rows left against.';
 
 -- One standing (not voided) audit per unit: a second archive of a day must
 -- go through void_archive, and a removed day can never be archived again

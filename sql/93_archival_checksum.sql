@@ -48,7 +48,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.checksum_columns(text) IS
-'Columns of outbox.events, inbox.messages or inbox.commands that enter the archive checksum, in order, with their rendering.';
+'Columns of an archived source (outbox.events, inbox.messages, inbox.commands) in its checksum, in order.';
 
 -- The per-row checksum expression over alias r (E'' literals: the same text
 -- whatever standard_conforming_strings says).
