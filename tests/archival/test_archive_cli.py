@@ -31,6 +31,12 @@ def test_an_inbox_retention_below_the_stream_max_age_is_refused(database_url, ca
     assert "[OB057]" in capsys.readouterr().err
 
 
+def test_a_command_retention_below_the_retry_window_is_refused(database_url, capsys):
+    code = cli.main(["archive", "--database-url", database_url, "--dry-run", "--command-retention", "2d"])
+    assert code == 2
+    assert "[OB057]" in capsys.readouterr().err
+
+
 def test_unknown_sources_are_a_configuration_error(database_url, capsys):
     assert cli.main(["archive", "--database-url", database_url, "--sources", "outbox,logs"]) == 2
     assert "OUTBOX_ARCHIVE_SOURCES" in capsys.readouterr().err
@@ -46,7 +52,8 @@ def test_every_archival_setting_has_an_environment_twin(capsys):
         "OUTBOX_INBOX_RETENTION=14d",
         "OUTBOX_ARCHIVE_DROP=true",
         "OUTBOX_ARCHIVE_LOCK_TIMEOUT=5s",
-        "OUTBOX_ARCHIVE_SOURCES=outbox,inbox",
+        "OUTBOX_COMMAND_RETENTION=30d",
+        "OUTBOX_ARCHIVE_SOURCES=outbox,inbox,commands ",
         "OUTBOX_ARCHIVE_DRY_RUN=false",
         "OUTBOX_SPARK_MASTER=local[*]",
         "OUTBOX_SPARK_JARS=/usr/share/java/postgresql.jar",
