@@ -146,6 +146,11 @@ def has_seal_figures(conn: psycopg.Connection) -> bool:
     return bool(_row(conn, "SELECT to_regprocedure('outbox.seal_figures(text)') IS NOT NULL")[0])
 
 
+def has_command_archival(conn: psycopg.Connection) -> bool:
+    """Whether the schema archives command keys (14 on: older ones have no inbox.commands)."""
+    return bool(_row(conn, "SELECT to_regprocedure('inbox.archivable_command_days(interval)') IS NOT NULL")[0])
+
+
 def audits(conn: psycopg.Connection, source: str | None = None) -> list[Audit]:
     with wrap_exceptions(), conn.cursor(row_factory=class_row(Audit)) as cur:
         return cur.execute("SELECT * FROM outbox.archive_audits(%s)", (source,)).fetchall()

@@ -254,6 +254,7 @@ def run(cfg: ArchiveConfig, args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(f"pgoutbox archive needs the spark extra (pip install 'pgoutbox[spark]'): {exc}") from exc
     with db.connect(cfg.database_url, check_schema=True) as conn:
+        check_sources(conn, cfg.sources)
         if cfg.dry_run:
             _print_plan(archive.plan(conn, options(cfg)))
             return 0
@@ -267,6 +268,17 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
 
     if not database.has_seal_figures(conn):
         raise SchemaMismatch("this archiver takes seal figures (outbox.seal_figures): run `pgoutbox migrate`")
+
+
+def check_sources(conn: psycopg.Connection[Any], names: tuple[str, ...]) -> None:
+    """Command keys are archived from schema 14 on (the dry run lists them too)."""
+    from pgoutbox_spark import database
+
+    if database.COMMANDS in names and not database.has_command_archival(conn):
+        raise SchemaMismatch(
+            "archiving command keys needs schema 14 (inbox.archivable_command_days): run `pgoutbox migrate`, "
+            "or leave commands out of OUTBOX_ARCHIVE_SOURCES"
+        )
 
 
 def archive_days(spark: Any, conn: psycopg.Connection[Any], cfg: ArchiveConfig) -> int:
