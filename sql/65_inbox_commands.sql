@@ -17,8 +17,12 @@
 -- never both come back claimed. Commit the claim on its own before slow work
 -- (two transactions), and a duplicate sees IN_PROGRESS instead of waiting.
 --
--- Rows leave inbox.commands only by audited archival; it has no purge yet,
--- so a key is kept for good (tg_commands__forbid_delete).
+-- Keys expire only by the audited archival of everything else (sql/91 to
+-- sql/95): a day of keys, by first_claimed_at, is exported, audited and then
+-- purged by inbox.purge_archived_commands(), once none of its keys is
+-- IN_PROGRESS and every one settled longer ago than the retention, never
+-- less than the clients' retry window (inbox.command_retry_window()). A key
+-- claimed again after its day was purged is a new key: claimed afresh.
 
 CREATE TABLE IF NOT EXISTS inbox.commands (
     handler text NOT NULL,
@@ -78,14 +82,20 @@ BEFORE UPDATE ON inbox.commands
 FOR EACH ROW EXECUTE FUNCTION inbox.tg_commands__guard_update();
 
 -- No ad-hoc removal: a key that disappears lets its command run twice.
+-- Rows leave only through inbox.purge_archived_commands(), which sets
+-- pgoutbox.command_purge for its own transaction. TRUNCATE never.
 CREATE OR REPLACE FUNCTION inbox.tg_commands__forbid_delete()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.commands only by audited archival'
-        USING ERRCODE = 'OB012';
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting('pgoutbox.command_purge', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.commands only by audited archival (inbox.purge_archived_commands)'
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
 END;
 $$;
 
@@ -144,11 +154,12 @@ DECLARE
 BEGIN
     PERFORM inbox._check_command(handler, command_key);
     claimed := TRUE;
-    INSERT INTO inbox.commands AS c (handler, command_key)
-    VALUES (claim_command.handler, claim_command.command_key)
-    ON CONFLICT ON CONSTRAINT commands_pkey DO NOTHING
-    RETURNING * INTO row;
-    IF NOT FOUND THEN
+    LOOP
+        INSERT INTO inbox.commands AS c (handler, command_key)
+        VALUES (claim_command.handler, claim_command.command_key)
+        ON CONFLICT ON CONSTRAINT commands_pkey DO NOTHING
+        RETURNING * INTO row;
+        EXIT WHEN FOUND;
         -- Waits on a concurrent re-claim's row lock, then re-reads the row:
         -- only one of two retries of a FAILED command claims it.
         UPDATE inbox.commands AS c
@@ -157,12 +168,16 @@ BEGIN
         WHERE c.handler = claim_command.handler AND c.command_key = claim_command.command_key
             AND c.status = 'FAILED'
         RETURNING * INTO row;
-    END IF;
-    IF NOT FOUND THEN
-        claimed := FALSE;
+        EXIT WHEN FOUND;
         SELECT * INTO row FROM inbox.commands AS c
         WHERE c.handler = claim_command.handler AND c.command_key = claim_command.command_key;
-    END IF;
+        IF FOUND THEN
+            claimed := FALSE;
+            EXIT;
+        END IF;
+        -- The key's day was purged (audited archival) after the INSERT met
+        -- its row: the key is new again, so claim it afresh.
+    END LOOP;
     status := row.status;
     result := row.result;
     last_error := row.last_error;

@@ -1,24 +1,28 @@
--- Archival: rows leave outbox.events and
--- inbox.messages only by export -> verify -> audit -> remove, one UTC day at a
--- time. The Spark job (spark/) does the export; every rule lives in
--- SQL, in sql/91_archival_audit.sql to sql/95_archival_steps.sql.
+-- Archival: rows leave outbox.events, inbox.messages and inbox.commands
+-- only by export -> verify -> audit -> remove, one UTC day at a time. The
+-- Spark job (spark/) does the export; every rule lives in SQL, in
+-- sql/91_archival_audit.sql to sql/95_archival_steps.sql.
 --
 -- A unit is one day of one source:
 --   outbox.events    the day partition events_pYYYYMMDD (removed by DROP TABLE)
 --   inbox.messages   the rows received that UTC day (the inbox is keyed by
 --                    (message_id, handler) for dedup, which a partition key
 --                    would break; removed by one audited set DELETE)
+--   inbox.commands   the keys first claimed that UTC day (first_claimed_at
+--                    never changes; removed by one audited set DELETE)
 --
 -- Lifecycle of a unit:
 --   eligible  its day ended more than `retention` ago and every row is terminal
---             (outbox: COMPLETED or DEAD_LETTER; inbox: PROCESSED or DEAD_LETTER)
+--             (outbox: COMPLETED or DEAD_LETTER; inbox: PROCESSED or DEAD_LETTER;
+--             commands: DONE or FAILED, and settled more than `retention` ago)
 --   sealed    (outbox) read-only triggers on the partition: from here on no
 --             path through the API can change it; the archiver may read it
 --             (seal_partition)
 --   exported  Parquet written, re-read and its count + checksum computed (Spark)
 --   audited   an archive_audit row, recorded only when the exported figures
 --             equal the live figures computed here (record_archive)
---   removed   drop_archived / purge_archived: the live figures are computed
+--   removed   drop_archived / purge_archived / purge_archived_commands: the
+--             live figures are computed
 --             again and must still equal the audit row, in the transaction
 --             that removes the rows
 --
@@ -33,6 +37,14 @@
 -- find its inbox row, or dedup has a hole. archivable_days refuses a shorter
 -- retention, and record/purge refuse a day younger than the floor whatever
 -- retention the caller used.
+--
+-- Command retention: a key is the answer to a client's retry, so it is
+-- kept at least the clients' retry window after it settled (DONE or FAILED;
+-- inbox.command_policy, default 7 days): archivable_command_days refuses a
+-- shorter retention, and record/purge refuse a day holding a key that
+-- settled within the window. IN_PROGRESS keys hold their day back (close
+-- them with inbox.fail_command). A key claimed after its day was purged is
+-- claimed afresh: its command runs again.
 --
 -- Checksum, computed identically here and in spark/pgoutbox_spark/checksum.py:
 --   per row   the stored, non-generated columns in table order, each rendered
@@ -61,7 +73,7 @@ CREATE TABLE IF NOT EXISTS outbox.archive_audit (
     voided_at timestamptz,
     voided_by text,
     void_reason text,
-    CONSTRAINT source_is_known CHECK (source IN ('outbox.events', 'inbox.messages')),
+    CONSTRAINT source_is_known CHECK (source IN ('outbox.events', 'inbox.messages', 'inbox.commands')),
     CONSTRAINT outbox_audit_names_its_partition CHECK (
         (source = 'outbox.events') = (relation IS NOT NULL)
     ),
@@ -78,7 +90,7 @@ CREATE TABLE IF NOT EXISTS outbox.archive_audit (
     CONSTRAINT removed_or_voided_not_both CHECK (removed_at IS NULL OR voided_at IS NULL)
 );
 COMMENT ON TABLE outbox.archive_audit IS
-'One row per archived day of outbox.events or inbox.messages: the figures the rows were removed against.';
+'One row per archived day of outbox.events, inbox.messages or inbox.commands: the figures its rows left against.';
 
 -- One standing (not voided) audit per unit: a second archive of a day must
 -- go through void_archive, and a removed day can never be archived again
@@ -190,6 +202,23 @@ CREATE TABLE IF NOT EXISTS inbox.retention_policy (
 COMMENT ON TABLE inbox.retention_policy IS
 'Longest max_age of the streams feeding this inbox: inbox rows are never removed younger than that.';
 INSERT INTO inbox.retention_policy (singleton) VALUES (TRUE) ON CONFLICT DO NOTHING;
+
+-- The command retention floor: the longest time a client may retry a
+-- command. One row; only admins change it (set_command_retry_window).
+CREATE TABLE IF NOT EXISTS inbox.command_policy (
+    singleton boolean PRIMARY KEY DEFAULT TRUE,
+    retry_window interval NOT NULL DEFAULT interval '7 days',
+    changed_at timestamptz NOT NULL DEFAULT now(),
+    changed_by text NOT NULL DEFAULT session_user,
+    CONSTRAINT one_row_only CHECK (singleton),
+    CONSTRAINT retry_window_is_positive CHECK (retry_window > interval '0')
+);
+COMMENT ON TABLE inbox.command_policy IS
+'Longest time a client may retry a command: command keys are never removed sooner after they settled.';
+INSERT INTO inbox.command_policy (singleton) VALUES (TRUE) ON CONFLICT DO NOTHING;
+
+-- Day ranges of the command inbox (by first_claimed_at, which never changes).
+CREATE INDEX IF NOT EXISTS commands_first_claimed_at_idx ON inbox.commands (first_claimed_at);
 
 -- Day ranges of the inbox (the archive reads, and purge deletes, by received_at).
 CREATE INDEX IF NOT EXISTS messages_received_at_idx ON inbox.messages (received_at);

@@ -12,9 +12,11 @@ BEGIN
         RETURN 'outbox.events'::regclass;
     ELSIF source = 'inbox.messages' THEN
         RETURN 'inbox.messages'::regclass;
+    ELSIF source = 'inbox.commands' THEN
+        RETURN 'inbox.commands'::regclass;
     END IF;
     RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: % is not an archived source', quote_literal(source)
-        USING ERRCODE = 'OB050', HINT = 'Sources are outbox.events and inbox.messages.';
+        USING ERRCODE = 'OB050', HINT = 'Sources are outbox.events, inbox.messages and inbox.commands.';
 END;
 $$;
 

@@ -48,7 +48,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.checksum_columns(text) IS
-'Columns of outbox.events or inbox.messages that enter the archive checksum, in order, with their rendering.';
+'Columns of an archived source (outbox.events, inbox.messages, inbox.commands) in its checksum, in order.';
 
 -- The per-row checksum expression over alias r (E'' literals: the same text
 -- whatever standard_conforming_strings says).
@@ -75,7 +75,8 @@ AS $$
 $$;
 
 -- Live row count and checksum of a unit: the day partition of outbox.events,
--- or the rows inbox.messages received that UTC day.
+-- the rows inbox.messages received that UTC day, or the keys inbox.commands
+-- first claimed that UTC day.
 CREATE OR REPLACE FUNCTION outbox.archive_figures(source text, day date)
 RETURNS TABLE (row_count bigint, checksum numeric)
 LANGUAGE plpgsql STABLE
@@ -96,14 +97,20 @@ BEGIN
             'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM outbox.%I AS r',
             outbox._row_hash_sql(source), part
         );
-    ELSE
+    ELSIF source = 'inbox.messages' THEN
         RETURN QUERY EXECUTE format(
             'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM inbox.messages AS r'
             ' WHERE r.received_at >= $1 AND r.received_at < $2',
+            outbox._row_hash_sql(source)
+        ) USING outbox._day_from(day), outbox._day_from(day + 1);
+    ELSE
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM inbox.commands AS r'
+            ' WHERE r.first_claimed_at >= $1 AND r.first_claimed_at < $2',
             outbox._row_hash_sql(source)
         ) USING outbox._day_from(day), outbox._day_from(day + 1);
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION outbox.archive_figures(text, date) IS
-'Live row count and checksum of one day of outbox.events (its partition) or inbox.messages.';
+'Live row count and checksum of one day of outbox.events (its partition), inbox.messages or inbox.commands.';

@@ -156,3 +156,100 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
 'Sets the inbox retention floor to the longest max_age of the streams feeding this inbox (admins).';
+
+-- UTC days of inbox.commands (by first_claimed_at) that ended more than
+-- `retention` ago. A day is eligible once none of its keys is IN_PROGRESS
+-- and every key settled (DONE or FAILED) more than `retention` ago: a key
+-- answers a client's retry for at least that long after its last outcome.
+-- Refuses a retention shorter than the clients' retry window
+-- (inbox.command_policy).
+CREATE OR REPLACE FUNCTION inbox.archivable_command_days(retention interval DEFAULT interval '30 days')
+RETURNS TABLE (
+    day date,
+    row_count bigint,
+    open_rows bigint,
+    failed_rows bigint,
+    eligible boolean,
+    blocked_by text,
+    audit_id bigint
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retention > interval '100 years' THEN
+        PERFORM outbox._check_retention(retention, 'retention');
+    END IF;
+    IF retention IS NULL OR retention < inbox.command_retry_window() THEN
+        RAISE EXCEPTION 'RETENTION_BELOW_MAX_AGE: command retention % is shorter than the clients'' retry window %', retention, inbox.command_retry_window()
+            USING ERRCODE = 'OB057',
+                  HINT = 'A retried command must find its key; keep keys at least as long as clients retry (inbox.set_command_retry_window).';
+    END IF;
+    RETURN QUERY
+    WITH days AS (
+        SELECT
+            (c.first_claimed_at AT TIME ZONE 'UTC')::date AS d,
+            count(*) AS n,
+            count(*) FILTER (WHERE c.status = 'IN_PROGRESS') AS open_n,
+            count(*) FILTER (WHERE c.status = 'FAILED') AS failed_n,
+            max(c.settled_at) AS last_settled
+        FROM inbox.commands AS c
+        WHERE c.first_claimed_at < now() - retention
+        GROUP BY 1
+    )
+    SELECT
+        days.d,
+        days.n,
+        days.open_n,
+        days.failed_n,
+        b.why IS NULL,
+        b.why,
+        a.id
+    FROM days
+    CROSS JOIN LATERAL (
+        SELECT CASE
+            WHEN outbox._day_from(days.d + 1) > now() - retention THEN 'day not over by retention yet'
+            WHEN days.open_n > 0 THEN 'open rows (IN_PROGRESS)'
+            WHEN days.last_settled > now() - retention THEN 'keys settled within the retention'
+        END AS why
+    ) AS b
+    LEFT JOIN outbox.archive_audit AS a
+        ON a.source = 'inbox.commands' AND a.day = days.d AND a.voided_at IS NULL
+    ORDER BY days.d;
+END;
+$$;
+COMMENT ON FUNCTION inbox.archivable_command_days(interval) IS
+'UTC days of inbox.commands old enough to archive (keys settled longer ago than the retention), and what blocks each.';
+
+CREATE OR REPLACE FUNCTION inbox.command_retry_window()
+RETURNS interval
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT p.retry_window FROM inbox.command_policy AS p), interval '7 days');
+$$;
+COMMENT ON FUNCTION inbox.command_retry_window() IS
+'The command retention floor: the longest time a client may retry a command.';
+
+CREATE OR REPLACE FUNCTION inbox.set_command_retry_window(retry_window interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retry_window IS NULL OR retry_window <= interval '0' OR retry_window > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: retry_window must be positive and at most 100 years, got %', retry_window
+            USING ERRCODE = 'OB006';
+    END IF;
+    INSERT INTO inbox.command_policy AS p (singleton, retry_window)
+    VALUES (TRUE, set_command_retry_window.retry_window)
+    ON CONFLICT (singleton) DO UPDATE
+    SET retry_window = excluded.retry_window, changed_at = now(), changed_by = session_user;
+    RETURN retry_window;
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_command_retry_window(interval) IS
+'Sets the command retention floor to the longest time a client may retry a command (admins).';

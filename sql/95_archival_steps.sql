@@ -1,6 +1,6 @@
 -- Archival steps (the lifecycle is described in sql/91_archival_audit.sql):
 -- seal (outbox), record the audit row, remove (drop a partition, purge an
--- inbox day), void an audit, list audits, and the archiver's session lock.
+-- inbox or command day), void an audit, list audits, and the archiver's session lock.
 
 -- Seals an eligible partition: checks it under a lock that keeps writers
 -- out, then installs read-only triggers on it, so nothing can change between
@@ -195,6 +195,9 @@ BEGIN
                 USING ERRCODE = 'OB051';
         END IF;
     END IF;
+    IF source = 'inbox.commands' THEN
+        PERFORM inbox._check_command_floor(day);
+    END IF;
     SELECT * INTO live FROM outbox.archive_figures(source, day);
     IF source = 'outbox.events' THEN
         -- The live rows must still be the sealed ones (the archive is compared
@@ -244,6 +247,37 @@ AS $$
 BEGIN
     IF outbox._day_from(day + 1) > now() - inbox.stream_max_age() THEN
         RAISE EXCEPTION 'RETENTION_BELOW_MAX_AGE: inbox day % is younger than the streams'' max_age %', day, inbox.stream_max_age()
+            USING ERRCODE = 'OB057';
+    END IF;
+END;
+$$;
+
+-- A day of command keys may leave only once none is IN_PROGRESS (OB051)
+-- and every one settled longer ago than the clients' retry window (OB057),
+-- whatever retention the caller listed with.
+CREATE OR REPLACE FUNCTION inbox._check_command_floor(day date)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    open_rows bigint;
+    last_settled timestamptz;
+BEGIN
+    IF outbox._day_from(day + 1) > now() - inbox.command_retry_window() THEN
+        RAISE EXCEPTION 'RETENTION_BELOW_MAX_AGE: command day % is younger than the clients'' retry window %', day, inbox.command_retry_window()
+            USING ERRCODE = 'OB057';
+    END IF;
+    SELECT count(*) FILTER (WHERE c.status = 'IN_PROGRESS'), max(c.settled_at)
+    INTO open_rows, last_settled
+    FROM inbox.commands AS c
+    WHERE c.first_claimed_at >= outbox._day_from(day) AND c.first_claimed_at < outbox._day_from(day + 1);
+    IF open_rows > 0 THEN
+        RAISE EXCEPTION 'NOT_CLOSED: command day % has % key(s) still IN_PROGRESS', day, open_rows
+            USING ERRCODE = 'OB051', HINT = 'Settle them: inbox.complete_command() or inbox.fail_command().';
+    END IF;
+    IF last_settled > now() - inbox.command_retry_window() THEN
+        RAISE EXCEPTION 'RETENTION_BELOW_MAX_AGE: command day % has keys settled within the clients'' retry window %', day, inbox.command_retry_window()
             USING ERRCODE = 'OB057';
     END IF;
 END;
@@ -371,6 +405,52 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.purge_archived(date) IS
 'Deletes an audited inbox day whose deleted rows hash exactly to its audit row; all or nothing.';
+
+-- Deletes an audited day of command keys like purge_archived does an inbox
+-- day: one statement, hashing exactly the rows it deletes, rolled back
+-- unless they match the audit row (a key claimed again since the audit
+-- aborts it). A claim waiting on a deleted key claims it afresh
+-- (claim_command). Already purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived_commands(day date)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    standing outbox.archive_audit;
+    n bigint;
+    sum_hash numeric;
+BEGIN
+    PERFORM outbox._check_day(day);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('inbox.commands', day));
+    standing := outbox._standing_audit('inbox.commands', day);
+    IF standing.removed_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM inbox._check_command_floor(day);
+    PERFORM set_config('pgoutbox.command_purge', 'on', true);
+    EXECUTE format(
+        'WITH gone AS (DELETE FROM inbox.commands AS c'
+        ' WHERE c.first_claimed_at >= $1 AND c.first_claimed_at < $2 RETURNING c.*)'
+        ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
+        outbox._row_hash_sql('inbox.commands')
+    ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
+    PERFORM set_config('pgoutbox.command_purge', '', true);
+    IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
+        RAISE EXCEPTION 'ARCHIVE_MISMATCH: command day % changed since audit %', day, standing.id
+            USING ERRCODE = 'OB053',
+                  DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
+                      standing.row_count, standing.checksum, n, sum_hash),
+                  HINT = 'Nothing was removed (the delete is rolled back).';
+    END IF;
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
+'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';
 
 -- Voids the standing audit of a unit whose rows are still live, and unseals
 -- an outbox partition, so it can change again and be archived afresh.

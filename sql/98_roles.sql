@@ -90,7 +90,7 @@ GRANT SELECT ON outbox.events, outbox.requeue_log, outbox.schema_migrations, out
 inbox.messages, inbox.replay_switches, inbox.redrive_log, inbox.commands, inbox.upcasters TO pgoutbox_admin;
 
 -- pgoutbox_archiver: what the archival job and the report need, nothing more.
--- It reads the two tables and the partitions it sealed (Spark reads them over
+-- It reads the three tables and the partitions it sealed (Spark reads them over
 -- JDBC) and calls the archival steps; it cannot write or delete rows, nor
 -- void an audit. (seal_partition grants it each partition it seals.)
 DO $$
@@ -102,8 +102,8 @@ END;
 $$;
 
 GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_archiver;
-GRANT SELECT ON outbox.events, inbox.messages TO pgoutbox_archiver;
-GRANT SELECT ON outbox.archive_audit, inbox.retention_policy TO pgoutbox_admin;
+GRANT SELECT ON outbox.events, inbox.messages, inbox.commands TO pgoutbox_archiver;
+GRANT SELECT ON outbox.archive_audit, inbox.retention_policy, inbox.command_policy TO pgoutbox_admin;
 GRANT SELECT ON outbox.archive_seal TO pgoutbox_admin;
 
 GRANT EXECUTE ON FUNCTION
@@ -119,6 +119,9 @@ inbox.received_range(),
 outbox.record_archive(text, date, bigint, numeric, text),
 outbox.drop_archived(text, interval),
 inbox.purge_archived(date),
+inbox.archivable_command_days(interval),
+inbox.command_retry_window(),
+inbox.purge_archived_commands(date),
 outbox.archive_audits(text),
 outbox.try_lock_archive(text, date),
 outbox.unlock_archive(text, date)
@@ -128,5 +131,6 @@ GRANT EXECUTE ON FUNCTION outbox.schema_version(), outbox.serves_workers_from() 
 
 GRANT EXECUTE ON FUNCTION
 outbox.void_archive(text, date, text, interval),
-inbox.set_stream_max_age(interval)
+inbox.set_stream_max_age(interval),
+inbox.set_command_retry_window(interval)
 TO pgoutbox_admin;

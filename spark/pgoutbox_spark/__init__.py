@@ -1,5 +1,5 @@
-"""pgoutbox_spark: audited archival of outbox.events / inbox.messages days to
-Parquet, and the delivery report, on Spark (PySpark over JDBC).
+"""pgoutbox_spark: audited archival of outbox.events / inbox.messages / inbox.commands
+days to Parquet, and the delivery report, on Spark (PySpark over JDBC).
 
 Every rule lives in SQL (sql/91_archival_audit.sql to sql/95_archival_steps.sql);
 this package only moves data:

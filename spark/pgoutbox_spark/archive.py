@@ -1,6 +1,6 @@
-"""The archival job: for each eligible day, seal -> export -> verify ->
-audit -> remove: no row leaves the database before a verified copy
-exists.
+"""The archival job: for each eligible day (of outbox.events, inbox.messages
+and inbox.commands), seal -> export -> verify -> audit -> remove: no row
+leaves the database before a verified copy exists.
 
 Every step is idempotent, so a run that dies anywhere is finished by the
 next one, without loss or duplication:
@@ -71,6 +71,7 @@ class ArchiveOptions:
     drop: bool
     lock_timeout: timedelta
     sources: tuple[str, ...] = db.SOURCES
+    command_retention: timedelta = timedelta(days=30)
     shared_storage: bool = False  # the operator says a local path is the same disk on every executor
     start_timeout: timedelta = timedelta(minutes=2)
 
@@ -92,7 +93,11 @@ def plan(conn: psycopg.Connection, options: ArchiveOptions) -> list[db.Unit]:
     """Every day old enough to archive, per source, eligible or not."""
     found: list[db.Unit] = []
     for source in options.sources:
-        retention = options.retention if source == db.OUTBOX else options.inbox_retention
+        retention = {
+            db.OUTBOX: options.retention,
+            db.INBOX: options.inbox_retention,
+            db.COMMANDS: options.command_retention,
+        }[source]
         found.extend(db.units(conn, source, retention, options.dead_letter_retention))
     return found
 
@@ -210,7 +215,8 @@ def open_unit(
     """Seals an outbox partition and takes its seal figures (which
     record_archive and drop_archived compare with); returns the (lazy) JDBC
     frame of the unit's rows and how many rows its archive must hold (outbox:
-    as sealed; inbox: as listed)."""
+    as sealed; inbox and command keys: as listed). An inbox day is read by
+    received_at, a day of command keys by first_claimed_at (neither changes)."""
     read = dict(fetch_size=options.fetch_size)
     if unit.source == db.OUTBOX:
         if unit.partition is None:  # outbox.archive_units names every outbox day's partition
@@ -229,18 +235,24 @@ def open_unit(
             partitions=max(1, min(options.read_partitions, sealed.row_count)),
         )
         return frame, sealed.row_count
+    table, column = ("commands", "first_claimed_at") if unit.source == db.COMMANDS else ("messages", "received_at")
     range_from, range_to = db.day_range(unit.day)
     frame = jdbc.read(
         spark,
         target,
-        jdbc.relation(conn, "inbox", "messages"),
+        jdbc.relation(conn, "inbox", table),
         **read,
-        partition_column="received_at",
+        partition_column=column,
         lower=range_from,
         upper=range_to,
         partitions=max(1, min(options.read_partitions, unit.row_count)),
-    ).where((F.col("received_at") >= F.lit(range_from)) & (F.col("received_at") < F.lit(range_to)))
+    ).where((F.col(column) >= F.lit(range_from)) & (F.col(column) < F.lit(range_to)))
     return frame, unit.row_count
+
+
+# The column a day's Parquet folders are split by: context for events and
+# messages; command keys have none, so their handler.
+PARTITION_BY = {db.OUTBOX: "context", db.INBOX: "context", db.COMMANDS: "handler"}
 
 
 def export(
@@ -253,12 +265,13 @@ def export(
     columns: Sequence[ChecksumColumn],
     hook: Hook = no_hook,
 ) -> Figures:
-    """Writes the day (partitioned by context) to staging, renames it into
-    place (final), reads it back and returns its figures."""
+    """Writes the day (partitioned by context, or handler for command keys)
+    to staging, renames it into place (final), reads it back and returns its
+    figures."""
     leftovers = storage.staging_day_uri(archive_uri, unit.source, unit.day)
     store.delete(leftovers)  # from runs that died mid-write; the day lock keeps others out
     staging = storage.fresh_staging_uri(archive_uri, unit.source, unit.day)
-    source_frame.write.mode("errorifexists").partitionBy("context").parquet(staging)
+    source_frame.write.mode("errorifexists").partitionBy(PARTITION_BY[unit.source]).parquet(staging)
     hook("written", unit)
     store.replace(staging, final)
     store.delete(leftovers)
@@ -271,7 +284,7 @@ def export(
 
 
 def read_day(spark: SparkSession, uri: str, like: DataFrame) -> DataFrame:
-    """A day folder, with the schema of the live rows (context from the folder names)."""
+    """A day folder, with the schema of the live rows (context or handler from the folder names)."""
     return spark.read.schema(like.schema).parquet(uri)
 
 

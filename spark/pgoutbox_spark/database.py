@@ -18,7 +18,8 @@ from .checksum import ChecksumColumn, Figures
 
 OUTBOX = "outbox.events"
 INBOX = "inbox.messages"
-SOURCES = (OUTBOX, INBOX)
+COMMANDS = "inbox.commands"
+SOURCES = (OUTBOX, INBOX, COMMANDS)
 
 
 def _row(conn: psycopg.Connection, query: str, params: tuple[object, ...] = ()) -> tuple[Any, ...]:
@@ -80,13 +81,18 @@ class Audit:
 
 
 def units(conn: psycopg.Connection, source: str, retention: timedelta, dead_letter_retention: timedelta) -> list[Unit]:
-    """The days of a source old enough to archive, eligible or not (and why)."""
-    query = {
-        OUTBOX: "SELECT * FROM outbox.archivable_partitions(%s, %s)",
-        INBOX: "SELECT * FROM inbox.archivable_days(%s, %s)",
-    }[source]
+    """The days of a source old enough to archive, eligible or not (and why).
+    Command keys have no dead letters: their retention counts from each
+    key's settling."""
     with wrap_exceptions(), conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query, (retention, dead_letter_retention)).fetchall()
+        if source == COMMANDS:
+            rows = cur.execute("SELECT * FROM inbox.archivable_command_days(%s)", (retention,)).fetchall()
+        else:
+            query = {
+                OUTBOX: "SELECT * FROM outbox.archivable_partitions(%s, %s)",
+                INBOX: "SELECT * FROM inbox.archivable_days(%s, %s)",
+            }[source]
+            rows = cur.execute(query, (retention, dead_letter_retention)).fetchall()
     return [
         Unit(
             source=source,
@@ -94,7 +100,7 @@ def units(conn: psycopg.Connection, source: str, retention: timedelta, dead_lett
             partition=r.get("partition_name"),
             row_count=r["row_count"],
             open_rows=r["open_rows"],
-            dead_letters=r["dead_letters"],
+            dead_letters=r.get("dead_letters", 0),
             eligible=r["eligible"],
             blocked_by=r["blocked_by"],
             audit_id=r["audit_id"],
@@ -140,6 +146,11 @@ def has_seal_figures(conn: psycopg.Connection) -> bool:
     return bool(_row(conn, "SELECT to_regprocedure('outbox.seal_figures(text)') IS NOT NULL")[0])
 
 
+def has_command_archival(conn: psycopg.Connection) -> bool:
+    """Whether the schema archives command keys (14 on: older ones have no inbox.commands)."""
+    return bool(_row(conn, "SELECT to_regprocedure('inbox.archivable_command_days(interval)') IS NOT NULL")[0])
+
+
 def audits(conn: psycopg.Connection, source: str | None = None) -> list[Audit]:
     with wrap_exceptions(), conn.cursor(row_factory=class_row(Audit)) as cur:
         return cur.execute("SELECT * FROM outbox.archive_audits(%s)", (source,)).fetchall()
@@ -157,10 +168,12 @@ def record(conn: psycopg.Connection, source: str, day: date, figures: Figures, u
 
 
 def remove(conn: psycopg.Connection, unit: Unit, lock_timeout: timedelta) -> int:
-    """Drops the partition (outbox) or purges the day (inbox); 0 if already gone."""
+    """Drops the partition (outbox) or purges the day (inbox, command keys); 0 if already gone."""
     with wrap_exceptions():
         if unit.source == OUTBOX:
             return int(_row(conn, "SELECT outbox.drop_archived(%s, %s)", (unit.partition, lock_timeout))[0])
+        if unit.source == COMMANDS:
+            return int(_row(conn, "SELECT inbox.purge_archived_commands(%s)", (unit.day,))[0])
         return int(_row(conn, "SELECT inbox.purge_archived(%s)", (unit.day,))[0])
 
 

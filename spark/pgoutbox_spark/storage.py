@@ -5,6 +5,7 @@ through Hadoop's FileSystem API so that any Hadoop-compatible store works
 Layout under the archive root:
     outbox_events/day=YYYY-MM-DD/context=<ctx>/part-*.parquet
     inbox_messages/day=YYYY-MM-DD/context=<ctx>/part-*.parquet
+    inbox_commands/day=YYYY-MM-DD/handler=<handler>/part-*.parquet
     outbox_events/day=YYYY-MM-DD.attempt-N/...        (the day archived again after
                                                      N-1 voided audits: beside them)
     _staging/<dataset>/day=YYYY-MM-DD/<run id>/...   (a day being written)
@@ -27,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from .failures import ArchiveFailure, Failure
 
-DATASETS = {"outbox.events": "outbox_events", "inbox.messages": "inbox_messages"}
+DATASETS = {"outbox.events": "outbox_events", "inbox.messages": "inbox_messages", "inbox.commands": "inbox_commands"}
 
 
 def normalise_uri(text: str) -> str:

@@ -31,6 +31,12 @@ def test_an_inbox_retention_below_the_stream_max_age_is_refused(database_url, ca
     assert "[OB057]" in capsys.readouterr().err
 
 
+def test_a_command_retention_below_the_retry_window_is_refused(database_url, capsys):
+    code = cli.main(["archive", "--database-url", database_url, "--dry-run", "--command-retention", "2d"])
+    assert code == 2
+    assert "[OB057]" in capsys.readouterr().err
+
+
 def test_unknown_sources_are_a_configuration_error(database_url, capsys):
     assert cli.main(["archive", "--database-url", database_url, "--sources", "outbox,logs"]) == 2
     assert "OUTBOX_ARCHIVE_SOURCES" in capsys.readouterr().err
@@ -67,3 +73,14 @@ def test_on_the_previous_schema_the_archiver_asks_for_migrate(conn, database_url
     assert line.startswith("pgoutbox archive: SchemaMismatch: ") and "run `pgoutbox migrate`" in line, line
     sealed = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = '_050_archived_read_only'").fetchone()[0]
     assert sealed == 0
+
+
+def test_on_a_schema_without_command_archival_the_archiver_asks_for_migrate(conn, database_url, capsys):
+    """Schema 13 has no command inbox: archiving its keys (a default source)
+    asks for migrate, in one line, before Spark; without them the run goes on."""
+    previous = next(m.version for m in migrate.discover() if m.name.endswith("_command_inbox")) - 1
+    migrate.migrate(conn, target=previous)
+    assert cli.main(["archive", "--database-url", database_url, "--dry-run"]) == ExitCode.DATABASE
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("pgoutbox archive: SchemaMismatch: ") and "run `pgoutbox migrate`" in line, line
+    assert cli.main(["archive", "--database-url", database_url, "--dry-run", "--sources", "outbox,inbox"]) == 0

@@ -126,6 +126,7 @@ PROBES: dict[str, list[Probe]] = {
         Probe("SELECT count(*) FROM outbox.archivable_partitions(%s, interval '30 days')", "OB006"),
         Probe("SELECT count(*) FROM outbox.archivable_partitions(interval '7 days', %s)", "OB006"),
         Probe("SELECT count(*) FROM inbox.archivable_days(%s, interval '30 days')", "OB006", low=False),
+        Probe("SELECT count(*) FROM inbox.archivable_command_days(%s)", "OB006", low=False),
     ],
     "LOCK_TIMEOUT": [
         # No such partition: the lock_timeout passed.
@@ -235,6 +236,7 @@ BOUNDED = {
         "OUTBOX_ARCHIVE_RETENTION": "RETENTION",
         "OUTBOX_ARCHIVE_DEAD_LETTER_RETENTION": "RETENTION",
         "OUTBOX_INBOX_RETENTION": "RETENTION",
+        "OUTBOX_COMMAND_RETENTION": "RETENTION",
         "OUTBOX_ARCHIVE_LOCK_TIMEOUT": "LOCK_TIMEOUT",
     },
 }

@@ -464,13 +464,19 @@ def run_replay_switch(run: Run) -> None:
 
 
 def run_archive(run: Run) -> None:
-    """A day of three events, old enough for both retentions, archived and removed."""
-    day = archival.today() - timedelta(days=20)
+    """A day of three events, old enough for both retentions, and a day of
+    command keys, old enough for the command retention, archived and removed."""
+    day, keys_day = archival.today() - timedelta(days=20), archival.today() - timedelta(days=40)
     with run.owner() as conn:
         archival.inbox_for(conn, archival.events(conn, day, 3))
+        archival.commands(conn, keys_day, "start_run", 3)
     out = run.pgoutbox("archive", timeout=600, OUTBOX_ARCHIVE_URI=str(run.tmp / "archive"))
-    removed = {line.split()[0] for line in out.splitlines() if line.split()[1:3] == [str(day), "removed"]}
-    assert removed == {"outbox.events", "inbox.messages"}, out
+    removed = {(line.split()[0], line.split()[1]) for line in out.splitlines() if line.split()[2:3] == ["removed"]}
+    assert removed == {
+        ("outbox.events", str(day)),
+        ("inbox.messages", str(day)),
+        ("inbox.commands", str(keys_day)),
+    }, out
 
 
 def run_report(run: Run) -> None:

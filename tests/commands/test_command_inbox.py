@@ -170,3 +170,32 @@ def test_a_key_cannot_be_deleted_even_by_the_owner(writer_url, conn):
     with pytest.raises(psycopg.Error) as e:
         conn.execute("TRUNCATE inbox.commands")
     assert e.value.sqlstate == SqlState.DELETE_FORBIDDEN
+
+
+@pytest.mark.parametrize("status", ["DONE", "FAILED"])
+def test_a_claim_waiting_on_a_purge_of_its_key_claims_it_afresh(writer_url, database_url, conn, status):
+    """The audited purge of a day (as pgoutbox_archiver) deletes a key while
+    a retry of it is claiming: the claim waits for the purge's transaction
+    and, the key gone, is the first claim of a new command (never an empty
+    answer)."""
+    conn.execute(
+        "INSERT INTO inbox.commands (handler, command_key, status, result, last_error, first_claimed_at,"
+        " claimed_at, settled_at) VALUES (%s, 'k1', %s, %s, %s, now() - interval '40 days',"
+        " now() - interval '40 days', now() - interval '40 days')",
+        (HANDLER, status, Jsonb({"run": 1}) if status == "DONE" else None, "boom" if status == "FAILED" else None),
+    )
+    day = conn.execute("SELECT ((now() - interval '40 days') AT TIME ZONE 'UTC')::date").fetchone()[0]
+    conn.execute(
+        "SELECT outbox.record_archive('inbox.commands', %s, f.row_count, f.checksum, 'file:/archive/c')"
+        " FROM outbox.archive_figures('inbox.commands', %s) AS f",
+        (day, day),
+    )
+    with psycopg.connect(login(database_url, "pgoutbox_archiver")) as purger, psycopg.connect(writer_url) as w:
+        assert purger.execute("SELECT inbox.purge_archived_commands(%s)", (day,)).fetchone() == (1,)
+        t, out = in_thread(lambda: claim(w, "k1"))
+        wait_until_blocked(conn, w.info.backend_pid)
+        purger.commit()
+        joined(t, out)
+        w.commit()
+    assert out["value"] == (True, "IN_PROGRESS", None)
+    assert conn.execute("SELECT status, attempts FROM inbox.commands").fetchall() == [("IN_PROGRESS", 1)]

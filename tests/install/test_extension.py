@@ -299,7 +299,7 @@ def test_the_pgtap_suite_passes_on_the_updated_extension(pg_server, updated_from
 def fill_every_table(url: str) -> None:
     """Rows in every table and partition: events in each status and in each
     partition, a requeue, inbox rows in each status, a replay switch, a
-    redrive, an archival audit."""
+    redrive, archival audits, command keys."""
     with psycopg.connect(url, autocommit=True) as conn:
         emit = (
             "SELECT outbox.emit('order', i::text, 'order_created', jsonb_build_object('schema_version', 1, 'n', i),"
@@ -350,8 +350,18 @@ def fill_every_table(url: str) -> None:
             "SELECT outbox.record_archive('inbox.messages', '2001-01-01', f.row_count, f.checksum, 'file:/a')"
             " FROM outbox.archive_figures('inbox.messages', '2001-01-01') AS f"
         )
-        conn.execute("SELECT claimed FROM inbox.claim_command('orders', 'order-1')")
-        conn.execute("""SELECT inbox.complete_command('orders', 'order-1', '{"run": 1}')""")
+        # A command key answered, and an audited day of keys (the third archival source).
+        conn.execute("SELECT claimed FROM inbox.claim_command('start_run', 'k1')")
+        conn.execute("SELECT status FROM inbox.complete_command('start_run', 'k1', '{\"run\": 1}')")
+        conn.execute(
+            "INSERT INTO inbox.commands (handler, command_key, status, result, first_claimed_at, claimed_at,"
+            " settled_at) VALUES ('start_run', 'k0', 'DONE', '{}', '2001-01-01 12:00+00', '2001-01-01 12:00+00',"
+            " '2001-01-01 12:00:01+00')"
+        )
+        conn.execute(
+            "SELECT outbox.record_archive('inbox.commands', '2001-01-01', f.row_count, f.checksum, 'file:/c')"
+            " FROM outbox.archive_figures('inbox.commands', '2001-01-01') AS f"
+        )
         conn.execute("CREATE FUNCTION public.v1_to_v2(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT p $$")
         conn.execute("SELECT inbox.register_upcaster('order_created', 1, 'public.v1_to_v2(jsonb)')")
         # Seal figures as seal_figures() records them (no outbox day here is old enough to seal).

@@ -271,3 +271,24 @@ def test_0006_keeps_a_valid_throttle_set_for_the_database(empty_database_url):
         m.migrate(conn)
         conn.execute("SET pgoutbox.notify_throttle = '1 min'")  # read no more
         assert conn.execute("SELECT outbox.notify_throttle()").fetchone()[0].total_seconds() == 0.05
+
+
+def test_command_inbox_down_refuses_to_lose_the_audits_of_purged_keys(database_url):
+    """Its keys purged by audited archival, inbox.commands is empty, but the
+    audits that say where they went keep 0014 from going down."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO inbox.commands (handler, command_key, status, result, first_claimed_at, claimed_at,"
+            " settled_at) VALUES ('h', 'k', 'DONE', '{}', '2001-01-01 12:00+00', '2001-01-01 12:00+00',"
+            " '2001-01-01 12:00:01+00')"
+        )
+        conn.execute(
+            "SELECT outbox.record_archive('inbox.commands', '2001-01-01', f.row_count, f.checksum, 'file:/c')"
+            " FROM outbox.archive_figures('inbox.commands', '2001-01-01') AS f"
+        )
+        assert conn.execute("SELECT inbox.purge_archived_commands('2001-01-01')").fetchone() == (1,)
+        commands = next(x for x in m.discover() if x.name.endswith("_command_inbox"))
+        with pytest.raises(MigrationError) as info:
+            m.migrate(conn, target=commands.version - 1)
+        assert info.value.code == SqlState.DATA_WOULD_BE_LOST
+        assert m.applied_version(conn) == commands.version

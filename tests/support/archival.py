@@ -172,6 +172,57 @@ def inbox_for(
 # ------------------------------------------------------------- snapshots
 
 
+def commands(
+    conn: psycopg.Connection,
+    day: date,
+    handler: str,
+    n: int,
+    *,
+    failed: int = 0,
+    in_progress: int = 0,
+    settled_after: timedelta = timedelta(seconds=2),
+) -> list[str]:
+    """n command keys of a handler first claimed over a past day, written as
+    the table owner (first_claimed_at is not settable through
+    claim_command): the first `failed` FAILED, the next `in_progress`
+    IN_PROGRESS, the rest DONE with a result holding TRICKY text; settled
+    `settled_after` after their claim. Returns the keys."""
+    start = utc(day, 0.5)
+    step = timedelta(hours=22) / max(n, 1)
+    rows = conn.execute(
+        """
+        INSERT INTO inbox.commands AS c (
+            handler, command_key, status, result, last_error, attempts, first_claimed_at, claimed_at, settled_at
+        )
+        SELECT %(handler)s, 'key-' || %(day)s || '-' || i || (%(tricky)s::text[])[1 + i %% %(k)s], s.status,
+            CASE WHEN s.status = 'DONE'
+                THEN jsonb_build_object('run_id', 'run-' || i, 'note', (%(tricky)s::text[])[1 + i %% %(k)s]) END,
+            CASE WHEN s.status = 'FAILED' THEN 'workflow said \\N | no' END,
+            1 + i %% 3, at, at, CASE WHEN s.status <> 'IN_PROGRESS' THEN at + %(settled)s END
+        FROM generate_series(1, %(n)s) AS i
+        CROSS JOIN LATERAL (SELECT %(start)s + (i - 1) * %(step)s AS at) AS t
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN i <= %(failed)s THEN 'FAILED'
+                WHEN i <= %(failed)s + %(in_progress)s THEN 'IN_PROGRESS' ELSE 'DONE' END AS status
+        ) AS s
+        RETURNING c.command_key
+        """,
+        dict(
+            handler=handler,
+            day=day.isoformat(),
+            tricky=TRICKY,
+            k=len(TRICKY),
+            start=start,
+            step=step,
+            n=n,
+            failed=failed,
+            in_progress=in_progress,
+            settled=settled_after,
+        ),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
 def _micros(value: datetime | None) -> int | None:
     return None if value is None else (value - EPOCH) // timedelta(microseconds=1)
 
@@ -196,6 +247,7 @@ def live_rows(conn: psycopg.Connection, source: str, day: date) -> list[tuple]:
     query = {
         "outbox.events": "SELECT * FROM outbox.events WHERE created_at >= %s AND created_at < %s",
         "inbox.messages": "SELECT * FROM inbox.messages WHERE received_at >= %s AND received_at < %s",
+        "inbox.commands": "SELECT * FROM inbox.commands WHERE first_claimed_at >= %s AND first_claimed_at < %s",
     }[source]
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query, (lo, hi)).fetchall()
@@ -217,7 +269,7 @@ def archived_rows(spark, uri: str) -> list[tuple]:
     out = []
     for row in frame.collect():
         record = row.asDict()
-        for key in ("payload", "headers", "envelope", "dlq_metadata"):
+        for key in ("payload", "headers", "envelope", "dlq_metadata", "result"):
             if record.get(key) is not None:
                 record[key] = json.loads(record[key])
         out.append(_canonical(record))

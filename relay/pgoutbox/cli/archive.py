@@ -1,6 +1,7 @@
-"""pgoutbox archive: export closed days of outbox.events and inbox.messages
-to Parquet on Spark, verify them, record the audit, then drop the partition
-or purge the inbox day (spark/pgoutbox_spark/archive.py, package pgoutbox_spark; the rules are in SQL)."""
+"""pgoutbox archive: export closed days of outbox.events, inbox.messages and
+inbox.commands to Parquet on Spark, verify them, record the audit, then drop
+the partition or purge the inbox or command day (spark/pgoutbox_spark/archive.py,
+package pgoutbox_spark; the rules are in SQL)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ if TYPE_CHECKING:  # the spark extra: imported when a command needs it
 COMMAND = "archive"
 HELP = (
     "Archive closed days to Parquet on Spark: seal, export, verify, audit, then drop the "
-    "partition / purge the inbox day; safe to re-run after a crash."
+    "partition / purge the inbox or command day; safe to re-run after a crash."
 )
 
-SOURCE_NAMES = {"outbox": "outbox.events", "inbox": "inbox.messages"}
+SOURCE_NAMES = {"outbox": "outbox.events", "inbox": "inbox.messages", "commands": "inbox.commands"}
 
 
 def interval(text: str) -> timedelta:
@@ -145,12 +146,24 @@ class ArchiveConfig(SparkJobConfig):
             bound=bounds.RETENTION,
         )
     )
+    command_retention: timedelta = option(
+        settings.Setting(
+            "command_retention",
+            "OUTBOX_COMMAND_RETENTION",
+            "30d",
+            "Archive days of command keys once every key settled longer ago than this (a retried command "
+            "is answered for at least this long); refused below the clients' retry window "
+            "(inbox.command_policy, 7d by default)",
+            interval,
+            bound=bounds.RETENTION,
+        )
+    )
     drop: bool = option(
         settings.Setting(
             "drop",
             "OUTBOX_ARCHIVE_DROP",
             "true",
-            "Remove archived days (drop the partition / purge the inbox day); false: export and audit only",
+            "Remove archived days (drop the partition / purge the inbox or command day); false: export and audit only",
             settings.boolean,
         )
     )
@@ -168,8 +181,8 @@ class ArchiveConfig(SparkJobConfig):
         settings.Setting(
             "sources",
             "OUTBOX_ARCHIVE_SOURCES",
-            "outbox,inbox",
-            "Which tables to archive: outbox, inbox or both",
+            "outbox,inbox,commands",
+            "Which tables to archive: a comma-separated subset of outbox, inbox, commands",
             sources,
         )
     )
@@ -216,6 +229,7 @@ def options(cfg: ArchiveConfig) -> ArchiveOptions:
         retention=cfg.retention,
         dead_letter_retention=cfg.dead_letter_retention,
         inbox_retention=cfg.inbox_retention,
+        command_retention=cfg.command_retention,
         read_partitions=cfg.read_partitions,
         fetch_size=cfg.fetch_size,
         drop=cfg.drop,
@@ -240,6 +254,7 @@ def run(cfg: ArchiveConfig, args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(f"pgoutbox archive needs the spark extra (pip install 'pgoutbox[spark]'): {exc}") from exc
     with db.connect(cfg.database_url, check_schema=True) as conn:
+        check_sources(conn, cfg.sources)
         if cfg.dry_run:
             _print_plan(archive.plan(conn, options(cfg)))
             return 0
@@ -253,6 +268,17 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
 
     if not database.has_seal_figures(conn):
         raise SchemaMismatch("this archiver takes seal figures (outbox.seal_figures): run `pgoutbox migrate`")
+
+
+def check_sources(conn: psycopg.Connection[Any], names: tuple[str, ...]) -> None:
+    """Command keys are archived from schema 14 on (the dry run lists them too)."""
+    from pgoutbox_spark import database
+
+    if database.COMMANDS in names and not database.has_command_archival(conn):
+        raise SchemaMismatch(
+            "archiving command keys needs schema 14 (inbox.archivable_command_days): run `pgoutbox migrate`, "
+            "or leave commands out of OUTBOX_ARCHIVE_SOURCES"
+        )
 
 
 def archive_days(spark: Any, conn: psycopg.Connection[Any], cfg: ArchiveConfig) -> int:

@@ -110,7 +110,7 @@ REPLAY_BATCH = Bound("inbox.claim_replays(batch_size)", 1, 10000)
 REPLAY_AFTER = Bound("inbox.record_error(replay_after)", 0, 366 * DAY, unit="s")
 # 100 years: PostgreSQL compares intervals counting a year as 12 months of 30 days.
 RETENTION = Bound(
-    "the retentions of outbox.archivable_partitions, inbox.archivable_days",
+    "the retentions of outbox.archivable_partitions, inbox.archivable_days, inbox.archivable_command_days",
     0,
     36000 * DAY,
     unit="s",
