@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from datetime import timedelta
 
+from pgoutbox.cli.archive import bound
 from pgoutbox.core import db, migrate, settings
 from pgoutbox.core.settings import option
 
 COMMAND = "migrate"
 HELP = "Apply pending migrations (or roll back to --target); safe to re-run."
+
+
+def lock_timeout(text: str) -> timedelta:
+    return bound(text, floor=timedelta(milliseconds=1), ceiling=timedelta(hours=1))
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,18 @@ class MigrateConfig:
         )
     )
 
+    lock_timeout: timedelta = option(
+        settings.Setting(
+            "lock_timeout",
+            "OUTBOX_MIGRATE_LOCK_TIMEOUT",
+            f"{migrate.LOCK_TIMEOUT.total_seconds() * 1000:.0f}ms",
+            "Longest wait for each lock a migration takes; past it the migration gives way to the running"
+            " workers, rolls back and runs again after a pause (for at most 5 minutes). Keep it below"
+            " PostgreSQL's deadlock_timeout (1s) so that a deadlock costs the migration a retry, not a worker",
+            lock_timeout,
+        )
+    )
+
 
 CONFIG = MigrateConfig
 SETTINGS = settings.of(CONFIG)
@@ -43,7 +61,7 @@ SETTINGS = settings.of(CONFIG)
 
 def run(cfg: MigrateConfig, args: argparse.Namespace) -> int:
     with db.connect(cfg.database_url) as conn:
-        ran = migrate.migrate(conn, cfg.target, extension=cfg.extension)
+        ran = migrate.migrate(conn, cfg.target, extension=cfg.extension, lock_timeout=cfg.lock_timeout)
         for step in ran:
             print(step)
         print(f"schema at version {migrate.applied_version(conn)}" + ("" if ran else " (nothing to do)"))

@@ -16,8 +16,13 @@ read through importlib.resources.
 
 from __future__ import annotations
 
+import logging
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
@@ -27,6 +32,19 @@ from psycopg import sql
 
 from pgoutbox.core import db
 from pgoutbox.core.errors import MigrationError, wrap_exceptions
+
+log = logging.getLogger(__name__)
+
+# A migration's DDL takes strong locks on tables the running workers use (a
+# rolling upgrade migrates under their load). Waiting behind a worker while
+# holding a lock it needs next is a deadlock, which PostgreSQL settles by
+# aborting one side after deadlock_timeout (1 s): often the worker. So each
+# lock is waited for at most LOCK_TIMEOUT (below deadlock_timeout, so that
+# the migration gives way first); the file, one idempotent transaction, then
+# rolls back and runs again after a pause, for at most LOCK_WAIT in all.
+LOCK_TIMEOUT = timedelta(milliseconds=500)
+LOCK_WAIT = 300.0  # seconds
+_LOCK_STATES = ("55P03", "40P01")  # lock_not_available, deadlock_detected
 
 MIGRATIONS_DIR = Path(str(resources.files("pgoutbox").joinpath("migrations")))
 EXTENSION = "pgoutbox"
@@ -67,6 +85,34 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
 
 
 applied_version = db.applied_version
+
+
+def _giving_way(conn: psycopg.Connection, run: Callable[[], None], what: str, lock_timeout: timedelta) -> None:
+    """run() with each lock waited for at most lock_timeout; again after a
+    pause while it loses a lock wait or a deadlock, for at most LOCK_WAIT."""
+    deadline = time.monotonic() + LOCK_WAIT
+    pause, attempt = 0.1, 1
+    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{lock_timeout.total_seconds() * 1000:.0f}ms")))
+    try:
+        while True:
+            try:
+                run()
+                return
+            except psycopg.Error as exc:
+                if exc.sqlstate not in _LOCK_STATES or time.monotonic() + pause > deadline:
+                    raise
+                log.warning(
+                    "%s gave way to a lock a running worker holds (attempt %d): %s; again in %.1fs",
+                    what,
+                    attempt,
+                    exc.diag.message_primary,
+                    pause,
+                    extra={"action": "migrate_lock_retry"},
+                )
+            time.sleep(pause)
+            pause, attempt = min(pause * 2, 5.0), attempt + 1
+    finally:
+        conn.execute("RESET lock_timeout")
 
 
 def _run_file(conn: psycopg.Connection, path: Path) -> None:
@@ -127,6 +173,7 @@ def migrate(
     directory: Path = MIGRATIONS_DIR,
     *,
     extension: bool = False,
+    lock_timeout: timedelta = LOCK_TIMEOUT,
 ) -> list[str]:
     """Moves the schema to target (default: the latest); returns what ran.
     A database with the pgoutbox extension is moved by ALTER EXTENSION; with
@@ -151,15 +198,21 @@ def migrate(
                 raise MigrationError("pgoutbox is installed here by plain migrations, not as an extension")
             if target == 0:
                 raise MigrationError(f"an extension is removed with DROP EXTENSION {EXTENSION}, not by a migration")
-            return _migrate_extension(conn, installed, target)
-        ran = []
+            done: list[str] = []
+
+            def update() -> None:  # reads the version again: an earlier attempt may have moved it
+                done[:] = _migrate_extension(conn, extension_version(conn), target)
+
+            _giving_way(conn, update, "the extension's update", lock_timeout)
+            return done
+        ran: list[str] = []
         for m in migrations:
             if current < m.version <= target:
-                _run_file(conn, m.up)
+                _giving_way(conn, partial(_run_file, conn, m.up), m.up.name, lock_timeout)
                 ran.append(f"up {m.name}")
         for m in reversed(migrations):
             if target < m.version <= current:
-                _run_file(conn, m.down)
+                _giving_way(conn, partial(_run_file, conn, m.down), m.down.name, lock_timeout)
                 ran.append(f"down {m.name}")
         return ran
     finally:
