@@ -16,9 +16,11 @@ async def until_stopped(aw: Awaitable[Any], stopping: asyncio.Event) -> bool:
         await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.cancel()
-        if not task.done():
+        # Cancelled again until it ends: nats-py's connect swallows a cancellation
+        # that lands while it closes a failed attempt, and would go on retrying.
+        while not task.done():
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.wait({task}, timeout=0.1)
     if task.done() and not task.cancelled():
         task.result()  # raises what aw raised
         return True

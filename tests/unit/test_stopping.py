@@ -1,0 +1,49 @@
+"""core.stopping: a stop ends what is awaited, even an awaitable that swallows
+a cancellation (nats-py's connect does, when it lands while it closes a
+failed attempt)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pgoutbox.core.stopping import sleep, until_stopped
+
+
+async def test_a_stop_ends_an_awaitable_that_swallows_the_first_cancellation():
+    swallowed = []
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)  # carries on, as nats-py's connect loop does
+
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, stopping.set)
+    assert await asyncio.wait_for(until_stopped(stubborn(), stopping), 5) is False
+    assert swallowed == [True]
+
+
+async def test_what_ends_before_the_stop_is_returned_with_its_errors():
+    stopping = asyncio.Event()
+
+    async def fails() -> None:
+        raise ValueError("bad")
+
+    try:
+        await until_stopped(fails(), stopping)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the awaitable's error must come through")
+    assert await until_stopped(asyncio.sleep(0), stopping) is True
+
+
+async def test_a_sleep_ends_at_the_stop():
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.05, stopping.set)
+    assert await asyncio.wait_for(sleep(30, stopping), 5) is False
+    assert await sleep(0.01, asyncio.Event()) is True
