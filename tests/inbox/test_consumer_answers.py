@@ -60,6 +60,7 @@ async def _run_one(tmp_path, database_url, nats_server, url, answers, **cfg_over
                 return (await _ack_state(js))["ack_floor"] == 1
 
             await until(acked, 15, "the message to be acknowledged")
+            watch()  # the row may have moved between the last look and the ack
             ack = await _ack_state(js)
             dlq = await dlq_messages(js)
             metrics = consumer.metrics

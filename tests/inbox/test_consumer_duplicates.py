@@ -11,6 +11,7 @@ import pytest
 
 from pgoutbox.dev.tcp_proxy import TcpProxy
 from support.inbox import (
+    acked_through,
     add_stream,
     consumer_config,
     event,
@@ -46,7 +47,7 @@ async def test_redelivery_after_a_lost_ack_reaches_the_handler_once(database_url
             # A second consumer gets the redelivery after ack_wait; the inbox says it is done.
             async with running_consumer(consumer_config(database_url, nats_server.url, registry_file)) as second:
                 await until(lambda: second.metrics.value(H, "duplicate") == 1, 15, "the redelivery")
-                info = await js.consumer_info("SEA_EVENTS", H)
+                info = await acked_through(js, H, 1)
     finally:
         proxy.close()
     assert len(handler.calls) == 1
@@ -85,11 +86,7 @@ async def test_a_republish_after_the_duplicate_window_reaches_the_handler_once(
             again = await publish(js, ev)  # e.g. a relay re-publishing after a long outage
             assert again.duplicate is not True and again.seq == first.seq + 1, "JetStream must not have deduplicated it"
             await until(lambda: consumer.metrics.value(H, "duplicate") == 1)
-            # The ack goes out after the metric is counted: wait for the server to take it.
-            deadline = asyncio.get_running_loop().time() + 10
-            while (info := await js.consumer_info("SEA_EVENTS", H)).ack_floor.stream_seq < 2:
-                assert asyncio.get_running_loop().time() < deadline, info
-                await asyncio.sleep(0.05)
+            info = await acked_through(js, H, 2)
     assert len(handler.calls) == 1
     assert info.ack_floor.stream_seq == 2
     assert inbox_row(database_url, ev["event_id"], H)["attempts"] == 1

@@ -4,6 +4,7 @@ wire format, a registry written from a manifest, polling."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -201,6 +202,16 @@ async def jetstream(url: str):
         yield nc.jetstream()
     finally:
         await nc.close()
+
+
+async def acked_through(js, durable: str, stream_seq: int, stream: str = "SEA_EVENTS", timeout: float = 10):
+    """The durable's info once its ack floor reaches stream_seq: a consumer
+    counts an outcome before its ack reaches the server."""
+    deadline = time.monotonic() + timeout
+    while (info := await js.consumer_info(stream, durable)).ack_floor.stream_seq < stream_seq:
+        assert time.monotonic() < deadline, info
+        await asyncio.sleep(0.05)
+    return info
 
 
 def inbox_row(database_url: str, message_id: str, handler: str) -> dict | None:
