@@ -14,7 +14,7 @@ from pgoutbox.cli import main as cli
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.dev.embedded import EmbeddedNats, free_port
 from pgoutbox.outbox import streams
-from support.outbox import apply_streams, emit, relay_config, running_relay, status_counts
+from support.outbox import GOOD, apply_streams, emit, relay_config, running_relay, status_counts
 from support.schema import newer_schema
 
 
@@ -29,20 +29,6 @@ def _restore_logging():
 
 
 # -- streams file --------------------------------------------------------------
-
-GOOD = """
-[defaults]
-max_age = "14d"
-duplicate_window = "5m"
-
-[streams.sea]
-
-[streams.vibespro]
-name = "VIBES"
-subjects = ["vibespro.event.>", "vibespro.dlq.>"]
-max_bytes = "512MiB"
-storage = "memory"
-"""
 
 
 async def test_streams_apply_is_idempotent_and_reports_changes(nats_server):

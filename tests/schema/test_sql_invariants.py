@@ -19,24 +19,13 @@ from chaos.poison import EmitCase, any_emit
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox.core import migrate
 from pgoutbox.core.errors import IllegalTransition, SqlState, wrap_exceptions
+from support.roles import login
 
 EMIT = "SELECT outbox.emit('order', %s, 'created', '{\"schema_version\": 1}', context => %s)"
 
 
 def drain_notifies(conn: psycopg.Connection, timeout: float) -> list[str]:
     return [n.payload for n in conn.notifies(timeout=timeout, stop_after=None)]
-
-
-def login(url: str, role: str) -> str:
-    """The URL for a fresh login role in group `role` (the server trusts loopback)."""
-    name = f"t_{role.removeprefix('pgoutbox_')}_{time.monotonic_ns()}"
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute(
-            psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
-                psycopg.sql.Identifier(name), psycopg.sql.Identifier(role)
-            )
-        )
-    return url.replace("postgres@", f"{name}@", 1)
 
 
 def today_partition(conn: psycopg.Connection) -> str:

@@ -184,3 +184,19 @@ class RelayProcess:
             self.proc.wait(10)
         if self.proc:
             self._log.close()
+
+
+# A streams file: defaults, a stream by default and one with every option.
+GOOD = """
+[defaults]
+max_age = "14d"
+duplicate_window = "5m"
+
+[streams.sea]
+
+[streams.vibespro]
+name = "VIBES"
+subjects = ["vibespro.event.>", "vibespro.dlq.>"]
+max_bytes = "512MiB"
+storage = "memory"
+"""

@@ -22,6 +22,7 @@ from pgoutbox.core.errors import ConfigError
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.publisher import message_size
+from support.outbox import GOOD
 
 
 @pytest.fixture(autouse=True)
@@ -134,20 +135,6 @@ def test_help_lists_relay_and_streams_with_environment_twins(capsys):
 
 
 # -- streams file --------------------------------------------------------------
-
-GOOD = """
-[defaults]
-max_age = "14d"
-duplicate_window = "5m"
-
-[streams.sea]
-
-[streams.vibespro]
-name = "VIBES"
-subjects = ["vibespro.event.>", "vibespro.dlq.>"]
-max_bytes = "512MiB"
-storage = "memory"
-"""
 
 
 def test_streams_file_defaults_and_overrides():
