@@ -33,14 +33,15 @@ __all__ = ["CLAIMED_COLUMNS", "WAKEUP_CHANNEL", "DatabaseUnavailable", "OutboxCa
 
 log = logging.getLogger(__name__)
 
-# The columns the wire envelope needs (wire.to_nats), plus the claim token
-# and attempts; decoding fewer columns keeps claiming cheap. payload and
+# The columns the wire envelope needs (wire.to_nats), plus the claim token,
+# attempts and created_at (the emitting transaction's time, from which the
+# relay measures how long an event waited in the outbox); decoding fewer columns keeps claiming cheap. payload and
 # headers come as jsonb text: the payload goes on the wire as PostgreSQL
 # renders it (exact numbers, no decode/encode round trip through Python).
 CLAIMED_COLUMNS = (
     "claim_token, event_id, context, subject, payload::text AS payload, headers::text AS headers, "
     "aggregate_type, aggregate_id, event_type, event_version, correlation_id, causation_id, "
-    "tenant_id, ordering_key, occurred_at, attempts"
+    "tenant_id, ordering_key, occurred_at, created_at, attempts"
 )
 WAKEUP_CHANNEL = "outbox_v1"  # sql/40_outbox_wakeup.sql
 
