@@ -1,0 +1,292 @@
+"""The OpenTelemetry side of core.tracing: imported only when the OTEL_*
+variables ask for traces (tracing.from_environment), never otherwise.
+
+Spans follow the messaging semantic conventions (v1.44): name
+`{operation} {destination}`, messaging.system "nats", the subject as
+messaging.destination.name, the event id as messaging.message.id.
+
+  relay     send {subject}     PRODUCER, one per published batch: a link to
+                               each event's creation context (the
+                               traceparent stored at emit), or that context
+                               as parent for a batch of one event
+  consumer  process {subject}  CONSUMER, per message handed to the handler,
+                               parent: the creation context (the message's
+                               traceparent header)
+              POST             CLIENT, child: the handler call, whose
+                               traceparent header continues from this span
+              settle {subject} CLIENT, child: the inbox outcome and the ack
+                               (or nak, or dead letter)
+
+The SDK does its own reading of what it knows (OTEL_SERVICE_NAME,
+OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER(_ARG), OTEL_EXPORTER_OTLP_*,
+OTEL_BSP_*, span limits); this module decides the exporters and refuses
+what it cannot honour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from pgoutbox import __version__
+from pgoutbox.core import bounds
+from pgoutbox.core.errors import TracingMisconfigured
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_ROOT = Context()  # an explicit empty context: a span without a creation context starts a trace
+
+SYSTEM = "nats"
+# Attributes of our own (no convention exists for them), in milliseconds.
+OUTBOX_WAIT = "pgoutbox.outbox.wait_ms"  # created_at (the emitting transaction) -> the batch's send
+STREAM_WAIT = "pgoutbox.stream.wait_ms"  # JetStream's timestamp of the message -> its fetch
+
+
+def _creation(headers: Any) -> SpanContext | None:
+    """The creation context in an event's headers (a dict, or its JSON text
+    as the relay claims it); None without a valid traceparent."""
+    if not headers:
+        return None
+    if isinstance(headers, str):
+        if "traceparent" not in headers:
+            return None  # most rows without one: no JSON parse
+        try:
+            headers = json.loads(headers)
+        except ValueError:
+            return None
+    if not isinstance(headers, Mapping):
+        return None
+    parent = headers.get("traceparent")
+    if not isinstance(parent, str):
+        return None
+    carrier = {"traceparent": parent}
+    state = headers.get("tracestate")
+    if isinstance(state, str):
+        carrier["tracestate"] = state
+    found = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+    return found if found.is_valid else None
+
+
+def _wait_ms(created: Any, now_ns: int) -> float | None:
+    """now - created_at in ms; created_at as the relay claims it (wire text), or a datetime."""
+    if isinstance(created, str):
+        try:
+            created = datetime.fromisoformat(created)
+        except ValueError:
+            return None
+    if isinstance(created, datetime) and created.tzinfo is not None:
+        return round(now_ns / 1e6 - created.timestamp() * 1e3, 3)
+    return None  # a timestamp the wire cannot express (wire.Unrepresentable)
+
+
+class _Send:
+    def __init__(self, span: Span, count: int):
+        self.span = span
+        self.count = count
+
+    def end(self, failures: Sequence[str]) -> None:
+        if failures:
+            self.span.set_attribute("error.type", failures[0])
+            self.span.set_attribute("pgoutbox.failed_count", len(failures))
+            self.span.set_status(
+                Status(StatusCode.ERROR, f"{len(failures)} of {self.count} event(s) not published: {failures[0]}")
+            )
+        self.span.end()
+
+
+class _Http:
+    def __init__(self, span: Span):
+        self.span = span
+
+    def headers(self) -> dict[str, str]:
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self.span, _ROOT))
+        return carrier
+
+    def end(self, status: int | None, error: str | None) -> None:
+        if status is not None:
+            self.span.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                self.span.set_attribute("error.type", str(status))
+                self.span.set_status(Status(StatusCode.ERROR))
+        else:
+            kind = "timeout" if (error or "").startswith("timeout") else "connection_error"
+            self.span.set_attribute("error.type", kind)
+            self.span.set_status(Status(StatusCode.ERROR, error))
+        self.span.end()
+
+
+class _Settle:
+    def __init__(self, span: Span):
+        self.span = span
+
+    def end(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            self.span.set_attribute("error.type", type(error).__qualname__)
+            self.span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
+        self.span.end()
+
+
+class _Process:
+    def __init__(self, tracer: trace.Tracer, span: Span, subject: str, message_id: str):
+        self.tracer = tracer
+        self.span = span
+        self.subject = subject
+        self.message_id = message_id
+        self.context = trace.set_span_in_context(span, _ROOT)
+
+    def http(self, method: str, url: str) -> _Http:
+        parts = urlsplit(url)
+        attributes: dict[str, Any] = {"http.request.method": method, "url.full": url}
+        if parts.hostname:
+            attributes["server.address"] = parts.hostname
+        attributes["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+        return _Http(self.tracer.start_span(method, self.context, SpanKind.CLIENT, attributes))
+
+    def settle(self, operation: str) -> _Settle:
+        attributes = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "settle",
+            "messaging.operation.name": operation,
+            "messaging.destination.name": self.subject,
+            "messaging.message.id": self.message_id,
+        }
+        return _Settle(self.tracer.start_span(f"settle {self.subject}", self.context, SpanKind.CLIENT, attributes))
+
+    def end(self, outcome: str | None, error: BaseException | None = None) -> None:
+        if outcome is not None:
+            self.span.set_attribute("pgoutbox.outcome", outcome)
+        if error is not None:
+            self.span.set_attribute("error.type", type(error).__qualname__)
+            self.span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
+        elif outcome in ("retried", "dead_lettered"):
+            # The handler's failure: the answer is on the CLIENT span.
+            self.span.set_attribute("error.type", outcome)
+            self.span.set_status(Status(StatusCode.ERROR))
+        self.span.end()
+
+
+def _exporters(environ: Mapping[str, str]) -> list[str]:
+    names = [e.strip().lower() for e in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if e.strip()]
+    unknown = [n for n in names if n not in ("otlp", "console", "none")]
+    if unknown:
+        raise TracingMisconfigured(
+            f"OTEL_TRACES_EXPORTER={environ['OTEL_TRACES_EXPORTER']}: pgoutbox exports traces with "
+            "otlp (OTLP/HTTP) or console only, or none"
+        )
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
+    ).strip()
+    if "otlp" in names and protocol not in ("", "http/protobuf"):
+        raise TracingMisconfigured(
+            f"OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL={protocol}: pgoutbox exports OTLP over http/protobuf only"
+        )
+    return [n for n in names if n != "none"]
+
+
+class OtelTracer:
+    """core.tracing.Tracer on the OpenTelemetry SDK."""
+
+    on = True
+
+    def __init__(self, provider: TracerProvider, service: str, exporters: list[str]):
+        self.provider = provider
+        self.tracer = provider.get_tracer("pgoutbox", __version__)
+        self.service = service
+        self.exporters = exporters
+
+    @classmethod
+    def build(cls, default_service: str, environ: Mapping[str, str]) -> OtelTracer:
+        names = _exporters(environ)
+        resource = Resource.create()
+        if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({SERVICE_NAME: default_service}))
+        # One send span links every event of a batch: up to a claim's largest
+        # batch, unless OTEL_SPAN_LINK_COUNT_LIMIT says otherwise (the SDK's
+        # own default, 128, would drop the links of most of a full batch).
+        links = None if environ.get("OTEL_SPAN_LINK_COUNT_LIMIT") else int(bounds.CLAIM_BATCH.high or 10_000)
+        provider = TracerProvider(resource=resource, span_limits=SpanLimits(max_links=links))
+        for name in names:
+            exporter: SpanExporter = OTLPSpanExporter() if name == "otlp" else ConsoleSpanExporter()
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+        return cls(provider, str(resource.attributes[SERVICE_NAME]), names)
+
+    @property
+    def describe(self) -> str:
+        return f"service.name {self.service}, exporters {', '.join(self.exporters) or 'none'}"
+
+    def send(self, rows: Sequence[Mapping[str, Any]]) -> _Send:
+        now = time.time_ns()
+        first = rows[0]
+        subject = first["subject"]
+        single = all(r["subject"] == subject for r in rows)
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+        }
+        if single:
+            attributes["messaging.destination.name"] = subject
+        links: list[Link] = []
+        oldest: float | None = None
+        parent = _ROOT
+        for row in rows:
+            wait = _wait_ms(row.get("created_at"), now)
+            if wait is not None and (oldest is None or wait > oldest):
+                oldest = wait
+            creation = _creation(row.get("headers"))
+            if creation is not None:
+                link: dict[str, Any] = {"messaging.message.id": str(row["event_id"])}
+                if wait is not None:
+                    link[OUTBOX_WAIT] = wait
+                links.append(Link(creation, link))
+        if len(rows) == 1:
+            attributes["messaging.message.id"] = str(first["event_id"])
+            if links:  # the one context there is: the span's parent, as the conventions allow
+                parent = trace.set_span_in_context(NonRecordingSpan(links[0].context), _ROOT)
+                links = []
+        else:
+            attributes["messaging.batch.message_count"] = len(rows)
+        if oldest is not None:
+            attributes[OUTBOX_WAIT] = oldest  # the batch's longest wait; each link has its event's
+        name = f"send {subject}" if single else "send"
+        span = self.tracer.start_span(name, parent, SpanKind.PRODUCER, attributes, links, start_time=now)
+        return _Send(span, len(rows))
+
+    def process(
+        self, envelope: Mapping[str, Any], handler: str, delivery: int, stream_wait_ms: float | None
+    ) -> _Process:
+        subject = str(envelope["subject"])
+        message_id = str(envelope["message_id"])
+        creation = _creation(envelope.get("trace"))
+        parent = _ROOT if creation is None else trace.set_span_in_context(NonRecordingSpan(creation), _ROOT)
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": subject,
+            "messaging.message.id": message_id,
+            "messaging.consumer.group.name": handler,
+            "pgoutbox.delivery": delivery,
+        }
+        if stream_wait_ms is not None:
+            attributes[STREAM_WAIT] = stream_wait_ms
+        span = self.tracer.start_span(f"process {subject}", parent, SpanKind.CONSUMER, attributes)
+        return _Process(self.tracer, span, subject, message_id)
+
+    async def shutdown(self) -> None:
+        """Exports what the batch processors still hold (their own timeout bounds it)."""
+        await asyncio.to_thread(self.provider.shutdown)
