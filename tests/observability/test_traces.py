@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from pgoutbox.dev.otlp import OtlpReceiver, Span
 from support.inbox import write_registry
-from support.otlp import OtlpReceiver, Span
 from support.outbox import apply_streams
 from support.roles import login
 from support.waiting import wait_for

@@ -1,12 +1,15 @@
-"""An OTLP/HTTP trace receiver for tests and benches: a stdlib HTTP server on a
-free loopback port that takes POST /v1/traces (protobuf, as the SDK's
-exporter sends it), decodes each request and keeps its spans."""
+"""An OTLP/HTTP trace receiver for tests and benchmarks: a stdlib HTTP server
+on a free loopback port, in a thread, that takes POST /v1/traces (protobuf,
+as the SDK's exporter sends it), decodes each request and keeps its spans
+(keep=False: counts them only, a benchmark's sink). Needs opentelemetry-proto
+(the otel extra)."""
 
 from __future__ import annotations
 
 import gzip
 import threading
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -15,9 +18,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 
-def attributes(key_values) -> dict[str, Any]:
+def attributes(key_values: Iterable[KeyValue]) -> dict[str, Any]:
     """A protobuf KeyValue list as a dict of plain values."""
     out = {}
     for kv in key_values:
@@ -36,24 +40,24 @@ class Span:
     parent_span_id: str  # "" for a root
     attributes: dict[str, Any]
     links: list[tuple[str, str, dict[str, Any]]]  # (trace id, span id, attributes)
-    status_code: int
+    status_code: int  # 2: ERROR
 
 
 @dataclass
 class OtlpReceiver:
+    keep: bool = True
     requests: int = 0
+    span_count: int = 0
     spans: list[Span] = field(default_factory=list)
-    bytes_received: int = 0
-    keep: bool = True  # False: count and decode, keep nothing (a bench's sink)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         receiver = self
         self._lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self):
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 encoding = (self.headers.get("Content-Encoding") or "").lower()
                 if encoding == "gzip":
@@ -64,7 +68,7 @@ class OtlpReceiver:
                 if self.path == "/v1/traces":
                     request = ExportTraceServiceRequest()
                     request.ParseFromString(raw)
-                    receiver._take(request, len(raw))
+                    receiver._take(request)
                     status = 200
                 out = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(status)
@@ -73,7 +77,7 @@ class OtlpReceiver:
                 self.end_headers()
                 self.wfile.write(out)
 
-            def log_message(self, *args):
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -81,29 +85,32 @@ class OtlpReceiver:
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
-    def _take(self, request: ExportTraceServiceRequest, size: int) -> None:
+    def _take(self, request: ExportTraceServiceRequest) -> None:
+        count = 0
         found = []
-        if self.keep:
-            for resource_spans in request.resource_spans:
-                service = attributes(resource_spans.resource.attributes).get("service.name", "")
-                for scope_spans in resource_spans.scope_spans:
-                    for s in scope_spans.spans:
-                        found.append(
-                            Span(
-                                service,
-                                s.name,
-                                s.kind,
-                                s.trace_id.hex(),
-                                s.span_id.hex(),
-                                s.parent_span_id.hex(),
-                                attributes(s.attributes),
-                                [(k.trace_id.hex(), k.span_id.hex(), attributes(k.attributes)) for k in s.links],
-                                s.status.code,
-                            )
+        for resource_spans in request.resource_spans:
+            service = attributes(resource_spans.resource.attributes).get("service.name", "")
+            for scope_spans in resource_spans.scope_spans:
+                count += len(scope_spans.spans)
+                if not self.keep:
+                    continue
+                for s in scope_spans.spans:
+                    found.append(
+                        Span(
+                            service,
+                            s.name,
+                            s.kind,
+                            s.trace_id.hex(),
+                            s.span_id.hex(),
+                            s.parent_span_id.hex(),
+                            attributes(s.attributes),
+                            [(k.trace_id.hex(), k.span_id.hex(), attributes(k.attributes)) for k in s.links],
+                            s.status.code,
                         )
+                    )
         with self._lock:
             self.requests += 1
-            self.bytes_received += size
+            self.span_count += count
             self.spans.extend(found)
 
     def of(self, service: str) -> list[Span]:
