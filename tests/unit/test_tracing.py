@@ -143,3 +143,41 @@ def test_a_handler_call_sends_the_envelopes_trace_context_unless_given_its_own()
     lines = _header_lines(ENVELOPE, "billing", 1, trace=own)
     assert f"traceparent: {own['traceparent']}\r\n".encode() in lines
     assert ENVELOPE["trace"]["traceparent"].encode() not in lines
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03",
+        " 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01 ",
+        "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-comes-later",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-more",
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+        "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+        "garbage",
+    ],
+)
+def test_the_relays_traceparent_parser_accepts_what_the_sdks_propagator_accepts(traceparent):
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from pgoutbox.core.otel import span_context
+
+    theirs = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": traceparent}))
+    expected = theirs.get_span_context()
+    ours = span_context(traceparent, "shop=1")
+    if not expected.is_valid:
+        assert ours is None
+    else:
+        assert ours is not None
+        assert (ours.trace_id, ours.span_id, ours.trace_flags, ours.is_remote) == (
+            expected.trace_id,
+            expected.span_id,
+            expected.trace_flags,
+            True,
+        )
+        assert ours.trace_state.to_header() == "shop=1"
