@@ -181,3 +181,25 @@ def test_the_relays_traceparent_parser_accepts_what_the_sdks_propagator_accepts(
             True,
         )
         assert ours.trace_state.to_header() == "shop=1"
+
+
+@pytest.mark.parametrize("sampled", [True, False])
+def test_the_handler_calls_trace_headers_are_what_the_sdks_propagator_writes(sampled):
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from pgoutbox.core.otel import OtelTracer
+
+    provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+    tracer = OtelTracer(provider, "pgoutbox-consumer", [])
+    flags = "01" if sampled else "00"
+    envelope = {
+        **ENVELOPE,
+        "subject": "sea.event.order_created.v1",
+        "trace": {"traceparent": f"00-{'a' * 32}-{'b' * 16}-{flags}", "tracestate": "shop=1,vendor=x"},
+    }
+    http = tracer.process(envelope, "billing", 1, None).http("POST", "https://handler.example/events")
+    expected: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(expected, context=trace.set_span_in_context(http.span))
+    assert http.headers() == expected
+    assert expected["tracestate"] == "shop=1,vendor=x" and expected["traceparent"].startswith(f"00-{'a' * 32}-")

@@ -26,6 +26,7 @@ what it cannot honour.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
@@ -51,13 +52,11 @@ from opentelemetry.trace import (
     TraceFlags,
     TraceState,
 )
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pgoutbox import __version__
 from pgoutbox.core import bounds
 from pgoutbox.core.errors import TracingMisconfigured
 
-_PROPAGATOR = TraceContextTextMapPropagator()
 _ROOT = Context()  # an explicit empty context: a span without a creation context starts a trace
 
 SYSTEM = "nats"
@@ -138,14 +137,29 @@ class _Send:
         self.span.end()
 
 
+@functools.lru_cache(maxsize=256)
+def _url_attributes(url: str) -> dict[str, Any]:
+    """The HTTP client attributes of a handler URL (a handful of URLs: parsed once each)."""
+    parts = urlsplit(url)
+    attributes: dict[str, Any] = {"url.full": url}
+    if parts.hostname:
+        attributes["server.address"] = parts.hostname
+    attributes["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+    return attributes
+
+
 class _Http:
     def __init__(self, span: Span):
         self.span = span
 
     def headers(self) -> dict[str, str]:
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self.span, _ROOT))
-        return carrier
+        """This span's W3C trace context (what the propagator's inject writes, formatted here: per message)."""
+        ctx = self.span.get_span_context()
+        headers = {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
+        state = ctx.trace_state.to_header() if ctx.trace_state else ""
+        if state:
+            headers["tracestate"] = state
+        return headers
 
     def end(self, status: int | None, error: str | None) -> None:
         if status is not None:
@@ -180,11 +194,7 @@ class _Process:
         self.context = trace.set_span_in_context(span, _ROOT)
 
     def http(self, method: str, url: str) -> _Http:
-        parts = urlsplit(url)
-        attributes: dict[str, Any] = {"http.request.method": method, "url.full": url}
-        if parts.hostname:
-            attributes["server.address"] = parts.hostname
-        attributes["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+        attributes = {"http.request.method": method, **_url_attributes(url)}
         return _Http(self.tracer.start_span(method, self.context, SpanKind.CLIENT, attributes))
 
     def settle(self, operation: str) -> _Settle:
