@@ -28,8 +28,8 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
       rounds, with the medians and the difference per message (wall time,
       CPU of the consumer process and of PostgreSQL). `--only h` runs (a) and (h).
   (i) `pgoutbox consume` with default settings, traces off and on (the same
-      process plus OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in this
-      process, pgoutbox.dev.otlp), in --rounds interleaved rounds, with the
+      process plus OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in a process
+      of its own, pgoutbox.dev.otlp), in --rounds interleaved rounds, with the
       medians and what tracing costs per message. `--only i` runs (a) and (i).
 
 Every `pgoutbox consume` runs as the login docs/consumer.md gives it (a member
@@ -678,11 +678,11 @@ async def _upcast_step(args, pg: EmbeddedPostgres, consume) -> None:
 
 # -- (i) the cost of traces -----------------------------------------------------
 async def _traces_off_on(args, consume) -> None:
-    from pgoutbox.dev.otlp import OtlpReceiver  # the otel extra (in dev)
+    from pgoutbox.dev.otlp import SinkProcess  # the otel extra (in dev)
 
-    sink = OtlpReceiver(keep=False)
+    sink = SinkProcess()
     print(
-        f"(i) pgoutbox consume, default settings: traces off, and on (OTLP/HTTP to a sink in this process), "
+        f"(i) pgoutbox consume, default settings: traces off, and on (OTLP/HTTP to a sink process), "
         f"{args.rounds} interleaved round(s)"
     )
     rounds = []
@@ -696,9 +696,9 @@ async def _traces_off_on(args, consume) -> None:
             _line("traces off", off["rate"], off["cpu_us"], off["pg_us"])
             _line("traces on", on["rate"], on["cpu_us"], on["pg_us"], ("off", off["rate"]))
     finally:
-        sink.close()
+        spans = sink.close()
     med = {k: {m: statistics.median(g[k][m] for g in rounds) for m in rounds[0][k]} for k in ("off", "on")}
-    print(f" median of {len(rounds)} round(s) (the sink received {sink.span_count:,} spans):")
+    print(f" median of {len(rounds)} round(s) (the sink received {spans:,} spans):")
     _line("traces off", med["off"]["rate"], med["off"]["cpu_us"], med["off"]["pg_us"])
     _line("traces on", med["on"]["rate"], med["on"]["cpu_us"], med["on"]["pg_us"], ("off", med["off"]["rate"]))
     wall = (1 / med["on"]["rate"] - 1 / med["off"]["rate"]) * 1e6

@@ -16,8 +16,8 @@
       that commit's relay, in --rounds interleaved rounds (medians printed).
       Each relay runs with the product's defaults (the HTTP port aside: 0) as a
       login in pgoutbox_relay only. --tracing adds this build with traces on
-      (OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in this process,
-      pgoutbox.dev.otlp) in the same rounds, and prints what tracing costs per
+      (OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in a process of its
+      own, pgoutbox.dev.otlp) in the same rounds, and prints what tracing costs per
       event against this build with tracing off.
 
 Everything runs on a private PostgreSQL 15 (default durability: fsync on,
@@ -387,9 +387,9 @@ def moderate_rates(root: Path, pg, ns, args) -> None:
         codes[label] = (None, dict(a.split("=", 1) for a in assignments.split(",") if a))
     sink = None
     if args.tracing:
-        from pgoutbox.dev.otlp import OtlpReceiver  # the otel extra (in dev)
+        from pgoutbox.dev.otlp import SinkProcess  # the otel extra (in dev)
 
-        sink = OtlpReceiver(keep=False)
+        sink = SinkProcess()
         codes[TRACING_ON] = (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint})
     rates = [int(x) for x in args.moderate.split(",")]
     print(
@@ -440,14 +440,13 @@ def moderate_rates(root: Path, pg, ns, args) -> None:
             f" {med['claims']:.0f} claims per 100 events"
         )
     if sink is not None:
-        print(f"  traces on, against off (medians; the sink received {sink.span_count:,} spans):")
+        print(f"  traces on, against off (medians; the sink received {sink.close():,} spans):")
         for rate in rates:
             on, off = medians[TRACING_ON, rate], medians["this build", rate]
             print(
                 f"    @ {rate:5d}/s: relay {on['relay_us'] - off['relay_us']:+5.0f} us CPU per event,"
                 f" p50 {on['p50'] - off['p50']:+6.2f} ms, p99 {on['p99'] - off['p99']:+6.2f} ms"
             )
-        sink.close()
 
 
 def main() -> int:

@@ -193,3 +193,17 @@ async def test_traced_a_settled_row_gets_no_span():
     f.inbox.rows[(f.message_id(msg), "billing")] = FakeInboxRow(status="PROCESSED")
     await f.fetch(msg)
     assert f.outcomes[msg.reply] == "duplicate" and exported.get_finished_spans() == ()
+
+
+async def test_traced_a_span_that_cannot_start_leaves_the_message_untraced_not_stuck(monkeypatch):
+    f, exported = _traced_flow(FakeHandlerClient(200))
+
+    def broken(*args, **kwargs):
+        raise ValueError("an attribute the SDK chokes on")
+
+    monkeypatch.setattr(f.flow.tracing.tracer, "start_span", broken)
+    msg = delivery(f.nc)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "processed" and answers(f.nc, msg) == [b""]
+    assert f.client.traces == [None], "the handler gets the message's own trace context"
+    assert exported.get_finished_spans() == ()

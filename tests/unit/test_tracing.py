@@ -203,3 +203,16 @@ def test_the_handler_calls_trace_headers_are_what_the_sdks_propagator_writes(sam
     TraceContextTextMapPropagator().inject(expected, context=trace.set_span_in_context(http.span))
     assert http.headers() == expected
     assert expected["tracestate"] == "shop=1,vendor=x" and expected["traceparent"].startswith(f"00-{'a' * 32}-")
+
+
+def test_a_send_span_that_cannot_start_leaves_the_batch_untraced(monkeypatch, caplog):
+    from pgoutbox.core.otel import OtelTracer
+
+    tracer = OtelTracer(TracerProvider(), "pgoutbox-relay", [])
+
+    def broken(*args, **kwargs):
+        raise ValueError("an attribute the SDK chokes on")
+
+    monkeypatch.setattr(tracer.tracer, "start_span", broken)
+    tracer.send([{"event_id": "e1", "subject": "sea.event.order_created.v1", "headers": "{}"}]).end(["NO_STREAM"])
+    assert [r.action for r in caplog.records] == ["tracing_error"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -55,8 +56,10 @@ from opentelemetry.trace import (
 
 from pgoutbox import __version__
 from pgoutbox.core import bounds
+from pgoutbox.core.backoff import Every
 from pgoutbox.core.errors import TracingMisconfigured
 
+log = logging.getLogger(__name__)
 _ROOT = Context()  # an explicit empty context: a span without a creation context starts a trace
 
 SYSTEM = "nats"
@@ -238,6 +241,25 @@ def _exporters(environ: Mapping[str, str]) -> list[str]:
     return [n for n in names if n != "none"]
 
 
+class _Untraced:
+    """The spans of an event or message whose span could not be started."""
+
+    def end(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def http(self, method: str, url: str) -> _Untraced:
+        return self
+
+    def settle(self, operation: str) -> _Untraced:
+        return self
+
+
+_UNTRACED = _Untraced()
+
+
 class OtelTracer:
     """core.tracing.Tracer on the OpenTelemetry SDK."""
 
@@ -248,6 +270,7 @@ class OtelTracer:
         self.tracer = provider.get_tracer("pgoutbox", __version__)
         self.service = service
         self.exporters = exporters
+        self._lines = Every(60)
 
     @classmethod
     def build(cls, default_service: str, environ: Mapping[str, str]) -> OtelTracer:
@@ -269,7 +292,27 @@ class OtelTracer:
     def describe(self) -> str:
         return f"service.name {self.service}, exporters {', '.join(self.exporters) or 'none'}"
 
-    def send(self, rows: Sequence[Mapping[str, Any]]) -> _Send:
+    def send(self, rows: Sequence[Mapping[str, Any]]) -> _Send | _Untraced:
+        try:
+            return self._send(rows)
+        except Exception:  # no event may fail for its span: the batch goes untraced
+            self._failed("send")
+            return _UNTRACED
+
+    def process(
+        self, envelope: Mapping[str, Any], handler: str, delivery: int, stream_wait_ms: float | None
+    ) -> _Process | _Untraced:
+        try:
+            return self._process(envelope, handler, delivery, stream_wait_ms)
+        except Exception:  # no message may fail for its span: it goes untraced
+            self._failed("process")
+            return _UNTRACED
+
+    def _failed(self, what: str) -> None:
+        if self._lines():
+            log.exception("could not start a %s span; untraced", what, extra={"action": "tracing_error"})
+
+    def _send(self, rows: Sequence[Mapping[str, Any]]) -> _Send:
         now = time.time_ns()
         first = rows[0]
         subject = first["subject"]
@@ -307,7 +350,7 @@ class OtelTracer:
         span = self.tracer.start_span(name, parent, SpanKind.PRODUCER, attributes, links, start_time=now)
         return _Send(span, len(rows))
 
-    def process(
+    def _process(
         self, envelope: Mapping[str, Any], handler: str, delivery: int, stream_wait_ms: float | None
     ) -> _Process:
         subject = str(envelope["subject"])

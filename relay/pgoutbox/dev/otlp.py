@@ -7,6 +7,8 @@ as the SDK's exporter sends it), decodes each request and keeps its spans
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 import threading
 import zlib
 from collections.abc import Iterable
@@ -120,3 +122,38 @@ class OtlpReceiver:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class SinkProcess:
+    """An OtlpReceiver(keep=False) in a process of its own, for benchmarks:
+    decoding the requests in the benchmark's process would take its GIL from
+    what it measures. close() returns the number of spans received."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pgoutbox.dev.otlp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self.endpoint = self.proc.stdout.readline().strip()
+        if not self.endpoint:
+            raise RuntimeError(f"the OTLP sink exited with {self.proc.wait()}")
+
+    def close(self) -> int:
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self.proc.stdin.close()  # the sink's signal to report and exit
+        count = self.proc.stdout.readline().strip()
+        self.proc.wait(10)
+        return int(count or 0)
+
+
+def main() -> None:
+    """The sink of SinkProcess: prints its endpoint, then, once stdin closes, its span count."""
+    receiver = OtlpReceiver(keep=False)
+    print(receiver.endpoint, flush=True)
+    sys.stdin.read()
+    receiver.close()
+    print(receiver.span_count, flush=True)
+
+
+if __name__ == "__main__":
+    main()

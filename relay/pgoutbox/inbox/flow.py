@@ -443,9 +443,11 @@ class MessageFlow:
 
     async def _traced(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], fetched_ns: int) -> Outcome:
         """_process inside a "process {subject}" span (tracing on)."""
-        stamp = getattr(a.msg.metadata, "timestamp", None)  # JetStream's time of the message
-        wait = round(fetched_ns / 1e6 - stamp.timestamp() * 1e3, 3) if stamp is not None else None
-        span = self.tracing.process(a.envelope, h.name, a.delivery, wait)
+        try:  # JetStream's time of the message, as its reply subject gives it
+            wait: float | None = round(fetched_ns / 1e6 - a.msg.metadata.timestamp.timestamp() * 1e3, 3)
+        except Exception:
+            wait = None
+        span = self.tracing.process(a.envelope, h.name, a.delivery, wait)  # never raises
         try:
             outcome = await self._process(a, h, row, span)
         except BaseException as exc:
@@ -491,7 +493,7 @@ class MessageFlow:
             answer = await self._ask(a, h)
             return await self._act(a, h, row, decide(answer), answer)
         http = span.http("POST", h.spec.url)
-        answer = await self._ask(a, h, http.headers())
+        answer = await self._ask(a, h, http.headers() or None)  # untraced: the envelope's own
         http.end(answer.status, answer.error)
         action = decide(answer)
         if action is Action.PROCESSED:
