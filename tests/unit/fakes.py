@@ -304,10 +304,21 @@ class FakeHandlerClient:
     def __init__(self, *statuses: int) -> None:
         self.statuses = list(statuses) or [200]
         self.calls: list[tuple[str, int]] = []
+        self.traces: list[dict | None] = []  # the trace context given for each call (None: the envelope's)
 
     async def call(
-        self, url: str, body: bytes, envelope: dict, *, handler: str, delivery: int, timeout: float, received=None
+        self,
+        url: str,
+        body: bytes,
+        envelope: dict,
+        *,
+        handler: str,
+        delivery: int,
+        timeout: float,
+        received=None,
+        trace=None,
     ):
         self.calls.append((envelope["message_id"], delivery))
+        self.traces.append(trace)
         status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
         return HandlerAnswer(status=status, error=None, retry_after=None, elapsed=0.001, text="fake")

@@ -67,6 +67,7 @@ import nats.errors
 import psycopg
 from nats.aio.msg import Msg
 
+from pgoutbox.core import tracing
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
 from pgoutbox.core.errors import DatabaseUnavailable, PolicyViolation, SqlState
 from pgoutbox.core.stopping import sleep, until_stopped
@@ -269,6 +270,7 @@ class MessageFlow:
         replay_backoff: Backoff,
         stopping: asyncio.Event,
         gate: DatabaseGate,
+        tracer: tracing.Tracer = tracing.OFF,
     ) -> None:
         self.inbox = inbox
         self.client = client
@@ -279,6 +281,7 @@ class MessageFlow:
         self.replay_backoff = replay_backoff
         self.stopping = stopping
         self.gate = gate
+        self.tracing = tracer
         self.heartbeat = Heartbeat()
 
     async def handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
@@ -326,6 +329,8 @@ class MessageFlow:
     async def _handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
         work = []
+        # Tracing is decided once per fetch: off, no message pays for it.
+        fetched_ns = time.time_ns() if self.tracing.on else 0
         for msg in msgs:
             got = await self._admit(msg, h)
             if isinstance(got, str):
@@ -350,7 +355,8 @@ class MessageFlow:
             else:
                 if h.spec.version is not None:
                     a = a.given_as(h.spec.version, row.get("upcast_payload"))
-                work.append(self._run(a.msg, self._process(a, h, row), done))
+                process = self._traced(a, h, row, fetched_ns) if fetched_ns else self._process(a, h, row)
+                work.append(self._run(a.msg, process, done))
         if len(work) == 1:
             await work[0]
         elif work:
@@ -435,9 +441,27 @@ class MessageFlow:
                 raise
             return f"PostgreSQL cannot store it: [{exc.sqlstate}] {exc.diag.message_primary or exc}"
 
-    async def _process(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
+    async def _traced(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], fetched_ns: int) -> Outcome:
+        """_process inside a "process {subject}" span (tracing on)."""
+        try:  # JetStream's time of the message, as its reply subject gives it
+            wait: float | None = round(fetched_ns / 1e6 - a.msg.metadata.timestamp.timestamp() * 1e3, 3)
+        except Exception:
+            wait = None
+        span = self.tracing.process(a.envelope, h.name, a.delivery, wait)  # never raises
         try:
-            return await self._call(a, h, row)
+            outcome = await self._process(a, h, row, span)
+        except BaseException as exc:
+            # Left for redelivery (stopping, cancelled, a server away): not the message's failure.
+            span.end(None, None if isinstance(exc, (asyncio.CancelledError, Stopping)) else exc)
+            raise
+        span.end(outcome)
+        return outcome
+
+    async def _process(
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], span: tracing.ProcessSpan | None = None
+    ) -> Outcome:
+        try:
+            return await self._call(a, h, row, span)
         except Stopping:
             raise
         except Exception as exc:
@@ -459,15 +483,54 @@ class MessageFlow:
             return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
         return Outcome.DEAD_LETTERED
 
-    async def _call(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
+    async def _call(
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], span: tracing.ProcessSpan | None = None
+    ) -> Outcome:
+        """Calls the handler and acts on its answer; with a span (tracing on),
+        the call is its child CLIENT span (whose traceparent the handler
+        receives) and the action its child settle span."""
+        if span is None:
+            answer = await self._ask(a, h)
+            return await self._act(a, h, row, decide(answer), answer)
+        http = span.http("POST", h.spec.url)
+        answer = await self._ask(a, h, http.headers() or None)  # untraced: the envelope's own
+        http.end(answer.status, answer.error)
+        action = decide(answer)
+        if action is Action.PROCESSED:
+            operation = "ack"
+        elif action is Action.RETRY and self.inbox.failures(row) + 1 < h.max_deliver:
+            operation = "nak"
+        else:
+            operation = "dead_letter"
+        settle = span.settle(operation)
+        try:
+            outcome = await self._act(a, h, row, action, answer)
+        except BaseException as exc:
+            settle.end(exc)
+            raise
+        settle.end()
+        return outcome
+
+    async def _ask(self, a: Admitted, h: HandlerRuntime, trace: dict[str, str] | None = None) -> HandlerAnswer:
+        answer = await self.client.call(
+            h.spec.url,
+            a.body,
+            a.envelope,
+            handler=h.name,
+            delivery=a.delivery,
+            timeout=h.timeout,
+            received=a.received,
+            trace=trace,
+        )
+        self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
+        return answer
+
+    async def _act(
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer
+    ) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         failures = self.inbox.failures(row)
-        answer = await self.client.call(
-            h.spec.url, a.body, envelope, handler=h.name, delivery=delivery, timeout=h.timeout, received=a.received
-        )
-        self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
-        action = decide(answer)
         if action is Action.PROCESSED:
             if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):
                 return await self._settled_elsewhere(msg, h, message_id)

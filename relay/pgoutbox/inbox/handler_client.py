@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,11 +67,18 @@ def request_headers(
     return headers
 
 
-def _header_lines(envelope: dict[str, Any], handler: str, delivery: int, received: int | None = None) -> bytes:
+def _header_lines(
+    envelope: dict[str, Any],
+    handler: str,
+    delivery: int,
+    received: int | None = None,
+    trace: Mapping[str, str] | None = None,
+) -> bytes:
     """request_headers() as the lines of the request (one f-string: this runs
     for every message). Every value is safe on a header line: a canonical
     UUID, a handler name ([A-Za-z0-9_.-]), digits, and trace headers the
-    envelope admitted as visible ASCII only (wire.from_nats)."""
+    envelope admitted as visible ASCII only (wire.from_nats), or that the
+    OpenTelemetry propagator wrote (`trace`, when tracing is on)."""
     mid = envelope["message_id"]
     lines = (
         f"Content-Type: application/json\r\nIdempotency-Key: {mid}\r\nPgoutbox-Message-Id: {mid}\r\n"
@@ -78,7 +86,8 @@ def _header_lines(envelope: dict[str, Any], handler: str, delivery: int, receive
     )
     if received is not None:
         lines += f"Pgoutbox-Received-Version: {received}\r\n"
-    trace = envelope.get("trace")
+    if trace is None:
+        trace = envelope.get("trace")
     if trace:
         lines += "".join(f"{k}: {v}\r\n" for k, v in trace.items() if isinstance(v, str))
     return lines.encode()
@@ -129,12 +138,15 @@ class HandlerClient:
         delivery: int,
         timeout: float,
         received: int | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> HandlerAnswer:
         """POSTs `body` (request_body(envelope)) with the envelope's headers;
-        `received`: the version the payload came in at (a versioned handler)."""
+        `received`: the version the payload came in at (a versioned handler);
+        `trace`: the trace context to send instead of the envelope's (the
+        handler call's own span, when tracing is on)."""
         started = time.monotonic()
         try:
-            lines = _header_lines(envelope, handler, delivery, received)
+            lines = _header_lines(envelope, handler, delivery, received, trace)
             answer = await self._pool.post(self._target(url), body, lines, timeout)
         except TimeoutError:
             return HandlerAnswer(None, f"timeout after {timeout:g}s", None, time.monotonic() - started)
