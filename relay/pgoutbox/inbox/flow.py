@@ -74,7 +74,7 @@ from pgoutbox.core.wire import InvalidMessage, PublishError
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
-from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
+from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
 from pgoutbox.inbox.settings import HandlerRuntime
 from pgoutbox.inbox.store import Inbox, settles
 
@@ -467,6 +467,7 @@ class MessageFlow:
             h.spec.url, a.body, envelope, handler=h.name, delivery=delivery, timeout=h.timeout, received=a.received
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
+        self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
         action = decide(answer)
         if action is Action.PROCESSED:
             if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):

@@ -323,6 +323,8 @@ class OutboxRelay:
                 started = time.monotonic()
                 batch.outcomes = await self._publish_rows(batch.rows)
                 self.metrics.publish_seconds.observe(time.monotonic() - started)
+                # The batch's last ack: what lets the relay mark its events published.
+                self.metrics.ages(batch.rows, batch.outcomes, time.time())
             await out.put(batch)
         finally:
             slots.release()
