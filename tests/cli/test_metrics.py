@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -274,3 +275,139 @@ def test_promtool_accepts_the_scrape_config(promtool, tmp_path):
     path.write_text(block)
     done = subprocess.run([str(promtool), "check", "config", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done
+
+
+# -- deploy/: the Prometheus rules and the Grafana dashboard ----------------------
+
+RULES = ROOT / "deploy" / "prometheus" / "pgoutbox.rules.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "pgoutbox.json"
+AGE_AT_PUBLISH = "pgoutbox_relay_event_age_at_publish_seconds"
+AGE_AT_OUTCOME = "pgoutbox_consumer_event_age_at_outcome_seconds"
+
+
+def expressions() -> dict[str, str]:
+    """Where -> PromQL, for every expression of the rules file and the dashboard."""
+    import yaml
+
+    found = {}
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            found[f"rules: {rule.get('record') or rule.get('alert')}"] = rule["expr"]
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            found[f"dashboard: {panel['title']} {target['refId']}"] = target["expr"]
+    return found
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """One sample's value in an exposition, or None."""
+    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{shown}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_promtool_accepts_the_rules_file(promtool):
+    done = subprocess.run([str(promtool), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "SUCCESS: 22 rules found" in done.stdout, done
+
+
+def test_the_rules_and_the_dashboard_use_only_recorded_rules_and_declared_labels():
+    """The names and labels each expression uses, against what the workers
+    declare (the served names are checked with traffic below): a label in
+    `by`/`on`/a matcher that none of the expression's metrics has would
+    silently aggregate everything into one series."""
+    from pgoutbox.cli import main as cli
+    from pgoutbox.core import health
+
+    labels = {
+        name.removesuffix("_total"): set(names) | ({"le"} if kind == "histogram" else set())
+        for m in cli.all_metrics().values()
+        for name, kind, names, _ in health.families(m)
+    }
+    import yaml
+
+    recorded = {
+        rule["record"]: rule["expr"]
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    exprs = expressions()
+    assert len([k for k in exprs if k.startswith("dashboard")]) >= 15
+    for where, expr in exprs.items():
+        for rule in re.findall(r"\bpgoutbox:[\w:]+", expr):
+            assert rule in recorded, f"{where}: {rule} is no recording rule of {RULES.name}"
+        # The metrics and the recorded rules' own metrics: their labels are the expression's.
+        expanded = expr + " ".join(recorded[r] for r in re.findall(r"\bpgoutbox:[\w:]+", expr))
+        used = {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in re.findall(r"\bpgoutbox_\w+", expanded)}
+        assert used, f"{where}: no pgoutbox metric"
+        unknown = sorted(n for n in used if n not in labels)
+        assert not unknown, f"{where}: {unknown} are not metrics the workers declare"
+        have = set().union(*(labels[n] for n in used)) | {"instance", "job", "__name__"}
+        said = set(re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr))
+        said = {label.strip() for group in said for label in group.split(",") if label.strip()}
+        said |= set(re.findall(r"[{,]\s*(\w+)\s*(?:=~|!=|=)", expr))
+        assert said <= have, f"{where}: labels {sorted(said - have)} belong to none of {sorted(used)}"
+
+
+def test_the_dashboard_and_rules_metrics_are_served_and_the_ages_observe_every_event(
+    database_url, nats_server, login, tmp_path
+):
+    """A real relay and consumer with traffic: each pgoutbox_* name of the
+    rules and the dashboard is on one of the two /metrics, and both age
+    histograms observed every event, with ages no longer than the run."""
+    handler = FakeHandler()
+    events = 5
+    try:
+        manifests = tmp_path / "handlers"
+        manifests.mkdir()
+        (manifests / "billing.toml").write_text(
+            f'[[handler]]\nname = "{HANDLER}"\nurl = "{handler.url}"\nsubjects = ["{SUBJECT}"]\n'
+        )
+        subprocess.run([str(PGOUTBOX), "registry", "generate"], cwd=tmp_path, check=True, capture_output=True)
+        asyncio.run(apply_streams(nats_server.url))
+        common = {"OUTBOX_NATS_URL": nats_server.url}
+        with (
+            worker(
+                tmp_path,
+                "consume",
+                '"consumer started"',
+                **common,
+                OUTBOX_DATABASE_URL=login(documented_role("consume")),
+                OUTBOX_CONSUMER_HTTP_PORT="0",
+            ) as consumer_port,
+            worker(
+                tmp_path,
+                "relay",
+                '"action": "started"',
+                **common,
+                OUTBOX_DATABASE_URL=login(documented_role("relay")),
+                OUTBOX_RELAY_HTTP_PORT="0",
+            ) as relay_port,
+        ):
+            started = time.time()
+            for _ in range(events):
+                emit(database_url, "sea", [200])
+            wait_for(lambda: inbox_statuses(database_url) == {"PROCESSED": events}, 60, "the consumer")
+            counted = (consumer_port, f'{AGE_AT_OUTCOME}_count{{handler="{HANDLER}",outcome="processed"}} {events}.0')
+            wait_for(lambda: counted[1] in scrape(counted[0]).splitlines(), 30, counted[1])
+            ran = time.time() - started
+            relay_text, consumer_text = scrape(relay_port), scrape(consumer_port)
+    finally:
+        handler.close()
+
+    served = names(relay_text) | names(consumer_text)
+    for where, expr in expressions().items():
+        missing = sorted(set(re.findall(r"\bpgoutbox_\w+", expr)) - served)
+        assert not missing, f"{where} uses {missing}, which neither /metrics serves"
+
+    assert sample(relay_text, f"{AGE_AT_PUBLISH}_count", context="sea") == events
+    at_publish = sample(relay_text, f"{AGE_AT_PUBLISH}_sum", context="sea")
+    assert sample(consumer_text, f"{AGE_AT_OUTCOME}_count", handler=HANDLER, outcome="processed") == events
+    at_outcome = sample(consumer_text, f"{AGE_AT_OUTCOME}_sum", handler=HANDLER, outcome="processed")
+    # Same host, same clock: each event was older at its outcome than at its publish.
+    assert 0 < at_publish <= at_outcome <= events * ran, (at_publish, at_outcome, ran)
+    assert sample(consumer_text, "pgoutbox_consumer_handler_calls_total", handler=HANDLER, answer="ok") == events
+    assert sample(consumer_text, f"{AGE_AT_OUTCOME}_bucket", handler=HANDLER, outcome="processed", le="+Inf") == events
