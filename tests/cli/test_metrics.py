@@ -34,6 +34,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 from psycopg.types.json import Jsonb
 
 from support.inbox import FakeHandler
@@ -287,8 +288,6 @@ AGE_AT_OUTCOME = "pgoutbox_consumer_event_age_at_outcome_seconds"
 
 def expressions() -> dict[str, str]:
     """Where -> PromQL, for every expression of the rules file and the dashboard."""
-    import yaml
-
     found = {}
     for group in yaml.safe_load(RULES.read_text())["groups"]:
         for rule in group["rules"]:
@@ -313,6 +312,21 @@ def test_promtool_accepts_the_rules_file(promtool):
     assert done.returncode == 0 and "SUCCESS: 22 rules found" in done.stdout, done
 
 
+def test_the_rules_compute_the_kpis_and_fire_the_alerts_promtool_unit_tests_expect(promtool):
+    """deploy/prometheus/pgoutbox.rules.test.yml: a slow handler alerts and a
+    fast one does not, the KPI ratios of known counts, a relay without
+    progress and a growing backlog alert (with two relays reporting it)."""
+    tests = RULES.with_name("pgoutbox.rules.test.yml")
+    done = subprocess.run(
+        [str(promtool), "test", "rules", tests.name], cwd=tests.parent, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "SUCCESS" in done.stdout, done
+    # Each alert of the rules file has a test that makes it fire or says why not.
+    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    tested = {t["alertname"] for case in yaml.safe_load(tests.read_text())["tests"] for t in case["alert_rule_test"]}
+    assert tested <= alerts and len(tested) >= 4, tested
+
+
 def test_the_rules_and_the_dashboard_use_only_recorded_rules_and_declared_labels():
     """The names and labels each expression uses, against what the workers
     declare (the served names are checked with traffic below): a label in
@@ -326,8 +340,6 @@ def test_the_rules_and_the_dashboard_use_only_recorded_rules_and_declared_labels
         for m in cli.all_metrics().values()
         for name, kind, names, _ in health.families(m)
     }
-    import yaml
-
     recorded = {
         rule["record"]: rule["expr"]
         for group in yaml.safe_load(RULES.read_text())["groups"]
