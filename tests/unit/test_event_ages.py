@@ -184,3 +184,20 @@ async def test_the_flow_counts_each_handler_call_by_its_answer(status, answer):
         k: sample(f.flow.metrics, "pgoutbox_consumer_handler_calls_total", handler="billing", answer=k) for k in Answer
     }
     assert calls == {k: (2 if k == answer else None) for k in Answer}
+
+
+async def test_a_failing_age_observation_holds_no_batch_back():
+    """A defect in the metric must not leave the batch unmarked (its events
+    would wait for the lease, then fail the same way again)."""
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    calls = []
+
+    def broken(*args: object) -> None:
+        calls.append(args)
+        raise RuntimeError("defect")
+
+    async with relay_on_fakes(store, publisher) as relay:
+        relay.metrics.ages = broken  # type: ignore[method-assign]
+        ids = store.add(2, created_at=CREATED)  # claimed by the next poll, after the defect is in place
+        await until(lambda: all(store.status(i) == "COMPLETED" for i in ids), 5, "both events completed")
+    assert calls

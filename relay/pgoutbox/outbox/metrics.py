@@ -115,7 +115,7 @@ class RelayMetrics:
     def ages(self, rows: Sequence[dict[str, Any]], outcomes: Sequence[Outcome], acked: float) -> None:
         """Observes the age of each published event of a batch at `acked`
         (POSIX time). created_at arrives as wire text (calls.WireTimeLoader);
-        a value without one (a row written around emit) is skipped. The
+        a value that is no time (wire.Unrepresentable, None) is skipped. The
         events of one transaction share created_at: parsed once."""
         last_text: Any = _NONE
         last_epoch: float | None = None

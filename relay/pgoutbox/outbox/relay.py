@@ -323,8 +323,10 @@ class OutboxRelay:
                 started = time.monotonic()
                 batch.outcomes = await self._publish_rows(batch.rows)
                 self.metrics.publish_seconds.observe(time.monotonic() - started)
-                # The batch's last ack: what lets the relay mark its events published.
-                self.metrics.ages(batch.rows, batch.outcomes, time.time())
+                try:  # at the batch's last ack: what lets the relay mark its events published
+                    self.metrics.ages(batch.rows, batch.outcomes, time.time())
+                except Exception:  # a metric never holds a batch back (its events would wait for the lease)
+                    log.exception("observing event ages failed", extra={"action": "metrics_error"})
             await out.put(batch)
         finally:
             slots.release()
