@@ -362,6 +362,15 @@ def test_the_rules_and_the_dashboard_use_only_recorded_rules_and_declared_labels
         said = {label.strip() for group in said for label in group.split(",") if label.strip()}
         said |= set(re.findall(r"[{,]\s*(\w+)\s*(?:=~|!=|=)", expr))
         assert said <= have, f"{where}: labels {sorted(said - have)} belong to none of {sorted(used)}"
+    # docs/observability.md names only these rules and declared metrics.
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    assert set(re.findall(r"\bpgoutbox:[\w:]+", doc)) <= set(recorded)
+    documented = {
+        re.sub(r"_(bucket|count|sum|total)$", "", n)
+        for n in re.findall(r"\bpgoutbox_\w+", doc)
+        if not n.endswith("_")  # pgoutbox_outbox_*: a family of names
+    }
+    assert documented <= set(labels), sorted(documented - set(labels))
 
 
 def test_the_dashboard_and_rules_metrics_are_served_and_the_ages_observe_every_event(
