@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -309,16 +310,21 @@ def wait_ready(pipe: Pipeline, timeout: float = 60) -> None:
     raise RuntimeError(f"the pipeline did not deliver within {timeout}s; see the logs under {pipe.root}")
 
 
+# Each side's histogram and the labels of the series read (le aside).
 AGES = {
-    "relay": 'pgoutbox_relay_event_age_at_publish_seconds_bucket{context="' + CONTEXT + '",le="',
-    "consumer": 'pgoutbox_consumer_event_age_at_outcome_seconds_bucket{handler="orders",outcome="processed",le="',
+    "relay": ("pgoutbox_relay_event_age_at_publish_seconds_bucket", {"context": CONTEXT}),
+    "consumer": (
+        "pgoutbox_consumer_event_age_at_outcome_seconds_bucket",
+        {"handler": "orders", "outcome": "processed"},
+    ),
 }
 
 
 def _http_port(log: Path, started: str) -> int | None:
-    """The metrics port a worker logged at start-up (its `started` line)."""
+    """The metrics port a worker logged at start-up (its last `started` line:
+    each rate starts the workers afresh, appending to the same log)."""
     with contextlib.suppress(OSError):
-        for line in log.read_text(errors="replace").splitlines():
+        for line in reversed(log.read_text(errors="replace").splitlines()):
             if line.startswith("{") and started in line:
                 return json.loads(line).get("http_port")
     return None
@@ -334,9 +340,13 @@ def age_buckets(pipe: Pipeline) -> dict[str, dict[float, float]]:
         if port is None:
             continue
         with contextlib.suppress(httpx.HTTPError):
+            name, wanted = AGES[side]
             for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
-                if line.startswith(AGES[side]):
-                    le = line[len(AGES[side]) :].split('"', 1)[0]
+                if not line.startswith(name + "{"):
+                    continue
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line[len(name) : line.rindex("}")]))
+                le = labels.pop("le")
+                if labels == wanted:
                     bound = float("inf") if le == "+Inf" else float(le)
                     found[side][bound] = found[side].get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
     return found
