@@ -348,6 +348,14 @@ def test_the_rules_and_the_dashboard_use_only_recorded_rules_and_declared_labels
     }
     exprs = expressions()
     assert len([k for k in exprs if k.startswith("dashboard")]) >= 15
+    # The dashboard imports as it is: unique panel ids, panels within the 24-column grid,
+    # every query on the data source variable it declares.
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    assert all(p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in panels)
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource"]
+    assert {t["datasource"]["uid"] for p in panels for t in p.get("targets", [])} == {"${datasource}"}
     for where, expr in exprs.items():
         for rule in re.findall(r"\bpgoutbox:[\w:]+", expr):
             assert rule in recorded, f"{where}: {rule} is no recording rule of {RULES.name}"
