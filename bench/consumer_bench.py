@@ -63,6 +63,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -165,6 +166,9 @@ def _start_noop_handler() -> tuple[subprocess.Popen, str]:
 
 # -- messages ------------------------------------------------------------------
 async def _publish(js, n: int) -> None:
+    # As the relay publishes them: with Pgoutbox-Created-At, so that the
+    # consumer's age-at-outcome histogram observes each message.
+    created = datetime.now(UTC)
     for start in range(0, n, 1000):
         batch = []
         for i in range(start, min(n, start + 1000)):
@@ -179,6 +183,7 @@ async def _publish(js, n: int) -> None:
                     "aggregate_id": str(i),
                     "payload": {"schema_version": 1, "n": i, "pad": "x" * 200},
                     "headers": {"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"},
+                    "created_at": created,
                 }
             )
             batch.append(js.publish(subject, body, headers=headers))

@@ -8,6 +8,9 @@ message alone, without the producer's database.
              numbers keep their exact digits (a Python float would not)
     headers  Nats-Msg-Id        event_id (JetStream dedup; the inbox message_id)
              Pgoutbox-*         the event's metadata, below
+             Pgoutbox-Created-At  created_at (RFC 3339, UTC): when the emitting
+                                transaction wrote the event; not an envelope
+                                field, only for the consumer's latency metric
              traceparent, ...   every entry of outbox.events.headers (W3C trace
                                 context and whatever the emitter supplied)
 """
@@ -24,6 +27,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 MSG_ID = "Nats-Msg-Id"
+# Not in _FIELDS: the handler's envelope does not carry it. The consumer reads
+# it (created_epoch) to measure how old an event is when its outcome is
+# recorded; optional, since replays, foreign publishers and older relays lack it.
+CREATED_AT = "Pgoutbox-Created-At"
 # header name -> envelope field
 _FIELDS = {
     "Pgoutbox-Context": "context",
@@ -183,6 +190,9 @@ def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
         value = event.get(field)
         if value is not None:
             headers[header] = value if type(value) is str else _text(value)
+    created = event.get("created_at")
+    if created is not None and not isinstance(created, Unrepresentable):  # no metric is worth failing an event
+        headers[CREATED_AT] = created if type(created) is str else _text(created)
     headers[MSG_ID] = str(event["event_id"])
     _check_values(headers)
     payload = event["payload"]
@@ -191,6 +201,19 @@ def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
     else:
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     return subject, body, headers
+
+
+def created_epoch(headers: Mapping[str, str] | None) -> float | None:
+    """The POSIX time of a message's Pgoutbox-Created-At, or None when it is
+    missing or unreadable: the header only feeds a metric, so nothing about it
+    may fail a message."""
+    text = headers.get(CREATED_AT) if headers else None
+    if not text or not text.endswith("Z") or len(text) > 40:
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()  # a "Z" suffix is UTC (Python 3.11+)
+    except (ValueError, TypeError, OverflowError):
+        return None
 
 
 class InvalidMessage(ValueError):

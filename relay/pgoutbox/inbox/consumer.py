@@ -455,6 +455,8 @@ class Consumer:
             if isinstance(outcome, Exception):
                 self._left(h, msg, outcome)
                 outcome = Outcome.ERROR
+            else:  # recorded: how old the event is by now (an error records nothing)
+                self.metrics.observe_age(h.name, outcome, msg.headers, time.time())
             self.metrics.count(h.name, outcome)
 
         await self.flow.handle_fetch(msgs, h, done)

@@ -75,7 +75,7 @@ from pgoutbox.core.wire import InvalidMessage, PublishError
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
-from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
+from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
 from pgoutbox.inbox.settings import HandlerRuntime
 from pgoutbox.inbox.store import Inbox, settles
 
@@ -523,6 +523,7 @@ class MessageFlow:
             trace=trace,
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
+        self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
         return answer
 
     async def _act(

@@ -338,6 +338,10 @@ class OutboxRelay:
         started = time.monotonic()
         batch.outcomes = await self._publish_rows(batch.rows)
         self.metrics.publish_seconds.observe(time.monotonic() - started)
+        try:  # at the batch's last ack: what lets the relay mark its events published
+            self.metrics.ages(batch.rows, batch.outcomes, time.time())
+        except Exception:  # a metric never holds a batch back (its events would wait for the lease)
+            log.exception("observing event ages failed", extra={"action": "metrics_error"})
 
     async def _publish_rows(self, rows: list[dict[str, Any]]) -> list[Outcome]:
         """Each row's outcome; an unexpected failure of the whole call is every
