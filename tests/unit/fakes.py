@@ -306,7 +306,16 @@ class FakeHandlerClient:
         self.calls: list[tuple[str, int]] = []
 
     async def call(
-        self, url: str, body: bytes, envelope: dict, *, handler: str, delivery: int, timeout: float, received=None
+        self,
+        url: str,
+        body: bytes,
+        envelope: dict,
+        *,
+        handler: str,
+        delivery: int,
+        timeout: float,
+        received=None,
+        cloudevent=None,
     ):
         self.calls.append((envelope["message_id"], delivery))
         status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]

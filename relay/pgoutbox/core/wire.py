@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pgoutbox.core import cloudevents
+
 MSG_ID = "Nats-Msg-Id"
 # header name -> envelope field
 _FIELDS = {
@@ -157,13 +159,21 @@ def _check_values(headers: Mapping[str, str]) -> None:
             raise WireError("BAD_HEADER", f"header {name} value {_show(value)} is not visible ASCII")
 
 
-def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
+def _cloudevent(headers: dict[str, str], event: Mapping[str, Any], source: str) -> None:
+    try:
+        cloudevents.put_binary(headers, event, headers.get("Pgoutbox-Occurred-At"), source)
+    except ValueError as exc:
+        raise WireError("BAD_HEADER", str(exc)) from None
+
+
+def to_nats(event: Mapping[str, Any], source: str = cloudevents.DEFAULT_SOURCE) -> tuple[str, bytes, dict[str, str]]:
     """(subject, body, headers) for an outbox.events row (as a mapping).
 
     payload may be a JSON object (dict) or its JSON text (str), as the relay
     reads it; headers a dict or its JSON text; occurred_at a datetime, wire
     text (wire_time) or Unrepresentable. What NATS cannot carry unaltered
-    raises WireError, whose code names the fault.
+    raises WireError, whose code names the fault. `source`: the CloudEvents
+    source, "{context}" standing for the event's (OUTBOX_CLOUDEVENTS_SOURCE).
     """
     subject = event["subject"]
     if not isinstance(subject, str) or len(subject) > MAX_SUBJECT or not _SUBJECT.fullmatch(subject):
@@ -184,6 +194,7 @@ def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
         if value is not None:
             headers[header] = value if type(value) is str else _text(value)
     headers[MSG_ID] = str(event["event_id"])
+    _cloudevent(headers, event, source)
     _check_values(headers)
     payload = event["payload"]
     if isinstance(payload, str):
@@ -292,38 +303,78 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _payload(body: bytes | None) -> dict[str, Any]:
-    """The body as a JSON object; anything else is refused, saying why."""
+def _json(body: bytes | None, where: str) -> Any:
+    """The body's JSON value; InvalidMessage saying why there is none."""
     if not body:
-        raise InvalidMessage("body is empty: the payload must be a JSON object")
+        raise InvalidMessage(f"{where} is empty: the payload must be a JSON object")
     try:
         text = bytes(body).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidMessage(f"body is not UTF-8 (byte {exc.start})") from None
+        raise InvalidMessage(f"{where} is not UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
-        raise InvalidMessage("body is JSON nested too deeply") from None
+        raise InvalidMessage(f"{where} is JSON nested too deeply") from None
     except ValueError as exc:
-        raise InvalidMessage(f"body is not JSON ({exc})") from None
+        raise InvalidMessage(f"{where} is not JSON ({exc})") from None
+
+
+def _kind(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+
+
+def _payload(body: bytes | None) -> dict[str, Any]:
+    """The body as a JSON object; anything else is refused, saying why."""
+    value = _json(body, "body")
     if not isinstance(value, dict):
-        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
-        raise InvalidMessage(f"body is {kind}, not a JSON object")
+        raise InvalidMessage(f"body is {_kind(value)}, not a JSON object")
     _storable(value, "body")
     return value
+
+
+def _cloudevent_in(headers: Mapping[str, str], body: bytes | None) -> tuple[dict[str, str] | None, Any]:
+    """(attributes, payload) of a CloudEvent in either mode: payload is the
+    body's object in binary mode, the `data` member in structured mode;
+    (None, None) for a message that is no CloudEvent."""
+    try:
+        if cloudevents.is_structured(headers):
+            document = _json(body, "body")
+            attributes, data = cloudevents.from_structured(document)
+            if not isinstance(data, dict):
+                raise InvalidMessage(f"data of the structured CloudEvent is {_kind(data)}, not a JSON object")
+            return attributes, data
+        return cloudevents.from_binary(headers), None
+    except cloudevents.NotACloudEvent as exc:
+        raise InvalidMessage(f"not a CloudEvent pgoutbox can admit: {exc}") from None
+
+
+def _message_id(headers: Mapping[str, str], attributes: dict[str, str] | None) -> str:
+    """Nats-Msg-Id, else the CloudEvents id; both given, they must agree."""
+    given = headers.get(MSG_ID)
+    if attributes is None or (given and given.lower() == attributes["id"].lower()):
+        return canonical_id(given)
+    if given:
+        raise InvalidMessage(
+            f"header {MSG_ID} {_show(given, _SHOWN)} and CloudEvents id {_show(attributes['id'], _SHOWN)} disagree"
+        )
+    return canonical_id(attributes["id"], "ce-id (the CloudEvents id)")
 
 
 def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> dict[str, Any]:
     """The envelope a handler receives, built from a NATS message, or
     InvalidMessage naming the header, subject or body at fault.
 
-    message_id is the canonical text of Nats-Msg-Id, never a fresh UUID: without
-    it the message cannot be deduplicated. Context, event type and version come
-    from the subject; Pgoutbox-* headers may repeat them, not contradict them.
-    Every other value passes through as sent.
+    message_id is the canonical text of Nats-Msg-Id (else of the CloudEvents
+    id), never a fresh UUID: without it the message cannot be deduplicated.
+    Context, event type and version come from the subject; Pgoutbox-*
+    headers may repeat them, not contradict them. Every other value passes
+    through as sent. A CloudEvent (binary or structured mode) keeps its
+    attributes in `cloudevents`; its time and trace context fill
+    occurred_at and trace where no Pgoutbox-Occurred-At or traceparent does.
     """
     headers = dict(headers or {})
-    message_id = canonical_id(headers.get(MSG_ID))
+    attributes, data = _cloudevent_in(headers, body)
+    message_id = _message_id(headers, attributes)
     context, event_type, version = parse_subject(subject)
     ours = _ours(headers)
     _check_subject_headers(ours, context, event_type, version)
@@ -333,17 +384,37 @@ def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> d
         if field in ours:
             _admitted_value(*ours[field])
     envelope.update(context=context, event_type=event_type, event_version=version)
-    envelope["payload"] = _payload(body)
+    if data is None:
+        envelope["payload"] = _payload(body)
+    else:
+        _storable(data, "data")
+        envelope["payload"] = data
     trace = {}
     for name in TRACE_HEADERS:
         if name in headers:
             value = headers[name]
-            _admitted_value(name, value)
-            if not _HTTP_VALUE.match(value):
-                raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} has characters an HTTP header cannot carry")
-            trace[name] = value
+        elif attributes is not None and name in attributes:
+            value = attributes[name]  # the distributed tracing extension
+        else:
+            continue
+        _admitted_value(name, value)
+        if not _HTTP_VALUE.match(value):
+            raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} has characters an HTTP header cannot carry")
+        trace[name] = value
     envelope["trace"] = trace
+    if attributes is not None:
+        for name, value in attributes.items():
+            _storable(value, f"CloudEvents attribute {name}")
+        if envelope["occurred_at"] is None and "time" in attributes:
+            envelope["occurred_at"] = attributes["time"]
+        envelope["cloudevents"] = attributes
     return envelope
+
+
+def payload_bytes(body: bytes, headers: Mapping[str, str] | None) -> bytes | None:
+    """The payload as the message carries it (its exact digits), or None
+    when the body is not the payload (a structured CloudEvent: its data)."""
+    return None if cloudevents.is_structured(headers) else body
 
 
 # -- publishing: what both sides share ------------------------------------------

@@ -184,6 +184,7 @@ class Consumer:
             replay_backoff=self._replay_backoff,
             stopping=self.stopping,
             gate=self.gate,
+            cloudevents_source=cfg.cloudevents_source,
         )
         await self._bind_all()
         self._started = True

@@ -67,12 +67,13 @@ import nats.errors
 import psycopg
 from nats.aio.msg import Msg
 
+from pgoutbox.core import cloudevents
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
 from pgoutbox.core.errors import DatabaseUnavailable, PolicyViolation, SqlState
 from pgoutbox.core.stopping import sleep, until_stopped
-from pgoutbox.core.wire import InvalidMessage, PublishError
+from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
 from pgoutbox.inbox import dlq
-from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
+from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, payload_body, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
 from pgoutbox.inbox.settings import HandlerRuntime
@@ -208,20 +209,27 @@ class Admitted:
     body: bytes
     # The version the payload came in at, for a handler that declares one.
     received: int | None = None
+    # The payload as it came (None: the body was not the payload, a
+    # structured CloudEvent), for a handler of format "cloudevents".
+    payload: bytes | None = None
 
     def stored(self) -> str:
         """The envelope as the inbox stores it (JSON text): the body plus the
-        trace context. Before given_as(): the inbox keeps what came."""
+        trace context and the CloudEvents attributes a message carried.
+        Before given_as(): the inbox keeps what came."""
         trace = json.dumps(self.envelope.get("trace") or {}, separators=(",", ":"))
-        return f'{self.body[:-1].decode()},"trace":{trace}}}'
+        ce = self.envelope.get("cloudevents")
+        kept = f',"cloudevents":{json.dumps(ce, separators=(",", ":"))}' if ce else ""
+        return f'{self.body[:-1].decode()},"trace":{trace}{kept}}}'
 
     def given_as(self, version: int, upcast_payload: str | None) -> Admitted:
         """The delivery as a handler declaring `version` gets it: the upcast
         payload (JSON text from inbox.receive_batch_as) when it came older."""
-        body = self.body
+        body, payload = self.body, self.payload
         if upcast_payload is not None:
-            body = request_body({**self.envelope, "event_version": version}, upcast_payload.encode())
-        return Admitted(self.msg, self.envelope, self.delivery, body, self.envelope["event_version"])
+            payload = upcast_payload.encode()
+            body = request_body({**self.envelope, "event_version": version}, payload)
+        return Admitted(self.msg, self.envelope, self.delivery, body, self.envelope["event_version"], payload)
 
 
 async def _acked(msg: Any, outcome: Outcome) -> Outcome:
@@ -269,8 +277,11 @@ class MessageFlow:
         replay_backoff: Backoff,
         stopping: asyncio.Event,
         gate: DatabaseGate,
+        cloudevents_source: str = cloudevents.DEFAULT_SOURCE,
     ) -> None:
         self.inbox = inbox
+        # For a handler of format "cloudevents" and a message that came without attributes.
+        self.cloudevents_source = cloudevents_source
         self.client = client
         self.nc = nc
         self.js = js
@@ -364,7 +375,8 @@ class MessageFlow:
         try:
             envelope = dlq.envelope_from(msg.subject, msg.data, msg.headers)
             _consumed_by(envelope, h)
-            return Admitted(msg, envelope, delivery, request_body(envelope, msg.data))
+            payload = payload_bytes(msg.data, msg.headers)
+            return Admitted(msg, envelope, delivery, request_body(envelope, payload), payload=payload)
         except InvalidMessage as exc:
             return str(exc)
         except Exception as exc:  # an input nobody foresaw: still that message's own outcome
@@ -463,8 +475,19 @@ class MessageFlow:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         failures = self.inbox.failures(row)
+        body, attributes = a.body, None
+        if h.spec.format == "cloudevents":
+            attributes = envelope.get("cloudevents") or cloudevents.derived(envelope, self.cloudevents_source)
+            body = payload_body(envelope, a.payload)
         answer = await self.client.call(
-            h.spec.url, a.body, envelope, handler=h.name, delivery=delivery, timeout=h.timeout, received=a.received
+            h.spec.url,
+            body,
+            envelope,
+            handler=h.name,
+            delivery=delivery,
+            timeout=h.timeout,
+            received=a.received,
+            cloudevent=attributes,
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         action = decide(answer)

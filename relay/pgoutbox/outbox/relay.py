@@ -87,7 +87,10 @@ class OutboxRelay:
     def __init__(self, cfg: RelayConfig, publisher: Publisher | None = None):
         self.cfg = cfg
         self.publisher = publisher or Publisher(
-            cfg.nats_url, timeout=cfg.publish_timeout, name=f"pgoutbox-relay {cfg.relay_name}"
+            cfg.nats_url,
+            timeout=cfg.publish_timeout,
+            name=f"pgoutbox-relay {cfg.relay_name}",
+            source=cfg.cloudevents_source,
         )
         self.policy = RetryPolicy(cfg.retry_base, cfg.retry_cap, cfg.max_attempts)
         self.metrics = RelayMetrics()
