@@ -123,6 +123,7 @@ def test_emitter_ce_headers_set_attributes_and_may_not_contradict_the_fixed_ones
         ({"ce-datacontenttype": "text/plain"}, "ce-datacontenttype"),
         ({"ce-Foo_Bar": "x"}, "does not name a CloudEvents attribute"),
         ({"ce-a": "1", "CE-A": "2"}, "twice"),
+        ({"content-type": "application/cloudevents+json"}, "says structured mode"),
     ):
         outcome = encode_outcome(row(headers=headers_))
         assert outcome.code == PublishError.BAD_HEADER and outcome.permanent, headers_

@@ -127,6 +127,10 @@ def put_binary(headers: MutableMapping[str, str], event: Mapping[str, Any], time
             _put(headers, name, value)
         return
     emitted = _emitted(headers) if any(n[:3].lower() == PREFIX for n in headers) else {}
+    if is_structured(headers):  # the body is the payload: a reader would take it for the whole event
+        raise ValueError(
+            "header Content-Type says structured mode (application/cloudevents...); the body is the payload"
+        )
     context = event["context"]
     attributes = {
         "specversion": SPECVERSION,
