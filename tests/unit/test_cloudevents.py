@@ -208,6 +208,7 @@ def test_a_foreign_structured_cloudevent_is_admitted_with_data_as_payload():
         ({"ce-id": FOREIGN_ID}, b"{}", "required attribute(s) specversion, source, type missing"),
         (binary(**{"ce-Bad_Name": "x"}), b"{}", "does not name a CloudEvents attribute"),
         (binary(**{"ce-source": "%C0%A0"}), b"{}", "not UTF-8"),
+        (binary(**{"ce-comment": "a%00b"}), b"{}", "CloudEvents attribute comment contains a NUL"),
         (binary(**{"ce-time": "yesterday"}), b"{}", "not an RFC 3339 timestamp"),
         (binary(**{"ce-datacontenttype": "text/plain"}), b"{}", "is not JSON"),
         (binary(**{"Nats-Msg-Id": EVENT_ID}), b"{}", "disagree"),

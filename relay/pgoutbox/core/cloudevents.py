@@ -32,6 +32,8 @@ from typing import Any
 
 SPECVERSION = "1.0"
 PREFIX = "ce-"
+# The prefix in every letter case: one slice and one set lookup per header name.
+_PREFIXES = frozenset({"ce-", "Ce-", "cE-", "CE-"})
 DATACONTENTTYPE = "application/json"
 # The media type of the JSON event format; structured mode is recognised
 # by a Content-Type starting with "application/cloudevents" (either case).
@@ -104,7 +106,7 @@ def _emitted(headers: MutableMapping[str, str]) -> dict[str, str]:
     """The emitter's ce-* headers, taken out of `headers`: attribute -> value
     (its text, encoded here). A copy of a fixed attribute must agree."""
     found = {}
-    for name in [n for n in headers if n[:3].lower() == PREFIX]:
+    for name in [n for n in headers if n[:3] in _PREFIXES]:
         attribute = name[3:].lower()
         if not _NAME.fullmatch(attribute):
             raise ValueError(f"header name {name!r} does not name a CloudEvents attribute (ce- then a-z, 0-9)")
@@ -121,12 +123,12 @@ def put_binary(headers: MutableMapping[str, str], event: Mapping[str, Any], time
     ValueError names an emitter header that cannot stand."""
     if "cloudevents" in event:  # a replay carries the attributes it came with, as they came
         stored = event["cloudevents"]
-        for name in [n for n in headers if n[:3].lower() == PREFIX]:
+        for name in [n for n in headers if n[:3] in _PREFIXES]:
             del headers[name]
         for name, value in (stored or {}).items():
             _put(headers, name, value)
         return
-    emitted = _emitted(headers) if any(n[:3].lower() == PREFIX for n in headers) else {}
+    emitted = _emitted(headers) if any(n[:3] in _PREFIXES for n in headers) else {}
     if is_structured(headers):  # the body is the payload: a reader would take it for the whole event
         raise ValueError(
             "header Content-Type says structured mode (application/cloudevents...); the body is the payload"
@@ -191,7 +193,7 @@ def from_binary(headers: Mapping[str, str]) -> dict[str, str] | None:
     ce- header; NotACloudEvent when they are not a CloudEvent's."""
     attributes: dict[str, str] = {}
     for name, value in headers.items():
-        if name[:3].lower() != PREFIX:
+        if name[:3] not in _PREFIXES:
             continue
         attribute = name[3:].lower()
         if not _NAME.fullmatch(attribute):

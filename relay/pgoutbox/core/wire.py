@@ -291,6 +291,14 @@ def _storable(value: Any, where: str) -> None:
             raise InvalidMessage(f"{where} contains a number out of range ({item})")
 
 
+def _storable_texts(attributes: Mapping[str, str]) -> None:
+    """_storable for the CloudEvents attributes (strings), in one pass over them all."""
+    joined = "".join(attributes.values())
+    if "\x00" in joined or not joined.isascii():
+        for name, value in attributes.items():
+            _storable(value, f"CloudEvents attribute {name}")
+
+
 def _admitted_value(name: str, value: str) -> None:
     """A header value the envelope keeps: storable, and one a replay can carry unaltered."""
     _storable(value, f"header {name}")
@@ -403,8 +411,7 @@ def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> d
         trace[name] = value
     envelope["trace"] = trace
     if attributes is not None:
-        for name, value in attributes.items():
-            _storable(value, f"CloudEvents attribute {name}")
+        _storable_texts(attributes)
         if envelope["occurred_at"] is None and "time" in attributes:
             envelope["occurred_at"] = attributes["time"]
         envelope["cloudevents"] = attributes
