@@ -51,6 +51,8 @@ _PLAIN = re.compile(r"[!#$&-~]*")
 _SAFE_CHARS = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in '"%')
 # Attribute names: lower-case letters and digits (CloudEvents 1.0, "Attribute Naming Convention").
 _NAME = re.compile(r"[a-z0-9]{1,64}")
+# The names the relay writes: known good without the pattern.
+_KNOWN = frozenset({"specversion", "id", "source", "type", "time", "subject", "datacontenttype", *TRACING})
 # RFC 3986 URI-reference characters: unreserved, sub-delims, ":@/?#[]", and %XX.
 _URI_REFERENCE = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?#\[\]]|%[0-9A-Fa-f]{2})+")
 # A media type travels as the handler's Content-Type as it is: visible ASCII and space only.
@@ -161,7 +163,7 @@ def is_structured(headers: Mapping[str, str] | None) -> bool:
     if not headers:
         return False
     for name, value in headers.items():
-        if name.lower() == "content-type":
+        if len(name) == 12 and name.lower() == "content-type":  # the length first: most names differ in it
             return value.strip().lower().startswith("application/cloudevents")
     return False
 
@@ -196,9 +198,9 @@ def from_binary(headers: Mapping[str, str]) -> dict[str, str] | None:
         if name[:3] not in _PREFIXES:
             continue
         attribute = name[3:].lower()
-        if not _NAME.fullmatch(attribute):
+        if attribute not in _KNOWN and not _NAME.fullmatch(attribute):
             raise NotACloudEvent(f"header {name[:80]!r} does not name a CloudEvents attribute (ce- then a-z, 0-9)")
-        decoded = decode(value)
+        decoded = value if "%" not in value and value[:1] != '"' else decode(value)
         if attributes.get(attribute, decoded) != decoded:
             raise NotACloudEvent(f"header ce-{attribute} is given twice, with different values")
         attributes[attribute] = decoded

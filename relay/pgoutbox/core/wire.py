@@ -160,6 +160,8 @@ def _check_values(headers: Mapping[str, str]) -> None:
 
 
 def _cloudevent(headers: dict[str, str], event: Mapping[str, Any], source: str) -> None:
+    """The ce-* headers, after the emitter's and ours were checked: their
+    values are percent-encoded, always printable ASCII."""
     try:
         cloudevents.put_binary(headers, event, headers.get("Pgoutbox-Occurred-At"), source)
     except ValueError as exc:
@@ -194,8 +196,8 @@ def to_nats(event: Mapping[str, Any], source: str = cloudevents.DEFAULT_SOURCE) 
         if value is not None:
             headers[header] = value if type(value) is str else _text(value)
     headers[MSG_ID] = str(event["event_id"])
-    _cloudevent(headers, event, source)
     _check_values(headers)
+    _cloudevent(headers, event, source)
     payload = event["payload"]
     if isinstance(payload, str):
         body = payload.encode()

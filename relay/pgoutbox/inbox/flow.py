@@ -195,6 +195,9 @@ class Heartbeat:
                     log.warning("in-progress ack failed", extra={"error": repr(exc)})
 
 
+# One encoder, built once (json.dumps with separators builds one per call).
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
 # What the consumer is told as each message of a fetch finishes.
 Done = Callable[[Any, "Outcome | Exception | None"], None]
 
@@ -219,7 +222,7 @@ class Admitted:
         Before given_as(): the inbox keeps what came."""
         trace = json.dumps(self.envelope.get("trace") or {}, separators=(",", ":"))
         ce = self.envelope.get("cloudevents")
-        kept = f',"cloudevents":{json.dumps(ce, separators=(",", ":"))}' if ce else ""
+        kept = f',"cloudevents":{_compact(ce)}' if ce else ""
         return f'{self.body[:-1].decode()},"trace":{trace}{kept}}}'
 
     def given_as(self, version: int, upcast_payload: str | None) -> Admitted:
