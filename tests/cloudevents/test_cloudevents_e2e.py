@@ -39,10 +39,20 @@ from cloudevents.core.bindings.http import HTTPMessage, from_binary, from_http
 from cloudevents.core.formats.json import JSONFormat
 from psycopg.types.json import Jsonb
 
-from support.inbox import dlq_messages, inbox_row
+from support.inbox import (
+    add_stream,
+    consumer_config,
+    dlq_messages,
+    event,
+    inbox_row,
+    jetstream,
+    publish,
+    running_consumer,
+    write_registry,
+)
 from support.outbox import apply_streams, stream_messages
 from support.roles import login
-from support.waiting import wait_for
+from support.waiting import until, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PGOUTBOX = Path(sys.executable).parent / "pgoutbox"
@@ -62,9 +72,10 @@ def documented_role(command: str) -> str:
 class SdkHandler:
     """Parses each request with the SDK; keeps (event, headers) or the error."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_first: bool = False) -> None:
         self.events: list[tuple[Any, dict[str, str]]] = []
         self.errors: list[str] = []
+        self.fail_first = fail_first  # 422 to the first request of each event: a dead letter, then its replay
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -75,8 +86,9 @@ class SdkHandler:
                 headers = dict(self.headers)
                 try:
                     event = from_http(HTTPMessage(headers, raw), JSONFormat())
+                    first = all(e.get_id() != event.get_id() for e, _ in sink.events)
                     sink.events.append((event, headers))
-                    status = 200
+                    status = 422 if sink.fail_first and first else 200
                 except Exception as exc:
                     sink.errors.append(f"{type(exc).__name__}: {exc}; headers {headers}; body {raw[:200]!r}")
                     status = 422
@@ -281,5 +293,70 @@ def test_relay_consumer_and_sdk_agree_on_cloudevents(database_url, nats_server, 
             assert event.get_data() == json.loads(message.data)
         unicode = next(m for m in ours if m.headers["Nats-Msg-Id"] == emitted["unicode"][0])
         assert unicode.headers["ce-subject"] == "order/caf%C3%A9%20%227%22%20100%25"
+    finally:
+        sink.close()
+
+
+async def test_a_replay_reaches_the_handler_with_the_attributes_of_the_first_delivery(
+    database_url, nats_server, tmp_path
+):
+    """The handler dead-letters the first request of each event (422); the
+    replayer re-publishes it from the inbox, and the replay's request carries
+    the same CloudEvent: a relay-published one and a foreign structured one."""
+    sink = SdkHandler(fail_first=True)
+    try:
+        registry_file = write_registry(
+            tmp_path, [{"name": HANDLER, "url": sink.url, "subjects": [SUBJECT], "format": "cloudevents"}]
+        )
+        cfg = consumer_config(
+            login(database_url, documented_role("`pgoutbox consume`")),
+            nats_server.url,
+            registry_file,
+            replay_base_delay="200ms",
+            replay_max_delay="300ms",
+        )
+        ours = event({"n": 1}, event_type="order_placed")
+        ours["aggregate_id"] = "caf\u00e9 1"
+        foreign_id = str(uuid.uuid4())
+        structured = {
+            "specversion": "1.0",
+            "id": foreign_id,
+            "source": "/legacy/orders",
+            "type": "com.example.order.placed",
+            "subject": "order 7",
+            "region": "eu",
+            "data": {"schema_version": 1, "n": 2},
+        }
+        async with jetstream(nats_server.url) as js:
+            await add_stream(js)
+            async with running_consumer(cfg):
+                await publish(js, ours)
+                await js.publish(
+                    SUBJECT, json.dumps(structured).encode(), headers={"Content-Type": "application/cloudevents+json"}
+                )
+                await until(lambda: len(sink.events) >= 4, 20, "two deliveries of each event")
+                await until(
+                    lambda: all(
+                        inbox_row(database_url, i, HANDLER)["status"] == "PROCESSED"
+                        for i in (ours["event_id"], foreign_id)
+                    ),
+                    10,
+                    "both processed after their replay",
+                )
+        assert sink.errors == []
+        for message_id in (ours["event_id"], foreign_id):
+            first, replay = [(e, h) for e, h in sink.events if e.get_id() == message_id]
+            # The headers themselves (the SDK fills a missing time with its own clock on each parse).
+            ce_headers = [
+                {k.lower(): v for k, v in h.items() if k.lower().startswith("ce-")} for _, h in (first, replay)
+            ]
+            assert ce_headers[0] == ce_headers[1] and ce_headers[0]["ce-id"] == message_id, message_id
+            assert first[1]["Content-Type"] == replay[1]["Content-Type"] == "application/json"
+            assert first[0].get_data() == replay[0].get_data()
+            assert replay[1]["Idempotency-Key"] == message_id
+        relayed = next(e for e, _ in sink.events if e.get_id() == ours["event_id"])
+        assert (relayed.get_source(), relayed.get_subject()) == ("/pgoutbox/sea", "order/caf\u00e9 1")
+        foreign = next(e for e, _ in sink.events if e.get_id() == foreign_id)
+        assert foreign.get_extension("region") == "eu" and foreign.get_data() == {"schema_version": 1, "n": 2}
     finally:
         sink.close()
