@@ -4,8 +4,11 @@ CloudEvents commit), on the same row and the same machine:
 
   - core.wire.to_nats, the relay's encoding of one claimed row (~200 bytes of
     payload and a traceparent, as bench/relay_bench.py emits);
-  - core.wire.from_nats, the consumer's reading of the message it gives;
-  - the header bytes of the message (what counts against max_payload).
+  - core.wire.from_nats, the consumer's reading of the message it gives, and
+    the consumer's whole Python work on it before the inbox call (envelope,
+    request body, the envelope text the inbox stores);
+  - the header bytes of the message (what counts against max_payload) and
+    the bytes of the envelope the inbox stores.
 
 Each figure is the best of --repeat runs of --number calls (CPU microseconds
 per call), each build in its own subprocess with its package first on PYTHONPATH
@@ -62,9 +65,20 @@ def measure(number: int, repeat: int) -> dict[str, float]:
         runs = timeit.repeat(call, number=number, repeat=repeat, timer=time.process_time)  # type: ignore[arg-type]
         return min(runs) / number * 1e6
 
+    from pgoutbox.inbox import dlq, flow, handler_client
+
+    def admit() -> str:
+        """The consumer's Python work on one message before the inbox call (MessageFlow._admit, stored())."""
+        envelope = dlq.envelope_from(subject, body, headers)
+        raw = wire.payload_bytes(body, headers) if hasattr(wire, "payload_bytes") else body
+        admitted = flow.Admitted(None, envelope, 1, handler_client.request_body(envelope, raw))
+        return admitted.stored()
+
     return {
         "to_nats_us": best(lambda: wire.to_nats(ROW)),
         "from_nats_us": best(lambda: wire.from_nats(subject, body, headers)),
+        "admit_us": best(admit),
+        "stored_bytes": len(admit().encode()),
         "header_bytes": wire.message_size(body, headers) - len(body),
     }
 
@@ -102,7 +116,8 @@ def main() -> int:
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(
             f"    {label:22s} to_nats {med['to_nats_us']:5.2f} us  from_nats {med['from_nats_us']:5.2f} us"
-            f"  headers {med['header_bytes']:.0f} bytes"
+            f"  admit {med['admit_us']:5.2f} us;  headers {med['header_bytes']:.0f} bytes,"
+            f" inbox envelope {med['stored_bytes']:.0f} bytes"
         )
     return 0
 

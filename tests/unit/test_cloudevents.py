@@ -239,6 +239,21 @@ def test_what_is_no_admissible_cloudevent_is_invalid_with_the_reason(headers, bo
     assert reason in str(caught.value)
 
 
+def test_the_inbox_keeps_only_what_the_envelope_does_not_give_back():
+    _, body, headers = wire.to_nats(row(), "urn:shop:{context}")
+    envelope = wire.from_nats("sea.event.order_placed.v2", body, headers)
+    assert envelope["cloudevents"] == {"source": "urn:shop:sea"}  # a relay's message: its source alone
+    assert cloudevents.expand(envelope["cloudevents"], envelope) == cloudevents.from_binary(headers)
+    foreign = wire.from_nats("sea.event.order_placed.v1", b'{"n": 1}', binary())
+    assert foreign["cloudevents"]["id"] == FOREIGN_ID  # as sent; message_id is its lower case
+    assert (
+        foreign["cloudevents"]["datacontenttype"] is None
+        and "subject" not in foreign["cloudevents"]
+        and foreign["cloudevents"]["type"] == "com.example.order.placed"
+    )
+    assert cloudevents.expand(foreign["cloudevents"], foreign) == cloudevents.from_binary(binary())
+
+
 def test_a_message_without_ce_headers_is_read_as_before():
     envelope = wire.from_nats("sea.event.x.v1", b"{}", {"Nats-Msg-Id": EVENT_ID})
     assert "cloudevents" not in envelope
@@ -249,7 +264,7 @@ def test_a_message_without_ce_headers_is_read_as_before():
 
 def test_the_handler_request_is_the_http_binary_mode():
     envelope = wire.from_nats(*wire.to_nats(row(aggregate_id="a b")))
-    lines = cloudevent_lines(envelope["cloudevents"], envelope, "billing", 2).decode()
+    lines = cloudevent_lines(cloudevents.expand(envelope["cloudevents"], envelope), envelope, "billing", 2).decode()
     parsed = dict(line.split(": ", 1) for line in lines.split("\r\n") if line)
     assert parsed["Content-Type"] == "application/json" and "ce-datacontenttype" not in parsed
     assert parsed["ce-id"] == EVENT_ID and parsed["ce-subject"] == "order/a%20b"

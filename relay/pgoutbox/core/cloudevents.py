@@ -254,6 +254,23 @@ def derived(envelope: Mapping[str, Any], source: str) -> dict[str, str]:
     return attributes
 
 
+def kept(attributes: Mapping[str, str], envelope: Mapping[str, Any]) -> dict[str, str | None]:
+    """What the inbox keeps of a message's attributes: those the envelope
+    does not give back (derived()), null for a derived one the message did
+    not carry; the source always. A relay's message keeps its source alone."""
+    base = derived(envelope, "")
+    found: dict[str, str | None] = {k: v for k, v in attributes.items() if base.get(k) != v}
+    found.update((k, None) for k in base if k not in attributes)
+    found["source"] = attributes["source"]
+    return found
+
+
+def expand(stored: Mapping[str, str | None], envelope: Mapping[str, Any]) -> dict[str, str]:
+    """The attributes kept() kept, whole again."""
+    full: dict[str, str | None] = {**derived(envelope, ""), **stored}
+    return {k: v for k, v in full.items() if v is not None}
+
+
 def http_lines(attributes: Mapping[str, str]) -> str:
     """The HTTP binding's binary-mode header lines of these attributes:
     datacontenttype as Content-Type, every other one as ce-{name}."""

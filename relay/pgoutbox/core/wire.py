@@ -378,9 +378,11 @@ def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> d
     id), never a fresh UUID: without it the message cannot be deduplicated.
     Context, event type and version come from the subject; Pgoutbox-*
     headers may repeat them, not contradict them. Every other value passes
-    through as sent. A CloudEvent (binary or structured mode) keeps its
-    attributes in `cloudevents`; its time and trace context fill
-    occurred_at and trace where no Pgoutbox-Occurred-At or traceparent does.
+    through as sent. A CloudEvent (binary or structured mode) keeps in
+    `cloudevents` the attributes the other fields do not give back
+    (cloudevents.kept; cloudevents.expand makes them whole); its time and
+    trace context fill occurred_at and trace where no Pgoutbox-Occurred-At
+    or traceparent does.
     """
     headers = dict(headers or {})
     attributes, data = _cloudevent_in(headers, body)
@@ -416,7 +418,7 @@ def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> d
         _storable_texts(attributes)
         if envelope["occurred_at"] is None and "time" in attributes:
             envelope["occurred_at"] = attributes["time"]
-        envelope["cloudevents"] = attributes
+        envelope["cloudevents"] = cloudevents.kept(attributes, envelope)
     return envelope
 
 

@@ -41,7 +41,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from pgoutbox.core import wire
+from pgoutbox.core import cloudevents, wire
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.core.wire import PublishError, message_size
 
@@ -226,7 +226,7 @@ def replay_message(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
         "event_id": env["message_id"],
         "subject": row["subject"],
         "headers": env.get("trace") or {},
-        "cloudevents": env.get("cloudevents"),
+        "cloudevents": cloudevents.expand(env["cloudevents"], env) if env.get("cloudevents") else None,
     }
     _, body, headers = wire.to_nats(event)
     headers[wire.MSG_ID] = f"{row['message_id']}:replay:{row['handler']}:{count}:{secrets.token_hex(4)}"

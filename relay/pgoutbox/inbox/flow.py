@@ -480,7 +480,12 @@ class MessageFlow:
         failures = self.inbox.failures(row)
         body, attributes = a.body, None
         if h.spec.format == "cloudevents":
-            attributes = envelope.get("cloudevents") or cloudevents.derived(envelope, self.cloudevents_source)
+            stored = envelope.get("cloudevents")
+            attributes = (
+                cloudevents.expand(stored, envelope)
+                if stored
+                else cloudevents.derived(envelope, self.cloudevents_source)
+            )
             body = payload_body(envelope, a.payload)
         answer = await self.client.call(
             h.spec.url,
