@@ -124,6 +124,8 @@ def test_emitter_ce_headers_set_attributes_and_may_not_contradict_the_fixed_ones
         ({"ce-Foo_Bar": "x"}, "does not name a CloudEvents attribute"),
         ({"ce-a": "1", "CE-A": "2"}, "twice"),
         ({"content-type": "application/cloudevents+json"}, "says structured mode"),
+        ({"ce-time": "yesterday"}, "not an RFC 3339 timestamp"),
+        ({"ce-subject": ""}, "ce-subject is empty"),
     ):
         outcome = encode_outcome(row(headers=headers_))
         assert outcome.code == PublishError.BAD_HEADER and outcome.permanent, headers_

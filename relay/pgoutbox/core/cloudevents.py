@@ -153,7 +153,11 @@ def put_binary(headers: MutableMapping[str, str], event: Mapping[str, Any], time
     for name, value in emitted.items():
         if name in FIXED and value != attributes[name]:
             raise ValueError(f"header ce-{name} {value[:80]!r} differs from pgoutbox's {attributes[name]!r}")
+        if not value:
+            raise ValueError(f"header ce-{name} is empty (an attribute has a value, or is absent)")
         attributes[name] = value
+    if emitted:  # what the consumer would refuse (a time that is not RFC 3339...) fails here, at once
+        _check(attributes)
     for name, value in attributes.items():
         _put(headers, name, value)
 
