@@ -95,8 +95,12 @@ def cloudevent_lines(
     """The header lines of a handler of format "cloudevents": the binary
     mode's, then pgoutbox's own (Idempotency-Key, delivery, trace context),
     minus the Content-Type the attributes set."""
-    own = _header_lines(envelope, handler, delivery, received).split(b"\r\n", 1)[1]
+    own = _header_lines(envelope, handler, delivery, received).removeprefix(_JSON_TYPE)
     return cloudevents.http_lines(attributes).encode() + own
+
+
+# The envelope's Content-Type, the first of _header_lines (the unit tests see that it goes).
+_JSON_TYPE = b"Content-Type: application/json\r\n"
 
 
 _compact = json.JSONEncoder(separators=(",", ":")).encode
