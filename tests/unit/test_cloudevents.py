@@ -10,6 +10,8 @@ import json
 import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_binary
 from cloudevents.core.formats.json import JSONFormat
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pgoutbox.core import cloudevents, wire
 from pgoutbox.core.errors import ConfigError
@@ -304,3 +306,43 @@ def test_the_registry_takes_format_and_refuses_an_unknown_one(tmp_path):
     )
     with pytest.raises(registry.RegistryError, match="BAD_FORMAT: format must be one of pgoutbox, cloudevents"):
         registry.read_manifests(tmp_path)
+
+
+# -- hostile input: refused with a reason, never an exception of another kind ---
+
+
+_names = st.sampled_from(
+    ["ce-id", "ce-source", "ce-type", "ce-specversion", "ce-time", "ce-x", "CE-Y", "ce-", "ce-A_b"]
+)
+_values = st.one_of(st.text(max_size=20), st.sampled_from(["%C0%A0", "%", "%zz", '"a\\"', '"', "1.0", FOREIGN_ID]))
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(headers=st.dictionaries(_names, _values, max_size=6), body=st.binary(max_size=40))
+def test_any_binary_ce_headers_are_admitted_or_refused_with_a_reason(headers, body):
+    try:
+        envelope = wire.from_nats("sea.event.x.v1", body, headers)
+    except wire.InvalidMessage:
+        return
+    cloudevents.expand(envelope.get("cloudevents") or {"source": "/s"}, envelope)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    document=st.dictionaries(
+        st.sampled_from(["specversion", "id", "source", "type", "data", "time", "Bad", "x"]), _json
+    )
+)
+def test_any_structured_body_is_admitted_or_refused_with_a_reason(document):
+    document = {"specversion": "1.0", "id": FOREIGN_ID, "source": "/s", "type": "t", **document}
+    try:
+        wire.from_nats(
+            "sea.event.x.v1", json.dumps(document).encode(), {"Content-Type": "application/cloudevents+json"}
+        )
+    except wire.InvalidMessage:
+        pass
