@@ -317,6 +317,7 @@ class FakeHandlerClient:
         timeout: float,
         received=None,
         trace=None,
+        cloudevent=None,
     ):
         self.calls.append((envelope["message_id"], delivery))
         self.traces.append(trace)

@@ -187,6 +187,7 @@ class Consumer:
             stopping=self.stopping,
             gate=self.gate,
             tracer=self.tracing,
+            cloudevents_source=cfg.cloudevents_source,
         )
         await self._bind_all()
         self._started = True

@@ -67,13 +67,13 @@ import nats.errors
 import psycopg
 from nats.aio.msg import Msg
 
-from pgoutbox.core import tracing
+from pgoutbox.core import cloudevents, tracing
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
 from pgoutbox.core.errors import DatabaseUnavailable, PolicyViolation, SqlState
 from pgoutbox.core.stopping import sleep, until_stopped
-from pgoutbox.core.wire import InvalidMessage, PublishError
+from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
 from pgoutbox.inbox import dlq
-from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
+from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, payload_body, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
 from pgoutbox.inbox.settings import HandlerRuntime
@@ -195,6 +195,9 @@ class Heartbeat:
                     log.warning("in-progress ack failed", extra={"error": repr(exc)})
 
 
+# One encoder, built once (json.dumps with separators builds one per call).
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
 # What the consumer is told as each message of a fetch finishes.
 Done = Callable[[Any, "Outcome | Exception | None"], None]
 
@@ -209,20 +212,27 @@ class Admitted:
     body: bytes
     # The version the payload came in at, for a handler that declares one.
     received: int | None = None
+    # The payload as it came (None: the body was not the payload, a
+    # structured CloudEvent), for a handler of format "cloudevents".
+    payload: bytes | None = None
 
     def stored(self) -> str:
         """The envelope as the inbox stores it (JSON text): the body plus the
-        trace context. Before given_as(): the inbox keeps what came."""
+        trace context and the CloudEvents attributes a message carried.
+        Before given_as(): the inbox keeps what came."""
         trace = json.dumps(self.envelope.get("trace") or {}, separators=(",", ":"))
-        return f'{self.body[:-1].decode()},"trace":{trace}}}'
+        ce = self.envelope.get("cloudevents")
+        kept = f',"cloudevents":{_compact(ce)}' if ce else ""
+        return f'{self.body[:-1].decode()},"trace":{trace}{kept}}}'
 
     def given_as(self, version: int, upcast_payload: str | None) -> Admitted:
         """The delivery as a handler declaring `version` gets it: the upcast
         payload (JSON text from inbox.receive_batch_as) when it came older."""
-        body = self.body
+        body, payload = self.body, self.payload
         if upcast_payload is not None:
-            body = request_body({**self.envelope, "event_version": version}, upcast_payload.encode())
-        return Admitted(self.msg, self.envelope, self.delivery, body, self.envelope["event_version"])
+            payload = upcast_payload.encode()
+            body = request_body({**self.envelope, "event_version": version}, payload)
+        return Admitted(self.msg, self.envelope, self.delivery, body, self.envelope["event_version"], payload)
 
 
 async def _acked(msg: Any, outcome: Outcome) -> Outcome:
@@ -271,8 +281,11 @@ class MessageFlow:
         stopping: asyncio.Event,
         gate: DatabaseGate,
         tracer: tracing.Tracer = tracing.OFF,
+        cloudevents_source: str = cloudevents.DEFAULT_SOURCE,
     ) -> None:
         self.inbox = inbox
+        # For a handler of format "cloudevents" and a message that came without attributes.
+        self.cloudevents_source = cloudevents_source
         self.client = client
         self.nc = nc
         self.js = js
@@ -370,7 +383,8 @@ class MessageFlow:
         try:
             envelope = dlq.envelope_from(msg.subject, msg.data, msg.headers)
             _consumed_by(envelope, h)
-            return Admitted(msg, envelope, delivery, request_body(envelope, msg.data))
+            payload = payload_bytes(msg.data, msg.headers)
+            return Admitted(msg, envelope, delivery, request_body(envelope, payload), payload=payload)
         except InvalidMessage as exc:
             return str(exc)
         except Exception as exc:  # an input nobody foresaw: still that message's own outcome
@@ -512,15 +526,28 @@ class MessageFlow:
         return outcome
 
     async def _ask(self, a: Admitted, h: HandlerRuntime, trace: dict[str, str] | None = None) -> HandlerAnswer:
+        body, attributes = a.body, None
+        if h.spec.format == "cloudevents":
+            # A versioned handler gets the payload at its version: a derived
+            # ce-type names that version, not the one the message came in at.
+            as_given = a.envelope if a.received is None else {**a.envelope, "event_version": h.spec.version}
+            stored = a.envelope.get("cloudevents")
+            attributes = (
+                cloudevents.expand(stored, as_given)
+                if stored
+                else cloudevents.derived(as_given, self.cloudevents_source)
+            )
+            body = payload_body(a.envelope, a.payload)
         answer = await self.client.call(
             h.spec.url,
-            a.body,
+            body,
             a.envelope,
             handler=h.name,
             delivery=a.delivery,
             timeout=h.timeout,
             received=a.received,
             trace=trace,
+            cloudevent=attributes,
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()

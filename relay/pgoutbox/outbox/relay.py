@@ -89,7 +89,10 @@ class OutboxRelay:
         # OFF unless OTEL_* variables ask for traces; a missing SDK stops start-up here, with one line.
         self.tracing = tracing.from_environment(tracing.RELAY_SERVICE) if tracer is None else tracer
         self.publisher = publisher or Publisher(
-            cfg.nats_url, timeout=cfg.publish_timeout, name=f"pgoutbox-relay {cfg.relay_name}"
+            cfg.nats_url,
+            timeout=cfg.publish_timeout,
+            name=f"pgoutbox-relay {cfg.relay_name}",
+            source=cfg.cloudevents_source,
         )
         self.policy = RetryPolicy(cfg.retry_base, cfg.retry_cap, cfg.max_attempts)
         self.metrics = RelayMetrics()
