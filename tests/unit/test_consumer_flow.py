@@ -207,3 +207,29 @@ async def test_traced_a_span_that_cannot_start_leaves_the_message_untraced_not_s
     assert f.outcomes[msg.reply] == "processed" and answers(f.nc, msg) == [b""]
     assert f.client.traces == [None], "the handler gets the message's own trace context"
     assert exported.get_finished_spans() == ()
+
+
+async def test_a_cloudevents_handler_declaring_a_version_gets_the_upcast_payload_under_that_versions_type():
+    """The derived ce-type names the version the handler is given, not the one the message came in at."""
+    spec = registry.HandlerSpec(
+        name="billing",
+        url="http://127.0.0.1:1/events",
+        context="sea",
+        stream="SEA_EVENTS",
+        subjects=("sea.event.order_created.v1", "sea.event.order_created.v2"),
+        version=2,
+        format="cloudevents",
+    )
+    f = Flow(FakeHandlerClient(200))
+    old = delivery(f.nc, seq=1)
+    new = delivery(
+        f.nc,
+        seq=2,
+        event_id="0b0e9a8e-3c55-4c1f-9d3f-5f3c1a2b4c5d",
+        event_version=2,
+        subject="sea.event.order_created.v2",
+    )
+    f.inbox.upcasts[f.message_id(old)] = '{"schema_version": 2}'
+    await f.flow.handle_fetch([old, new], consumer_settings.resolve(spec, CONFIG), lambda msg, outcome: None)
+    assert [c["type"] for c in f.client.cloudevents] == ["sea.order_created.v2", "sea.order_created.v2"]
+    assert json.loads(f.client.bodies[0]) == {"schema_version": 2}  # the payload alone, upcast
