@@ -83,7 +83,10 @@ SELECT results_eq(
     'groups: one per side, owner, subject and normalised error, with counts'
 );
 SELECT is(
-    (SELECT error_pattern FROM outbox.dlq_groups('{"owner": "billing"}') WHERE error_class = '5xx'),
+    (
+        SELECT error_pattern FROM outbox.dlq_groups('{"owner": "billing"}')
+        WHERE error_class = '5xx'
+    ),
     'HTTP <n>: order <uuid> failed after <n> tries', 'groups: the masked pattern'
 );
 SELECT ok(
@@ -91,11 +94,27 @@ SELECT ok(
     'groups: first and last seen'
 );
 SELECT is(
-    (SELECT group_id FROM outbox.dlq_groups('{"owner": "billing"}') WHERE error_class = '5xx'),
-    md5(concat_ws(E'\n', 'inbox', 'billing', 'sea.event.order_created.v1', '5xx', 'HTTP <n>: order <uuid> failed after <n> tries')),
+    (
+        SELECT group_id FROM outbox.dlq_groups('{"owner": "billing"}')
+        WHERE error_class = '5xx'
+    ),
+    md5(
+        concat_ws(
+            E'\n',
+            'inbox',
+            'billing',
+            'sea.event.order_created.v1',
+            '5xx',
+            'HTTP <n>: order <uuid> failed after <n> tries'
+        )
+    ),
     'groups: the id is the md5 of the key, stable across calls'
 );
-SELECT (SELECT group_id FROM outbox.dlq_groups('{"owner": "billing"}') WHERE error_class = '5xx') AS g500 \gset
+SELECT (
+    SELECT group_id FROM outbox.dlq_groups('{"owner": "billing"}')
+    WHERE error_class = '5xx'
+) AS g500
+\gset
 
 -- Filters.
 SELECT is((SELECT count(*) FROM outbox.dlq_list('{"side": "inbox"}')), 6::bigint, 'filter: side');
@@ -104,8 +123,12 @@ SELECT is((SELECT count(*) FROM outbox.dlq_list('{"owner": "sea"}')), 2::bigint,
 SELECT is(
     (SELECT count(*) FROM outbox.dlq_list('{"subject": "sea.event.order_shipped.v1"}')), 1::bigint, 'filter: subject'
 );
-SELECT is((SELECT count(*) FROM outbox.dlq_list('{"error": "bad_PAYLOAD"}')), 2::bigint, 'filter: error, any letter case');
-SELECT is((SELECT count(*) FROM outbox.dlq_list('{"error": "100%_s"}')), 1::bigint, 'filter: error with % and _ as text');
+SELECT is(
+    (SELECT count(*) FROM outbox.dlq_list('{"error": "bad_PAYLOAD"}')), 2::bigint, 'filter: error, any letter case'
+);
+SELECT is(
+    (SELECT count(*) FROM outbox.dlq_list('{"error": "100%_s"}')), 1::bigint, 'filter: error with % and _ as text'
+);
 SELECT is((SELECT count(*) FROM outbox.dlq_list('{"error": "1%0"}')), 0::bigint, 'filter: % is no wildcard');
 SELECT is((SELECT count(*) FROM outbox.dlq_list('{"tenant": "t1"}')), 6::bigint, 'filter: tenant');
 SELECT is(
@@ -130,7 +153,10 @@ SELECT throws_ok($$SELECT * FROM outbox.dlq_groups('[]')$$, 'OB100', NULL, 'filt
 SELECT throws_ok($$SELECT * FROM outbox.dlq_groups('{}', 0)$$, 'OB006', NULL, 'groups: max_rows is bounded');
 
 -- Keyset pages.
-SELECT (SELECT cursor FROM outbox.dlq_list('{}', 3) OFFSET 2) AS page1_end \gset
+SELECT l.cursor AS page1_end
+FROM outbox.dlq_list('{}', 3) WITH ORDINALITY AS l
+ORDER BY l.ordinality DESC
+LIMIT 1 \gset
 SELECT is(
     (SELECT count(*) FROM (
         SELECT id FROM outbox.dlq_list('{}', 3)
@@ -160,28 +186,46 @@ SELECT is(
     ARRAY[2, 1, 0], 'replay: batches of max_rows until 0, never the same row twice'
 );
 SELECT is(
-    (SELECT count(*) FROM inbox.redrive_log WHERE reason = 'handler fixed' AND redriven_by = session_user),
+    (
+        SELECT count(*) FROM inbox.redrive_log
+        WHERE reason = 'handler fixed' AND redriven_by = session_user
+    ),
     3::bigint, 'replay: each row audited in redrive_log with who and why'
 );
 SELECT is(outbox.dlq_count(jsonb_build_object('group', :'g500')), 0::bigint, 'count: nothing left to replay');
 SELECT is(
-    (SELECT count(*) FROM outbox.dlq_list(jsonb_build_object('group', :'g500')) WHERE redrive_pending), 3::bigint,
+    (
+        SELECT count(*) FROM outbox.dlq_list(jsonb_build_object('group', :'g500'))
+        WHERE redrive_pending
+    ), 3::bigint,
     'list: the replayed rows wait for the replayer'
 );
 SELECT is(outbox.dlq_replay('{"side": "outbox"}', 'broker fixed'), 2, 'replay: outbox dead letters are requeued');
 SELECT is(
-    (SELECT string_agg(DISTINCT status, ',') FROM outbox.events WHERE event_id IN (:'ev1', :'ev2')), 'PENDING',
+    (
+        SELECT string_agg(DISTINCT status, ',') FROM outbox.events
+        WHERE event_id IN (:'ev1', :'ev2')
+    ), 'PENDING',
     'replay: outbox rows are PENDING again'
 );
 SELECT is(
-    (SELECT count(*) FROM outbox.requeue_log WHERE reason = 'broker fixed'), 2::bigint,
+    (
+        SELECT count(*) FROM outbox.requeue_log
+        WHERE reason = 'broker fixed'
+    ), 2::bigint,
     'replay: outbox requeues audited in requeue_log'
 );
 
 -- Re-failure: the replayer takes the 5xx rows, the handler fails again.
-SELECT is((SELECT count(*) FROM inbox.claim_replays('replayer', 10)), 3::bigint, 'the replayer takes the redriven rows');
-SELECT inbox.record_error(message_id, handler, 'HTTP 500: order ' || gen_random_uuid() || ' failed after 9 tries', dead => TRUE)
-FROM inbox.messages WHERE status = 'RECEIVED';
+SELECT is(
+    (SELECT count(*) FROM inbox.claim_replays('replayer', 10)), 3::bigint, 'the replayer takes the redriven rows'
+);
+SELECT
+    inbox.record_error(
+        message_id, handler, 'HTTP 500: order ' || gen_random_uuid() || ' failed after 9 tries', dead => TRUE
+    )
+FROM inbox.messages
+WHERE status = 'RECEIVED';
 SELECT is(
     (SELECT refailed FROM outbox.dlq_groups(jsonb_build_object('group', :'g500'))), 3::bigint,
     'groups: rows dead-lettered again after a replay count as refailed'
@@ -193,7 +237,10 @@ SELECT is(outbox.dlq_count('{"side": "outbox"}', 'discard'), 1::bigint, 'count: 
 SELECT is(outbox.dlq_discard('{"side": "outbox"}', 'obsolete event'), 1, 'discard: an outbox dead letter');
 SELECT is(fixture.status(:'ev3'), 'DISCARDED', 'discard: the event is DISCARDED');
 SELECT is(
-    (SELECT format('%s|%s|%s', action, acted_by = session_user, reason) FROM outbox.discard_log WHERE event_id = :'ev3'),
+    (
+        SELECT format('%s|%s|%s', action, acted_by = session_user, reason) FROM outbox.discard_log
+        WHERE event_id = :'ev3'
+    ),
     'discard|t|obsolete event', 'discard: audited with who and why'
 );
 SELECT throws_ok(
@@ -212,16 +259,30 @@ SELECT throws_ok(
     format($$UPDATE outbox.events SET status = 'DISCARDED' WHERE event_id = %L$$, :'ev_failed'), 'OB103', NULL,
     'only a dead letter can be discarded'
 );
-SELECT set_config('pgoutbox.dlq_action', 'restore', true), set_config('pgoutbox.dlq_reason', 'r', true);
+SELECT
+    set_config('pgoutbox.dlq_action', 'restore', TRUE) AS action,
+    set_config('pgoutbox.dlq_reason', 'r', TRUE) AS reason;
 SELECT throws_ok(
-    format($$UPDATE inbox.messages SET dlq_metadata = dlq_metadata || '{"failures": 9}' WHERE message_id = %L$$, :'ship_id'),
+    format(
+        $$UPDATE inbox.messages SET dlq_metadata = dlq_metadata || '{"failures": 9}' WHERE message_id = %L$$, :'ship_id'
+    ),
     'OB104', NULL, 'a restore of a row that is not discarded is refused'
 );
-SELECT set_config('pgoutbox.dlq_action', '', true), set_config('pgoutbox.dlq_reason', '', true);
+SELECT
+    set_config('pgoutbox.dlq_action', '', TRUE) AS action,
+    set_config('pgoutbox.dlq_reason', '', TRUE) AS reason;
 
-SELECT is(outbox.dlq_discard(jsonb_build_object('ids', jsonb_build_array(:'ship_id')), 'never routable'), 1, 'discard: an inbox dead letter');
+SELECT
+    is(
+        outbox.dlq_discard(jsonb_build_object('ids', jsonb_build_array(:'ship_id')), 'never routable'),
+        1,
+        'discard: an inbox dead letter'
+    );
 SELECT is(
-    (SELECT format('%s|%s', status, dlq_metadata -> 'discarded' ->> 'reason') FROM inbox.messages WHERE message_id = :'ship_id'),
+    (
+        SELECT format('%s|%s', status, dlq_metadata -> 'discarded' ->> 'reason') FROM inbox.messages
+        WHERE message_id = :'ship_id'
+    ),
     'DEAD_LETTER|never routable', 'discard: an inbox row stays DEAD_LETTER, marked discarded'
 );
 SELECT throws_ok(
@@ -230,7 +291,11 @@ SELECT throws_ok(
 );
 SELECT is(inbox.redrive('shipping', NULL, 'all of them'), 0, 'a redrive of all passes discarded ones by');
 SELECT throws_ok(
-    format($$UPDATE inbox.messages SET dlq_metadata = dlq_metadata || '{"next_replay_at": "2000-01-01T00:00:00Z"}' WHERE message_id = %L$$, :'ship_id'),
+    format(
+        $$UPDATE inbox.messages SET dlq_metadata = dlq_metadata || '{"next_replay_at": "2000-01-01T00:00:00Z"}'
+          WHERE message_id = %L$$,
+        :'ship_id'
+    ),
     'OB101', NULL, 'a discarded message cannot be scheduled for replay around the functions'
 );
 SELECT throws_ok(
@@ -241,7 +306,10 @@ SELECT is(
     (SELECT count(*) FROM inbox.dead_letters('shipping')), 0::bigint, 'dead_letters lists live dead letters only'
 );
 SELECT is(
-    (SELECT format('%s|%s', dead_letter, discarded) FROM inbox.backlog() WHERE handler = 'shipping'), '0|1',
+    (
+        SELECT format('%s|%s', dead_letter, discarded) FROM inbox.backlog()
+        WHERE handler = 'shipping'
+    ), '0|1',
     'inbox.backlog counts discarded apart'
 );
 SELECT is(
@@ -253,11 +321,20 @@ SELECT is(
 );
 SELECT is(outbox.dlq_restore('{}', 'wanted after all'), 2, 'restore: both sides');
 SELECT is(
-    (SELECT format('%s|%s', fixture.status(:'ev3'), (SELECT dlq_metadata ? 'discarded' FROM inbox.messages WHERE message_id = :'ship_id'))),
+    (
+        SELECT format('%s|%s', fixture.status(
+            :'ev3'), (
+            SELECT dlq_metadata ? 'discarded' FROM inbox.messages
+            WHERE message_id = :'ship_id'
+        ))
+    ),
     'DEAD_LETTER|f', 'restore: dead letters again'
 );
 SELECT is(
-    (SELECT string_agg(action, ',' ORDER BY id) FROM inbox.discard_log WHERE message_id = :'ship_id'),
+    (
+        SELECT string_agg(action, ',' ORDER BY id) FROM inbox.discard_log
+        WHERE message_id = :'ship_id'
+    ),
     'discard,restore', 'restore: audited after the discard'
 );
 SELECT throws_ok($$UPDATE outbox.discard_log SET reason = 'nothing'$$, 'OB060', NULL, 'discard_log is append-only');
@@ -272,7 +349,10 @@ SELECT is(
     '["restore", "discard"]'::jsonb, 'show: the history, newest first'
 );
 SELECT throws_ok(
-    format($$SELECT outbox.dlq_show('inbox', %L, 'billing')$$, :'ship_id'), 'OB105', NULL, 'show: an unknown dead letter'
+    format($$SELECT outbox.dlq_show('inbox', %L, 'billing')$$, :'ship_id'),
+    'OB105',
+    NULL,
+    'show: an unknown dead letter'
 );
 
 CREATE ROLE t_viewer IN ROLE pgoutbox_viewer;
@@ -280,8 +360,10 @@ CREATE ROLE t_admin IN ROLE pgoutbox_admin;
 SET LOCAL SESSION AUTHORIZATION t_viewer;
 SELECT is((SELECT count(*) FROM outbox.dlq_groups()), 4::bigint, 'viewer: may read the groups');
 SELECT is(
-    (SELECT format('%s|%s|%s', d ->> 'payload', d ->> 'payload_visible', d -> 'headers' ->> 'x-trace')
-     FROM outbox.dlq_show('inbox', :'ship_id', 'shipping') AS d),
+    (
+        SELECT format('%s|%s|%s', d ->> 'payload', d ->> 'payload_visible', d -> 'headers' ->> 'x-trace')
+        FROM outbox.dlq_show('inbox', :'ship_id', 'shipping') AS d
+    ),
     '|false|abc', 'viewer: the detail without its payload'
 );
 SELECT throws_ok($$SELECT outbox.dlq_replay('{}', 'x')$$, '42501', NULL, 'viewer: may not replay');
@@ -291,7 +373,10 @@ RESET SESSION AUTHORIZATION;
 SET LOCAL SESSION AUTHORIZATION t_admin;
 SELECT is(outbox.dlq_discard('{"side": "inbox", "owner": "shipping"}', 'admin acts'), 1, 'admin: may discard');
 SELECT is(
-    (SELECT acted_by FROM inbox.discard_log WHERE reason = 'admin acts'), 't_admin', 'admin: audited as its role'
+    (
+        SELECT acted_by FROM inbox.discard_log
+        WHERE reason = 'admin acts'
+    ), 't_admin', 'admin: audited as its role'
 );
 RESET SESSION AUTHORIZATION;
 

@@ -163,7 +163,8 @@ SELECT lives_ok(
     $$SELECT outbox.schema_version(), outbox.serves_workers_from()$$, 'viewer: may make the schema check'
 );
 SELECT lives_ok(
-    $$SELECT * FROM outbox.backlog() AS a, inbox.backlog() AS b, outbox.dead_letters() AS c, inbox.dead_letters() AS d$$,
+    $$SELECT * FROM outbox.backlog() AS a, inbox.backlog() AS b,
+        outbox.dead_letters() AS c, inbox.dead_letters() AS d$$,
     'viewer: may read the backlogs and dead letters'
 );
 SELECT lives_ok(
