@@ -13,10 +13,9 @@
 --   * discarded: outbox status DISCARDED (DEAD_LETTER <-> DISCARDED), inbox
 --     dlq_metadata.discarded on a DEAD_LETTER row; the update guards allow
 --     the moves only inside dlq_discard/dlq_restore (OB101..OB104);
---     claim_replays, redrive and dead_letters pass discarded rows by; both
---     backlog functions gain a last column, discarded (dropped and created
---     again: the return type changes); archival counts discarded rows as
---     dead letters;
+--     claim_replays, redrive and dead_letters pass discarded rows by, and
+--     inbox.backlog counts live dead letters only (outbox.dlq_summary counts
+--     the discarded); archival counts discarded rows as dead letters;
 --   * the role pgoutbox_viewer (NOLOGIN): the read functions, no table.
 --
 -- Expand only: workers of release 0.3.0 (schema 11) run on it unchanged
@@ -94,10 +93,6 @@ CREATE INDEX IF NOT EXISTS redrive_log_message_idx ON inbox.redrive_log (message
 -- Discarded events, as events_dead_letter_idx serves the dead letters.
 CREATE INDEX IF NOT EXISTS events_discarded_idx ON outbox.events (context)
 WHERE status = 'DISCARDED';
-
--- The return type changes (a last column, discarded).
-DROP FUNCTION IF EXISTS outbox.backlog(text);
-DROP FUNCTION IF EXISTS inbox.backlog(text);
 
 -- generated from sql/20_outbox_guards.sql: outbox.tg_events__guard_update
 -- Every status move the trigger's WHEN clause (below) lets through: a no-op,
@@ -213,73 +208,6 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__refuse_bad_state();
 
--- generated from sql/30_outbox_api.sql: outbox.backlog
--- Backlog per context (QRY-050). "due" is what a relay could take right now;
--- oldest_due_age growing while due > 0 means no relay is making progress,
--- whereas a large unpublished count with nothing due is just parked retries.
-CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
-RETURNS TABLE (
-    context text,
-    unpublished bigint,
-    oldest_unpublished_at timestamptz,
-    due bigint,
-    oldest_due_age interval,
-    processing bigint,
-    failed bigint,
-    dead_letter bigint,
-    discarded bigint
-)
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path TO pg_catalog, pg_temp
-AS $$
-    SELECT outbox._check_context(backlog.context);
-    -- A branch per partial index that serves it.
-    WITH unfinished AS (
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
-            AND (backlog.context IS NULL OR e.context = backlog.context)
-        UNION ALL
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status = 'DEAD_LETTER'
-            AND (backlog.context IS NULL OR e.context = backlog.context)
-        UNION ALL
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status = 'DISCARDED'
-            AND (backlog.context IS NULL OR e.context = backlog.context)
-    ),
-    contexts AS (
-        SELECT DISTINCT u.context FROM unfinished AS u
-        UNION
-        SELECT backlog.context WHERE backlog.context IS NOT NULL
-    )
-    SELECT
-        c.context,
-        count(u.status) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED')),
-        min(u.created_at) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED')),
-        count(u.status) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED') AND u.available_at <= now()),
-        -- greatest(): a row stored by an older version with available_at
-        -- -infinity is due and very old, not an error (interval has no infinity).
-        now() - greatest(
-            min(u.available_at) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED') AND u.available_at <= now()),
-            timestamptz '0001-01-01 00:00:00+00'
-        ),
-        count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
-        count(u.status) FILTER (WHERE u.status = 'FAILED'),
-        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER'),
-        count(u.status) FILTER (WHERE u.status = 'DISCARDED')
-    FROM contexts AS c
-    LEFT JOIN unfinished AS u ON u.context = c.context
-    GROUP BY c.context
-    ORDER BY c.context;
-$$;
-COMMENT ON FUNCTION outbox.backlog(text) IS
-'Per context: unpublished count and oldest, due count and age of the oldest due, by status (discarded apart).';
--- end generated
-
 -- generated from sql/50_inbox.sql: inbox.tg_messages__guard_update
 CREATE OR REPLACE FUNCTION inbox.tg_messages__guard_update()
 RETURNS trigger
@@ -344,8 +272,7 @@ RETURNS TABLE (
     unprocessed bigint,
     oldest_unprocessed_at timestamptz,
     failed bigint,
-    dead_letter bigint,
-    discarded bigint
+    dead_letter bigint
 )
 LANGUAGE sql STABLE
 SECURITY DEFINER
@@ -358,8 +285,8 @@ AS $$
         count(*) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
         min(m.received_at) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
         count(*) FILTER (WHERE m.status = 'FAILED'),
-        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded'),
-        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND m.dlq_metadata ? 'discarded')
+        -- live dead letters: the discarded ones are counted by outbox.dlq_summary()
+        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded')
     FROM inbox.messages AS m
     WHERE m.status <> 'PROCESSED'
         AND (backlog.context IS NULL OR m.context = backlog.context)
@@ -367,7 +294,7 @@ AS $$
     ORDER BY m.context, m.handler;
 $$;
 COMMENT ON FUNCTION inbox.backlog(text) IS
-'Per context and handler: unprocessed count and oldest, failed, dead-lettered and discarded counts.';
+'Per context and handler: unprocessed count and oldest, failed and (live) dead-lettered counts.';
 -- end generated
 
 -- generated from sql/60_inbox_replay.sql: inbox.claim_replays
@@ -948,6 +875,44 @@ COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
 'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
 -- end generated
 
+-- generated from sql/67_dead_letters.sql: outbox.dlq_summary
+-- Per side, context and owner: live and discarded dead letters, re-failures,
+-- replays asked for and not yet taken, and (inbox) whether automated replay is
+-- on. The backlog functions keep their columns (workers of older releases
+-- read them) and count live dead letters only; the discarded are counted here.
+CREATE OR REPLACE FUNCTION outbox.dlq_summary()
+RETURNS TABLE (
+    side text,
+    context text,
+    owner text,
+    dead_letters bigint,
+    discarded bigint,
+    refailed bigint,
+    redrive_pending bigint,
+    replay_enabled boolean
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT
+        r.side,
+        split_part(r.subject, '.', 1),
+        r.owner,
+        count(*) FILTER (WHERE NOT r.discarded),
+        count(*) FILTER (WHERE r.discarded),
+        count(*) FILTER (WHERE r.refailed AND NOT r.discarded),
+        count(*) FILTER (WHERE r.redrive_pending),
+        CASE WHEN r.side = 'inbox' THEN coalesce(bool_and(s.enabled), TRUE) END
+    FROM outbox._dlq_rows('{"discarded": null}'::jsonb) AS r
+    LEFT JOIN inbox.replay_switches AS s ON r.side = 'inbox' AND s.handler = r.owner
+    GROUP BY r.side, split_part(r.subject, '.', 1), r.owner
+    ORDER BY r.side, 2, r.owner;
+$$;
+COMMENT ON FUNCTION outbox.dlq_summary() IS
+'Per side, context and owner: live and discarded dead letters, re-failures, pending replays, replay switch.';
+-- end generated
+
 -- generated from sql/67_dead_letters.sql: outbox.dlq_list
 -- Dead letters one by one, newest first, a page at a time: pass the last
 -- row's cursor as `after` for the next page (OB107: not such a cursor).
@@ -1473,8 +1438,6 @@ COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
 -- end generated
 
 REVOKE ALL ON FUNCTION
-outbox.backlog(text),
-inbox.backlog(text),
 outbox.tg_discard_log__append_only(),
 outbox._check_discard_move(uuid, text, text, boolean),
 outbox.dlq_error_class(text),
@@ -1482,6 +1445,7 @@ outbox.dlq_error_pattern(text),
 outbox._check_dlq_filter(jsonb),
 outbox._dlq_rows(jsonb),
 outbox.dlq_groups(jsonb, integer),
+outbox.dlq_summary(),
 outbox.dlq_list(jsonb, integer, text),
 outbox.dlq_show(text, uuid, text),
 outbox.dlq_count(jsonb, text),
@@ -1490,12 +1454,10 @@ outbox.dlq_replay(jsonb, text, integer),
 outbox.dlq_discard(jsonb, text, integer),
 outbox.dlq_restore(jsonb, text, integer)
 FROM public;
-GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_viewer;
-GRANT EXECUTE ON FUNCTION outbox.backlog(text), inbox.backlog(text)
-TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin, pgoutbox_viewer;
 -- pgoutbox_viewer: the read-only operator (the console's viewers). It reads
 -- through functions only, no table: so it sees dead letters, never payloads
 -- (outbox.dlq_show shows one only to a role that may read the table).
+GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_viewer;
 GRANT EXECUTE ON FUNCTION
 outbox.schema_version(), outbox.serves_workers_from(),
 outbox.backlog(text), outbox.dead_letters(text, integer),
@@ -1505,6 +1467,7 @@ TO pgoutbox_viewer;
 -- read, only the admin acts.
 GRANT EXECUTE ON FUNCTION
 outbox.dlq_groups(jsonb, integer),
+outbox.dlq_summary(),
 outbox.dlq_list(jsonb, integer, text),
 outbox.dlq_show(text, uuid, text),
 outbox.dlq_count(jsonb, text),

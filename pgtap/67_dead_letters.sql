@@ -15,7 +15,8 @@
 --   * re-failures: a replayed row that dead-letters again counts as refailed
 --   * discard and restore: audited in discard_log; a discarded row is
 --     neither claimed for replay, redriven, requeued nor listed as a live
---     dead letter, and the backlogs count it apart; direct UPDATEs around
+--     dead letter; the backlogs count live dead letters only and
+--     dlq_summary counts the discarded apart; direct UPDATEs around
 --     the functions are refused (OB101, OB102), a restore of a row that is
 --     not discarded (OB104) and a discard of one that is not a dead letter
 --     (OB103) too; discard_log is append-only (OB060)
@@ -25,7 +26,7 @@
 --     pgoutbox_admin acts
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(79);
+SELECT plan(80);
 \ir fixtures/events.sql
 
 -- An inbox dead letter of handler with error err and tenant t1.
@@ -306,15 +307,17 @@ SELECT is(
     (SELECT count(*) FROM inbox.dead_letters('shipping')), 0::bigint, 'dead_letters lists live dead letters only'
 );
 SELECT is(
-    (
-        SELECT format('%s|%s', dead_letter, discarded) FROM inbox.backlog()
-        WHERE handler = 'shipping'
-    ), '0|1',
-    'inbox.backlog counts discarded apart'
+    (SELECT dead_letter FROM inbox.backlog() WHERE handler = 'shipping'), 0::bigint,
+    'inbox.backlog counts live dead letters only'
 );
-SELECT is(
-    (SELECT format('%s|%s', dead_letter, discarded) FROM outbox.backlog('sea')), '0|1',
-    'outbox.backlog counts discarded apart'
+SELECT is((SELECT dead_letter FROM outbox.backlog('sea')), 0::bigint, 'outbox.backlog counts live dead letters only');
+SELECT results_eq(
+    $$SELECT side, context, owner, dead_letters, discarded, replay_enabled FROM outbox.dlq_summary()$$,
+    $$VALUES
+        ('inbox'::text, 'sea'::text, 'billing'::text, 5::bigint, 0::bigint, TRUE),
+        ('inbox', 'sea', 'shipping', 0, 1, TRUE),
+        ('outbox', 'sea', 'sea', 0, 1, NULL)$$,
+    'dlq_summary counts live and discarded dead letters apart, with the replay switch'
 );
 SELECT is(
     (SELECT count(*) FROM outbox.dlq_list('{"discarded": true}')), 2::bigint, 'list: discarded ones on request'

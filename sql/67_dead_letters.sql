@@ -426,6 +426,42 @@ $$;
 COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
 'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
 
+-- Per side, context and owner: live and discarded dead letters, re-failures,
+-- replays asked for and not yet taken, and (inbox) whether automated replay is
+-- on. The backlog functions keep their columns (workers of older releases
+-- read them) and count live dead letters only; the discarded are counted here.
+CREATE OR REPLACE FUNCTION outbox.dlq_summary()
+RETURNS TABLE (
+    side text,
+    context text,
+    owner text,
+    dead_letters bigint,
+    discarded bigint,
+    refailed bigint,
+    redrive_pending bigint,
+    replay_enabled boolean
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT
+        r.side,
+        split_part(r.subject, '.', 1),
+        r.owner,
+        count(*) FILTER (WHERE NOT r.discarded),
+        count(*) FILTER (WHERE r.discarded),
+        count(*) FILTER (WHERE r.refailed AND NOT r.discarded),
+        count(*) FILTER (WHERE r.redrive_pending),
+        CASE WHEN r.side = 'inbox' THEN coalesce(bool_and(s.enabled), TRUE) END
+    FROM outbox._dlq_rows('{"discarded": null}'::jsonb) AS r
+    LEFT JOIN inbox.replay_switches AS s ON r.side = 'inbox' AND s.handler = r.owner
+    GROUP BY r.side, split_part(r.subject, '.', 1), r.owner
+    ORDER BY r.side, 2, r.owner;
+$$;
+COMMENT ON FUNCTION outbox.dlq_summary() IS
+'Per side, context and owner: live and discarded dead letters, re-failures, pending replays, replay switch.';
+
 -- Dead letters one by one, newest first, a page at a time: pass the last
 -- row's cursor as `after` for the next page (OB107: not such a cursor).
 CREATE OR REPLACE FUNCTION outbox.dlq_list(
