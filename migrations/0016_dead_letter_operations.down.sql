@@ -46,6 +46,8 @@ DROP FUNCTION IF EXISTS outbox._dlq_rows(jsonb);
 DROP FUNCTION IF EXISTS outbox._check_dlq_filter(jsonb);
 DROP FUNCTION IF EXISTS outbox.dlq_error_pattern(text);
 DROP FUNCTION IF EXISTS outbox.dlq_error_class(text);
+DROP FUNCTION IF EXISTS outbox._dlq_error_pattern(text);
+DROP FUNCTION IF EXISTS outbox._dlq_error_class(text);
 DROP TABLE IF EXISTS outbox.discard_log;
 DROP TABLE IF EXISTS inbox.discard_log;
 DROP FUNCTION IF EXISTS outbox.tg_discard_log__append_only();

@@ -307,7 +307,10 @@ SELECT is(
     (SELECT count(*) FROM inbox.dead_letters('shipping')), 0::bigint, 'dead_letters lists live dead letters only'
 );
 SELECT is(
-    (SELECT dead_letter FROM inbox.backlog() WHERE handler = 'shipping'), 0::bigint,
+    (
+        SELECT dead_letter FROM inbox.backlog()
+        WHERE handler = 'shipping'
+    ), 0::bigint,
     'inbox.backlog counts live dead letters only'
 );
 SELECT is((SELECT dead_letter FROM outbox.backlog('sea')), 0::bigint, 'outbox.backlog counts live dead letters only');
