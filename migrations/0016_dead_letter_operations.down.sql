@@ -38,6 +38,7 @@ DROP FUNCTION IF EXISTS outbox.dlq_discard(jsonb, text, integer);
 DROP FUNCTION IF EXISTS outbox.dlq_replay(jsonb, text, integer);
 DROP FUNCTION IF EXISTS outbox._dlq_batch(jsonb, text, text, integer);
 DROP FUNCTION IF EXISTS outbox.dlq_count(jsonb, text);
+DROP FUNCTION IF EXISTS outbox._dlq_targets(jsonb, text);
 DROP FUNCTION IF EXISTS outbox.dlq_show(text, uuid, text);
 DROP FUNCTION IF EXISTS outbox.dlq_list(jsonb, integer, text);
 DROP FUNCTION IF EXISTS outbox.dlq_summary();

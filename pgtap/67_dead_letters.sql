@@ -20,13 +20,15 @@
 --     the functions are refused (OB101, OB102), a restore of a row that is
 --     not discarded (OB104) and a discard of one that is not a dead letter
 --     (OB103) too; discard_log is append-only (OB060)
+--   * an event of a sealed partition is listed, but no action counts or
+--     takes it (it would refuse the whole batch)
 --   * detail: envelope, payload only for a session user that may read the
 --     table, history with who and why; unknown (OB105)
 --   * roles: pgoutbox_viewer reads (no payload), cannot act or read tables;
 --     pgoutbox_admin acts
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(80);
+SELECT plan(84);
 \ir fixtures/events.sql
 
 -- An inbox dead letter of handler with error err and tenant t1.
@@ -344,6 +346,27 @@ SELECT is(
     'discard,restore', 'restore: audited after the discard'
 );
 SELECT throws_ok($$UPDATE outbox.discard_log SET reason = 'nothing'$$, 'OB060', NULL, 'discard_log is append-only');
+
+-- An event of a sealed (archived, read-only) partition stays listed, but no
+-- action takes it: it would refuse its whole batch (OB056) at every run.
+\ir fixtures/archival.sql
+SELECT
+    (now() AT TIME ZONE 'UTC')::date - 40 AS d40,
+    outbox._partition_name((now() AT TIME ZONE 'UTC')::date - 40) AS p40
+\gset
+SELECT outbox.create_partitions(0, :'d40');
+SELECT fixture.old_event(:'d40', 'DEAD_LETTER') AS old_dl \gset
+SELECT lives_ok(
+    format('SELECT * FROM outbox.seal_partition(%L)', :'p40'), 'a partition with an old dead letter is sealed'
+);
+SELECT is(
+    (SELECT count(*) FROM outbox.dlq_list(jsonb_build_object('ids', jsonb_build_array(:'old_dl')))), 1::bigint,
+    'sealed: still listed'
+);
+SELECT is(
+    outbox.dlq_count(jsonb_build_object('ids', jsonb_build_array(:'old_dl'))), 0::bigint, 'sealed: no action counts it'
+);
+SELECT is(outbox.dlq_replay('{"side": "outbox"}', 'sealed aside'), 1, 'sealed: a batch passes it by, takes the rest');
 
 -- Detail and roles.
 SELECT is(

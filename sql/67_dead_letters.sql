@@ -646,6 +646,33 @@ $$;
 COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
 'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
 
+-- The rows an action may take now: replay the live replayable ones, discard
+-- the live ones, restore the discarded ones; never an event of a sealed
+-- (archived, read-only) partition, which refuses every UPDATE (OB056): one
+-- such row would refuse its whole batch, at every run. They stay listed.
+CREATE OR REPLACE FUNCTION outbox._dlq_targets(filter jsonb, action text)
+RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz, seen_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    WITH sealed AS (
+        SELECT to_date(right(c.relname::text, 8), 'YYYYMMDD') AS day
+        FROM pg_trigger AS t
+        INNER JOIN pg_class AS c ON t.tgrelid = c.oid
+        INNER JOIN pg_inherits AS i ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'outbox.events'::regclass
+            AND t.tgname = '_050_archived_read_only'
+            AND c.relname ~ '^events_p[0-9]{8}$'
+    )
+    SELECT r.side, r.id, r.handler, r.row_id, r.created_at, r.seen_at
+    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
+    WHERE (action <> 'replay' OR r.replayable)
+        AND (
+            r.side = 'inbox'
+            OR NOT EXISTS (SELECT 1 FROM sealed AS s WHERE s.day = (r.created_at AT TIME ZONE 'UTC')::date)
+        );
+$$;
+
 -- The exact number of rows an action would touch now, over all its batches.
 CREATE OR REPLACE FUNCTION outbox.dlq_count(
     filter jsonb DEFAULT '{}'::jsonb,
@@ -662,11 +689,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
             USING ERRCODE = 'OB106';
     END IF;
-    RETURN (
-        SELECT count(*)
-        FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
-        WHERE action <> 'replay' OR r.replayable
-    );
+    RETURN (SELECT count(*) FROM outbox._dlq_targets(filter, action));
 END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
@@ -683,10 +706,9 @@ BEGIN
     PERFORM outbox._check_dlq_filter(filter);
     PERFORM outbox._check_max_rows(max_rows);
     RETURN QUERY
-    SELECT r.side, r.id, r.handler, r.row_id, r.created_at
-    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
-    WHERE action <> 'replay' OR r.replayable
-    ORDER BY r.seen_at, r.side, r.id, r.handler
+    SELECT t.side, t.id, t.handler, t.row_id, t.created_at
+    FROM outbox._dlq_targets(filter, action) AS t
+    ORDER BY t.seen_at, t.side, t.id, t.handler
     LIMIT max_rows;
 END;
 $$;
