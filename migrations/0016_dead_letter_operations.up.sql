@@ -663,7 +663,7 @@ COMMENT ON FUNCTION outbox.dlq_error_pattern(text) IS
 -- The filter's checks (OB100), all of them before anything is read.
 CREATE OR REPLACE FUNCTION outbox._check_dlq_filter(filter jsonb)
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
