@@ -20,10 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -39,6 +37,7 @@ from psycopg.types.json import Jsonb
 
 from support.inbox import FakeHandler
 from support.outbox import apply_streams, status_counts, wait_for
+from support.workers import worker
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -92,30 +91,36 @@ def login(pg_server, database_url):
 
 
 @contextlib.contextmanager
-def worker(tmp: Path, command: str, started: str, **settings: str) -> Iterator[int]:
-    """`pgoutbox command` until the block ends (SIGTERM, then exit 0); the port of its /metrics."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
-    log = tmp / f"{command}.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(PGOUTBOX), command], env={**env, **settings}, cwd=tmp, stdout=out, stderr=subprocess.STDOUT
-        )
-        try:
-
-            def port() -> int | None:
-                assert proc.poll() is None, f"pgoutbox {command} exited {proc.returncode}:\n{log.read_text()}"
-                for line in log.read_text().splitlines():
-                    if line.startswith("{") and started in line:
-                        return json.loads(line)["http_port"]
-                return None
-
-            yield wait_for(port, 60, f"pgoutbox {command} to start")
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == 0, log.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+def both_workers(tmp_path: Path, nats_server, login, handler: FakeHandler) -> Iterator[tuple[int, int]]:
+    """A consumer (one handler on SUBJECT) and a relay, each as its documented
+    role, on the defaults but for /metrics on a free port: (consumer, relay) ports."""
+    (tmp_path / "handlers").mkdir()
+    (tmp_path / "handlers" / "billing.toml").write_text(
+        f'[[handler]]\nname = "{HANDLER}"\nurl = "{handler.url}"\nsubjects = ["{SUBJECT}"]\n'
+    )
+    subprocess.run([str(PGOUTBOX), "registry", "generate"], cwd=tmp_path, check=True, capture_output=True)
+    asyncio.run(apply_streams(nats_server.url))
+    common = {"OUTBOX_NATS_URL": nats_server.url}
+    with (
+        worker(
+            tmp_path,
+            "consume",
+            '"consumer started"',
+            **common,
+            OUTBOX_DATABASE_URL=login(documented_role("consume")),
+            OUTBOX_CONSUMER_HTTP_PORT="0",
+        ) as consumer_port,
+        worker(
+            tmp_path,
+            "relay",
+            '"action": "started"',
+            **common,
+            OUTBOX_DATABASE_URL=login(documented_role("relay")),
+            OUTBOX_RELAY_HTTP_PORT="0",
+        ) as relay_port,
+    ):
+        assert consumer_port and relay_port
+        yield consumer_port, relay_port
 
 
 def scrape(port: int) -> str:
@@ -156,32 +161,7 @@ def test_promtool_finds_what_it_should(promtool):
 def test_both_workers_metrics_pass_promtool(promtool, database_url, nats_server, login, tmp_path):
     handler = FakeHandler()
     try:
-        manifests = tmp_path / "handlers"
-        manifests.mkdir()
-        (manifests / "billing.toml").write_text(
-            f'[[handler]]\nname = "{HANDLER}"\nurl = "{handler.url}"\nsubjects = ["{SUBJECT}"]\n'
-        )
-        subprocess.run([str(PGOUTBOX), "registry", "generate"], cwd=tmp_path, check=True, capture_output=True)
-        asyncio.run(apply_streams(nats_server.url))
-        common = {"OUTBOX_NATS_URL": nats_server.url}
-        with (
-            worker(
-                tmp_path,
-                "consume",
-                '"consumer started"',
-                **common,
-                OUTBOX_DATABASE_URL=login(documented_role("consume")),
-                OUTBOX_CONSUMER_HTTP_PORT="0",
-            ) as consumer_port,
-            worker(
-                tmp_path,
-                "relay",
-                '"action": "started"',
-                **common,
-                OUTBOX_DATABASE_URL=login(documented_role("relay")),
-                OUTBOX_RELAY_HTTP_PORT="0",
-            ) as relay_port,
-        ):
+        with both_workers(tmp_path, nats_server, login, handler) as (consumer_port, relay_port):
             for answers in ([200], [200], [422]):
                 emit(database_url, "sea", answers)
             emit(database_url, "nowhere", [200])  # no stream captures it: dead-lettered by the relay
@@ -390,32 +370,7 @@ def test_the_dashboard_and_rules_metrics_are_served_and_the_ages_observe_every_e
     handler = FakeHandler()
     events = 5
     try:
-        manifests = tmp_path / "handlers"
-        manifests.mkdir()
-        (manifests / "billing.toml").write_text(
-            f'[[handler]]\nname = "{HANDLER}"\nurl = "{handler.url}"\nsubjects = ["{SUBJECT}"]\n'
-        )
-        subprocess.run([str(PGOUTBOX), "registry", "generate"], cwd=tmp_path, check=True, capture_output=True)
-        asyncio.run(apply_streams(nats_server.url))
-        common = {"OUTBOX_NATS_URL": nats_server.url}
-        with (
-            worker(
-                tmp_path,
-                "consume",
-                '"consumer started"',
-                **common,
-                OUTBOX_DATABASE_URL=login(documented_role("consume")),
-                OUTBOX_CONSUMER_HTTP_PORT="0",
-            ) as consumer_port,
-            worker(
-                tmp_path,
-                "relay",
-                '"action": "started"',
-                **common,
-                OUTBOX_DATABASE_URL=login(documented_role("relay")),
-                OUTBOX_RELAY_HTTP_PORT="0",
-            ) as relay_port,
-        ):
+        with both_workers(tmp_path, nats_server, login, handler) as (consumer_port, relay_port):
             started = time.time()
             for _ in range(events):
                 emit(database_url, "sea", [200])

@@ -18,16 +18,12 @@ to one it cannot parse (so a request the SDK refuses shows as a dead letter).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -53,6 +49,7 @@ from support.inbox import (
 from support.outbox import apply_streams, stream_messages
 from support.roles import login
 from support.waiting import until, wait_for
+from support.workers import worker
 
 ROOT = Path(__file__).resolve().parents[2]
 PGOUTBOX = Path(sys.executable).parent / "pgoutbox"
@@ -110,31 +107,6 @@ class SdkHandler:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-
-
-@contextlib.contextmanager
-def worker(tmp: Path, command: str, started: str, **settings: str) -> Iterator[subprocess.Popen]:
-    """`pgoutbox command` until the block ends (SIGTERM, then exit 0)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
-    log = tmp / f"{command}.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(PGOUTBOX), command], env={**env, **settings}, cwd=tmp, stdout=out, stderr=subprocess.STDOUT
-        )
-        try:
-
-            def up() -> bool:
-                assert proc.poll() is None, f"pgoutbox {command} exited {proc.returncode}:\n{log.read_text()}"
-                return started in log.read_text()
-
-            wait_for(up, 60, f"pgoutbox {command} to start")
-            yield proc
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(60) == 0, log.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
 
 
 def emit(writer: str, owner: str, aggregate_id: str, payload: dict, headers: dict) -> tuple[str, datetime]:

@@ -299,7 +299,7 @@ def test_the_pgtap_suite_passes_on_the_updated_extension(pg_server, updated_from
 def fill_every_table(url: str) -> None:
     """Rows in every table and partition: events in each status and in each
     partition, a requeue, inbox rows in each status, a replay switch, a
-    redrive, archival audits, command keys."""
+    redrive, discards and a restore, archival audits, command keys."""
     with psycopg.connect(url, autocommit=True) as conn:
         emit = (
             "SELECT outbox.emit('order', i::text, 'order_created', jsonb_build_object('schema_version', 1, 'n', i),"
@@ -341,6 +341,13 @@ def fill_every_table(url: str) -> None:
         conn.execute("SELECT inbox.record_error(%s, 'billing', 'poison', true)", (messages[1],))
         conn.execute("SELECT inbox.set_replay('billing', false, 'incident 7')")
         conn.execute("SELECT inbox.redrive('billing', %s::uuid[], 'fixed')", ([messages[1]],))
+        # Discards (an outbox event stays DISCARDED) and a restore, in both discard logs.
+        conn.execute(
+            "SELECT outbox.dlq_discard(jsonb_build_object('side', 'outbox', 'ids', jsonb_build_array(%s::uuid)), 'dup')",
+            (ids[2],),
+        )
+        conn.execute("""SELECT outbox.dlq_discard('{"side": "inbox", "owner": "billing"}', 'obsolete')""")
+        conn.execute("""SELECT outbox.dlq_restore('{"side": "inbox", "owner": "billing"}', 'needed after all')""")
         conn.execute(
             "INSERT INTO inbox.messages (message_id, handler, subject, status, received_at, processed_at)"
             " VALUES (gen_random_uuid(), 'h', 'sea.event.x.v1', 'PROCESSED',"
