@@ -1,0 +1,95 @@
+"""The console's tests log in with a role and a password, so they run on a
+PostgreSQL of their own that checks passwords (scram-sha-256 for every role
+but the superuser, which sets up): the suite's shared server trusts loopback,
+where a wrong password would pass."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+import uvicorn
+
+from pgoutbox.console.app import create_app
+from pgoutbox.console.settings import ConsoleConfig
+from pgoutbox.core import migrate as migrate_mod
+from pgoutbox.core import settings
+from pgoutbox.dev.embedded import EmbeddedPostgres, free_port
+from support.waiting import until
+
+TEMPLATE = "console_template"
+PASSWORD = "console-test-password"
+
+_HBA = """\
+local all all trust
+host all postgres 127.0.0.1/32 trust
+host all all 127.0.0.1/32 scram-sha-256
+"""
+
+
+@pytest.fixture(scope="session")
+def password_pg():
+    root = Path(tempfile.mkdtemp(prefix="pgoutbox-console-pg-"))
+    server = EmbeddedPostgres(root, settings={"fsync": "off", "synchronous_commit": "off"})
+    server.start()
+    try:
+        (server.datadir / "pg_hba.conf").write_text(_HBA)
+        server._pg_ctl("reload")
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {TEMPLATE}")
+        with psycopg.connect(server.dsn(TEMPLATE), autocommit=True) as conn:
+            migrate_mod.migrate(conn)
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def console_db(password_pg):
+    """A fresh migrated database on the password-checking server: (superuser URL, URL without a user)."""
+    name = f"c{time.monotonic_ns()}"
+    with psycopg.connect(password_pg.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    yield password_pg.dsn(name), f"postgresql://127.0.0.1:{password_pg.port}/{name}"
+    with psycopg.connect(password_pg.dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def person(superuser_url: str, group: str) -> tuple[str, str]:
+    """A login role in `group` only, with a password: (name, password)."""
+    name = f"p_{group.removeprefix('pgoutbox_')}_{time.monotonic_ns()}"
+    with psycopg.connect(superuser_url, autocommit=True) as c:
+        c.execute(
+            psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                psycopg.sql.Identifier(name), psycopg.sql.Literal(PASSWORD), psycopg.sql.Identifier(group)
+            )
+        )
+    return name, PASSWORD
+
+
+@contextlib.asynccontextmanager
+async def serving(database_url: str, **overrides):
+    """The console on a free loopback port, in this event loop: (base URL, Console)."""
+    values = {"database_url": database_url, "port": str(free_port()), "sample_interval": "1s", "action_pause": "50ms"}
+    values.update(overrides)
+    cfg = settings.build(ConsoleConfig, environ={}, overrides=values)
+    app = create_app(cfg)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=cfg.port, log_config=None, access_log=False, proxy_headers=False)
+    )
+    task = asyncio.ensure_future(server.serve())
+    await until(lambda: server.started or task.done(), 10, "the console listening")
+    if task.done():
+        task.result()
+    try:
+        yield f"http://127.0.0.1:{cfg.port}", app.state.console
+    finally:
+        server.should_exit = True
+        await task

@@ -1,0 +1,80 @@
+"""The console over plain HTTP (httpx), against its own password-checking
+PostgreSQL: login, cookies, CSRF, the failed-login limit, and PostgreSQL's
+grants answering 403. The browser tests (test_console_browser.py) drive the
+same pages through Chromium."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from tests.console.conftest import person, serving
+
+
+def _csrf(html: str) -> str:
+    return re.search(r'name="csrf" value="([^"]+)"', html).group(1)
+
+
+async def _login(client: httpx.AsyncClient, user: str, password: str) -> httpx.Response:
+    page = await client.get("/login")
+    return await client.post("/login", data={"user": user, "password": password, "csrf": _csrf(page.text)})
+
+
+async def test_an_admin_logs_in_with_a_session_cookie_that_scripts_and_other_sites_cannot_use(console_db):
+    su, url = console_db
+    admin, password = person(su, "pgoutbox_admin")
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        answer = await _login(client, admin, password)
+        assert answer.status_code == 303 and answer.headers["location"] == "/"
+        cookie = next(h for h in answer.headers.get_list("set-cookie") if h.startswith("pgoutbox_session="))
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie  # plain HTTP
+        overview = await client.get("/")
+        assert overview.status_code == 200 and "Overview" in overview.text and admin in overview.text
+        assert "default-src 'self'" in overview.headers["content-security-policy"]
+        # Behind a TLS proxy (a trusted address sends X-Forwarded-Proto: https) the cookie is Secure.
+        page = await client.get("/login", headers={"X-Forwarded-Proto": "https"})
+        login_cookie = next(h for h in page.headers.get_list("set-cookie") if h.startswith("pgoutbox_login="))
+        assert "Secure" in login_cookie
+        # httpx keeps a Secure cookie from a plain-HTTP exchange to itself: handed over by hand.
+        answer = await client.post(
+            "/login",
+            data={"user": admin, "password": password, "csrf": _csrf(page.text)},
+            headers={"X-Forwarded-Proto": "https", "Cookie": f"pgoutbox_login={page.cookies['pgoutbox_login']}"},
+        )
+        cookie = next(h for h in answer.headers.get_list("set-cookie") if h.startswith("pgoutbox_session="))
+        assert "Secure" in cookie
+
+
+async def test_a_wrong_password_is_refused_by_postgresql_and_pages_need_a_login(console_db):
+    su, url = console_db
+    admin, _ = person(su, "pgoutbox_admin")
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        answer = await _login(client, admin, "not-the-password")
+        assert answer.status_code == 401 and "refused this user or password" in answer.text
+        assert (await client.get("/")).headers["location"] == "/login"
+
+
+async def test_failed_logins_are_limited_per_user_and_per_address(console_db):
+    su, url = console_db
+    admin, password = person(su, "pgoutbox_admin")
+    async with serving(url, login_attempts="3", login_window="1m") as (base, _):
+        async with httpx.AsyncClient(base_url=base) as client:
+            for _ in range(3):
+                assert (await _login(client, admin, "wrong")).status_code == 401
+            refused = await _login(client, admin, password)  # the right password, too late
+            assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0
+            assert "Too many failed logins" in refused.text
+            # The same address trying another role is refused too.
+            other, other_password = person(su, "pgoutbox_admin")
+            assert (await _login(client, other, other_password)).status_code == 429
+
+
+async def test_a_post_without_the_sessions_csrf_token_is_refused(console_db):
+    su, url = console_db
+    admin, password = person(su, "pgoutbox_admin")
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        await _login(client, admin, password)
+        answer = await client.post("/logout", data={"csrf": "forged"})
+        assert answer.status_code == 403 and "CSRF" in answer.text
+        assert (await client.get("/")).status_code == 200  # still logged in
