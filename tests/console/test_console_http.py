@@ -5,10 +5,16 @@ same pages through Chromium."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 
 import httpx
 
+from pgoutbox.dev.embedded import free_port
+from support.waiting import wait_for
 from tests.console.conftest import person, serving
 
 
@@ -78,3 +84,26 @@ async def test_a_post_without_the_sessions_csrf_token_is_refused(console_db):
         answer = await client.post("/logout", data={"csrf": "forged"})
         assert answer.status_code == 403 and "CSRF" in answer.text
         assert (await client.get("/")).status_code == 200  # still logged in
+
+
+def test_pgoutbox_console_serves_until_sigterm(console_db, tmp_path):
+    _, url = console_db
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
+    env.update(OUTBOX_CONSOLE_DATABASE_URL=url, OUTBOX_CONSOLE_PORT=str(port))
+    log = (tmp_path / "console.log").open("w")
+    process = subprocess.Popen([sys.executable, "-m", "pgoutbox.cli.main", "console"], env=env, stdout=log, stderr=log)
+    try:
+
+        def login_page():
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/login").status_code == 200
+            except httpx.TransportError:
+                assert process.poll() is None, (tmp_path / "console.log").read_text()
+                return False
+
+        wait_for(login_page, 20, "the console's login page")
+        assert httpx.get(f"http://127.0.0.1:{port}/static/console.css").status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0

@@ -7,8 +7,14 @@ the console acts as that role and holds no privileges of its own
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib.util
+from collections.abc import Iterator
+from typing import Any
 
+from pgoutbox.cli import event_loop
+from pgoutbox.cli.consume import stop_on_signals
 from pgoutbox.console.settings import ConsoleConfig
 from pgoutbox.core import logs as json_logs
 from pgoutbox.core import settings
@@ -35,10 +41,17 @@ def run(cfg: ConsoleConfig, args: argparse.Namespace) -> int:
 
     from pgoutbox.console.app import create_app
 
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # Ours, not uvicorn's: uvicorn re-raises the signal after its
+            # shutdown, so the process would end by SIGTERM instead of exit 0.
+            yield
+
     json_logs.setup(cfg.log_level)
     # proxy_headers off: the console itself believes X-Forwarded-* only from
-    # OUTBOX_CONSOLE_TRUSTED_PROXIES (console.app.Console.client).
-    server = uvicorn.Server(
+    # OUTBOX_CONSOLE_TRUSTED_PROXIES (console.web.Console.client).
+    server = Server(
         uvicorn.Config(
             create_app(cfg),
             host=cfg.host,
@@ -49,5 +62,16 @@ def run(cfg: ConsoleConfig, args: argparse.Namespace) -> int:
             access_log=False,
         )
     )
-    server.run()
+    event_loop.run(_serve(server))
     return 0
+
+
+async def _serve(server: Any) -> None:
+    """Serves until SIGTERM or SIGINT, then lets running requests finish."""
+    stop = stop_on_signals()
+    serving = asyncio.ensure_future(server.serve())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stopped.cancel()
+    await serving

@@ -55,6 +55,7 @@ DATABASE_URL = S(
     "Where the console connects (conninfo or URL without user or password; the PG* variables apply when unset); "
     "each person logs in with their own PostgreSQL role",
     credential_free_conninfo,
+    secret=True,  # refused when it carries a password, and then never echoed whole
 )
 HOST = S("host", "OUTBOX_CONSOLE_HOST", "127.0.0.1", "Address the console listens on")
 PORT = S("port", "OUTBOX_CONSOLE_PORT", "8470", "Port the console listens on", port)
