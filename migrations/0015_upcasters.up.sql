@@ -53,7 +53,6 @@ CREATE TABLE IF NOT EXISTS inbox.upcasters (
 COMMENT ON TABLE inbox.upcasters IS
 'One step per row: upcaster(payload of event_type v from_version) = payload of v from_version + 1.';
 
--- generated from sql/66_upcasters.sql: inbox._upcaster_problem
 -- Why a function cannot be an upcaster, or NULL when it can. Checked when
 -- it is registered and again before each use (a function can be altered
 -- since): a function that is not SECURITY DEFINER runs as the owner of the
@@ -96,9 +95,7 @@ BEGIN
     );
 END;
 $$;
--- end generated
 
--- generated from sql/66_upcasters.sql: inbox.register_upcaster
 -- Registers (or replaces) the step event_type v from_version -> v from_version + 1.
 CREATE OR REPLACE FUNCTION inbox.register_upcaster(
     event_type text,
@@ -137,9 +134,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.register_upcaster(text, integer, regprocedure) IS
 'Registers (or replaces) the upcaster of event_type v from_version -> v from_version + 1: a (jsonb) -> jsonb function.';
--- end generated
 
--- generated from sql/66_upcasters.sql: inbox.unregister_upcaster
 CREATE OR REPLACE FUNCTION inbox.unregister_upcaster(event_type text, from_version integer)
 RETURNS inbox.upcasters
 LANGUAGE plpgsql
@@ -161,9 +156,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.unregister_upcaster(text, integer) IS
 'Removes the upcaster of event_type v from_version -> v from_version + 1.';
--- end generated
 
--- generated from sql/66_upcasters.sql: inbox._upcast_all
 -- The chains of several payloads (event_types[k] v versions[k] ->
 -- to_version, payloads[k]; ords[k] names them in the result), without
 -- raising: (ordinal, payload, NULL), or (ordinal, NULL, why) for a missing
@@ -262,9 +255,7 @@ BEGIN
     FROM generate_subscripts(ords, 1) AS i (k);
 END;
 $$;
--- end generated
 
--- generated from sql/66_upcasters.sql: inbox.upcast
 -- The payload of event_type v from_version as v to_version (itself when the
 -- versions are equal). Raises UPCAST_MISSING (OB071) or UPCAST_FAILED
 -- (OB072), naming the event type and the step. For in-database handlers,
@@ -299,9 +290,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.upcast(text, integer, integer, jsonb) IS
 'A payload from v from_version to v to_version through the registered upcasters (OB071 missing, OB072 failed).';
--- end generated
 
--- generated from sql/66_upcasters.sql: inbox.upcast_gaps
 -- The registered versions of event_type whose chain does not reach
 -- to_version, and the first step missing from it. No row: every registered
 -- version reaches it (pgoutbox_tap.upcasters_reach() asserts that).
@@ -325,9 +314,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION inbox.upcast_gaps(text, integer) IS
 'Registered versions of an event type whose chain does not reach to_version, with the first missing step.';
--- end generated
 
--- generated from sql/66_upcasters.sql: inbox.receive_batch_as
 -- receive_batch() for a handler that wants every payload as version
 -- to_version: the same rows, and for each message to process (RECEIVED or
 -- FAILED) whose subject is older, the upcast payload (JSON text, numbers as
@@ -400,7 +387,6 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.receive_batch_as(text, uuid[], text[], jsonb[], integer) IS
 'receive_batch() plus, for each message to process, its payload upcast to to_version or why it cannot be.';
--- end generated
 
 REVOKE ALL ON FUNCTION
 inbox._upcaster_problem(regprocedure),

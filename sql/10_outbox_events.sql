@@ -10,6 +10,8 @@
 --   COMPLETED    acked by JetStream                     -> PENDING (outbox.requeue_completed,
 --                                                         audited: the broker lost it)
 --   DEAD_LETTER  gave up; needs an operator             -> PENDING (outbox.requeue, audited)
+--                                                         | DISCARDED (outbox.dlq_discard, audited)
+--   DISCARDED    parked for good by an operator, kept   -> DEAD_LETTER (outbox.dlq_restore, audited)
 --
 -- available_at is "when may a relay take this row next": emit time for
 -- PENDING, retry time for FAILED, lease expiry for PROCESSING. One column

@@ -10,6 +10,13 @@
 --   DEAD_LETTER  poison, or deliveries exhausted     -> DEAD_LETTER (replay bookkeeping)
 --                                                      | RECEIVED (replay / redrive)
 --
+-- A discarded dead letter (parked for good by an operator, still kept) stays
+-- DEAD_LETTER with dlq_metadata.discarded = {at, by, reason}: workers of
+-- every version treat it as parked, and the status CHECK is unchanged. Only
+-- inbox.dlq_discard/dlq_restore (sql/67_dead_letters.sql) set or clear the
+-- key, audited in inbox.discard_log by the guard below; a discarded row
+-- moves nowhere else (no replay, redrive or bookkeeping) until restored.
+--
 -- Two ways to use it:
 --   * a worker calling a handler elsewhere: receive() and commit, call the
 --     handler, mark_processed() and commit, then ack the broker;
@@ -69,8 +76,32 @@ BEGIN
     -- Column by column: the generated context is still NULL in NEW here.
     IF (NEW.status, NEW.processed_at, NEW.attempts, NEW.last_error, NEW.dlq_metadata)
         IS NOT DISTINCT FROM
-       (OLD.status, OLD.processed_at, OLD.attempts, OLD.last_error, OLD.dlq_metadata)
-        OR (OLD.status, NEW.status) IN (
+       (OLD.status, OLD.processed_at, OLD.attempts, OLD.last_error, OLD.dlq_metadata) THEN
+        RETURN NEW;
+    END IF;
+    -- Discard and restore, or any change of a discarded row: checked and
+    -- audited apart (rare; the hot path pays two key tests and a setting).
+    IF OLD.dlq_metadata ? 'discarded' OR NEW.dlq_metadata ? 'discarded'
+        OR coalesce(current_setting('pgoutbox.dlq_action', true), '') <> '' THEN
+        PERFORM outbox._check_discard_move(
+            OLD.message_id,
+            CASE WHEN OLD.dlq_metadata ? 'discarded' THEN 'DISCARDED' ELSE OLD.status END,
+            CASE WHEN NEW.dlq_metadata ? 'discarded' THEN 'DISCARDED' ELSE NEW.status END,
+            -- what a discard or restore may change: the key, and a pending replay
+            (NEW.status, NEW.processed_at, NEW.attempts, NEW.last_error,
+                NEW.dlq_metadata - ARRAY['discarded', 'next_replay_at', 'redrive_requested'])
+            IS NOT DISTINCT FROM
+            (OLD.status, OLD.processed_at, OLD.attempts, OLD.last_error,
+                OLD.dlq_metadata - ARRAY['discarded', 'next_replay_at', 'redrive_requested'])
+        );
+        INSERT INTO inbox.discard_log (message_id, handler, action, acted_by, reason, last_error)
+        VALUES (
+            OLD.message_id, OLD.handler, current_setting('pgoutbox.dlq_action', true), session_user,
+            current_setting('pgoutbox.dlq_reason', true), OLD.last_error
+        );
+        RETURN NEW;
+    END IF;
+    IF (OLD.status, NEW.status) IN (
             ('RECEIVED', 'RECEIVED'), ('RECEIVED', 'PROCESSED'), ('RECEIVED', 'FAILED'),
             ('RECEIVED', 'DEAD_LETTER'), ('FAILED', 'FAILED'), ('FAILED', 'PROCESSED'),
             ('FAILED', 'DEAD_LETTER'), ('DEAD_LETTER', 'DEAD_LETTER'),
@@ -312,7 +343,8 @@ RETURNS TABLE (
     unprocessed bigint,
     oldest_unprocessed_at timestamptz,
     failed bigint,
-    dead_letter bigint
+    dead_letter bigint,
+    discarded bigint
 )
 LANGUAGE sql STABLE
 SECURITY DEFINER
@@ -325,7 +357,8 @@ AS $$
         count(*) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
         min(m.received_at) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
         count(*) FILTER (WHERE m.status = 'FAILED'),
-        count(*) FILTER (WHERE m.status = 'DEAD_LETTER')
+        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded'),
+        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND m.dlq_metadata ? 'discarded')
     FROM inbox.messages AS m
     WHERE m.status <> 'PROCESSED'
         AND (backlog.context IS NULL OR m.context = backlog.context)
@@ -333,7 +366,7 @@ AS $$
     ORDER BY m.context, m.handler;
 $$;
 COMMENT ON FUNCTION inbox.backlog(text) IS
-'Per context and handler: unprocessed count and oldest, failed and dead-lettered counts.';
+'Per context and handler: unprocessed count and oldest, failed, dead-lettered and discarded counts.';
 
 -- The batched path (a consumer records a whole fetch, then settles its
 -- outcomes, in one call each). Same rules as receive(), mark_processed() and

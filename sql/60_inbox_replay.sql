@@ -19,6 +19,9 @@
 --                      replayed (record_error, settle; reset by claim_replays)
 --   in_database        written by an in-database handler: never replayed or
 --                      redriven here (its application re-runs it)
+--   discarded          {at, by, reason}: parked for good by an operator
+--                      (sql/67_dead_letters.sql); never replayed or redriven
+--                      until restored
 
 -- The operators' runtime switch. No row means automated replay is on.
 CREATE TABLE IF NOT EXISTS inbox.replay_switches (
@@ -93,6 +96,7 @@ BEGIN
         WHERE m.status = 'DEAD_LETTER'
             AND m.envelope IS NOT NULL
             AND NOT m.dlq_metadata ? 'in_database'
+            AND NOT m.dlq_metadata ? 'discarded'
             AND (m.dlq_metadata ->> 'next_replay_at')::timestamptz <= now()
             AND (
                 coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
@@ -128,8 +132,9 @@ $$;
 COMMENT ON FUNCTION inbox.claim_replays(text, integer) IS
 'DEAD_LETTER -> RECEIVED for due replays and redrives; commit only after re-publishing them.';
 
--- Operator redrive: the given dead letters of handler (all of them when
--- message_ids is NULL) become due now, whatever the replay switch and cap
+-- Operator redrive: the given dead letters of handler (all of them but the
+-- discarded when message_ids is NULL; a discarded one named is refused,
+-- OB101) become due now, whatever the replay switch and cap
 -- say; the replayer re-publishes them. All or nothing, with a reason,
 -- written to inbox.redrive_log.
 CREATE OR REPLACE FUNCTION inbox.redrive(
@@ -166,6 +171,18 @@ BEGIN
         SELECT 1 FROM inbox.messages AS m
         WHERE m.message_id = x.id AND m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
     );
+    -- A discarded dead letter is redriven only once restored (NULL ids pass it by).
+    IF bad IS NULL THEN
+        SELECT array_agg(x.id) INTO bad
+        FROM unnest(message_ids) AS x (id)
+        INNER JOIN inbox.messages AS m ON m.message_id = x.id AND m.handler = redrive.handler
+        WHERE m.dlq_metadata ? 'discarded';
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'DISCARDED: % of the given messages are discarded for handler %', cardinality(bad), handler
+                USING ERRCODE = 'OB101', DETAIL = array_to_string(bad, ', '),
+                      HINT = 'Restore them first (outbox.dlq_restore).';
+        END IF;
+    END IF;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'MESSAGE_NOT_DEAD_LETTER: % of the given messages are unknown or not DEAD_LETTER for handler %', cardinality(bad), handler
             USING ERRCODE = 'OB030', DETAIL = array_to_string(bad, ', ');
@@ -173,6 +190,7 @@ BEGIN
     SELECT array_agg(m.message_id) INTO bad
     FROM inbox.messages AS m
     WHERE m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
         AND (m.envelope IS NULL OR m.dlq_metadata ? 'in_database')
         AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
     IF bad IS NOT NULL THEN
@@ -186,6 +204,7 @@ BEGIN
             || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
         WHERE m.handler = redrive.handler
             AND m.status = 'DEAD_LETTER'
+            AND NOT m.dlq_metadata ? 'discarded'
             AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids))
         RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
     )
@@ -235,7 +254,8 @@ $$;
 COMMENT ON FUNCTION inbox.set_replay(text, boolean, text) IS
 'Automated replay on/off for one handler, with who and why.';
 
--- Dead letters (newest first) with their replay state, for operators.
+-- Dead letters (newest first) with their replay state, for operators; the
+-- discarded ones are listed by outbox.dlq_list (sql/67_dead_letters.sql).
 CREATE OR REPLACE FUNCTION inbox.dead_letters(
     handler text DEFAULT NULL,
     max_rows integer DEFAULT 100
@@ -272,6 +292,7 @@ AS $$
     FROM inbox.messages AS m
     LEFT JOIN inbox.replay_switches AS s ON s.handler = m.handler
     WHERE m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
         AND (dead_letters.handler IS NULL OR m.handler = dead_letters.handler)
     ORDER BY (m.dlq_metadata ->> 'dead_lettered_at')::timestamptz DESC NULLS LAST, m.message_id
     LIMIT dead_letters.max_rows;

@@ -30,7 +30,9 @@
 -- its day ended more than `dead_letter_retention` ago (default 30 days, the
 -- operator's window to requeue or replay it); until then it holds its whole
 -- day back. Archived dead letters keep their status and last_error in the
--- archive, and the delivery report counts them.
+-- archive, and the delivery report counts them. A discarded dead letter
+-- (outbox status DISCARDED; inbox dlq_metadata.discarded) is restorable, so
+-- it is a dead letter here too.
 --
 -- Inbox retention: never below the streams' max_age (inbox.retention_policy,
 -- default 7 days): a message the stream may still redeliver must

@@ -134,3 +134,37 @@ outbox.void_archive(text, date, text, interval),
 inbox.set_stream_max_age(interval),
 inbox.set_command_retry_window(interval)
 TO pgoutbox_admin;
+
+-- pgoutbox_viewer: the read-only operator (the console's viewers). It reads
+-- through functions only, no table: so it sees dead letters, never payloads
+-- (outbox.dlq_show shows one only to a role that may read the table).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_viewer') THEN
+        CREATE ROLE pgoutbox_viewer NOLOGIN;
+    END IF;
+END;
+$$;
+
+GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_viewer;
+GRANT EXECUTE ON FUNCTION
+outbox.schema_version(), outbox.serves_workers_from(),
+outbox.backlog(text), outbox.dead_letters(text, integer),
+inbox.backlog(text), inbox.dead_letters(text, integer)
+TO pgoutbox_viewer;
+-- Dead-letter operations (sql/67_dead_letters.sql): the viewer and the admin
+-- read, only the admin acts.
+GRANT EXECUTE ON FUNCTION
+outbox.dlq_groups(jsonb, integer),
+outbox.dlq_list(jsonb, integer, text),
+outbox.dlq_show(text, uuid, text),
+outbox.dlq_count(jsonb, text),
+outbox.dlq_error_class(text),
+outbox.dlq_error_pattern(text)
+TO pgoutbox_viewer, pgoutbox_admin;
+GRANT EXECUTE ON FUNCTION
+outbox.dlq_replay(jsonb, text, integer),
+outbox.dlq_discard(jsonb, text, integer),
+outbox.dlq_restore(jsonb, text, integer)
+TO pgoutbox_admin;
+GRANT SELECT ON outbox.discard_log, inbox.discard_log TO pgoutbox_admin;

@@ -12,7 +12,8 @@ VALUES
 (12, '0012_consumer_failures'),
 (13, '0013_least_privilege'),
 (14, '0014_command_inbox'),
-(15, '0015_upcasters')
+(15, '0015_upcasters'),
+(16, '0016_dead_letter_operations')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

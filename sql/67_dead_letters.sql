@@ -1,0 +1,786 @@
+-- Dead-letter operations over both sides, for `pgoutbox dead-letters` and
+-- the console: groups by cause, filtered lists, one dead letter's detail,
+-- and matching actions in batches (replay, discard, restore).
+--
+-- A dead letter is an outbox event in DEAD_LETTER (by context) or an inbox
+-- row in DEAD_LETTER (by handler). Discarded = parked for good by an
+-- operator, kept, reversible:
+--   outbox   status DISCARDED (DEAD_LETTER <-> DISCARDED; the relay's claim
+--            never looks at it; it still holds back later events of its
+--            ordering key, as the dead letter did)
+--   inbox    status stays DEAD_LETTER with dlq_metadata.discarded =
+--            {at, by, reason}: every worker version treats it as parked,
+--            claim_replays and redrive pass it by, and the named status
+--            CHECK is unchanged
+-- Both moves happen only inside dlq_discard/dlq_restore, which set
+-- pgoutbox.dlq_action and pgoutbox.dlq_reason for their UPDATE; the update
+-- guards (sql/20_outbox_guards.sql, sql/50_inbox.sql) refuse any other way
+-- (_check_discard_move) and write the audit rows below. Archival counts a
+-- discarded row as a dead letter (sql/91_archival_audit.sql).
+--
+-- The filter, one jsonb object shared by every function here (unknown keys
+-- and bad values: OB100):
+--   side       "outbox" | "inbox" (absent or null: both)
+--   owner      context (outbox) or handler (inbox)
+--   subject    exact subject
+--   error      case-insensitive substring of last_error, taken literally
+--   tenant     outbox tenant_id, inbox envelope.tenant_id
+--   since, until   timestamps: since <= seen_at < until
+--   group      a group_id of dlq_groups
+--   ids        array of event_id / message_id (a selection)
+--   discarded  false (absent): live dead letters; true: discarded; null: both
+-- seen_at: when the row last became a dead letter (inbox
+-- dlq_metadata.dead_lettered_at, else received_at; outbox claimed_at, the
+-- claim of its last attempt, else created_at).
+--
+-- A group is side + owner + subject + error class + error pattern (the
+-- error with uuids, quoted values and numbers masked), identified by the md5
+-- of those five; refailed counts rows that became dead letters again after
+-- a replay, redrive or requeue.
+
+-- Discard and restore, audited (append-only, like every audit table here:
+-- no role may write them, the owner may not change them). No foreign key:
+-- rows may leave by archival while their history stays.
+CREATE TABLE IF NOT EXISTS outbox.discard_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id uuid NOT NULL,
+    action text NOT NULL,
+    acted_at timestamptz NOT NULL DEFAULT now(),
+    acted_by text NOT NULL,
+    reason text NOT NULL,
+    last_error text,
+    CONSTRAINT action_is_known CHECK (action IN ('discard', 'restore')),
+    CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
+);
+COMMENT ON TABLE outbox.discard_log IS
+'Who discarded or restored which dead-lettered event, when and why (outbox.dlq_discard/dlq_restore).';
+
+CREATE TABLE IF NOT EXISTS inbox.discard_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id uuid NOT NULL,
+    handler text NOT NULL,
+    action text NOT NULL,
+    acted_at timestamptz NOT NULL DEFAULT now(),
+    acted_by text NOT NULL,
+    reason text NOT NULL,
+    last_error text,
+    CONSTRAINT action_is_known CHECK (action IN ('discard', 'restore')),
+    CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
+);
+COMMENT ON TABLE inbox.discard_log IS
+'Who discarded or restored which dead-lettered message, when and why (outbox.dlq_discard/dlq_restore).';
+
+CREATE INDEX IF NOT EXISTS discard_log_event_idx ON outbox.discard_log (event_id);
+CREATE INDEX IF NOT EXISTS discard_log_message_idx ON inbox.discard_log (message_id, handler);
+-- A dead letter's history (dlq_show) and its re-failures (dlq_groups).
+CREATE INDEX IF NOT EXISTS requeue_log_event_idx ON outbox.requeue_log (event_id);
+CREATE INDEX IF NOT EXISTS redrive_log_message_idx ON inbox.redrive_log (message_id, handler);
+-- Discarded events, as events_dead_letter_idx serves the dead letters.
+CREATE INDEX IF NOT EXISTS events_discarded_idx ON outbox.events (context)
+WHERE status = 'DISCARDED';
+
+CREATE OR REPLACE FUNCTION outbox.tg_discard_log__append_only()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'AUDIT_IMMUTABLE: % is append-only', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME
+        USING ERRCODE = 'OB060';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_append_only
+BEFORE UPDATE OR DELETE ON outbox.discard_log
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_discard_log__append_only();
+CREATE OR REPLACE TRIGGER _100_append_only_truncate
+BEFORE TRUNCATE ON outbox.discard_log
+FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_discard_log__append_only();
+CREATE OR REPLACE TRIGGER _100_append_only
+BEFORE UPDATE OR DELETE ON inbox.discard_log
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_discard_log__append_only();
+CREATE OR REPLACE TRIGGER _100_append_only_truncate
+BEFORE TRUNCATE ON inbox.discard_log
+FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_discard_log__append_only();
+
+-- Called by both update guards for a move from or to discarded (inbox: the
+-- dlq_metadata.discarded key), or any move while pgoutbox.dlq_action is
+-- set: passes only the move the action names, on a row whose other columns
+-- stay as they were, with a reason; raises otherwise. The guard then writes
+-- the audit row.
+CREATE OR REPLACE FUNCTION outbox._check_discard_move(
+    id uuid,
+    from_status text,
+    to_status text,
+    rest_unchanged boolean
+)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    action text := coalesce(current_setting('pgoutbox.dlq_action', true), '');
+BEGIN
+    IF action = 'discard' THEN
+        IF from_status <> 'DEAD_LETTER' OR to_status <> 'DISCARDED' OR NOT rest_unchanged THEN
+            RAISE EXCEPTION 'NOT_DISCARDABLE: % is % and cannot be discarded (only a dead letter can, and only that changes)', id, from_status
+                USING ERRCODE = 'OB103';
+        END IF;
+    ELSIF action = 'restore' THEN
+        IF from_status <> 'DISCARDED' OR to_status <> 'DEAD_LETTER' OR NOT rest_unchanged THEN
+            RAISE EXCEPTION 'NOT_DISCARDED: % is % and cannot be restored (only a discarded dead letter can, and only that changes)', id, from_status
+                USING ERRCODE = 'OB104';
+        END IF;
+    ELSIF action <> '' THEN
+        RAISE EXCEPTION 'UNAUDITED_DISCARD: pgoutbox.dlq_action % is not discard or restore', quote_literal(left(action, 50))
+            USING ERRCODE = 'OB102';
+    ELSIF from_status = 'DISCARDED' AND to_status <> 'DEAD_LETTER' THEN
+        RAISE EXCEPTION 'DISCARDED: % is discarded; it moves nowhere until restored', id
+            USING ERRCODE = 'OB101', HINT = 'Restore it first (outbox.dlq_restore).';
+    ELSIF to_status = 'DISCARDED' AND from_status <> 'DEAD_LETTER' THEN
+        RAISE EXCEPTION 'NOT_DISCARDABLE: % is % and cannot be discarded', id, from_status
+            USING ERRCODE = 'OB103';
+    ELSE
+        RAISE EXCEPTION 'UNAUDITED_DISCARD: % may be discarded or restored only by outbox.dlq_discard or outbox.dlq_restore', id
+            USING ERRCODE = 'OB102';
+    END IF;
+    IF nullif(btrim(current_setting('pgoutbox.dlq_reason', true)), '') IS NULL THEN
+        RAISE EXCEPTION 'REASON_REQUIRED: a % needs a reason', action USING ERRCODE = 'OB014';
+    END IF;
+END;
+$$;
+
+-- The class of an error text: the status class of `HTTP nnn` (4xx, 5xx),
+-- the code of `CODE: ...` (BAD_PAYLOAD, UPCAST_MISSING, REPLAY_UNPUBLISHABLE),
+-- the exception's name of `NameError: ...`, else OTHER.
+CREATE OR REPLACE FUNCTION outbox.dlq_error_class(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN error ~ '^HTTP [1-5][0-9][0-9]($|[^0-9])' THEN substr(error, 6, 1) || 'xx'
+        WHEN error ~ '^[A-Z][A-Z0-9_]{1,63}:' THEN substring(error FROM '^([A-Z][A-Z0-9_]{1,63}):')
+        WHEN error ~ '^[A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*:'
+            THEN substring(error FROM '^([A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*):')
+        ELSE 'OTHER'
+    END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_error_class(text) IS
+'An error''s class: 4xx/5xx for HTTP nnn, CODE for "CODE: ...", the exception name for "NameError: ...", else OTHER.';
+
+-- An error text with what differs between occurrences of one cause masked:
+-- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
+-- white space runs become one space; at most 500 characters.
+CREATE OR REPLACE FUNCTION outbox.dlq_error_pattern(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT left(btrim(regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
+        coalesce(error, ''),
+        '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
+        '"([^"\\]|\\.)*"', '<q>', 'g'),
+        '''([^'']|'''')*''', '<q>', 'g'),
+        '[0-9]+([.][0-9]+)?', '<n>', 'g'),
+        '\s+', ' ', 'g')), 500);
+$$;
+COMMENT ON FUNCTION outbox.dlq_error_pattern(text) IS
+'An error with uuids, quoted values and numbers masked (<uuid>, <q>, <n>): the cause part of a dead-letter group.';
+
+-- The filter's checks (OB100), all of them before anything is read.
+CREATE OR REPLACE FUNCTION outbox._check_dlq_filter(filter jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad text;
+    value jsonb;
+BEGIN
+    IF jsonb_typeof(filter) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'INVALID_FILTER: the filter must be a JSON object, got %', coalesce(jsonb_typeof(filter), 'NULL')
+            USING ERRCODE = 'OB100';
+    END IF;
+    SELECT string_agg(quote_literal(left(k, 64)), ', ') INTO bad
+    FROM jsonb_object_keys(filter) AS k
+    WHERE k NOT IN ('side', 'owner', 'subject', 'error', 'tenant', 'since', 'until', 'group', 'ids', 'discarded');
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_FILTER: unknown key %', bad
+            USING ERRCODE = 'OB100',
+                  HINT = 'Keys: side, owner, subject, error, tenant, since, until, group, ids, discarded.';
+    END IF;
+    -- null stands for "any" everywhere; every other value must be a string
+    -- but discarded (a boolean) and ids (an array).
+    SELECT string_agg(f.key, ', ') INTO bad
+    FROM jsonb_each(filter) AS f (key, value)
+    WHERE jsonb_typeof(f.value) <> 'null'
+        AND jsonb_typeof(f.value) <> CASE f.key WHEN 'discarded' THEN 'boolean' WHEN 'ids' THEN 'array' ELSE 'string' END;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_FILTER: wrong JSON type for %', bad
+            USING ERRCODE = 'OB100', HINT = 'discarded is a boolean, ids an array of uuids, every other key a string.';
+    END IF;
+    IF filter ->> 'side' NOT IN ('outbox', 'inbox') THEN
+        RAISE EXCEPTION 'INVALID_FILTER: side must be outbox or inbox, got %', quote_literal(left(filter ->> 'side', 50))
+            USING ERRCODE = 'OB100';
+    END IF;
+    IF filter ->> 'owner' !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_FILTER: owner % is not a context or handler name ([A-Za-z0-9_.-], 1-128 chars)', quote_literal(left(filter ->> 'owner', 150))
+            USING ERRCODE = 'OB100';
+    END IF;
+    IF filter ->> 'subject' ~ '\s' OR length(filter ->> 'subject') NOT BETWEEN 1 AND 1024 THEN
+        RAISE EXCEPTION 'INVALID_FILTER: subject is not a NATS subject of 1-1024 characters'
+            USING ERRCODE = 'OB100';
+    END IF;
+    IF length(filter ->> 'error') NOT BETWEEN 1 AND 1000 OR length(filter ->> 'tenant') NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'INVALID_FILTER: error (1-1000 characters) or tenant (1-255) is empty or too long'
+            USING ERRCODE = 'OB100';
+    END IF;
+    IF filter ->> 'group' !~ '^[0-9a-f]{32}$' THEN
+        RAISE EXCEPTION 'INVALID_FILTER: group % is not a group id (32 hex digits)', quote_literal(left(filter ->> 'group', 50))
+            USING ERRCODE = 'OB100';
+    END IF;
+    BEGIN
+        IF NOT (coalesce((filter ->> 'since')::timestamptz, now()) BETWEEN '1900-01-01 00:00:00+00' AND '10000-01-01 00:00:00+00'
+            AND coalesce((filter ->> 'until')::timestamptz, now()) BETWEEN '1900-01-01 00:00:00+00' AND '10000-01-01 00:00:00+00') THEN
+            RAISE EXCEPTION 'since or until out of range' USING ERRCODE = '22008';
+        END IF;
+    EXCEPTION WHEN data_exception THEN
+        RAISE EXCEPTION 'INVALID_FILTER: since and until must be times from 1900 to 9999 (ISO 8601 with an offset)'
+            USING ERRCODE = 'OB100';
+    END;
+    value := filter -> 'ids';
+    IF jsonb_typeof(value) = 'array' THEN
+        IF jsonb_array_length(value) NOT BETWEEN 1 AND 10000 THEN
+            RAISE EXCEPTION 'INVALID_FILTER: ids must hold 1 to 10000 ids, got %', jsonb_array_length(value)
+                USING ERRCODE = 'OB100';
+        END IF;
+        IF EXISTS (
+            SELECT FROM jsonb_array_elements(value) AS i (id)
+            WHERE jsonb_typeof(i.id) <> 'string'
+                OR (i.id #>> '{}') !~* '^\{?[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\}?$'
+        ) THEN
+            RAISE EXCEPTION 'INVALID_FILTER: ids must be uuids as strings'
+                USING ERRCODE = 'OB100';
+        END IF;
+    END IF;
+END;
+$$;
+
+-- Every dead letter the filter matches, both sides, with its group and
+-- state. Called by the functions below (already checked filter); granted
+-- to no one. A branch per partial index (events_dead_letter_idx,
+-- events_discarded_idx, messages_dead_letter_idx).
+CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
+RETURNS TABLE (
+    side text,
+    owner text,
+    id uuid,
+    handler text,
+    subject text,
+    tenant text,
+    attempts integer,
+    last_error text,
+    error_class text,
+    error_pattern text,
+    group_id text,
+    seen_at timestamptz,
+    discarded boolean,
+    refailed boolean,
+    replays integer,
+    redrive_pending boolean,
+    replayable boolean,
+    row_id bigint,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    WITH f AS (
+        SELECT
+            filter ->> 'side' AS side,
+            filter ->> 'owner' AS owner,
+            filter ->> 'subject' AS subject,
+            lower(filter ->> 'error') AS error,
+            filter ->> 'tenant' AS tenant,
+            (filter ->> 'since')::timestamptz AS since,
+            (filter ->> 'until')::timestamptz AS until,
+            filter ->> 'group' AS grp,
+            CASE WHEN jsonb_typeof(filter -> 'ids') = 'array' THEN
+                ARRAY(SELECT (jsonb_array_elements_text(filter -> 'ids'))::uuid)
+            END AS ids,
+            coalesce(filter -> 'discarded', 'false') IN ('false', 'null') AS live,
+            coalesce(filter -> 'discarded', 'false') IN ('true', 'null') AS gone
+    ),
+    dl AS (
+        SELECT
+            'outbox'::text AS side, e.context AS owner, e.event_id AS id, NULL::text AS handler,
+            e.subject, e.tenant_id AS tenant, e.attempts, e.last_error,
+            coalesce(e.claimed_at, e.created_at) AS seen_at,
+            e.status = 'DISCARDED' AS discarded,
+            r.n > 0 AS refailed, r.n::integer AS replays, FALSE AS redrive_pending,
+            e.status = 'DEAD_LETTER' AS replayable, e.id AS row_id, e.created_at
+        FROM f
+        INNER JOIN outbox.events AS e
+            ON (f.live AND e.status = 'DEAD_LETTER') OR (f.gone AND e.status = 'DISCARDED')
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM outbox.requeue_log AS q
+            WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER'
+        ) AS r
+        WHERE e.status IN ('DEAD_LETTER', 'DISCARDED')
+            AND coalesce(f.side, 'outbox') = 'outbox'
+            AND (f.owner IS NULL OR e.context = f.owner)
+            AND (f.ids IS NULL OR e.event_id = ANY(f.ids))
+        UNION ALL
+        SELECT
+            'inbox', m.handler, m.message_id, m.handler,
+            m.subject, m.envelope ->> 'tenant_id', m.attempts, m.last_error,
+            coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
+            m.dlq_metadata ? 'discarded',
+            coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
+            coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
+            + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
+            coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE),
+            NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL
+            AND NOT m.dlq_metadata ? 'in_database'
+            AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE),
+            NULL::bigint, m.received_at
+        FROM f
+        INNER JOIN inbox.messages AS m ON m.status = 'DEAD_LETTER'
+        WHERE coalesce(f.side, 'inbox') = 'inbox'
+            AND CASE WHEN m.dlq_metadata ? 'discarded' THEN f.gone ELSE f.live END
+            AND (f.owner IS NULL OR m.handler = f.owner)
+            AND (f.ids IS NULL OR m.message_id = ANY(f.ids))
+    ),
+    classed AS (
+        SELECT
+            dl.*,
+            outbox.dlq_error_class(dl.last_error) AS error_class,
+            outbox.dlq_error_pattern(dl.last_error) AS error_pattern
+        FROM dl
+    ),
+    grouped AS (
+        SELECT
+            c.*,
+            md5(concat_ws(E'\n', c.side, c.owner, c.subject, c.error_class, c.error_pattern)) AS group_id
+        FROM classed AS c
+    )
+    SELECT
+        g.side, g.owner, g.id, g.handler, g.subject, g.tenant, g.attempts, g.last_error,
+        g.error_class, g.error_pattern, g.group_id, g.seen_at, g.discarded, g.refailed,
+        g.replays, g.redrive_pending, g.replayable, g.row_id, g.created_at
+    FROM grouped AS g, f
+    WHERE (f.subject IS NULL OR g.subject = f.subject)
+        AND (f.error IS NULL OR strpos(lower(g.last_error), f.error) > 0)
+        AND (f.tenant IS NULL OR g.tenant = f.tenant)
+        AND (f.since IS NULL OR g.seen_at >= f.since)
+        AND (f.until IS NULL OR g.seen_at < f.until)
+        AND (f.grp IS NULL OR g.group_id = f.grp);
+$$;
+
+-- Dead letters grouped by cause, newest group first.
+CREATE OR REPLACE FUNCTION outbox.dlq_groups(
+    filter jsonb DEFAULT '{}'::jsonb,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    group_id text,
+    side text,
+    owner text,
+    subject text,
+    error_class text,
+    error_pattern text,
+    sample_error text,
+    dead_letters bigint,
+    discarded bigint,
+    refailed bigint,
+    replayable bigint,
+    first_seen timestamptz,
+    last_seen timestamptz
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    PERFORM outbox._check_max_rows(max_rows);
+    RETURN QUERY
+    SELECT
+        r.group_id, r.side, r.owner, r.subject, r.error_class, r.error_pattern,
+        (array_agg(r.last_error ORDER BY r.seen_at DESC, r.id))[1],
+        count(*) FILTER (WHERE NOT r.discarded),
+        count(*) FILTER (WHERE r.discarded),
+        count(*) FILTER (WHERE r.refailed),
+        count(*) FILTER (WHERE r.replayable),
+        min(r.seen_at),
+        max(r.seen_at)
+    FROM outbox._dlq_rows(filter) AS r
+    GROUP BY r.group_id, r.side, r.owner, r.subject, r.error_class, r.error_pattern
+    ORDER BY max(r.seen_at) DESC, r.group_id
+    LIMIT max_rows;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
+'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
+
+-- Dead letters one by one, newest first, a page at a time: pass the last
+-- row's cursor as `after` for the next page (OB107: not such a cursor).
+CREATE OR REPLACE FUNCTION outbox.dlq_list(
+    filter jsonb DEFAULT '{}'::jsonb,
+    max_rows integer DEFAULT 100,
+    after text DEFAULT NULL
+)
+RETURNS TABLE (
+    side text,
+    owner text,
+    id uuid,
+    handler text,
+    subject text,
+    tenant text,
+    attempts integer,
+    last_error text,
+    error_class text,
+    group_id text,
+    seen_at timestamptz,
+    discarded boolean,
+    refailed boolean,
+    replays integer,
+    redrive_pending boolean,
+    cursor text
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    c_seen timestamptz;
+    c_side text;
+    c_id uuid;
+    c_handler text;
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    PERFORM outbox._check_max_rows(max_rows);
+    IF after IS NOT NULL THEN
+        BEGIN
+            SELECT (a ->> 0)::timestamptz, a ->> 1, (a ->> 2)::uuid, a ->> 3
+            INTO STRICT c_seen, c_side, c_id, c_handler
+            FROM (SELECT after::jsonb AS a) AS x
+            WHERE jsonb_typeof(x.a) = 'array' AND jsonb_array_length(x.a) = 4
+                AND x.a ->> 0 IS NOT NULL AND x.a ->> 1 IS NOT NULL AND x.a ->> 2 IS NOT NULL AND x.a ->> 3 IS NOT NULL;
+        EXCEPTION WHEN data_exception OR no_data_found THEN
+            RAISE EXCEPTION 'INVALID_CURSOR: after must be the cursor of a row of outbox.dlq_list'
+                USING ERRCODE = 'OB107';
+        END;
+    END IF;
+    RETURN QUERY
+    SELECT
+        r.side, r.owner, r.id, r.handler, r.subject, r.tenant, r.attempts, r.last_error,
+        r.error_class, r.group_id, r.seen_at, r.discarded, r.refailed, r.replays, r.redrive_pending,
+        jsonb_build_array(r.seen_at, r.side, r.id, coalesce(r.handler, ''))::text
+    FROM outbox._dlq_rows(filter) AS r
+    WHERE after IS NULL
+        OR r.seen_at < c_seen
+        OR (r.seen_at = c_seen AND (r.side, r.id, coalesce(r.handler, '')) > (c_side, c_id, c_handler))
+    ORDER BY r.seen_at DESC, r.side, r.id, coalesce(r.handler, '')
+    LIMIT max_rows;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_list(jsonb, integer, text) IS
+'Dead letters of both sides matching a filter, newest first, with keyset pagination (cursor -> after).';
+
+-- One dead letter (live or discarded) as a JSON document: its envelope,
+-- headers, payload (only for a session_user that may read the table, i.e.
+-- not pgoutbox_viewer), recorded attempts and replay state, and its history
+-- (requeues, redrives, discards and restores, newest first).
+CREATE OR REPLACE FUNCTION outbox.dlq_show(
+    side text,
+    id uuid,
+    handler text DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+    doc jsonb;
+    visible boolean;
+    history jsonb;
+BEGIN
+    IF side IS NULL OR side NOT IN ('outbox', 'inbox') OR id IS NULL THEN
+        RAISE EXCEPTION 'INVALID_FILTER: side (outbox or inbox) and id are required'
+            USING ERRCODE = 'OB100';
+    END IF;
+    IF side = 'inbox' AND (handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$') THEN
+        RAISE EXCEPTION 'INVALID_FILTER: an inbox dead letter is named by its message id and handler'
+            USING ERRCODE = 'OB100';
+    END IF;
+    SELECT x.* INTO r
+    FROM outbox._dlq_rows(
+        jsonb_build_object(
+            'side', dlq_show.side, 'ids', jsonb_build_array(dlq_show.id), 'discarded', NULL, 'owner', dlq_show.handler
+        )
+    ) AS x;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'DEAD_LETTER_NOT_FOUND: no % dead letter % %', dlq_show.side, dlq_show.id, coalesce('for handler ' || dlq_show.handler, '')
+            USING ERRCODE = 'OB105';
+    END IF;
+    doc := jsonb_build_object(
+        'side', r.side, 'owner', r.owner, 'id', r.id, 'handler', r.handler, 'subject', r.subject,
+        'status', CASE WHEN r.discarded THEN 'DISCARDED' ELSE 'DEAD_LETTER' END, 'discarded', r.discarded,
+        'tenant', r.tenant, 'attempts', r.attempts, 'last_error', r.last_error,
+        'error_class', r.error_class, 'error_pattern', r.error_pattern, 'group_id', r.group_id,
+        'seen_at', r.seen_at, 'created_at', r.created_at, 'refailed', r.refailed, 'replays', r.replays,
+        'redrive_pending', r.redrive_pending
+    );
+    IF side = 'outbox' THEN
+        visible := has_table_privilege(session_user, 'outbox.events', 'SELECT');
+        SELECT doc || jsonb_build_object(
+            'envelope', to_jsonb(e) - 'payload' - 'headers',
+            'headers', e.headers,
+            'payload', CASE WHEN visible THEN e.payload END,
+            'dlq_metadata', NULL, 'replay_enabled', NULL, 'dlq_stream_sequence', NULL
+        ) INTO doc
+        FROM outbox.events AS e
+        WHERE e.id = r.row_id AND e.created_at = r.created_at;
+        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.action), '[]') INTO history
+        FROM (
+            SELECT q.requeued_at AS at, 'requeue' AS action, q.requeued_by AS by, q.reason,
+                jsonb_build_object('from_status', q.from_status, 'attempts_before', q.attempts_before,
+                    'last_error', q.last_error) AS detail
+            FROM outbox.requeue_log AS q WHERE q.event_id = r.id
+            UNION ALL
+            SELECT d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
+            FROM outbox.discard_log AS d WHERE d.event_id = r.id
+        ) AS h;
+    ELSE
+        visible := has_table_privilege(session_user, 'inbox.messages', 'SELECT');
+        SELECT doc || jsonb_build_object(
+            'envelope', m.envelope - 'payload',
+            'headers', m.envelope -> 'headers',
+            'payload', CASE WHEN visible THEN m.envelope -> 'payload' END,
+            'dlq_metadata', m.dlq_metadata,
+            'replay_enabled', coalesce(s.enabled, TRUE),
+            'dlq_stream_sequence', m.dlq_metadata -> 'dlq_stream_sequence'
+        ) INTO doc
+        FROM inbox.messages AS m
+        LEFT JOIN inbox.replay_switches AS s ON s.handler = m.handler
+        WHERE m.message_id = r.id AND m.handler = r.handler;
+        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.action), '[]') INTO history
+        FROM (
+            SELECT q.redriven_at AS at, 'redrive' AS action, q.redriven_by AS by, q.reason,
+                jsonb_build_object('replay_attempts_before', q.replay_attempts_before,
+                    'last_error', q.last_error) AS detail
+            FROM inbox.redrive_log AS q WHERE q.message_id = r.id AND q.handler = r.handler
+            UNION ALL
+            SELECT d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
+            FROM inbox.discard_log AS d WHERE d.message_id = r.id AND d.handler = r.handler
+        ) AS h;
+    END IF;
+    RETURN doc || jsonb_build_object('payload_visible', visible, 'history', history);
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
+'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
+
+-- The exact number of rows an action would touch now, over all its batches.
+CREATE OR REPLACE FUNCTION outbox.dlq_count(
+    filter jsonb DEFAULT '{}'::jsonb,
+    action text DEFAULT 'replay'
+)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
+        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
+            USING ERRCODE = 'OB106';
+    END IF;
+    RETURN (
+        SELECT count(*)
+        FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
+        WHERE action <> 'replay' OR r.replayable
+    );
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
+'How many dead letters outbox.dlq_replay / dlq_discard / dlq_restore would touch for this filter (all batches).';
+
+-- The rows an action takes in this call: the oldest first, at most max_rows.
+CREATE OR REPLACE FUNCTION outbox._dlq_batch(filter jsonb, action text, reason text, max_rows integer)
+RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz)
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_text(reason, format('a %s''s reason', action), 1000, TRUE);
+    PERFORM outbox._check_dlq_filter(filter);
+    PERFORM outbox._check_max_rows(max_rows);
+    RETURN QUERY
+    SELECT r.side, r.id, r.handler, r.row_id, r.created_at
+    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
+    WHERE action <> 'replay' OR r.replayable
+    ORDER BY r.seen_at, r.side, r.id, r.handler
+    LIMIT max_rows;
+END;
+$$;
+
+-- Replays the dead letters matching the filter, max_rows per call, and
+-- returns how many it took; call again until 0 (each call its own
+-- transaction). Outbox: DEAD_LETTER -> PENDING as outbox.requeue does,
+-- audited in outbox.requeue_log. Inbox: due now for the replayer, as
+-- inbox.redrive does, audited in inbox.redrive_log; rows already asked for,
+-- without an envelope or of an in-database handler are not taken.
+CREATE OR REPLACE FUNCTION outbox.dlq_replay(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    picked record;
+    outbox_moved integer;
+    inbox_moved integer;
+BEGIN
+    SELECT
+        coalesce(array_agg(b.row_id) FILTER (WHERE b.side = 'outbox'), '{}') AS row_ids,
+        coalesce(array_agg(b.created_at) FILTER (WHERE b.side = 'outbox'), '{}') AS created,
+        coalesce(array_agg(b.id) FILTER (WHERE b.side = 'inbox'), '{}') AS message_ids,
+        coalesce(array_agg(b.handler) FILTER (WHERE b.side = 'inbox'), '{}') AS handlers
+    INTO picked
+    FROM outbox._dlq_batch(filter, 'replay', reason, max_rows) AS b;
+    PERFORM set_config('pgoutbox.requeue_reason', reason, true);
+    UPDATE outbox.events AS e
+    SET status = 'PENDING', attempts = 0, available_at = now()
+    FROM unnest(picked.row_ids, picked.created) AS p (row_id, created_at)
+    WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+    GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+    PERFORM set_config('pgoutbox.requeue_reason', '', true);
+    WITH marked AS (
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata
+            || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+        FROM unnest(picked.message_ids, picked.handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER'
+            AND NOT m.dlq_metadata ? 'discarded'
+            AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
+        RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+    )
+    INSERT INTO inbox.redrive_log (
+        message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+    )
+    SELECT
+        k.message_id, k.handler, session_user, dlq_replay.reason,
+        coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+    FROM marked AS k;
+    GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    RETURN outbox_moved + inbox_moved;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_replay(jsonb, text, integer) IS
+'Requeues (outbox) or redrives (inbox) up to max_rows dead letters matching a filter, audited; call until 0.';
+
+-- Discards the live dead letters matching the filter, max_rows per call
+-- (call until 0): parked for good, kept, reversible by dlq_restore; an inbox
+-- row's pending replay is cancelled. Audited in outbox/inbox.discard_log.
+CREATE OR REPLACE FUNCTION outbox.dlq_discard(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    picked record;
+    outbox_moved integer;
+    inbox_moved integer;
+BEGIN
+    SELECT
+        coalesce(array_agg(b.row_id) FILTER (WHERE b.side = 'outbox'), '{}') AS row_ids,
+        coalesce(array_agg(b.created_at) FILTER (WHERE b.side = 'outbox'), '{}') AS created,
+        coalesce(array_agg(b.id) FILTER (WHERE b.side = 'inbox'), '{}') AS message_ids,
+        coalesce(array_agg(b.handler) FILTER (WHERE b.side = 'inbox'), '{}') AS handlers
+    INTO picked
+    FROM outbox._dlq_batch(filter, 'discard', reason, max_rows) AS b;
+    PERFORM set_config('pgoutbox.dlq_action', 'discard', true);
+    PERFORM set_config('pgoutbox.dlq_reason', reason, true);
+    UPDATE outbox.events AS e
+    SET status = 'DISCARDED'
+    FROM unnest(picked.row_ids, picked.created) AS p (row_id, created_at)
+    WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+    GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+    UPDATE inbox.messages AS m
+    SET dlq_metadata = m.dlq_metadata || jsonb_build_object(
+        'discarded', jsonb_build_object('at', now(), 'by', session_user, 'reason', dlq_discard.reason),
+        'next_replay_at', NULL,
+        'redrive_requested', FALSE
+    )
+    FROM unnest(picked.message_ids, picked.handlers) AS p (message_id, handler)
+    WHERE m.message_id = p.message_id AND m.handler = p.handler
+        AND m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded';
+    GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    PERFORM set_config('pgoutbox.dlq_action', '', true);
+    PERFORM set_config('pgoutbox.dlq_reason', '', true);
+    RETURN outbox_moved + inbox_moved;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_discard(jsonb, text, integer) IS
+'Discards up to max_rows live dead letters matching a filter (kept, restorable), audited; call until 0.';
+
+-- Restores the discarded dead letters matching the filter, max_rows per
+-- call (call until 0): back to DEAD_LETTER, parked (no replay scheduled).
+CREATE OR REPLACE FUNCTION outbox.dlq_restore(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    picked record;
+    outbox_moved integer;
+    inbox_moved integer;
+BEGIN
+    SELECT
+        coalesce(array_agg(b.row_id) FILTER (WHERE b.side = 'outbox'), '{}') AS row_ids,
+        coalesce(array_agg(b.created_at) FILTER (WHERE b.side = 'outbox'), '{}') AS created,
+        coalesce(array_agg(b.id) FILTER (WHERE b.side = 'inbox'), '{}') AS message_ids,
+        coalesce(array_agg(b.handler) FILTER (WHERE b.side = 'inbox'), '{}') AS handlers
+    INTO picked
+    FROM outbox._dlq_batch(filter, 'restore', reason, max_rows) AS b;
+    PERFORM set_config('pgoutbox.dlq_action', 'restore', true);
+    PERFORM set_config('pgoutbox.dlq_reason', reason, true);
+    UPDATE outbox.events AS e
+    SET status = 'DEAD_LETTER'
+    FROM unnest(picked.row_ids, picked.created) AS p (row_id, created_at)
+    WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DISCARDED';
+    GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+    UPDATE inbox.messages AS m
+    SET dlq_metadata = m.dlq_metadata - 'discarded'
+    FROM unnest(picked.message_ids, picked.handlers) AS p (message_id, handler)
+    WHERE m.message_id = p.message_id AND m.handler = p.handler
+        AND m.status = 'DEAD_LETTER' AND m.dlq_metadata ? 'discarded';
+    GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    PERFORM set_config('pgoutbox.dlq_action', '', true);
+    PERFORM set_config('pgoutbox.dlq_reason', '', true);
+    RETURN outbox_moved + inbox_moved;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_restore(jsonb, text, integer) IS
+'Restores up to max_rows discarded dead letters matching a filter to DEAD_LETTER, audited; call until 0.';
