@@ -76,7 +76,7 @@ def test_samples_keep_the_last_hour_only():
 def test_a_sparkline_is_an_svg_with_an_accessible_summary():
     svg = charts.sparkline([(0, 1), (1800, 4), (3600, 2)], label="Dead letters of <b>", now=3600)
     assert svg.startswith("<svg") and 'role="img"' in svg and "<polyline" in svg
-    assert "now 2, highest 4" in svg and "&lt;b&gt;" in svg and "<b>" not in svg
+    assert "last 60 min, now 2, highest 4" in svg and "&lt;b&gt;" in svg and "<b>" not in svg
     empty = charts.sparkline([], label="Due", now=3600)
     assert "no samples in the last hour yet" in empty and "<polyline" not in empty
 

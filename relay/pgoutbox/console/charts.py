@@ -37,6 +37,10 @@ class Samples:
                 points.popleft()
 
 
+def _minutes(seconds: float) -> str:
+    return f"{round(seconds / 60)} min"
+
+
 def sparkline(
     points: Iterable[tuple[float, float]],
     *,
@@ -56,12 +60,14 @@ def sparkline(
     summary = (
         f"{label}: no samples in the last hour yet"
         if latest is None
-        else f"{label}: last hour, now {latest:g}, highest {top:g}"
+        else f"{label}: last {_minutes(now - max(now - span, min(pts[0][0], now - 60)))}, now {latest:g}, highest {top:g}"
     )
     scale = top or 1.0
-    coords = " ".join(
-        f"{(t - (now - span)) / span * width:.1f},{height - 2 - v / scale * (height - 4):.1f}" for t, v in pts
-    )
+    # The x axis starts at the oldest sample (a minute at least), so a console
+    # started a few minutes ago draws across the chart, not in its last pixels.
+    start = max(now - span, min(pts[0][0] if pts else now, now - 60))
+    length = now - start
+    coords = " ".join(f"{(t - start) / length * width:.1f},{height - 2 - v / scale * (height - 4):.1f}" for t, v in pts)
     line = (
         f'<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{coords}"/>'
         if len(pts) > 1

@@ -87,7 +87,6 @@ class Console:
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("pgoutbox.console", "templates"),
             autoescape=jinja2.select_autoescape(default=True),
-            undefined=jinja2.StrictUndefined,
         )
         self.env.filters["age"] = _age
         self.env.filters["when"] = _when
