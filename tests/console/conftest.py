@@ -13,14 +13,16 @@ import time
 from pathlib import Path
 
 import psycopg
+import psycopg.types.json
 import pytest
 import uvicorn
 
 from pgoutbox.console.app import create_app
 from pgoutbox.console.settings import ConsoleConfig
 from pgoutbox.core import migrate as migrate_mod
-from pgoutbox.core import settings
+from pgoutbox.core import settings, wire
 from pgoutbox.dev.embedded import EmbeddedPostgres, free_port
+from support.inbox import event as inbox_event
 from support.waiting import until
 
 TEMPLATE = "console_template"
@@ -93,3 +95,26 @@ async def serving(database_url: str, **overrides):
     finally:
         server.should_exit = True
         await task
+
+
+def seed_dead_letters(consumer_url: str, handler: str, subject: str, n: int, error: str) -> list[str]:
+    """n dead letters of `handler`, recorded as the consumer records them (receive, then
+    record_error dead), with envelopes as the wire builds them: no NATS needed."""
+    ids = []
+    with psycopg.connect(consumer_url, autocommit=True) as c:
+        for _ in range(n):
+            ev = inbox_event(event_type=subject.split(".")[2], payload={"order": "A-17"})
+            envelope = wire.from_nats(*wire.to_nats(ev))
+            c.execute(
+                "SELECT inbox.receive(%s, %s, %s, %s)",
+                (ev["event_id"], handler, subject, psycopg.types.json.Jsonb(envelope)),
+            )
+            c.execute("SELECT inbox.record_error(%s, %s, %s, true, '1h')", (ev["event_id"], handler, error))
+            ids.append(ev["event_id"])
+    return ids
+
+
+def worker_url(superuser_url: str, group: str) -> str:
+    """A URL with a login (and password) in `group` only, for the workers."""
+    name, password = person(superuser_url, group)
+    return superuser_url.replace("postgres@", f"{name}:{password}@", 1)

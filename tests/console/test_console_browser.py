@@ -20,7 +20,7 @@ from playwright.async_api import Page, async_playwright, expect
 from support.inbox import add_stream, consumer_config, event, jetstream, publish, running_consumer, write_registry
 from support.outbox import emit
 from support.waiting import until
-from tests.console.conftest import person, serving
+from tests.console.conftest import person, serving, worker_url
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "docs" / "images"
@@ -40,12 +40,6 @@ async def browser_page(width: int = 1280, height: int = 900):
             yield await context.new_page()
         finally:
             await browser.close()
-
-
-def worker_url(superuser_url: str, group: str) -> str:
-    """A URL with a login (and password) in `group` only, for the workers."""
-    name, password = person(superuser_url, group)
-    return superuser_url.replace("postgres@", f"{name}:{password}@", 1)
 
 
 def dead_letters(superuser_url: str) -> dict[str, int]:

@@ -12,10 +12,11 @@ import subprocess
 import sys
 
 import httpx
+import psycopg
 
 from pgoutbox.dev.embedded import free_port
-from support.waiting import wait_for
-from tests.console.conftest import person, serving
+from support.waiting import until, wait_for
+from tests.console.conftest import person, seed_dead_letters, serving, worker_url
 
 
 def _csrf(html: str) -> str:
@@ -107,3 +108,57 @@ def test_pgoutbox_console_serves_until_sigterm(console_db, tmp_path):
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(10) == 0
+
+
+async def _admin_client(client: httpx.AsyncClient, su: str) -> str:
+    admin, password = person(su, "pgoutbox_admin")
+    await _login(client, admin, password)
+    return admin
+
+
+async def test_another_sql_refusal_shows_its_one_line_and_code(console_db):
+    su, url = console_db
+    seed_dead_letters(worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 2, "HTTP 422: no")
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        await _admin_client(client, su)
+        csrf = _csrf((await client.get("/")).text)
+        form = {"csrf": csrf, "action": "replay", "scope": "filter", "side": "inbox", "reason": "  ", "total": "2"}
+        answer = await client.post("/actions/run", data=form)
+        assert answer.status_code == 400 and "[OB014]" in answer.text and "Traceback" not in answer.text
+        answer = await client.post("/actions/prepare", data={**form, "since": "not a time"})
+        assert answer.status_code == 400 and "[OB100]" in answer.text
+    with psycopg.connect(su) as c:
+        assert c.execute("SELECT count(*) FROM inbox.redrive_log").fetchone()[0] == 0
+
+
+async def test_payloads_can_be_hidden_from_every_role(console_db):
+    su, url = console_db
+    (id,) = seed_dead_letters(worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 1, "HTTP 422")
+    for payloads, shown in (("role", True), ("never", False)):
+        async with serving(url, payloads=payloads) as (base, _), httpx.AsyncClient(base_url=base) as client:
+            await _admin_client(client, su)
+            page = await client.get(f"/dead-letters/inbox/{id}", params={"handler": "billing"})
+            assert page.status_code == 200
+            assert ("A-17" in page.text) is shown
+
+
+async def test_a_batched_action_touches_every_match_in_batches_and_reports_progress(console_db):
+    su, url = console_db
+    seed_dead_letters(worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 7, "HTTP 500: down")
+    async with serving(url, action_batch="3", action_pause="10ms") as (base, console):
+        async with httpx.AsyncClient(base_url=base) as client:
+            await _admin_client(client, su)
+            csrf = _csrf((await client.get("/")).text)
+            form = {"csrf": csrf, "action": "discard", "scope": "filter", "side": "inbox", "owner": "billing"}
+            dialog = await client.post("/actions/prepare", data=form)
+            assert 'data-count="7"' in dialog.text and "Reason" in dialog.text and "Confirm" in dialog.text
+            started = await client.post("/actions/run", data={**form, "reason": "noise", "total": "7"})
+            assert started.status_code == 303
+            action = console.actions.get(started.headers["location"].rsplit("/", 1)[1])
+            await until(lambda: action.state != "running", 10, "the action's end")
+            assert (action.state, action.done, action.batches) == ("finished", 7, 4)  # 3 + 3 + 1, then 0
+            page = await client.get(started.headers["location"])
+            assert "Done: 7 of 7" in page.text and "refresh" not in page.text
+    with psycopg.connect(su) as c:
+        audit = c.execute("SELECT acted_by, reason, action FROM inbox.discard_log").fetchall()
+    assert len(audit) == 7 and {tuple(r[1:]) for r in audit} == {("noise", "discard")}

@@ -142,3 +142,11 @@ def test_the_command_answers_a_bad_setting_with_one_line(capsys):
     )
     assert "hunter2" not in line
     assert_one_line(capsys, ["console", "--port", "99999"], ExitCode.USAGE, "OUTBOX_CONSOLE_PORT")
+
+
+def test_a_time_from_the_forms_date_time_field_is_read_as_utc():
+    assert pages.filter_of({"since": "2026-11-26T16:00", "until": "2026-11-26T17:00:30"}) == {
+        "since": "2026-11-26T16:00Z",
+        "until": "2026-11-26T17:00:30Z",
+    }
+    assert pages.filter_of({"since": "2026-11-26T16:00+01:00"}) == {"since": "2026-11-26T16:00+01:00"}

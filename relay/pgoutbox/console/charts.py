@@ -56,17 +56,16 @@ def sparkline(
     values, so a screen reader gets the figures the picture gives."""
     pts = [(t, v) for t, v in points if t >= now - span]
     top = max((v for _, v in pts), default=0.0)
-    latest = pts[-1][1] if pts else None
-    summary = (
-        f"{label}: no samples in the last hour yet"
-        if latest is None
-        else f"{label}: last {_minutes(now - max(now - span, min(pts[0][0], now - 60)))}, now {latest:g}, highest {top:g}"
-    )
-    scale = top or 1.0
     # The x axis starts at the oldest sample (a minute at least), so a console
     # started a few minutes ago draws across the chart, not in its last pixels.
     start = max(now - span, min(pts[0][0] if pts else now, now - 60))
     length = now - start
+    summary = (
+        f"{label}: last {_minutes(length)}, now {pts[-1][1]:g}, highest {top:g}"
+        if pts
+        else f"{label}: no samples in the last hour yet"
+    )
+    scale = top or 1.0
     coords = " ".join(f"{(t - start) / length * width:.1f},{height - 2 - v / scale * (height - 4):.1f}" for t, v in pts)
     line = (
         f'<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{coords}"/>'

@@ -10,6 +10,7 @@ function takes (outbox.dlq_*): the console builds it, PostgreSQL checks it."""
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 TEXT_KEYS = ("side", "owner", "subject", "error", "tenant", "since", "until")
 SHOWN = ("live", "discarded", "all")  # the `discarded` key: false, true, null
 PAGE_ROWS = 50
+_LOCAL_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d+)?)?$")
 GROUP_ROWS = 200
 
 VERBS = {
@@ -45,6 +47,8 @@ def filter_of(values: Mapping[str, Any]) -> dict[str, Any]:
     flt: dict[str, Any] = {}
     for key in TEXT_KEYS:
         value = str(values.get(key) or "").strip()
+        if value and key in ("since", "until") and _LOCAL_TIME.match(value):
+            value += "Z"  # the form's date-time field has no zone: the pages say UTC
         if value:
             flt[key] = value
     shown = str(values.get("shown") or "live")

@@ -170,6 +170,8 @@ class Console:
         domain = from_database(exc)
         if domain is not None:
             return self.error(request, 400, "Refused", f"{type(domain).__name__} [{code}]: {message}")
+        if code.startswith("OB"):  # one of ours that this code does not know yet (a newer schema)
+            return self.error(request, 400, "Refused", f"[{code}]: {message}")
         if calls.is_connection_error(exc):
             return self.error(request, 503, "Database unavailable", message)
         log.warning("SQL error on %s: [%s] %s", request.url.path, code, message)
