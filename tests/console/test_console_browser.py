@@ -20,7 +20,7 @@ from playwright.async_api import Page, async_playwright, expect
 from support.inbox import add_stream, consumer_config, event, jetstream, publish, running_consumer, write_registry
 from support.outbox import emit
 from support.waiting import until
-from tests.console.conftest import person, serving, worker_url
+from tests.console.conftest import person, seed_dead_letters, serving, worker_url
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "docs" / "images"
@@ -256,3 +256,21 @@ async def test_pages_fit_a_390_px_phone_screen(console_db, tmp_path, nats_server
         await page.get_by_role("group", name="The whole group").get_by_role("button", name="Replay").click()
         await fits("the confirmation")
         await expect(page.get_by_role("dialog").get_by_role("button", name="Confirm")).to_be_in_viewport()
+
+
+async def test_an_admin_pauses_and_resumes_a_handlers_automated_replay(console_db):
+    su, url = console_db
+    admin, password = person(su, "pgoutbox_admin")
+    seed_dead_letters(worker_url(su, "pgoutbox_consumer"), H, "sea.event.order_paid.v1", 1, "HTTP 503: busy")
+    async with serving(url) as (base, _), browser_page() as page:
+        await login(page, base, admin, password)
+        for verb, state in (("Pause", False), ("Resume", True)):
+            await page.get_by_role("button", name=f"{verb} automated replay of {H}").click()
+            await expect(page.get_by_role("dialog")).to_contain_text(f"touch 1 handler {H}")
+            await confirm(page, f"{verb.lower()}: INC-43")
+            await expect(page.get_by_role("status")).to_contain_text("Done: 1 of 1")
+            with psycopg.connect(su) as c:
+                row = c.execute("SELECT enabled, changed_by, reason FROM inbox.replay_switches").fetchone()
+            assert row == (state, admin, f"{verb.lower()}: INC-43")
+            await page.get_by_role("link", name="Back").click()
+            await expect(page.get_by_role("row").filter(has_text=H)).to_contain_text("off" if verb == "Pause" else "on")

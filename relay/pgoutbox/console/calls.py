@@ -111,12 +111,20 @@ async def set_replay(conn: Conn, handler: str, enabled: bool, reason: str) -> Ro
     return await one(conn, "SELECT * FROM inbox.set_replay(%s, %s, %s)", (handler, enabled, reason))
 
 
-async def replay_switches(conn: Conn, available: bool) -> dict[str, bool]:
-    """Automated replay per handler that has a switch (no row: on)."""
-    if not available:
-        return {}
-    found = await rows(conn, "SELECT handler, enabled FROM inbox.replay_switches()")
-    return {r["handler"]: r["enabled"] for r in found}
+async def replay_switches(conn: Conn, available: bool, handlers: list[str]) -> dict[str, bool | None]:
+    """Automated replay per handler: True (on, also with no switch row), False, or None (not known).
+
+    inbox.replay_switches() says it for every handler; a schema without it says
+    it only for handlers with a dead letter (inbox.dead_letters)."""
+    if available:
+        found = await rows(conn, "SELECT handler, enabled FROM inbox.replay_switches()")
+        switched: dict[str, bool | None] = {r["handler"]: r["enabled"] for r in found}
+        return {h: switched.get(h, True) for h in handlers}
+    known: dict[str, bool | None] = {}
+    for handler in handlers:
+        row = await one(conn, "SELECT replay_enabled FROM inbox.dead_letters(%s, 1)", (handler,))
+        known[handler] = row["replay_enabled"] if row else None
+    return known
 
 
 def _filter(flt: dict[str, Any]) -> str:

@@ -258,7 +258,7 @@ class Console:
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
             outbox = await calls.outbox_backlog(conn)
             inbox = await calls.inbox_backlog(conn)
-            switches = await calls.replay_switches(conn, me["has_switches"])
+            switches = await calls.replay_switches(conn, me["has_switches"], [r["handler"] for r in inbox])
             self.record(outbox, inbox)
             now = datetime.now(UTC)
             for row in outbox:
@@ -267,7 +267,7 @@ class Console:
                 row["dead_chart"] = self.chart(f"outbox:{c}:dead_letter", f"Dead letters of {c}")
             for row in inbox:
                 h = row["handler"]
-                row["replay"] = switches.get(h, True)
+                row["replay"] = switches.get(h)
                 oldest = row.get("oldest_unprocessed_at")
                 row["oldest_age"] = now - oldest if oldest else None
                 row["unprocessed_chart"] = self.chart(f"inbox:{h}:unprocessed", f"Unprocessed messages of {h}")
