@@ -23,6 +23,7 @@ from pgoutbox.core import migrate as migrate_mod
 from pgoutbox.core import settings, wire
 from pgoutbox.dev.embedded import EmbeddedPostgres, free_port
 from support.inbox import event as inbox_event
+from support.outbox import emit
 from support.waiting import until
 
 TEMPLATE = "console_template"
@@ -118,3 +119,17 @@ def worker_url(superuser_url: str, group: str) -> str:
     """A URL with a login (and password) in `group` only, for the workers."""
     name, password = person(superuser_url, group)
     return superuser_url.replace("postgres@", f"{name}:{password}@", 1)
+
+
+def seed_outbox_dead_letters(superuser_url: str, n: int, error: str, context: str = "sea") -> list[str]:
+    """n outbox events dead-lettered as the relay does it: emitted (writer), claimed and
+    marked failed with no retry (relay)."""
+    ids = emit(worker_url(superuser_url, "pgoutbox_writer"), n, context=context)
+    with psycopg.connect(worker_url(superuser_url, "pgoutbox_relay"), autocommit=True) as c:
+        claimed = c.execute("SELECT event_id, claim_token FROM outbox.claim('seed', %s, '1m')", (n,)).fetchall()
+        token = claimed[0][1]
+        c.execute(
+            "SELECT outbox.mark_failed(%s, %s::uuid[], %s::text[], %s::timestamptz[])",
+            (token, [r[0] for r in claimed], [error] * n, [None] * n),
+        )
+    return ids

@@ -16,7 +16,7 @@ import psycopg
 
 from pgoutbox.dev.embedded import free_port
 from support.waiting import until, wait_for
-from tests.console.conftest import person, seed_dead_letters, serving, worker_url
+from tests.console.conftest import person, seed_dead_letters, seed_outbox_dead_letters, serving, worker_url
 
 
 def _csrf(html: str) -> str:
@@ -162,3 +162,24 @@ async def test_a_batched_action_touches_every_match_in_batches_and_reports_progr
     with psycopg.connect(su) as c:
         audit = c.execute("SELECT acted_by, reason, action FROM inbox.discard_log").fetchall()
     assert len(audit) == 7 and {tuple(r[1:]) for r in audit} == {("noise", "discard")}
+
+
+async def test_replaying_an_outbox_group_requeues_its_events_for_the_relay(console_db):
+    su, url = console_db
+    seed_outbox_dead_letters(su, 3, "NATS: no stream for subject sea.event.order_created.v1")
+    async with serving(url) as (base, console), httpx.AsyncClient(base_url=base) as client:
+        admin = await _admin_client(client, su)
+        groups = await client.get("/dead-letters", params={"side": "outbox"})
+        group_id = re.search(r'data-group="([0-9a-f]{32})"', groups.text).group(1)
+        csrf = _csrf(groups.text)
+        form = {"csrf": csrf, "action": "replay", "scope": "group", "group": group_id, "side": "outbox"}
+        dialog = await client.post("/actions/prepare", data=form)
+        assert 'data-count="3"' in dialog.text
+        started = await client.post("/actions/run", data={**form, "reason": "stream created", "total": "3"})
+        action = console.actions.get(started.headers["location"].rsplit("/", 1)[1])
+        await until(lambda: action.state != "running", 10, "the action's end")
+        assert (action.state, action.done) == ("finished", 3)
+    with psycopg.connect(su) as c:
+        assert c.execute("SELECT status, count(*) FROM outbox.events GROUP BY status").fetchall() == [("PENDING", 3)]
+        audit = c.execute("SELECT requeued_by, reason FROM outbox.requeue_log").fetchall()
+    assert audit == [(admin, "stream created")] * 3
