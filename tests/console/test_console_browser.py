@@ -74,6 +74,14 @@ async def login(page: Page, base: str, user: str, password: str) -> None:
     await page.get_by_role("button", name="Log in").click()
 
 
+# The controls of a page that have no accessible name (a label, aria-label or text).
+UNNAMED = """
+[...document.querySelectorAll("a, button, input:not([type=hidden]), select, textarea")]
+  .filter(e => !(e.getAttribute("aria-label") || (e.labels && e.labels.length) || e.textContent.trim()))
+  .map(e => e.outerHTML)
+"""
+
+
 def group_row(page: Page, subject: str):
     return page.get_by_role("row").filter(has_text=subject)
 
@@ -243,6 +251,7 @@ async def test_pages_fit_a_390_px_phone_screen(console_db, tmp_path, nats_server
             width = await page.evaluate("document.documentElement.scrollWidth")
             assert width <= 390, f"{what} is {width} px wide"
             await expect(page.get_by_role("button", name="Log out")).to_be_in_viewport()
+            assert await page.evaluate(UNNAMED) == [], f"controls without an accessible name on {what}"
 
         await fits("the overview")
         await page.goto(f"{base}/dead-letters")

@@ -183,3 +183,27 @@ async def test_replaying_an_outbox_group_requeues_its_events_for_the_relay(conso
         assert c.execute("SELECT status, count(*) FROM outbox.events GROUP BY status").fetchall() == [("PENDING", 3)]
         audit = c.execute("SELECT requeued_by, reason FROM outbox.requeue_log").fetchall()
     assert audit == [(admin, "stream created")] * 3
+
+
+async def test_a_login_in_no_pgoutbox_group_gets_403_with_postgresqls_line(console_db):
+    su, url = console_db
+    nobody, password = person(su, "pg_read_all_settings")  # may log in, holds no pgoutbox role
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        assert (await _login(client, nobody, password)).status_code == 303
+        for path in ("/", "/dead-letters"):
+            page = await client.get(path)
+            assert page.status_code == 403, path
+            assert "PostgreSQL refused your role" in page.text and "[42501]" in page.text
+            assert "Traceback" not in page.text
+
+
+async def test_logout_ends_the_session(console_db):
+    su, url = console_db
+    async with serving(url) as (base, console), httpx.AsyncClient(base_url=base) as client:
+        await _admin_client(client, su)
+        old = client.cookies["pgoutbox_session"]
+        answer = await client.post("/logout", data={"csrf": _csrf((await client.get("/")).text)})
+        assert answer.status_code == 303 and answer.headers["location"] == "/login"
+        assert console.sessions.get(old) is None
+        client.cookies.set("pgoutbox_session", old)  # a copy of the cookie is worth nothing now
+        assert (await client.get("/")).headers["location"] == "/login"

@@ -219,8 +219,10 @@ class Console:
         if not user or not password:
             return await self.login_page(request, message="User and Password are both required.", status=400)
         try:
-            async with calls.session(self.cfg.database_url, user, password) as conn:
-                await calls.who(conn)
+            # Connecting is the check: PostgreSQL took the password. What the
+            # role may then see is for each page to ask.
+            async with calls.session(self.cfg.database_url, user, password):
+                pass
         except calls.LoginRefused:
             self.limiter.failed(user, address)
             log.info("login refused", extra={"user": user, "client": address})
