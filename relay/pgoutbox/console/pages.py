@@ -196,6 +196,14 @@ class Pages:
             )
         return action, flt, words
 
+    async def _group_words(self, conn: calls.Conn, group_id: str) -> str | None:
+        """A group in words: side, owner, subject and cause."""
+        found = await calls.groups(conn, {"group": group_id, "discarded": None}, 1)
+        if not found:
+            return None
+        g = found[0]
+        return f"the group {g['side']} · {g['owner']} · {g['subject']} · {g['error_class']} {g['error_pattern']}"
+
     async def prepare(self, request: Request) -> Response:
         """The confirmation dialog: the exact count the action will touch, and a Reason."""
         session = self.c.session_of(request)
@@ -207,6 +215,8 @@ class Pages:
         async with self.c.db(session) as conn:
             me = await calls.who(conn)
             total = 1 if action in ("pause", "resume") else await calls.count(conn, flt, action)
+            if flt.get("group") and "ids" not in flt:
+                words = await self._group_words(conn, str(flt["group"])) or words
         fields = [(k, v) for k, v in form.multi_items() if k != "csrf" and isinstance(v, str)]
         return self.c.render(
             "confirm.html",
