@@ -150,3 +150,16 @@ def test_a_time_from_the_forms_date_time_field_is_read_as_utc():
         "until": "2026-11-26T17:00:30Z",
     }
     assert pages.filter_of({"since": "2026-11-26T16:00+01:00"}) == {"since": "2026-11-26T16:00+01:00"}
+
+
+def test_the_cli_loads_without_the_console_extra():
+    """`pgoutbox --help` and every other command must not need starlette, uvicorn or jinja2."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import pgoutbox.cli.main as m; m.build_parser(); "
+        "print(sorted(n for n in ('starlette', 'uvicorn', 'jinja2', 'multipart') if n in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
