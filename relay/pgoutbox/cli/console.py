@@ -10,15 +10,18 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import logging
+import signal
 from collections.abc import Iterator
 from typing import Any
 
 from pgoutbox.cli import event_loop
-from pgoutbox.cli.consume import stop_on_signals
 from pgoutbox.console.settings import ConsoleConfig
 from pgoutbox.core import logs as json_logs
 from pgoutbox.core import settings
 from pgoutbox.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 COMMAND = "console"
 HELP = (
@@ -66,11 +69,24 @@ def run(cfg: ConsoleConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_on_signals() -> asyncio.Event:
+    # Not cli.consume's: importing it would make the console's code the consumer's.
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    return stop
+
+
 async def _serve(server: Any) -> None:
     """Serves until SIGTERM or SIGINT, then lets running requests finish."""
-    stop = stop_on_signals()
+    stop = _stop_on_signals()
     serving = asyncio.ensure_future(server.serve())
     stopped = asyncio.ensure_future(stop.wait())
+    while not (server.started or serving.done() or stop.is_set()):
+        await asyncio.sleep(0.05)
+    if server.started:
+        cfg = server.config
+        log.info("console serving", extra={"url": f"http://{cfg.host}:{cfg.port}"})
     await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     stopped.cancel()
