@@ -13,16 +13,20 @@
 --     emit or requeue
 --   * upcasters: the admin registers them, the consumer may not; the
 --     consumer may run a chain
+--   * viewer: may read backlogs and dead letters (outbox.dlq_*), not act on
+--     them (replay, discard, restore, requeue, redrive, switch replay), nor
+--     read a table; the admin may act on them
 --   * nobody may DELETE from outbox.events
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(37);
+SELECT plan(47);
 
 CREATE ROLE t_writer IN ROLE pgoutbox_writer;
 CREATE ROLE t_relay IN ROLE pgoutbox_relay;
 CREATE ROLE t_consumer IN ROLE pgoutbox_consumer;
 CREATE ROLE t_admin IN ROLE pgoutbox_admin;
 CREATE ROLE t_archiver IN ROLE pgoutbox_archiver;
+CREATE ROLE t_viewer IN ROLE pgoutbox_viewer;
 CREATE ROLE t_stranger;
 
 SELECT is_empty(
@@ -46,7 +50,7 @@ SELECT ok(
 );
 SELECT is_empty(
     $$SELECT r.rolname FROM pg_roles AS r
-      WHERE r.rolname IN ('t_writer', 't_relay', 't_consumer', 't_admin', 't_archiver')
+      WHERE r.rolname IN ('t_writer', 't_relay', 't_consumer', 't_admin', 't_archiver', 't_viewer')
         AND has_table_privilege(r.rolname, 'outbox.events', 'DELETE')$$,
     'no pgoutbox role may DELETE from outbox.events'
 );
@@ -152,6 +156,32 @@ SELECT throws_ok(
     '42501', NULL, 'archiver: may not emit'
 );
 SELECT throws_ok($$SELECT outbox.requeue(ARRAY[gen_random_uuid()], 'x')$$, '42501', NULL, 'archiver: may not requeue');
+RESET ROLE;
+
+SET LOCAL ROLE t_viewer;
+SELECT lives_ok(
+    $$SELECT outbox.schema_version(), outbox.serves_workers_from()$$, 'viewer: may make the schema check'
+);
+SELECT lives_ok(
+    $$SELECT * FROM outbox.backlog() AS a, inbox.backlog() AS b,
+        outbox.dead_letters() AS c, inbox.dead_letters() AS d$$,
+    'viewer: may read the backlogs and dead letters'
+);
+SELECT lives_ok(
+    $$SELECT * FROM outbox.dlq_groups(), outbox.dlq_list(), outbox.dlq_count('{}')$$,
+    'viewer: may read dead-letter groups, lists and counts'
+);
+SELECT throws_ok($$SELECT outbox.dlq_replay('{}', 'x')$$, '42501', NULL, 'viewer: may not replay');
+SELECT throws_ok($$SELECT outbox.dlq_discard('{}', 'x')$$, '42501', NULL, 'viewer: may not discard');
+SELECT throws_ok($$SELECT outbox.dlq_restore('{}', 'x')$$, '42501', NULL, 'viewer: may not restore');
+SELECT throws_ok($$SELECT outbox.requeue(ARRAY[gen_random_uuid()], 'x')$$, '42501', NULL, 'viewer: may not requeue');
+SELECT throws_ok(
+    $$SELECT inbox.set_replay('billing', FALSE, 'x')$$, '42501', NULL, 'viewer: may not switch replay'
+);
+SELECT throws_ok($$SELECT * FROM outbox.events$$, '42501', NULL, 'viewer: may not read a table (no payloads)');
+RESET ROLE;
+SET LOCAL ROLE t_admin;
+SELECT is(outbox.dlq_replay('{}', 'x'), 0, 'admin: may replay dead letters (none here)');
 RESET ROLE;
 
 SELECT * FROM finish();

@@ -156,6 +156,7 @@ $$;
 CREATE OR REPLACE FUNCTION outbox.dlq_error_class(error text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
     SELECT CASE
@@ -175,6 +176,7 @@ COMMENT ON FUNCTION outbox.dlq_error_class(text) IS
 CREATE OR REPLACE FUNCTION outbox.dlq_error_pattern(error text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
     SELECT left(btrim(regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
@@ -492,7 +494,8 @@ COMMENT ON FUNCTION outbox.dlq_list(jsonb, integer, text) IS
 -- One dead letter (live or discarded) as a JSON document: its envelope,
 -- headers, payload (only for a session_user that may read the table, i.e.
 -- not pgoutbox_viewer), recorded attempts and replay state, and its history
--- (requeues, redrives, discards and restores, newest first).
+-- (requeues, redrives, discards and restores, newest first; seq is the
+-- audit row's id in its own log, which orders entries of one transaction).
 CREATE OR REPLACE FUNCTION outbox.dlq_show(
     side text,
     id uuid,
@@ -545,14 +548,14 @@ BEGIN
         ) INTO doc
         FROM outbox.events AS e
         WHERE e.id = r.row_id AND e.created_at = r.created_at;
-        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.action), '[]') INTO history
+        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.seq DESC), '[]') INTO history
         FROM (
-            SELECT q.requeued_at AS at, 'requeue' AS action, q.requeued_by AS by, q.reason,
+            SELECT q.id AS seq, q.requeued_at AS at, 'requeue' AS action, q.requeued_by AS by, q.reason,
                 jsonb_build_object('from_status', q.from_status, 'attempts_before', q.attempts_before,
                     'last_error', q.last_error) AS detail
             FROM outbox.requeue_log AS q WHERE q.event_id = r.id
             UNION ALL
-            SELECT d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
+            SELECT d.id, d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
             FROM outbox.discard_log AS d WHERE d.event_id = r.id
         ) AS h;
     ELSE
@@ -568,14 +571,14 @@ BEGIN
         FROM inbox.messages AS m
         LEFT JOIN inbox.replay_switches AS s ON s.handler = m.handler
         WHERE m.message_id = r.id AND m.handler = r.handler;
-        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.action), '[]') INTO history
+        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.seq DESC), '[]') INTO history
         FROM (
-            SELECT q.redriven_at AS at, 'redrive' AS action, q.redriven_by AS by, q.reason,
+            SELECT q.id AS seq, q.redriven_at AS at, 'redrive' AS action, q.redriven_by AS by, q.reason,
                 jsonb_build_object('replay_attempts_before', q.replay_attempts_before,
                     'last_error', q.last_error) AS detail
             FROM inbox.redrive_log AS q WHERE q.message_id = r.id AND q.handler = r.handler
             UNION ALL
-            SELECT d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
+            SELECT d.id, d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
             FROM inbox.discard_log AS d WHERE d.message_id = r.id AND d.handler = r.handler
         ) AS h;
     END IF;

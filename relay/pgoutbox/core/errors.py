@@ -65,6 +65,14 @@ class SqlState(enum.StrEnum):
     UNKNOWN_COMMAND = "OB081"
     MIGRATION_OUT_OF_ORDER = "OB090"
     DATA_WOULD_BE_LOST = "OB091"
+    INVALID_FILTER = "OB100"
+    DISCARDED = "OB101"
+    UNAUDITED_DISCARD = "OB102"
+    NOT_DISCARDABLE = "OB103"
+    NOT_DISCARDED = "OB104"
+    DEAD_LETTER_NOT_FOUND = "OB105"
+    INVALID_ACTION = "OB106"
+    INVALID_CURSOR = "OB107"
 
 
 class ExitCode(enum.IntEnum):
@@ -120,6 +128,10 @@ class UnknownMessage(PgOutboxError):
 
 class NotRedrivable(PgOutboxError):
     """Only dead-lettered inbox messages with a stored envelope can be redriven."""
+
+
+class DeadLetterNotFound(PgOutboxError):
+    """No dead letter (live or discarded) with this id on that side."""
 
 
 class ArchivalRefused(PgOutboxError):
@@ -214,6 +226,14 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.UNKNOWN_UPCASTER: PolicyViolation,
     SqlState.MIGRATION_OUT_OF_ORDER: MigrationError,
     SqlState.DATA_WOULD_BE_LOST: MigrationError,
+    SqlState.INVALID_FILTER: PolicyViolation,
+    SqlState.DISCARDED: IllegalTransition,
+    SqlState.UNAUDITED_DISCARD: IllegalTransition,
+    SqlState.NOT_DISCARDABLE: IllegalTransition,
+    SqlState.NOT_DISCARDED: IllegalTransition,
+    SqlState.DEAD_LETTER_NOT_FOUND: DeadLetterNotFound,
+    SqlState.INVALID_ACTION: PolicyViolation,
+    SqlState.INVALID_CURSOR: PolicyViolation,
 }
 
 
