@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 
 import httpx
 import psycopg
@@ -140,6 +141,8 @@ async def test_payloads_can_be_hidden_from_every_role(console_db):
             page = await client.get(f"/dead-letters/inbox/{id}", params={"handler": "billing"})
             assert page.status_code == 200
             assert ("A-17" in page.text) is shown
+            missing = await client.get(f"/dead-letters/inbox/{uuid.uuid4()}", params={"handler": "billing"})
+            assert missing.status_code == 404 and "[OB105]" in missing.text
 
 
 async def test_a_batched_action_touches_every_match_in_batches_and_reports_progress(console_db):

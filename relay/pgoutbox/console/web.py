@@ -32,7 +32,7 @@ from pgoutbox import __version__
 from pgoutbox.console import actions, calls, charts
 from pgoutbox.console.sessions import LoginLimiter, Session, Sessions
 from pgoutbox.console.settings import ConsoleConfig
-from pgoutbox.core.errors import from_database, one_line
+from pgoutbox.core.errors import SqlState, from_database, one_line
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,8 @@ class Console:
         # A rule of pgoutbox's refused it (its SQLSTATE is ours: OBnnn), also one
         # this build does not know yet (a newer schema): 403 with the rule's line.
         domain = from_database(exc)
+        if code == SqlState.DEAD_LETTER_NOT_FOUND:
+            return self.error(request, 404, "Not found", f"{type(domain).__name__} [{code}]: {message}")
         if domain is not None:
             return self.error(request, 403, "Refused", f"{type(domain).__name__} [{code}]: {message}")
         if code.startswith("OB"):
