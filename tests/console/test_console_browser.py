@@ -158,6 +158,8 @@ async def test_a_viewer_sees_no_action_controls_and_a_forged_post_is_refused_by_
         browser_page() as page,
     ):
         await login(page, base, viewer, password)
+        await expect(page.get_by_role("row").filter(has_text=H)).to_contain_text("6")
+        assert await page.get_by_role("button", name=re.compile("Pause|Resume")).count() == 0
         await page.get_by_role("link", name="Dead letters", exact=True).click()
         await expect(group_row(page, "order_created").locator("td.count")).to_have_text("3")
         for name in ("Replay", "Discard", "Restore", "Replay all matching", "Discard all matching"):
