@@ -38,21 +38,23 @@ DROP FUNCTION IF EXISTS outbox.dlq_discard(jsonb, text, integer);
 DROP FUNCTION IF EXISTS outbox.dlq_replay(jsonb, text, integer);
 DROP FUNCTION IF EXISTS outbox._dlq_batch(jsonb, text, text, integer);
 DROP FUNCTION IF EXISTS outbox.dlq_count(jsonb, text);
+DROP FUNCTION IF EXISTS outbox._dlq_targets(jsonb, text);
 DROP FUNCTION IF EXISTS outbox.dlq_show(text, uuid, text);
 DROP FUNCTION IF EXISTS outbox.dlq_list(jsonb, integer, text);
+DROP FUNCTION IF EXISTS outbox.dlq_summary();
 DROP FUNCTION IF EXISTS outbox.dlq_groups(jsonb, integer);
 DROP FUNCTION IF EXISTS outbox._dlq_rows(jsonb);
 DROP FUNCTION IF EXISTS outbox._check_dlq_filter(jsonb);
 DROP FUNCTION IF EXISTS outbox.dlq_error_pattern(text);
 DROP FUNCTION IF EXISTS outbox.dlq_error_class(text);
+DROP FUNCTION IF EXISTS outbox._dlq_error_pattern(text);
+DROP FUNCTION IF EXISTS outbox._dlq_error_class(text);
 DROP TABLE IF EXISTS outbox.discard_log;
 DROP TABLE IF EXISTS inbox.discard_log;
 DROP FUNCTION IF EXISTS outbox.tg_discard_log__append_only();
 DROP INDEX IF EXISTS outbox.events_discarded_idx;
 DROP INDEX IF EXISTS outbox.requeue_log_event_idx;
 DROP INDEX IF EXISTS inbox.redrive_log_message_idx;
-DROP FUNCTION IF EXISTS outbox.backlog(text);
-DROP FUNCTION IF EXISTS inbox.backlog(text);
 
 -- The definitions of version 15.
 -- Every status move the trigger's WHEN clause (below) lets through: a no-op,
@@ -100,64 +102,6 @@ BEGIN
               HINT = 'Legal moves are listed in the README (Lifecycle).';
 END;
 $$;
-
--- Backlog per context (QRY-050). "due" is what a relay could take right now;
--- oldest_due_age growing while due > 0 means no relay is making progress,
--- whereas a large unpublished count with nothing due is just parked retries.
-CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
-RETURNS TABLE (
-    context text,
-    unpublished bigint,
-    oldest_unpublished_at timestamptz,
-    due bigint,
-    oldest_due_age interval,
-    processing bigint,
-    failed bigint,
-    dead_letter bigint
-)
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path TO pg_catalog, pg_temp
-AS $$
-    SELECT outbox._check_context(backlog.context);
-    -- Two branches so that each is served by its own partial index.
-    WITH unfinished AS (
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
-            AND (backlog.context IS NULL OR e.context = backlog.context)
-        UNION ALL
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status = 'DEAD_LETTER'
-            AND (backlog.context IS NULL OR e.context = backlog.context)
-    ),
-    contexts AS (
-        SELECT DISTINCT u.context FROM unfinished AS u
-        UNION
-        SELECT backlog.context WHERE backlog.context IS NOT NULL
-    )
-    SELECT
-        c.context,
-        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
-        min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
-        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
-        -- greatest(): a row stored by an older version with available_at
-        -- -infinity is due and very old, not an error (interval has no infinity).
-        now() - greatest(
-            min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
-            timestamptz '0001-01-01 00:00:00+00'
-        ),
-        count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
-        count(u.status) FILTER (WHERE u.status = 'FAILED'),
-        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')
-    FROM contexts AS c
-    LEFT JOIN unfinished AS u ON u.context = c.context
-    GROUP BY c.context
-    ORDER BY c.context;
-$$;
-COMMENT ON FUNCTION outbox.backlog(text) IS
-'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
 
 CREATE OR REPLACE FUNCTION inbox.tg_messages__guard_update()
 RETURNS trigger
@@ -598,14 +542,12 @@ EXECUTE FUNCTION outbox.tg_events__refuse_bad_state();
 
 DROP FUNCTION IF EXISTS outbox._check_discard_move(uuid, text, text, boolean);
 
-REVOKE ALL ON FUNCTION outbox.backlog(text), inbox.backlog(text) FROM public;
-GRANT EXECUTE ON FUNCTION outbox.backlog(text), inbox.backlog(text)
-TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_viewer') THEN
         REVOKE ALL ON FUNCTION
         outbox.schema_version(), outbox.serves_workers_from(),
+        outbox.backlog(text), inbox.backlog(text),
         outbox.dead_letters(text, integer), inbox.dead_letters(text, integer)
         FROM pgoutbox_viewer;
         REVOKE USAGE ON SCHEMA outbox, inbox FROM pgoutbox_viewer;

@@ -13,10 +13,9 @@
 --   * discarded: outbox status DISCARDED (DEAD_LETTER <-> DISCARDED), inbox
 --     dlq_metadata.discarded on a DEAD_LETTER row; the update guards allow
 --     the moves only inside dlq_discard/dlq_restore (OB101..OB104);
---     claim_replays, redrive and dead_letters pass discarded rows by; both
---     backlog functions gain a last column, discarded (dropped and created
---     again: the return type changes); archival counts discarded rows as
---     dead letters;
+--     claim_replays, redrive and dead_letters pass discarded rows by, and
+--     inbox.backlog counts live dead letters only (outbox.dlq_summary counts
+--     the discarded); archival counts discarded rows as dead letters;
 --   * the role pgoutbox_viewer (NOLOGIN): the read functions, no table.
 --
 -- Expand only: workers of release 0.3.0 (schema 11) run on it unchanged
@@ -94,10 +93,6 @@ CREATE INDEX IF NOT EXISTS redrive_log_message_idx ON inbox.redrive_log (message
 -- Discarded events, as events_dead_letter_idx serves the dead letters.
 CREATE INDEX IF NOT EXISTS events_discarded_idx ON outbox.events (context)
 WHERE status = 'DISCARDED';
-
--- The return type changes (a last column, discarded).
-DROP FUNCTION IF EXISTS outbox.backlog(text);
-DROP FUNCTION IF EXISTS inbox.backlog(text);
 
 -- generated from sql/20_outbox_guards.sql: outbox.tg_events__guard_update
 -- Every status move the trigger's WHEN clause (below) lets through: a no-op,
@@ -213,73 +208,6 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__refuse_bad_state();
 
--- generated from sql/30_outbox_api.sql: outbox.backlog
--- Backlog per context (QRY-050). "due" is what a relay could take right now;
--- oldest_due_age growing while due > 0 means no relay is making progress,
--- whereas a large unpublished count with nothing due is just parked retries.
-CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
-RETURNS TABLE (
-    context text,
-    unpublished bigint,
-    oldest_unpublished_at timestamptz,
-    due bigint,
-    oldest_due_age interval,
-    processing bigint,
-    failed bigint,
-    dead_letter bigint,
-    discarded bigint
-)
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path TO pg_catalog, pg_temp
-AS $$
-    SELECT outbox._check_context(backlog.context);
-    -- A branch per partial index that serves it.
-    WITH unfinished AS (
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
-            AND (backlog.context IS NULL OR e.context = backlog.context)
-        UNION ALL
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status = 'DEAD_LETTER'
-            AND (backlog.context IS NULL OR e.context = backlog.context)
-        UNION ALL
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status = 'DISCARDED'
-            AND (backlog.context IS NULL OR e.context = backlog.context)
-    ),
-    contexts AS (
-        SELECT DISTINCT u.context FROM unfinished AS u
-        UNION
-        SELECT backlog.context WHERE backlog.context IS NOT NULL
-    )
-    SELECT
-        c.context,
-        count(u.status) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED')),
-        min(u.created_at) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED')),
-        count(u.status) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED') AND u.available_at <= now()),
-        -- greatest(): a row stored by an older version with available_at
-        -- -infinity is due and very old, not an error (interval has no infinity).
-        now() - greatest(
-            min(u.available_at) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED') AND u.available_at <= now()),
-            timestamptz '0001-01-01 00:00:00+00'
-        ),
-        count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
-        count(u.status) FILTER (WHERE u.status = 'FAILED'),
-        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER'),
-        count(u.status) FILTER (WHERE u.status = 'DISCARDED')
-    FROM contexts AS c
-    LEFT JOIN unfinished AS u ON u.context = c.context
-    GROUP BY c.context
-    ORDER BY c.context;
-$$;
-COMMENT ON FUNCTION outbox.backlog(text) IS
-'Per context: unpublished count and oldest, due count and age of the oldest due, by status (discarded apart).';
--- end generated
-
 -- generated from sql/50_inbox.sql: inbox.tg_messages__guard_update
 CREATE OR REPLACE FUNCTION inbox.tg_messages__guard_update()
 RETURNS trigger
@@ -344,8 +272,7 @@ RETURNS TABLE (
     unprocessed bigint,
     oldest_unprocessed_at timestamptz,
     failed bigint,
-    dead_letter bigint,
-    discarded bigint
+    dead_letter bigint
 )
 LANGUAGE sql STABLE
 SECURITY DEFINER
@@ -358,8 +285,8 @@ AS $$
         count(*) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
         min(m.received_at) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
         count(*) FILTER (WHERE m.status = 'FAILED'),
-        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded'),
-        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND m.dlq_metadata ? 'discarded')
+        -- live dead letters: the discarded ones are counted by outbox.dlq_summary()
+        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded')
     FROM inbox.messages AS m
     WHERE m.status <> 'PROCESSED'
         AND (backlog.context IS NULL OR m.context = backlog.context)
@@ -367,7 +294,7 @@ AS $$
     ORDER BY m.context, m.handler;
 $$;
 COMMENT ON FUNCTION inbox.backlog(text) IS
-'Per context and handler: unprocessed count and oldest, failed, dead-lettered and discarded counts.';
+'Per context and handler: unprocessed count and oldest, failed and (live) dead-lettered counts.';
 -- end generated
 
 -- generated from sql/60_inbox_replay.sql: inbox.claim_replays
@@ -662,45 +589,71 @@ END;
 $$;
 -- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_error_class
+-- generated from sql/67_dead_letters.sql: outbox._dlq_error_class
 -- The class of an error text: the status class of `HTTP nnn` (4xx, 5xx),
 -- the code of `CODE: ...` (BAD_PAYLOAD, UPCAST_MISSING, REPLAY_UNPUBLISHABLE),
--- the exception's name of `NameError: ...`, else OTHER.
+-- the exception's name of `NameError: ...`, else OTHER. No SET clause, every
+-- name qualified: so that _dlq_rows inlines it (a function with SET runs as
+-- a query of its own per row, which made a group listing 5 times slower).
+CREATE OR REPLACE FUNCTION outbox._dlq_error_class(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN error OPERATOR(pg_catalog.~) '^HTTP [1-5][0-9][0-9]($|[^0-9])'
+            THEN pg_catalog.substr(error, 6, 1) OPERATOR(pg_catalog.||) 'xx'
+        WHEN error OPERATOR(pg_catalog.~) '^[A-Z][A-Z0-9_]{1,63}:'
+            THEN pg_catalog.substring(error, '^([A-Z][A-Z0-9_]{1,63}):')
+        WHEN error OPERATOR(pg_catalog.~) '^[A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*:'
+            THEN pg_catalog.substring(
+                error, '^([A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*):'
+            )
+        ELSE 'OTHER'
+    END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_error_pattern
+-- An error text with what differs between occurrences of one cause masked:
+-- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
+-- white space runs become one space; at most 500 characters. Inlined like
+-- _dlq_error_class.
+CREATE OR REPLACE FUNCTION outbox._dlq_error_pattern(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.left(pg_catalog.btrim(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+            coalesce(error, ''),
+            '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
+            '"([^"\\]|\\.)*"', '<q>', 'g'),
+            '''([^'']|'''')*''', '<q>', 'g'),
+        '[0-9]+([.][0-9]+)?', '<n>', 'g'),
+        '\s+', ' ', 'g')), 500);
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_error_class
 CREATE OR REPLACE FUNCTION outbox.dlq_error_class(error text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-    SELECT CASE
-        WHEN error ~ '^HTTP [1-5][0-9][0-9]($|[^0-9])' THEN substr(error, 6, 1) || 'xx'
-        WHEN error ~ '^[A-Z][A-Z0-9_]{1,63}:' THEN substring(error FROM '^([A-Z][A-Z0-9_]{1,63}):')
-        WHEN error ~ '^[A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*:'
-            THEN substring(error FROM '^([A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*):')
-        ELSE 'OTHER'
-    END;
+    SELECT outbox._dlq_error_class(error);
 $$;
 COMMENT ON FUNCTION outbox.dlq_error_class(text) IS
 'An error''s class: 4xx/5xx for HTTP nnn, CODE for "CODE: ...", the exception name for "NameError: ...", else OTHER.';
 -- end generated
 
 -- generated from sql/67_dead_letters.sql: outbox.dlq_error_pattern
--- An error text with what differs between occurrences of one cause masked:
--- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
--- white space runs become one space; at most 500 characters.
 CREATE OR REPLACE FUNCTION outbox.dlq_error_pattern(error text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-    SELECT left(btrim(regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
-        coalesce(error, ''),
-        '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
-        '"([^"\\]|\\.)*"', '<q>', 'g'),
-        '''([^'']|'''')*''', '<q>', 'g'),
-        '[0-9]+([.][0-9]+)?', '<n>', 'g'),
-        '\s+', ' ', 'g')), 500);
+    SELECT outbox._dlq_error_pattern(error);
 $$;
 COMMENT ON FUNCTION outbox.dlq_error_pattern(text) IS
 'An error with uuids, quoted values and numbers masked (<uuid>, <q>, <n>): the cause part of a dead-letter group.';
@@ -876,8 +829,8 @@ AS $$
     classed AS (
         SELECT
             dl.*,
-            outbox.dlq_error_class(dl.last_error) AS error_class,
-            outbox.dlq_error_pattern(dl.last_error) AS error_pattern
+            outbox._dlq_error_class(dl.last_error) AS error_class,
+            outbox._dlq_error_pattern(dl.last_error) AS error_pattern
         FROM dl
     ),
     grouped AS (
@@ -946,6 +899,44 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
 'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_summary
+-- Per side, context and owner: live and discarded dead letters, re-failures,
+-- replays asked for and not yet taken, and (inbox) whether automated replay is
+-- on. The backlog functions keep their columns (workers of older releases
+-- read them) and count live dead letters only; the discarded are counted here.
+CREATE OR REPLACE FUNCTION outbox.dlq_summary()
+RETURNS TABLE (
+    side text,
+    context text,
+    owner text,
+    dead_letters bigint,
+    discarded bigint,
+    refailed bigint,
+    redrive_pending bigint,
+    replay_enabled boolean
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT
+        r.side,
+        split_part(r.subject, '.', 1),
+        r.owner,
+        count(*) FILTER (WHERE NOT r.discarded),
+        count(*) FILTER (WHERE r.discarded),
+        count(*) FILTER (WHERE r.refailed AND NOT r.discarded),
+        count(*) FILTER (WHERE r.redrive_pending),
+        CASE WHEN r.side = 'inbox' THEN coalesce(bool_and(s.enabled), TRUE) END
+    FROM outbox._dlq_rows('{"discarded": null}'::jsonb) AS r
+    LEFT JOIN inbox.replay_switches AS s ON r.side = 'inbox' AND s.handler = r.owner
+    GROUP BY r.side, split_part(r.subject, '.', 1), r.owner
+    ORDER BY r.side, 2, r.owner;
+$$;
+COMMENT ON FUNCTION outbox.dlq_summary() IS
+'Per side, context and owner: live and discarded dead letters, re-failures, pending replays, replay switch.';
 -- end generated
 
 -- generated from sql/67_dead_letters.sql: outbox.dlq_list
@@ -1114,6 +1105,35 @@ COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
 'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
 -- end generated
 
+-- generated from sql/67_dead_letters.sql: outbox._dlq_targets
+-- The rows an action may take now: replay the live replayable ones, discard
+-- the live ones, restore the discarded ones; never an event of a sealed
+-- (archived, read-only) partition, which refuses every UPDATE (OB056): one
+-- such row would refuse its whole batch, at every run. They stay listed.
+CREATE OR REPLACE FUNCTION outbox._dlq_targets(filter jsonb, action text)
+RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz, seen_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    WITH sealed AS (
+        SELECT to_date(right(c.relname::text, 8), 'YYYYMMDD') AS day
+        FROM pg_trigger AS t
+        INNER JOIN pg_class AS c ON t.tgrelid = c.oid
+        INNER JOIN pg_inherits AS i ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'outbox.events'::regclass
+            AND t.tgname = '_050_archived_read_only'
+            AND c.relname ~ '^events_p[0-9]{8}$'
+    )
+    SELECT r.side, r.id, r.handler, r.row_id, r.created_at, r.seen_at
+    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
+    WHERE (action <> 'replay' OR r.replayable)
+        AND (
+            r.side = 'inbox'
+            OR NOT EXISTS (SELECT 1 FROM sealed AS s WHERE s.day = (r.created_at AT TIME ZONE 'UTC')::date)
+        );
+$$;
+-- end generated
+
 -- generated from sql/67_dead_letters.sql: outbox.dlq_count
 -- The exact number of rows an action would touch now, over all its batches.
 CREATE OR REPLACE FUNCTION outbox.dlq_count(
@@ -1131,11 +1151,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
             USING ERRCODE = 'OB106';
     END IF;
-    RETURN (
-        SELECT count(*)
-        FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
-        WHERE action <> 'replay' OR r.replayable
-    );
+    RETURN (SELECT count(*) FROM outbox._dlq_targets(filter, action));
 END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
@@ -1154,10 +1170,9 @@ BEGIN
     PERFORM outbox._check_dlq_filter(filter);
     PERFORM outbox._check_max_rows(max_rows);
     RETURN QUERY
-    SELECT r.side, r.id, r.handler, r.row_id, r.created_at
-    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
-    WHERE action <> 'replay' OR r.replayable
-    ORDER BY r.seen_at, r.side, r.id, r.handler
+    SELECT t.side, t.id, t.handler, t.row_id, t.created_at
+    FROM outbox._dlq_targets(filter, action) AS t
+    ORDER BY t.seen_at, t.side, t.id, t.handler
     LIMIT max_rows;
 END;
 $$;
@@ -1473,29 +1488,29 @@ COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
 -- end generated
 
 REVOKE ALL ON FUNCTION
-outbox.backlog(text),
-inbox.backlog(text),
 outbox.tg_discard_log__append_only(),
 outbox._check_discard_move(uuid, text, text, boolean),
+outbox._dlq_error_class(text),
+outbox._dlq_error_pattern(text),
 outbox.dlq_error_class(text),
 outbox.dlq_error_pattern(text),
 outbox._check_dlq_filter(jsonb),
 outbox._dlq_rows(jsonb),
 outbox.dlq_groups(jsonb, integer),
+outbox.dlq_summary(),
 outbox.dlq_list(jsonb, integer, text),
 outbox.dlq_show(text, uuid, text),
+outbox._dlq_targets(jsonb, text),
 outbox.dlq_count(jsonb, text),
 outbox._dlq_batch(jsonb, text, text, integer),
 outbox.dlq_replay(jsonb, text, integer),
 outbox.dlq_discard(jsonb, text, integer),
 outbox.dlq_restore(jsonb, text, integer)
 FROM public;
-GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_viewer;
-GRANT EXECUTE ON FUNCTION outbox.backlog(text), inbox.backlog(text)
-TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin, pgoutbox_viewer;
 -- pgoutbox_viewer: the read-only operator (the console's viewers). It reads
 -- through functions only, no table: so it sees dead letters, never payloads
 -- (outbox.dlq_show shows one only to a role that may read the table).
+GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_viewer;
 GRANT EXECUTE ON FUNCTION
 outbox.schema_version(), outbox.serves_workers_from(),
 outbox.backlog(text), outbox.dead_letters(text, integer),
@@ -1505,6 +1520,7 @@ TO pgoutbox_viewer;
 -- read, only the admin acts.
 GRANT EXECUTE ON FUNCTION
 outbox.dlq_groups(jsonb, integer),
+outbox.dlq_summary(),
 outbox.dlq_list(jsonb, integer, text),
 outbox.dlq_show(text, uuid, text),
 outbox.dlq_count(jsonb, text),

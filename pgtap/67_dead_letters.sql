@@ -15,17 +15,20 @@
 --   * re-failures: a replayed row that dead-letters again counts as refailed
 --   * discard and restore: audited in discard_log; a discarded row is
 --     neither claimed for replay, redriven, requeued nor listed as a live
---     dead letter, and the backlogs count it apart; direct UPDATEs around
+--     dead letter; the backlogs count live dead letters only and
+--     dlq_summary counts the discarded apart; direct UPDATEs around
 --     the functions are refused (OB101, OB102), a restore of a row that is
 --     not discarded (OB104) and a discard of one that is not a dead letter
 --     (OB103) too; discard_log is append-only (OB060)
+--   * an event of a sealed partition is listed, but no action counts or
+--     takes it (it would refuse the whole batch)
 --   * detail: envelope, payload only for a session user that may read the
 --     table, history with who and why; unknown (OB105)
 --   * roles: pgoutbox_viewer reads (no payload), cannot act or read tables;
 --     pgoutbox_admin acts
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(79);
+SELECT plan(84);
 \ir fixtures/events.sql
 
 -- An inbox dead letter of handler with error err and tenant t1.
@@ -307,14 +310,19 @@ SELECT is(
 );
 SELECT is(
     (
-        SELECT format('%s|%s', dead_letter, discarded) FROM inbox.backlog()
+        SELECT dead_letter FROM inbox.backlog()
         WHERE handler = 'shipping'
-    ), '0|1',
-    'inbox.backlog counts discarded apart'
+    ), 0::bigint,
+    'inbox.backlog counts live dead letters only'
 );
-SELECT is(
-    (SELECT format('%s|%s', dead_letter, discarded) FROM outbox.backlog('sea')), '0|1',
-    'outbox.backlog counts discarded apart'
+SELECT is((SELECT dead_letter FROM outbox.backlog('sea')), 0::bigint, 'outbox.backlog counts live dead letters only');
+SELECT results_eq(
+    $$SELECT side, context, owner, dead_letters, discarded, replay_enabled FROM outbox.dlq_summary()$$,
+    $$VALUES
+        ('inbox'::text, 'sea'::text, 'billing'::text, 5::bigint, 0::bigint, TRUE),
+        ('inbox', 'sea', 'shipping', 0, 1, TRUE),
+        ('outbox', 'sea', 'sea', 0, 1, NULL)$$,
+    'dlq_summary counts live and discarded dead letters apart, with the replay switch'
 );
 SELECT is(
     (SELECT count(*) FROM outbox.dlq_list('{"discarded": true}')), 2::bigint, 'list: discarded ones on request'
@@ -338,6 +346,27 @@ SELECT is(
     'discard,restore', 'restore: audited after the discard'
 );
 SELECT throws_ok($$UPDATE outbox.discard_log SET reason = 'nothing'$$, 'OB060', NULL, 'discard_log is append-only');
+
+-- An event of a sealed (archived, read-only) partition stays listed, but no
+-- action takes it: it would refuse its whole batch (OB056) at every run.
+\ir fixtures/archival.sql
+SELECT
+    (now() AT TIME ZONE 'UTC')::date - 40 AS d40,
+    outbox._partition_name((now() AT TIME ZONE 'UTC')::date - 40) AS p40
+\gset
+SELECT outbox.create_partitions(0, :'d40');
+SELECT fixture.old_event(:'d40', 'DEAD_LETTER') AS old_dl \gset
+SELECT lives_ok(
+    format('SELECT * FROM outbox.seal_partition(%L)', :'p40'), 'a partition with an old dead letter is sealed'
+);
+SELECT is(
+    (SELECT count(*) FROM outbox.dlq_list(jsonb_build_object('ids', jsonb_build_array(:'old_dl')))), 1::bigint,
+    'sealed: still listed'
+);
+SELECT is(
+    outbox.dlq_count(jsonb_build_object('ids', jsonb_build_array(:'old_dl'))), 0::bigint, 'sealed: no action counts it'
+);
+SELECT is(outbox.dlq_replay('{"side": "outbox"}', 'sealed aside'), 1, 'sealed: a batch passes it by, takes the rest');
 
 -- Detail and roles.
 SELECT is(

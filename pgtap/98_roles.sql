@@ -168,7 +168,7 @@ SELECT lives_ok(
     'viewer: may read the backlogs and dead letters'
 );
 SELECT lives_ok(
-    $$SELECT * FROM outbox.dlq_groups(), outbox.dlq_list(), outbox.dlq_count('{}')$$,
+    $$SELECT * FROM outbox.dlq_groups(), outbox.dlq_list(), outbox.dlq_count('{}'), outbox.dlq_summary()$$,
     'viewer: may read dead-letter groups, lists and counts'
 );
 SELECT throws_ok($$SELECT outbox.dlq_replay('{}', 'x')$$, '42501', NULL, 'viewer: may not replay');

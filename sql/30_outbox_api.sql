@@ -377,15 +377,14 @@ RETURNS TABLE (
     oldest_due_age interval,
     processing bigint,
     failed bigint,
-    dead_letter bigint,
-    discarded bigint
+    dead_letter bigint
 )
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
     SELECT outbox._check_context(backlog.context);
-    -- A branch per partial index that serves it.
+    -- Two branches so that each is served by its own partial index.
     WITH unfinished AS (
         SELECT e.context, e.status, e.created_at, e.available_at
         FROM outbox.events AS e
@@ -396,11 +395,6 @@ AS $$
         FROM outbox.events AS e
         WHERE e.status = 'DEAD_LETTER'
             AND (backlog.context IS NULL OR e.context = backlog.context)
-        UNION ALL
-        SELECT e.context, e.status, e.created_at, e.available_at
-        FROM outbox.events AS e
-        WHERE e.status = 'DISCARDED'
-            AND (backlog.context IS NULL OR e.context = backlog.context)
     ),
     contexts AS (
         SELECT DISTINCT u.context FROM unfinished AS u
@@ -409,26 +403,25 @@ AS $$
     )
     SELECT
         c.context,
-        count(u.status) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED')),
-        min(u.created_at) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED')),
-        count(u.status) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED') AND u.available_at <= now()),
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
         -- greatest(): a row stored by an older version with available_at
         -- -infinity is due and very old, not an error (interval has no infinity).
         now() - greatest(
-            min(u.available_at) FILTER (WHERE u.status NOT IN ('DEAD_LETTER', 'DISCARDED') AND u.available_at <= now()),
+            min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
             timestamptz '0001-01-01 00:00:00+00'
         ),
         count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
         count(u.status) FILTER (WHERE u.status = 'FAILED'),
-        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER'),
-        count(u.status) FILTER (WHERE u.status = 'DISCARDED')
+        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')
     FROM contexts AS c
     LEFT JOIN unfinished AS u ON u.context = c.context
     GROUP BY c.context
     ORDER BY c.context;
 $$;
 COMMENT ON FUNCTION outbox.backlog(text) IS
-'Per context: unpublished count and oldest, due count and age of the oldest due, by status (discarded apart).';
+'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
 
 -- Dead-lettered events, newest first, for operators deciding what to requeue.
 CREATE OR REPLACE FUNCTION outbox.dead_letters(

@@ -343,8 +343,7 @@ RETURNS TABLE (
     unprocessed bigint,
     oldest_unprocessed_at timestamptz,
     failed bigint,
-    dead_letter bigint,
-    discarded bigint
+    dead_letter bigint
 )
 LANGUAGE sql STABLE
 SECURITY DEFINER
@@ -357,8 +356,8 @@ AS $$
         count(*) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
         min(m.received_at) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
         count(*) FILTER (WHERE m.status = 'FAILED'),
-        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded'),
-        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND m.dlq_metadata ? 'discarded')
+        -- live dead letters: the discarded ones are counted by outbox.dlq_summary()
+        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded')
     FROM inbox.messages AS m
     WHERE m.status <> 'PROCESSED'
         AND (backlog.context IS NULL OR m.context = backlog.context)
@@ -366,7 +365,7 @@ AS $$
     ORDER BY m.context, m.handler;
 $$;
 COMMENT ON FUNCTION inbox.backlog(text) IS
-'Per context and handler: unprocessed count and oldest, failed, dead-lettered and discarded counts.';
+'Per context and handler: unprocessed count and oldest, failed and (live) dead-lettered counts.';
 
 -- The batched path (a consumer records a whole fetch, then settles its
 -- outcomes, in one call each). Same rules as receive(), mark_processed() and

@@ -152,40 +152,62 @@ $$;
 
 -- The class of an error text: the status class of `HTTP nnn` (4xx, 5xx),
 -- the code of `CODE: ...` (BAD_PAYLOAD, UPCAST_MISSING, REPLAY_UNPUBLISHABLE),
--- the exception's name of `NameError: ...`, else OTHER.
+-- the exception's name of `NameError: ...`, else OTHER. No SET clause, every
+-- name qualified: so that _dlq_rows inlines it (a function with SET runs as
+-- a query of its own per row, which made a group listing 5 times slower).
+CREATE OR REPLACE FUNCTION outbox._dlq_error_class(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN error OPERATOR(pg_catalog.~) '^HTTP [1-5][0-9][0-9]($|[^0-9])'
+            THEN pg_catalog.substr(error, 6, 1) OPERATOR(pg_catalog.||) 'xx'
+        WHEN error OPERATOR(pg_catalog.~) '^[A-Z][A-Z0-9_]{1,63}:'
+            THEN pg_catalog.substring(error, '^([A-Z][A-Z0-9_]{1,63}):')
+        WHEN error OPERATOR(pg_catalog.~) '^[A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*:'
+            THEN pg_catalog.substring(
+                error, '^([A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*):'
+            )
+        ELSE 'OTHER'
+    END;
+$$;
+
+-- An error text with what differs between occurrences of one cause masked:
+-- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
+-- white space runs become one space; at most 500 characters. Inlined like
+-- _dlq_error_class.
+CREATE OR REPLACE FUNCTION outbox._dlq_error_pattern(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.left(pg_catalog.btrim(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+            coalesce(error, ''),
+            '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
+            '"([^"\\]|\\.)*"', '<q>', 'g'),
+            '''([^'']|'''')*''', '<q>', 'g'),
+        '[0-9]+([.][0-9]+)?', '<n>', 'g'),
+        '\s+', ' ', 'g')), 500);
+$$;
+
 CREATE OR REPLACE FUNCTION outbox.dlq_error_class(error text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-    SELECT CASE
-        WHEN error ~ '^HTTP [1-5][0-9][0-9]($|[^0-9])' THEN substr(error, 6, 1) || 'xx'
-        WHEN error ~ '^[A-Z][A-Z0-9_]{1,63}:' THEN substring(error FROM '^([A-Z][A-Z0-9_]{1,63}):')
-        WHEN error ~ '^[A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*:'
-            THEN substring(error FROM '^([A-Za-z_][A-Za-z0-9_.]{0,127}(Error|Exception|Timeout|Failure)[A-Za-z0-9_]*):')
-        ELSE 'OTHER'
-    END;
+    SELECT outbox._dlq_error_class(error);
 $$;
 COMMENT ON FUNCTION outbox.dlq_error_class(text) IS
 'An error''s class: 4xx/5xx for HTTP nnn, CODE for "CODE: ...", the exception name for "NameError: ...", else OTHER.';
 
--- An error text with what differs between occurrences of one cause masked:
--- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
--- white space runs become one space; at most 500 characters.
 CREATE OR REPLACE FUNCTION outbox.dlq_error_pattern(error text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-    SELECT left(btrim(regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
-        coalesce(error, ''),
-        '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
-        '"([^"\\]|\\.)*"', '<q>', 'g'),
-        '''([^'']|'''')*''', '<q>', 'g'),
-        '[0-9]+([.][0-9]+)?', '<n>', 'g'),
-        '\s+', ' ', 'g')), 500);
+    SELECT outbox._dlq_error_pattern(error);
 $$;
 COMMENT ON FUNCTION outbox.dlq_error_pattern(text) IS
 'An error with uuids, quoted values and numbers masked (<uuid>, <q>, <n>): the cause part of a dead-letter group.';
@@ -357,8 +379,8 @@ AS $$
     classed AS (
         SELECT
             dl.*,
-            outbox.dlq_error_class(dl.last_error) AS error_class,
-            outbox.dlq_error_pattern(dl.last_error) AS error_pattern
+            outbox._dlq_error_class(dl.last_error) AS error_class,
+            outbox._dlq_error_pattern(dl.last_error) AS error_pattern
         FROM dl
     ),
     grouped AS (
@@ -425,6 +447,42 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
 'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
+
+-- Per side, context and owner: live and discarded dead letters, re-failures,
+-- replays asked for and not yet taken, and (inbox) whether automated replay is
+-- on. The backlog functions keep their columns (workers of older releases
+-- read them) and count live dead letters only; the discarded are counted here.
+CREATE OR REPLACE FUNCTION outbox.dlq_summary()
+RETURNS TABLE (
+    side text,
+    context text,
+    owner text,
+    dead_letters bigint,
+    discarded bigint,
+    refailed bigint,
+    redrive_pending bigint,
+    replay_enabled boolean
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT
+        r.side,
+        split_part(r.subject, '.', 1),
+        r.owner,
+        count(*) FILTER (WHERE NOT r.discarded),
+        count(*) FILTER (WHERE r.discarded),
+        count(*) FILTER (WHERE r.refailed AND NOT r.discarded),
+        count(*) FILTER (WHERE r.redrive_pending),
+        CASE WHEN r.side = 'inbox' THEN coalesce(bool_and(s.enabled), TRUE) END
+    FROM outbox._dlq_rows('{"discarded": null}'::jsonb) AS r
+    LEFT JOIN inbox.replay_switches AS s ON r.side = 'inbox' AND s.handler = r.owner
+    GROUP BY r.side, split_part(r.subject, '.', 1), r.owner
+    ORDER BY r.side, 2, r.owner;
+$$;
+COMMENT ON FUNCTION outbox.dlq_summary() IS
+'Per side, context and owner: live and discarded dead letters, re-failures, pending replays, replay switch.';
 
 -- Dead letters one by one, newest first, a page at a time: pass the last
 -- row's cursor as `after` for the next page (OB107: not such a cursor).
@@ -588,6 +646,33 @@ $$;
 COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
 'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
 
+-- The rows an action may take now: replay the live replayable ones, discard
+-- the live ones, restore the discarded ones; never an event of a sealed
+-- (archived, read-only) partition, which refuses every UPDATE (OB056): one
+-- such row would refuse its whole batch, at every run. They stay listed.
+CREATE OR REPLACE FUNCTION outbox._dlq_targets(filter jsonb, action text)
+RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz, seen_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    WITH sealed AS (
+        SELECT to_date(right(c.relname::text, 8), 'YYYYMMDD') AS day
+        FROM pg_trigger AS t
+        INNER JOIN pg_class AS c ON t.tgrelid = c.oid
+        INNER JOIN pg_inherits AS i ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'outbox.events'::regclass
+            AND t.tgname = '_050_archived_read_only'
+            AND c.relname ~ '^events_p[0-9]{8}$'
+    )
+    SELECT r.side, r.id, r.handler, r.row_id, r.created_at, r.seen_at
+    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
+    WHERE (action <> 'replay' OR r.replayable)
+        AND (
+            r.side = 'inbox'
+            OR NOT EXISTS (SELECT 1 FROM sealed AS s WHERE s.day = (r.created_at AT TIME ZONE 'UTC')::date)
+        );
+$$;
+
 -- The exact number of rows an action would touch now, over all its batches.
 CREATE OR REPLACE FUNCTION outbox.dlq_count(
     filter jsonb DEFAULT '{}'::jsonb,
@@ -604,11 +689,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
             USING ERRCODE = 'OB106';
     END IF;
-    RETURN (
-        SELECT count(*)
-        FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
-        WHERE action <> 'replay' OR r.replayable
-    );
+    RETURN (SELECT count(*) FROM outbox._dlq_targets(filter, action));
 END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
@@ -625,10 +706,9 @@ BEGIN
     PERFORM outbox._check_dlq_filter(filter);
     PERFORM outbox._check_max_rows(max_rows);
     RETURN QUERY
-    SELECT r.side, r.id, r.handler, r.row_id, r.created_at
-    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
-    WHERE action <> 'replay' OR r.replayable
-    ORDER BY r.seen_at, r.side, r.id, r.handler
+    SELECT t.side, t.id, t.handler, t.row_id, t.created_at
+    FROM outbox._dlq_targets(filter, action) AS t
+    ORDER BY t.seen_at, t.side, t.id, t.handler
     LIMIT max_rows;
 END;
 $$;

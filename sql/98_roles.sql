@@ -156,6 +156,7 @@ TO pgoutbox_viewer;
 -- read, only the admin acts.
 GRANT EXECUTE ON FUNCTION
 outbox.dlq_groups(jsonb, integer),
+outbox.dlq_summary(),
 outbox.dlq_list(jsonb, integer, text),
 outbox.dlq_show(text, uuid, text),
 outbox.dlq_count(jsonb, text),

@@ -230,7 +230,12 @@ BOUNDED = {
         "OUTBOX_CONSUMER_HTTP_PORT": "PORT",
     },
     "replay": {"OUTBOX_REPLAY_BATCH_SIZE": "REPLAY_BATCH", "OUTBOX_REPLAY_WORKER": "WORKER"},
-    "redrive": {"OUTBOX_REDRIVE_REASON": "REASON"},
+    "redrive": {"OUTBOX_REDRIVE_REASON": "REASON", "OUTBOX_REDRIVE_BATCH": "MAX_ROWS"},
+    "dead-letters": {
+        "OUTBOX_DEAD_LETTERS_MAX_ROWS": "MAX_ROWS",
+        "OUTBOX_DEAD_LETTERS_REASON": "REASON",
+        "OUTBOX_DEAD_LETTERS_BATCH": "MAX_ROWS",
+    },
     "replay-switch": {"OUTBOX_REPLAY_SWITCH_REASON": "REASON"},
     "archive": {
         "OUTBOX_ARCHIVE_RETENTION": "RETENTION",
@@ -249,6 +254,7 @@ ARGUMENTS = {
     "audit": ["SEA_EVENTS"],
     "redrive": ["billing", "--list"],
     "replay-switch": ["billing", "off"],
+    "dead-letters": ["groups"],
 }
 REQUIRED = {"OUTBOX_REQUEUE_REASON": "test", "OUTBOX_REPLAY_SWITCH_REASON": "test"}
 

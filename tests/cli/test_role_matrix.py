@@ -455,6 +455,25 @@ def run_redrive(run: Run) -> None:
     assert json.loads(listed)["message_id"] == message_id
     out = run.pgoutbox("redrive", HANDLER, "--all", "--reason", "handler fixed")
     assert out.startswith(f"marked 1 dead letter(s) of {HANDLER} for redrive")
+    run.dead_letter(due=False)
+    out = run.pgoutbox("redrive", "--match", "--owner", HANDLER, "--reason", "handler fixed")
+    assert out.endswith("replayed 1 dead letter(s): outbox events requeued, inbox messages marked for the replayer\n")
+
+
+def run_dead_letters(run: Run) -> None:
+    """Grouped, listed and shown (as the viewer may), discarded and restored (as the admin may)."""
+    message_id = run.dead_letter(due=False)
+    [group] = [json.loads(line) for line in run.pgoutbox("dead-letters", "groups", "--format", "json").splitlines()]
+    assert (group["owner"], group["dead_letters"]) == (HANDLER, 1)
+    [listed] = run.pgoutbox("dead-letters", "list", "--format", "json").splitlines()
+    assert json.loads(listed)["id"] == message_id
+    assert json.loads(run.pgoutbox("dead-letters", "show", message_id, "--format", "json"))["id"] == message_id
+    assert run.pgoutbox("dead-letters", "discard", "--group", group["group_id"], "--reason", "obsolete").endswith(
+        "discarded 1 dead letter(s)\n"
+    )
+    assert run.pgoutbox("dead-letters", "restore", "--id", message_id, "--reason", "wanted").endswith(
+        "restored 1 dead letter(s)\n"
+    )
 
 
 def run_replay_switch(run: Run) -> None:
@@ -509,6 +528,7 @@ SCENARIOS: dict[str, Callable[[Run], None]] = {
     "replay": run_replay,
     "redrive": run_redrive,
     "replay-switch": run_replay_switch,
+    "dead-letters": run_dead_letters,
     "archive": run_archive,
     "report": run_report,
     EMIT: run_emit,

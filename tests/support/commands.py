@@ -16,6 +16,7 @@ DATABASE_COMMANDS = {
     "partitions": [],
     "redrive": ["billing", "--list"],
     "replay-switch": ["billing", "off", "--reason", "test"],
+    "dead-letters": ["groups"],
     "archive": ["--dry-run"],
     "report": [],
 }

@@ -97,10 +97,10 @@ LEASE = Bound("outbox.claim(lease)", 0, DAY, low_open=True, unit="s")
 RETRY_AHEAD = Bound("outbox.mark_failed(retry_at - now())", None, 30 * DAY, unit="s")
 WORKER = Bound("outbox.claim(worker), inbox.claim_replays(worker)", 1, 256, unit="characters")
 DAYS_AHEAD = Bound("outbox.create_partitions(days_ahead)", 0, 366)
-MAX_ROWS = Bound("outbox.dead_letters(max_rows)", 1, 10000)
+MAX_ROWS = Bound("outbox.dead_letters(max_rows), outbox.dlq_*(max_rows)", 1, 10000)
 CONTEXT = Bound("the context of outbox.backlog, inbox.backlog, outbox.dead_letters", pattern=r"[A-Za-z0-9_-]{1,64}")
 REASON = Bound(
-    "the reason of outbox.requeue, outbox.requeue_completed, inbox.redrive, inbox.set_replay",
+    "the reason of outbox.requeue, outbox.requeue_completed, inbox.redrive, inbox.set_replay, outbox.dlq_*",
     1,
     1000,
     unit="characters",
