@@ -91,8 +91,7 @@ async def who(conn: Conn) -> Row:
         + _may("outbox.dlq_restore(jsonb, text, integer)")
         + " AS may_restore, "
         + _may("inbox.set_replay(text, boolean, text)")
-        + " AS may_switch, "
-        + "to_regprocedure('inbox.replay_switches()') IS NOT NULL AS has_switches"
+        + " AS may_switch"
     )
     row = await one(conn, query)
     assert row is not None
@@ -111,20 +110,11 @@ async def set_replay(conn: Conn, handler: str, enabled: bool, reason: str) -> Ro
     return await one(conn, "SELECT * FROM inbox.set_replay(%s, %s, %s)", (handler, enabled, reason))
 
 
-async def replay_switches(conn: Conn, available: bool, handlers: list[str]) -> dict[str, bool | None]:
-    """Automated replay per handler: True (on, also with no switch row), False, or None (not known).
-
-    inbox.replay_switches() says it for every handler; a schema without it says
-    it only for handlers with a dead letter (inbox.dead_letters)."""
-    if available:
-        found = await rows(conn, "SELECT handler, enabled FROM inbox.replay_switches()")
-        switched: dict[str, bool | None] = {r["handler"]: r["enabled"] for r in found}
-        return {h: switched.get(h, True) for h in handlers}
-    known: dict[str, bool | None] = {}
-    for handler in handlers:
-        row = await one(conn, "SELECT replay_enabled FROM inbox.dead_letters(%s, 1)", (handler,))
-        known[handler] = row["replay_enabled"] if row else None
-    return known
+async def dlq_summary(conn: Conn) -> dict[tuple[str, str], Row]:
+    """Per (side, owner) with dead letters: live and discarded counts, re-failures and,
+    for a handler, whether automated replay is on."""
+    found = await rows(conn, "SELECT * FROM outbox.dlq_summary()")
+    return {(r["side"], r["owner"]): r for r in found}
 
 
 def _filter(flt: dict[str, Any]) -> str:

@@ -264,16 +264,20 @@ class Console:
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
             outbox = await calls.outbox_backlog(conn)
             inbox = await calls.inbox_backlog(conn)
-            switches = await calls.replay_switches(conn, me["has_switches"], [r["handler"] for r in inbox])
+            summary = await calls.dlq_summary(conn)
             self.record(outbox, inbox)
             now = datetime.now(UTC)
             for row in outbox:
                 c = row["context"]
+                row["discarded"] = summary.get(("outbox", c), {}).get("discarded", 0)
                 row["due_chart"] = self.chart(f"outbox:{c}:due", f"Due events of {c}")
                 row["dead_chart"] = self.chart(f"outbox:{c}:dead_letter", f"Dead letters of {c}")
             for row in inbox:
                 h = row["handler"]
-                row["replay"] = switches.get(h)
+                dead = summary.get(("inbox", h), {})
+                row["discarded"] = dead.get("discarded", 0)
+                # Known where the handler has dead letters (what automated replay acts on).
+                row["replay"] = dead.get("replay_enabled")
                 oldest = row.get("oldest_unprocessed_at")
                 row["oldest_age"] = now - oldest if oldest else None
                 row["unprocessed_chart"] = self.chart(f"inbox:{h}:unprocessed", f"Unprocessed messages of {h}")
