@@ -105,7 +105,7 @@ async def test_an_admin_replays_a_group_and_watches_its_count_fall_as_the_handle
     ):
         await login(page, base, admin, password)
         await expect(page.get_by_role("heading", name="Overview")).to_be_visible()
-        await until(lambda: len(console.samples.points(f"inbox:{H}:dead_letter")) >= 3, 10, "three samples")
+        await until(lambda: len(console.samples.points(f"inbox:{H}:dead_letter")) >= 6, 15, "six samples")
         await page.reload()
         await expect(page.get_by_role("row").filter(has_text=H)).to_contain_text("6")
         await page.screenshot(path=str(IMAGES / "console-overview.png"), full_page=True)

@@ -47,6 +47,7 @@ def sparkline(
     label: str,
     now: float,
     span: float = HOUR,
+    min_span: float = 60.0,
     width: int = 160,
     height: int = 32,
 ) -> str:
@@ -56,9 +57,9 @@ def sparkline(
     values, so a screen reader gets the figures the picture gives."""
     pts = [(t, v) for t, v in points if t >= now - span]
     top = max((v for _, v in pts), default=0.0)
-    # The x axis starts at the oldest sample (a minute at least), so a console
+    # The x axis starts at the oldest sample (min_span at least), so a console
     # started a few minutes ago draws across the chart, not in its last pixels.
-    start = max(now - span, min(pts[0][0] if pts else now, now - 60))
+    start = max(now - span, min(pts[0][0] if pts else now, now - min_span))
     length = now - start
     summary = (
         f"{label}: last {_minutes(length)}, now {pts[-1][1]:g}, highest {top:g}"

@@ -258,7 +258,9 @@ class Console:
     # -- overview -------------------------------------------------------------
 
     def chart(self, series: str, label: str) -> Markup:
-        return Markup(charts.sparkline(self.samples.points(series), label=label, now=time.time()))
+        points = self.samples.points(series)
+        # At least ten samples' worth of time across, however recent the first one.
+        return Markup(charts.sparkline(points, label=label, now=time.time(), min_span=10 * self.cfg.sample_interval))
 
     async def overview(self, request: Request) -> Response:
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
