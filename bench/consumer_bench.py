@@ -27,6 +27,10 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
       in the inbox call that records its fetch; in --rounds interleaved
       rounds, with the medians and the difference per message (wall time,
       CPU of the consumer process and of PostgreSQL). `--only h` runs (a) and (h).
+  (i) `pgoutbox consume` with default settings, traces off and on (the same
+      process plus OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in a process
+      of its own, pgoutbox.dev.otlp), in --rounds interleaved rounds, with the
+      medians and what tracing costs per message. `--only i` runs (a) and (i).
 
 Every `pgoutbox consume` runs as the login docs/consumer.md gives it (a member
 of pgoutbox_consumer only), with the README's manifest (timeout 10s,
@@ -43,6 +47,7 @@ with the default durability (synchronous_commit on).
     .venv/bin/python bench/consumer_bench.py --only d [--indb-fetch 256]   # (a) and (d) only
     .venv/bin/python bench/consumer_bench.py --only g [--rounds 3]          # (a) and (g) only
     .venv/bin/python bench/consumer_bench.py --only h [--rounds 3]          # (a) and (h) only
+    .venv/bin/python bench/consumer_bench.py --only i [--rounds 3]          # (a) and (i) only
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -160,6 +166,9 @@ def _start_noop_handler() -> tuple[subprocess.Popen, str]:
 
 # -- messages ------------------------------------------------------------------
 async def _publish(js, n: int) -> None:
+    # As the relay publishes them: with Pgoutbox-Created-At, so that the
+    # consumer's age-at-outcome histogram observes each message.
+    created = datetime.now(UTC)
     for start in range(0, n, 1000):
         batch = []
         for i in range(start, min(n, start + 1000)):
@@ -174,6 +183,7 @@ async def _publish(js, n: int) -> None:
                     "aggregate_id": str(i),
                     "payload": {"schema_version": 1, "n": i, "pad": "x" * 200},
                     "headers": {"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"},
+                    "created_at": created,
                 }
             )
             batch.append(js.publish(subject, body, headers=headers))
@@ -326,7 +336,7 @@ async def _consume(
         + manifest_extra
     )
     registry.generate(manifests, workdir / f"{handler}.registry.json")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON", "OTEL_"))}
     env.update(
         {
             "PYTHONPATH": pythonpath,
@@ -510,6 +520,8 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             await _against_hand_written(args, js, pg, url, handler_pid, consume)
         if "h" in only:
             await _upcast_step(args, pg, consume)
+        if "i" in only:
+            await _traces_off_on(args, consume)
     finally:
         await nc.close()
 
@@ -669,6 +681,39 @@ async def _upcast_step(args, pg: EmbeddedPostgres, consume) -> None:
     )
 
 
+# -- (i) the cost of traces -----------------------------------------------------
+async def _traces_off_on(args, consume) -> None:
+    from pgoutbox.dev.otlp import SinkProcess  # the otel extra (in dev)
+
+    sink = SinkProcess()
+    print(
+        f"(i) pgoutbox consume, default settings: traces off, and on (OTLP/HTTP to a sink process), "
+        f"{args.rounds} interleaved round(s)"
+    )
+    rounds = []
+    try:
+        for r in range(1, args.rounds + 1):
+            ticks = machine.cpu_ticks()
+            off = await consume(f"traces_off{r}")
+            on = await consume(f"traces_on{r}", settings=[f"OTEL_EXPORTER_OTLP_ENDPOINT={sink.endpoint}"])
+            rounds.append({"off": off, "on": on})
+            print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
+            _line("traces off", off["rate"], off["cpu_us"], off["pg_us"])
+            _line("traces on", on["rate"], on["cpu_us"], on["pg_us"], ("off", off["rate"]))
+    finally:
+        spans = sink.close()
+    med = {k: {m: statistics.median(g[k][m] for g in rounds) for m in rounds[0][k]} for k in ("off", "on")}
+    print(f" median of {len(rounds)} round(s) (the sink received {spans:,} spans):")
+    _line("traces off", med["off"]["rate"], med["off"]["cpu_us"], med["off"]["pg_us"])
+    _line("traces on", med["on"]["rate"], med["on"]["cpu_us"], med["on"]["pg_us"], ("off", med["off"]["rate"]))
+    wall = (1 / med["on"]["rate"] - 1 / med["off"]["rate"]) * 1e6
+    print(
+        f"  traces on, per message: wall {wall:+.0f} us, consumer process "
+        f"{med['on']['cpu_us'] - med['off']['cpu_us']:+.0f} us CPU",
+        flush=True,
+    )
+
+
 def main(args) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="pgoutbox-consumer-bench-"))
     workdir.chmod(0o755)  # PostgreSQL runs as another user
@@ -707,8 +752,8 @@ if __name__ == "__main__":
         "--setting", action="append", default=[], metavar="OUTBOX_X=V", help="for the consumer processes (repeatable)"
     )
     parser.add_argument("--indb-fetch", type=int, default=256, help="fetch size of the batched in-database loop")
-    parser.add_argument("--only", default="abcdefgh", help="the parts to run (a always)")
-    parser.add_argument("--rounds", type=int, default=3, help="(g), (h): interleaved rounds")
+    parser.add_argument("--only", default="abcdefghi", help="the parts to run (a always)")
+    parser.add_argument("--rounds", type=int, default=3, help="(g), (h), (i): interleaved rounds")
     parser.add_argument("--ref-batch", type=int, default=CONCURRENCY, help="(g): fetch size of the reference loops")
     parser.add_argument(
         "--consume-variant",

@@ -24,7 +24,13 @@ Prints per rate: the rate achieved, p50, p99 and max latency, events that
 never reached the handler within the wait, the consumer processes used, and
 the CPU the relay and the consumers spent per event (from the emits' start
 until the last event arrived, divided by the events), and the steal of that
-stretch; then the highest rate that held p99 < 500 ms (with --find-max,
+stretch; beside them, for workers that serve them, what their own latency
+histograms (docs/observability.md) observed over the same run, as
+Prometheus's histogram_quantile estimates them from the buckets: commit ->
+JetStream ack (the relay) and commit -> outcome recorded (the consumers; it
+ends after the handler's answer and the inbox's settle, so it should be a
+little above the bench's own figure, which ends at the handler's receipt);
+then the highest rate that held p99 < 500 ms (with --find-max,
 bisected further between the highest rate that held and the lowest that did
 not), and the hypervisor's steal over the run.
 
@@ -39,6 +45,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -303,6 +310,65 @@ def wait_ready(pipe: Pipeline, timeout: float = 60) -> None:
     raise RuntimeError(f"the pipeline did not deliver within {timeout}s; see the logs under {pipe.root}")
 
 
+# Each side's histogram and the labels of the series read (le aside).
+AGES = {
+    "relay": ("pgoutbox_relay_event_age_at_publish_seconds_bucket", {"context": CONTEXT}),
+    "consumer": (
+        "pgoutbox_consumer_event_age_at_outcome_seconds_bucket",
+        {"handler": "orders", "outcome": "processed"},
+    ),
+}
+
+
+def _http_port(log: Path, started: str) -> int | None:
+    """The metrics port a worker logged at start-up (its last `started` line:
+    each rate starts the workers afresh, appending to the same log)."""
+    with contextlib.suppress(OSError):
+        for line in reversed(log.read_text(errors="replace").splitlines()):
+            if line.startswith("{") and started in line:
+                return json.loads(line).get("http_port")
+    return None
+
+
+def age_buckets(pipe: Pipeline) -> dict[str, dict[float, float]]:
+    """Each side's age histogram, summed over its processes: upper bound -> cumulative count."""
+    found: dict[str, dict[float, float]] = {"relay": {}, "consumer": {}}
+    logs = [("relay", pipe.root / "relay.log", '"action": "started"')]
+    logs += [("consumer", pipe.root / f"consumer-{i}.log", '"consumer started"') for i in range(len(pipe.consumers))]
+    for side, log, started in logs:
+        port = _http_port(log, started)
+        if port is None:
+            continue
+        with contextlib.suppress(httpx.HTTPError):
+            name, wanted = AGES[side]
+            for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+                if not line.startswith(name + "{"):
+                    continue
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line[len(name) : line.rindex("}")]))
+                le = labels.pop("le")
+                if labels == wanted:
+                    bound = float("inf") if le == "+Inf" else float(le)
+                    found[side][bound] = found[side].get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def bucket_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """histogram_quantile(q, ...) of the observations between two scrapes, in ms
+    (linear within the bucket, as Prometheus does; None without observations)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank, lower, below = q * counts[-1], 0.0, 0.0
+    for bound, count in zip(bounds, counts):
+        if count >= rank:
+            if bound == float("inf"):
+                return lower * 1000
+            return (lower + (bound - lower) * (rank - below) / max(count - below, 1e-9)) * 1000
+        lower, below = bound, count
+    return None
+
+
 def run_rate(pipe: Pipeline, code: str, rate: int, consumers: int, seconds: float, first: int, writers: int) -> dict:
     pipe.set_workers(code, consumers, f"{'this' if code == '.' else code}-{rate}")
     wait_ready(pipe)
@@ -311,6 +377,7 @@ def run_rate(pipe: Pipeline, code: str, rate: int, consumers: int, seconds: floa
         for p in procs:
             p.send_signal(signal.SIGUSR1)  # the profiles count from here
     before = pipe.arrived()
+    ages_before = age_buckets(pipe)
     ticks = machine.cpu_ticks()
     cpu = {p.pid: machine.cpu_seconds(p.pid) for p in procs}
     out = subprocess.run(
@@ -329,6 +396,13 @@ def run_rate(pipe: Pipeline, code: str, rate: int, consumers: int, seconds: floa
         time.sleep(0.25)
     spent = {pid: machine.cpu_seconds(pid) - c for pid, c in cpu.items()}
     steal = machine.steal_since(ticks)
+    time.sleep(0.5)  # the consumers count an outcome just after the handler's answer
+    ages_after = age_buckets(pipe)
+    metric = {
+        f"{side}_{name}": bucket_quantile(q, ages_before[side], ages_after[side])
+        for side in ("relay", "consumer")
+        for name, q in (("p50", 0.5), ("p99", 0.99))
+    }
     arrivals = pipe.arrivals()
     warm = run["started"] + 1.0
     lat = sorted((arrivals[e] - t) * 1000 for e, t in committed.items() if e in arrivals and t >= warm)
@@ -344,6 +418,7 @@ def run_rate(pipe: Pipeline, code: str, rate: int, consumers: int, seconds: floa
         "relay_us": spent[pipe.relay.pid] / n * 1e6 if pipe.relay else 0.0,
         "consumer_us": sum(spent[p.pid] for p in pipe.consumers) / n * 1e6,
         "steal": steal,
+        **metric,
     }
 
 
@@ -361,6 +436,17 @@ def report(code: str, rate: int, n: int, res: dict) -> None:
         f" {res['relay_us']:.0f} us, consumers {res['consumer_us']:.0f} us; {res['steal']})",
         flush=True,
     )
+    if res["consumer_p99"] is not None:
+        print(
+            "    the workers' own histograms (histogram_quantile of the buckets):"
+            f" commit -> handler processed p50 {res['consumer_p50']:.1f} ms p99 {res['consumer_p99']:.1f} ms;"
+            + (
+                f" commit -> JetStream ack p50 {res['relay_p50']:.1f} ms p99 {res['relay_p99']:.1f} ms"
+                if res["relay_p99"] is not None
+                else ""
+            ),
+            flush=True,
+        )
     if res["achieved"] < 0.95 * rate:
         print(f"    the writers fell behind the pace ({res['achieved']:,.0f} of {rate:,}/s): the machine is saturated")
 

@@ -15,7 +15,10 @@
       and emit -> subscriber p50/p99; this build and, with --before COMMIT,
       that commit's relay, in --rounds interleaved rounds (medians printed).
       Each relay runs with the product's defaults (the HTTP port aside: 0) as a
-      login in pgoutbox_relay only.
+      login in pgoutbox_relay only. --tracing adds this build with traces on
+      (OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in a process of its
+      own, pgoutbox.dev.otlp) in the same rounds, and prints what tracing costs per
+      event against this build with tracing off.
 
 Everything runs on a private PostgreSQL 15 (default durability: fsync on,
 synchronous_commit on) and nats-server (file storage) started on free ports
@@ -24,6 +27,7 @@ a real subprocess (`python -m pgoutbox.cli.main relay`), as in production.
 
     .venv/bin/python bench/relay_bench.py [--events 100000] [--rates 500,2000] [--notify-throttle 2ms]
     .venv/bin/python bench/relay_bench.py --parts e [--moderate 200,500,1000] [--before COMMIT] [--rounds 3]
+    .venv/bin/python bench/relay_bench.py --parts e --tracing [--before COMMIT]   # traces off vs on
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ def relay_process(
     """A relay process. defaults: as a login in pgoutbox_relay only, every
     setting at its default but the HTTP port (0: any free port). profile: run
     it under yappi (bench/profiled.py), writing this pstats file at its exit."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON", "OTEL_"))}
     env.update(
         {
             "OUTBOX_DATABASE_URL": pg.url.replace("postgresql://postgres@", f"postgresql://{RELAY_LOGIN}@")
@@ -369,6 +373,9 @@ def export_package(root: Path, commit: str) -> str:
     return str(releases.export(Path(__file__).resolve().parents[1], commit, root / f"code-{commit}"))
 
 
+TRACING_ON = "traces on (OTLP/HTTP)"
+
+
 def moderate_rates(root: Path, pg, ns, args) -> None:
     """(e): the relay's CPU per event at moderate rates, this build against
     --before in interleaved rounds, each relay started afresh per round."""
@@ -378,6 +385,12 @@ def moderate_rates(root: Path, pg, ns, args) -> None:
     for variant in args.variant:  # LABEL:VAR=VALUE,VAR=VALUE: this build with those variables
         label, _, assignments = variant.partition(":")
         codes[label] = (None, dict(a.split("=", 1) for a in assignments.split(",") if a))
+    sink = None
+    if args.tracing:
+        from pgoutbox.dev.otlp import SinkProcess  # the otel extra (in dev)
+
+        sink = SinkProcess()
+        codes[TRACING_ON] = (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint})
     rates = [int(x) for x in args.moderate.split(",")]
     print(
         f"(e) the relay at moderate rates: {args.rounds} round(s) of {args.seconds:g} s per rate and relay,"
@@ -416,13 +429,24 @@ def moderate_rates(root: Path, pg, ns, args) -> None:
                 flush=True,
             )
     print(f"  median of {args.rounds} round(s):")
+    medians = {}
     for (label, rate), runs in got.items():
-        med = {k: statistics.median(x[k] for x in runs) for k in ("relay_us", "pg_us", "p50", "p99", "claims")}
+        med = medians[label, rate] = {
+            k: statistics.median(x[k] for x in runs) for k in ("relay_us", "pg_us", "p50", "p99", "claims")
+        }
         print(
             f"    {label:22s} @ {rate:5d}/s: relay {med['relay_us']:5.0f} us per event, PostgreSQL"
             f" {med['pg_us']:4.0f} us;  p50 {med['p50']:6.2f} ms  p99 {med['p99']:6.2f} ms;"
             f" {med['claims']:.0f} claims per 100 events"
         )
+    if sink is not None:
+        print(f"  traces on, against off (medians; the sink received {sink.close():,} spans):")
+        for rate in rates:
+            on, off = medians[TRACING_ON, rate], medians["this build", rate]
+            print(
+                f"    @ {rate:5d}/s: relay {on['relay_us'] - off['relay_us']:+5.0f} us CPU per event,"
+                f" p50 {on['p50'] - off['p50']:+6.2f} ms, p99 {on['p99'] - off['p99']:+6.2f} ms"
+            )
 
 
 def main() -> int:
@@ -456,6 +480,7 @@ def main() -> int:
         metavar="LABEL:VAR=V,...",
         help="(e): also run this build with these environment variables (repeatable)",
     )
+    ap.add_argument("--tracing", action="store_true", help="(e): also this build with traces on, to a local sink")
     ap.add_argument("--profile", metavar="DIR", help="(e): profile each relay of round 1 (yappi, CPU clock) into DIR")
     args = ap.parse_args()
 

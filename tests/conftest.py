@@ -87,8 +87,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True, scope="session")
 def _clean_environment():
-    """Tests configure pgoutbox explicitly; stray OUTBOX_*/PG* vars must not leak in."""
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("OUTBOX_", "PG"))}
+    """Tests configure pgoutbox explicitly; stray OUTBOX_*/PG*/OTEL_* vars must not leak in
+    (an OTEL_* variable turns traces on)."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("OUTBOX_", "PG", "OTEL_"))}
     yield
     os.environ.update(saved)
 

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 from psycopg.types.json import Jsonb
 
 from support.inbox import FakeHandler
@@ -226,10 +228,12 @@ def upgrading_section() -> str:
     return m.group(1)
 
 
-def renames() -> list[tuple[str, str, str]]:
-    """(old, new, type) of each row of the rename table."""
-    rows = re.findall(r"^\| `(\w+)` \| (?:`(\w+)`|\*\(unchanged\)\*) \| (\w+) \|$", upgrading_section(), re.M)
-    return [(old, new or old, kind) for old, new, kind in rows]
+def renames() -> list[tuple[str | None, str, str]]:
+    """(old, new, type) of each row of the rename table; old is None for a metric new in 0.4.0."""
+    rows = re.findall(
+        r"^\| (?:`(\w+)`|\*\(new\)\*) \| (?:`(\w+)`|\*\(unchanged\)\*) \| (\w+) \|$", upgrading_section(), re.M
+    )
+    return [(old or None, new or old, kind) for old, new, kind in rows]
 
 
 def relabel(name: str) -> str:
@@ -261,7 +265,7 @@ def test_the_rename_table_ends_at_exactly_the_metrics_the_workers_serve():
 
 def test_the_relabel_rules_give_every_old_series_its_new_name():
     for old, new, kind in renames():
-        for before, after in zip(series(old, kind), series(new, kind), strict=True):
+        for before, after in zip(series(old or new, kind), series(new, kind), strict=True):
             assert relabel(before) == after, before
             assert relabel(after) == after, after
 
@@ -272,3 +276,167 @@ def test_promtool_accepts_the_scrape_config(promtool, tmp_path):
     path.write_text(block)
     done = subprocess.run([str(promtool), "check", "config", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done
+
+
+# -- deploy/: the Prometheus rules and the Grafana dashboard ----------------------
+
+RULES = ROOT / "deploy" / "prometheus" / "pgoutbox.rules.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "pgoutbox.json"
+AGE_AT_PUBLISH = "pgoutbox_relay_event_age_at_publish_seconds"
+AGE_AT_OUTCOME = "pgoutbox_consumer_event_age_at_outcome_seconds"
+
+
+def expressions() -> dict[str, str]:
+    """Where -> PromQL, for every expression of the rules file and the dashboard."""
+    found = {}
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            found[f"rules: {rule.get('record') or rule.get('alert')}"] = rule["expr"]
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            found[f"dashboard: {panel['title']} {target['refId']}"] = target["expr"]
+    return found
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """One sample's value in an exposition, or None."""
+    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{shown}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_promtool_accepts_the_rules_file(promtool):
+    done = subprocess.run([str(promtool), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "SUCCESS: 22 rules found" in done.stdout, done
+
+
+def test_the_rules_compute_the_kpis_and_fire_the_alerts_promtool_unit_tests_expect(promtool):
+    """deploy/prometheus/pgoutbox.rules.test.yml: a slow handler alerts and a
+    fast one does not, the KPI ratios of known counts, a relay without
+    progress and a growing backlog alert (with two relays reporting it)."""
+    tests = RULES.with_name("pgoutbox.rules.test.yml")
+    done = subprocess.run(
+        [str(promtool), "test", "rules", tests.name], cwd=tests.parent, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "SUCCESS" in done.stdout, done
+    # Each alert of the rules file has a test that makes it fire or says why not.
+    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    tested = {t["alertname"] for case in yaml.safe_load(tests.read_text())["tests"] for t in case["alert_rule_test"]}
+    assert tested <= alerts and len(tested) >= 4, tested
+
+
+def test_the_rules_and_the_dashboard_use_only_recorded_rules_and_declared_labels():
+    """The names and labels each expression uses, against what the workers
+    declare (the served names are checked with traffic below): a label in
+    `by`/`on`/a matcher that none of the expression's metrics has would
+    silently aggregate everything into one series."""
+    from pgoutbox.cli import main as cli
+    from pgoutbox.core import health
+
+    labels = {
+        name.removesuffix("_total"): set(names) | ({"le"} if kind == "histogram" else set())
+        for m in cli.all_metrics().values()
+        for name, kind, names, _ in health.families(m)
+    }
+    recorded = {
+        rule["record"]: rule["expr"]
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    exprs = expressions()
+    assert len([k for k in exprs if k.startswith("dashboard")]) >= 15
+    # The dashboard imports as it is: unique panel ids, panels within the 24-column grid,
+    # every query on the data source variable it declares.
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    assert all(p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in panels)
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource"]
+    assert {t["datasource"]["uid"] for p in panels for t in p.get("targets", [])} == {"${datasource}"}
+    for where, expr in exprs.items():
+        for rule in re.findall(r"\bpgoutbox:[\w:]+", expr):
+            assert rule in recorded, f"{where}: {rule} is no recording rule of {RULES.name}"
+        # The metrics and the recorded rules' own metrics: their labels are the expression's.
+        expanded = expr + " ".join(recorded[r] for r in re.findall(r"\bpgoutbox:[\w:]+", expr))
+        used = {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in re.findall(r"\bpgoutbox_\w+", expanded)}
+        assert used, f"{where}: no pgoutbox metric"
+        unknown = sorted(n for n in used if n not in labels)
+        assert not unknown, f"{where}: {unknown} are not metrics the workers declare"
+        have = set().union(*(labels[n] for n in used)) | {"instance", "job", "__name__"}
+        said = set(re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr))
+        said = {label.strip() for group in said for label in group.split(",") if label.strip()}
+        said |= set(re.findall(r"[{,]\s*(\w+)\s*(?:=~|!=|=)", expr))
+        assert said <= have, f"{where}: labels {sorted(said - have)} belong to none of {sorted(used)}"
+    # docs/observability.md names only these rules and declared metrics.
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    assert set(re.findall(r"\bpgoutbox:[\w:]+", doc)) <= set(recorded)
+    documented = {
+        re.sub(r"_(bucket|count|sum|total)$", "", n)
+        for n in re.findall(r"\bpgoutbox_\w+", doc)
+        if not n.endswith("_")  # pgoutbox_outbox_*: a family of names
+    }
+    assert documented <= set(labels), sorted(documented - set(labels))
+
+
+def test_the_dashboard_and_rules_metrics_are_served_and_the_ages_observe_every_event(
+    database_url, nats_server, login, tmp_path
+):
+    """A real relay and consumer with traffic: each pgoutbox_* name of the
+    rules and the dashboard is on one of the two /metrics, and both age
+    histograms observed every event, with ages no longer than the run."""
+    handler = FakeHandler()
+    events = 5
+    try:
+        manifests = tmp_path / "handlers"
+        manifests.mkdir()
+        (manifests / "billing.toml").write_text(
+            f'[[handler]]\nname = "{HANDLER}"\nurl = "{handler.url}"\nsubjects = ["{SUBJECT}"]\n'
+        )
+        subprocess.run([str(PGOUTBOX), "registry", "generate"], cwd=tmp_path, check=True, capture_output=True)
+        asyncio.run(apply_streams(nats_server.url))
+        common = {"OUTBOX_NATS_URL": nats_server.url}
+        with (
+            worker(
+                tmp_path,
+                "consume",
+                '"consumer started"',
+                **common,
+                OUTBOX_DATABASE_URL=login(documented_role("consume")),
+                OUTBOX_CONSUMER_HTTP_PORT="0",
+            ) as consumer_port,
+            worker(
+                tmp_path,
+                "relay",
+                '"action": "started"',
+                **common,
+                OUTBOX_DATABASE_URL=login(documented_role("relay")),
+                OUTBOX_RELAY_HTTP_PORT="0",
+            ) as relay_port,
+        ):
+            started = time.time()
+            for _ in range(events):
+                emit(database_url, "sea", [200])
+            wait_for(lambda: inbox_statuses(database_url) == {"PROCESSED": events}, 60, "the consumer")
+            counted = (consumer_port, f'{AGE_AT_OUTCOME}_count{{handler="{HANDLER}",outcome="processed"}} {events}.0')
+            wait_for(lambda: counted[1] in scrape(counted[0]).splitlines(), 30, counted[1])
+            ran = time.time() - started
+            relay_text, consumer_text = scrape(relay_port), scrape(consumer_port)
+    finally:
+        handler.close()
+
+    served = names(relay_text) | names(consumer_text)
+    for where, expr in expressions().items():
+        missing = sorted(set(re.findall(r"\bpgoutbox_\w+", expr)) - served)
+        assert not missing, f"{where} uses {missing}, which neither /metrics serves"
+
+    assert sample(relay_text, f"{AGE_AT_PUBLISH}_count", context="sea") == events
+    at_publish = sample(relay_text, f"{AGE_AT_PUBLISH}_sum", context="sea")
+    assert sample(consumer_text, f"{AGE_AT_OUTCOME}_count", handler=HANDLER, outcome="processed") == events
+    at_outcome = sample(consumer_text, f"{AGE_AT_OUTCOME}_sum", handler=HANDLER, outcome="processed")
+    # Same host, same clock: each event was older at its outcome than at its publish.
+    assert 0 < at_publish <= at_outcome <= events * ran, (at_publish, at_outcome, ran)
+    assert sample(consumer_text, "pgoutbox_consumer_handler_calls_total", handler=HANDLER, answer="ok") == events
+    assert sample(consumer_text, f"{AGE_AT_OUTCOME}_bucket", handler=HANDLER, outcome="processed", le="+Inf") == events

@@ -211,10 +211,10 @@ async def test_an_unexpected_encoding_failure_is_that_events_dead_letter(databas
     doomed = ids[4]
     real = wire.to_nats
 
-    def to_nats(event):
+    def to_nats(event, *args):
         if event["event_id"] == doomed:
             raise RuntimeError("injected: the encoder has a bug")
-        return real(event)
+        return real(event, *args)
 
     monkeypatch.setattr(wire, "to_nats", to_nats)
     async with running_relay(relay_config(database_url, nats_server.url)) as relay:

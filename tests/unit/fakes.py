@@ -237,6 +237,8 @@ class FakeInbox:
     calls: list[str] = field(default_factory=list)
     counts_failures: bool = True
     settlers: dict[str, Settler] = field(default_factory=dict)
+    # message_id -> the payload text the upcasters give a handler declaring a version
+    upcasts: dict[str, str] = field(default_factory=dict)
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -253,7 +255,7 @@ class FakeInbox:
     async def receive_batch(
         self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str], version: int | None = None
     ) -> list:
-        """Payloads as they came: the fake has no upcasters (version is for handlers that declare one)."""
+        """Payloads as they came, or as `upcasts` gives them to a handler declaring a version."""
         self._call("receive_batch")
         out = []
         for ordinal, message_id in enumerate(ids, 1):
@@ -262,7 +264,10 @@ class FakeInbox:
                 row = self.rows[(message_id, handler)] = FakeInboxRow()
             elif row.status in ("RECEIVED", "FAILED"):
                 row.attempts += 1
-            out.append(row.as_row(ordinal))
+            got = row.as_row(ordinal)
+            if version is not None and message_id in self.upcasts:
+                got["upcast_payload"] = self.upcasts[message_id]
+            out.append(got)
         return out
 
     async def settle(self, handler: str, processed: list[str], failed: list[str], errors: list[str]) -> set[str]:
@@ -304,10 +309,26 @@ class FakeHandlerClient:
     def __init__(self, *statuses: int) -> None:
         self.statuses = list(statuses) or [200]
         self.calls: list[tuple[str, int]] = []
+        self.traces: list[dict | None] = []  # the trace context given for each call (None: the envelope's)
+        self.bodies: list[bytes] = []
+        self.cloudevents: list[dict | None] = []  # the attributes given to a handler of format "cloudevents"
 
     async def call(
-        self, url: str, body: bytes, envelope: dict, *, handler: str, delivery: int, timeout: float, received=None
+        self,
+        url: str,
+        body: bytes,
+        envelope: dict,
+        *,
+        handler: str,
+        delivery: int,
+        timeout: float,
+        received=None,
+        trace=None,
+        cloudevent=None,
     ):
         self.calls.append((envelope["message_id"], delivery))
+        self.traces.append(trace)
+        self.bodies.append(body)
+        self.cloudevents.append(cloudevent)
         status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
         return HandlerAnswer(status=status, error=None, retry_after=None, elapsed=0.001, text="fake")

@@ -12,8 +12,13 @@ import json
 
 import pytest
 from fakes import FakeHandlerClient, FakeInbox, FakeInboxRow, FakeJetStream, FakeNats, answers, delivery
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
-from pgoutbox.core import settings
+from pgoutbox.core import settings, tracing
+from pgoutbox.core.otel import OtelTracer
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as consumer_settings
 from pgoutbox.inbox.flow import DatabaseGate, MessageFlow
@@ -38,7 +43,7 @@ HANDLER = consumer_settings.resolve(SPEC, CONFIG)
 class Flow:
     """A MessageFlow on fakes, and what it reported for each message."""
 
-    def __init__(self, client: FakeHandlerClient, inbox: FakeInbox | None = None):
+    def __init__(self, client: FakeHandlerClient, inbox: FakeInbox | None = None, tracer=tracing.OFF):
         self.inbox = inbox or FakeInbox()
         self.client, self.nc, self.js = client, FakeNats(), FakeJetStream()
         self.outcomes: dict[str, object] = {}
@@ -52,6 +57,7 @@ class Flow:
             replay_backoff=consumer_settings.replay_backoff(CONFIG),
             stopping=asyncio.Event(),
             gate=DatabaseGate(self.inbox.schema_version),
+            tracer=tracer,
         )
 
     async def fetch(self, *msgs) -> None:
@@ -131,3 +137,99 @@ async def test_the_database_gate_holds_the_message_until_postgresql_is_back():
     assert f.outcomes[msg.reply] == "processed" and len(f.client.calls) == 1
     assert answers(f.nc, msg) == [b""]
     assert inbox.calls.count("receive_batch") == 2  # the held call ran again once the probe passed
+
+
+# -- traced (tracing on, spans kept in memory) -----------------------------------
+
+
+def _traced_flow(client: FakeHandlerClient) -> tuple[Flow, InMemorySpanExporter]:
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    return Flow(client, tracer=OtelTracer(provider, "pgoutbox-consumer", [])), exported
+
+
+async def test_traced_a_processed_message_has_a_process_span_with_post_and_settle_children_and_the_handler_gets_posts_traceparent():
+    f, exported = _traced_flow(FakeHandlerClient(200))
+    creation = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    msg = delivery(f.nc, headers=json.dumps({"traceparent": creation}))
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "processed" and answers(f.nc, msg) == [b""]
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    process, post, settle = (
+        spans["process sea.event.order_created.v1"],
+        spans["POST"],
+        spans["settle sea.event.order_created.v1"],
+    )
+    # the creation context: the traceparent fakes.event_row emits
+    assert f"{process.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+    assert f"{process.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert post.parent.span_id == settle.parent.span_id == process.context.span_id
+    assert settle.attributes["messaging.operation.name"] == "ack"
+    assert process.attributes["pgoutbox.outcome"] == "processed" and process.attributes["pgoutbox.stream.wait_ms"] >= 0
+    assert process.status.status_code is StatusCode.UNSET
+    (sent,) = f.client.traces
+    assert sent == {"traceparent": f"00-{post.context.trace_id:032x}-{post.context.span_id:016x}-01"}
+
+
+@pytest.mark.parametrize(
+    ("status", "operation", "outcome"), [(503, "nak", "retried"), (422, "dead_letter", "dead_lettered")]
+)
+async def test_traced_a_failed_answer_marks_the_post_and_process_spans_as_errors(status, operation, outcome):
+    f, exported = _traced_flow(FakeHandlerClient(status))
+    msg = delivery(f.nc)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == outcome
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    post, process = spans["POST"], spans["process sea.event.order_created.v1"]
+    assert post.attributes["http.response.status_code"] == status and post.attributes["error.type"] == str(status)
+    assert spans["settle sea.event.order_created.v1"].attributes["messaging.operation.name"] == operation
+    assert process.attributes["error.type"] == outcome and process.status.status_code is StatusCode.ERROR
+
+
+async def test_traced_a_settled_row_gets_no_span():
+    f, exported = _traced_flow(FakeHandlerClient(200))
+    msg = delivery(f.nc, delivered=2)
+    f.inbox.rows[(f.message_id(msg), "billing")] = FakeInboxRow(status="PROCESSED")
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "duplicate" and exported.get_finished_spans() == ()
+
+
+async def test_traced_a_span_that_cannot_start_leaves_the_message_untraced_not_stuck(monkeypatch):
+    f, exported = _traced_flow(FakeHandlerClient(200))
+
+    def broken(*args, **kwargs):
+        raise ValueError("an attribute the SDK chokes on")
+
+    monkeypatch.setattr(f.flow.tracing.tracer, "start_span", broken)
+    msg = delivery(f.nc)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "processed" and answers(f.nc, msg) == [b""]
+    assert f.client.traces == [None], "the handler gets the message's own trace context"
+    assert exported.get_finished_spans() == ()
+
+
+async def test_a_cloudevents_handler_declaring_a_version_gets_the_upcast_payload_under_that_versions_type():
+    """The derived ce-type names the version the handler is given, not the one the message came in at."""
+    spec = registry.HandlerSpec(
+        name="billing",
+        url="http://127.0.0.1:1/events",
+        context="sea",
+        stream="SEA_EVENTS",
+        subjects=("sea.event.order_created.v1", "sea.event.order_created.v2"),
+        version=2,
+        format="cloudevents",
+    )
+    f = Flow(FakeHandlerClient(200))
+    old = delivery(f.nc, seq=1)
+    new = delivery(
+        f.nc,
+        seq=2,
+        event_id="0b0e9a8e-3c55-4c1f-9d3f-5f3c1a2b4c5d",
+        event_version=2,
+        subject="sea.event.order_created.v2",
+    )
+    f.inbox.upcasts[f.message_id(old)] = '{"schema_version": 2}'
+    await f.flow.handle_fetch([old, new], consumer_settings.resolve(spec, CONFIG), lambda msg, outcome: None)
+    assert [c["type"] for c in f.client.cloudevents] == ["sea.order_created.v2", "sea.order_created.v2"]
+    assert json.loads(f.client.bodies[0]) == {"schema_version": 2}  # the payload alone, upcast

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from datetime import UTC, datetime, timedelta
 
 from fakes import FakeOutboxStore, FakePublisher
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
 
 from pgoutbox.core.errors import DatabaseUnavailable
+from pgoutbox.core.otel import OtelTracer
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox.publisher import PublishError
 from pgoutbox.outbox.relay import OutboxRelay
@@ -42,7 +48,7 @@ async def test_a_pause_ends_early_only_for_an_urgent_wake_up_or_stop():
 
 
 @contextlib.asynccontextmanager
-async def relay_on_fakes(store: FakeOutboxStore, publisher: FakePublisher):
+async def relay_on_fakes(store: FakeOutboxStore, publisher: FakePublisher, tracer=None):
     """OutboxRelay.run on the defaults, its three sessions and its publisher
     replaced by fakes; start-up (the schema and stream checks, the HTTP
     server) is left out, and so are wake-ups (a LISTEN session): the claim
@@ -55,7 +61,7 @@ async def relay_on_fakes(store: FakeOutboxStore, publisher: FakePublisher):
             "wakeups": "false",
         },
     )
-    relay = OutboxRelay(cfg, publisher)  # type: ignore[arg-type]
+    relay = OutboxRelay(cfg, publisher, tracer)  # type: ignore[arg-type]
     relay.claims = relay.marks = relay.monitor = store  # type: ignore[assignment]
 
     async def start() -> None:
@@ -149,3 +155,26 @@ async def test_a_mark_that_finds_postgresql_away_is_tried_again_and_publishes_no
     async with relay_on_fakes(store, publisher):
         await until(lambda: store.status(event) == "COMPLETED", 5, "marked after the retry")
     assert publisher.published == [event]
+
+
+async def test_traced_a_batch_is_one_producer_span_linked_to_each_events_creation_context_and_names_its_failure():
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    created = (datetime.now(UTC) - timedelta(seconds=2)).isoformat().replace("+00:00", "Z")
+    contexts = [(f"{n:032x}", f"{n:016x}") for n in (1, 2, 3)]
+    ids = [
+        store.add(1, created_at=created, headers=json.dumps({"traceparent": f"00-{t}-{s}-01"}))[0] for t, s in contexts
+    ]
+    publisher.failing[ids[1]] = PublishError.BAD_HEADER
+    async with relay_on_fakes(store, publisher, OtelTracer(provider, "pgoutbox-relay", [])):
+        await until(lambda: store.status(ids[2]) == "COMPLETED", 5, "the batch marked")
+    (span,) = exported.get_finished_spans()
+    assert span.name == "send sea.event.order_created.v1" and span.kind is SpanKind.PRODUCER
+    assert span.parent is None and span.attributes["messaging.batch.message_count"] == 3
+    assert [(f"{k.context.trace_id:032x}", f"{k.context.span_id:016x}") for k in span.links] == contexts
+    assert [k.attributes["messaging.message.id"] for k in span.links] == ids
+    assert all(1900 < k.attributes["pgoutbox.outbox.wait_ms"] < 60_000 for k in span.links)
+    assert span.attributes["error.type"] == "BAD_HEADER" and span.attributes["pgoutbox.failed_count"] == 1
+    assert span.status.status_code is StatusCode.ERROR

@@ -216,6 +216,8 @@ def test_envelope_passes_jsonb_text_through_and_still_compacts_objects():
         "payload": '{"n": 1.10, "big": 123456789012345678901234567890.5}',
         "headers": '{"traceparent": "00-abc-def-01"}',
         "context": "sea",
+        "event_type": "x",
+        "event_version": 1,
     }
     subject, body, headers = wire.to_nats(row)
     assert body == b'{"n": 1.10, "big": 123456789012345678901234567890.5}'

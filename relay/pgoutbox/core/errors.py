@@ -171,6 +171,18 @@ class ConfigError(PgOutboxError):
     """The configuration is invalid."""
 
 
+class TracingUnavailable(ConfigError):
+    """OTEL_* variables ask for traces, but the OpenTelemetry SDK or its OTLP/HTTP exporter is not installed."""
+
+    code = "OTEL_SDK_MISSING"
+
+
+class TracingMisconfigured(ConfigError):
+    """An OTEL_* variable asks for something pgoutbox's tracing does not do."""
+
+    code = "OTEL_UNSUPPORTED"
+
+
 class SparkUnavailable(PgOutboxError):
     """Spark or the archive location cannot be used for any day; nothing was sealed."""
 

@@ -27,6 +27,12 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from pgoutbox.core.errors import ConfigError
 
+# The buckets of both event-age histograms (relay at publish, consumer at
+# outcome), the same so that one dashboard reads both: fine around the
+# end-to-end target (p99 < 500 ms, itself a bound so that the alert's ratio is
+# exact), coarse up to the minute an outage makes of it.
+AGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
 
 class HasRegistry(Protocol):
     """The workers' metrics: each owns its CollectorRegistry."""

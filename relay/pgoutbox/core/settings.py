@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import psycopg.conninfo
 
+from pgoutbox.core import cloudevents
 from pgoutbox.core.bounds import Bound
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.core.logs import level_name
@@ -259,4 +260,14 @@ NATS_URL = Setting(
     "NATS server URL(s), comma-separated",
     nats_urls,
     secret=True,
+)
+
+# The relay writes it into ce-source; the consumer derives it for a handler of
+# format "cloudevents" when a message came without CloudEvents attributes.
+CLOUDEVENTS_SOURCE = Setting(
+    "cloudevents_source",
+    "OUTBOX_CLOUDEVENTS_SOURCE",
+    cloudevents.DEFAULT_SOURCE,
+    "CloudEvents source attribute (a URI-reference; {context} stands for the event's context)",
+    cloudevents.source_template,
 )

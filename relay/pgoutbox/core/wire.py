@@ -8,6 +8,9 @@ message alone, without the producer's database.
              numbers keep their exact digits (a Python float would not)
     headers  Nats-Msg-Id        event_id (JetStream dedup; the inbox message_id)
              Pgoutbox-*         the event's metadata, below
+             Pgoutbox-Created-At  created_at (RFC 3339, UTC): when the emitting
+                                transaction wrote the event; not an envelope
+                                field, only for the consumer's latency metric
              traceparent, ...   every entry of outbox.events.headers (W3C trace
                                 context and whatever the emitter supplied)
 """
@@ -23,7 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pgoutbox.core import cloudevents
+
 MSG_ID = "Nats-Msg-Id"
+# Not in _FIELDS: the handler's envelope does not carry it. The consumer reads
+# it (created_epoch) to measure how old an event is when its outcome is
+# recorded; optional, since replays, foreign publishers and older relays lack it.
+CREATED_AT = "Pgoutbox-Created-At"
 # header name -> envelope field
 _FIELDS = {
     "Pgoutbox-Context": "context",
@@ -157,13 +166,23 @@ def _check_values(headers: Mapping[str, str]) -> None:
             raise WireError("BAD_HEADER", f"header {name} value {_show(value)} is not visible ASCII")
 
 
-def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
+def _cloudevent(headers: dict[str, str], event: Mapping[str, Any], source: str) -> None:
+    """The ce-* headers, after the emitter's and ours were checked: their
+    values are percent-encoded, always printable ASCII."""
+    try:
+        cloudevents.put_binary(headers, event, headers.get("Pgoutbox-Occurred-At"), source)
+    except ValueError as exc:
+        raise WireError("BAD_HEADER", str(exc)) from None
+
+
+def to_nats(event: Mapping[str, Any], source: str = cloudevents.DEFAULT_SOURCE) -> tuple[str, bytes, dict[str, str]]:
     """(subject, body, headers) for an outbox.events row (as a mapping).
 
     payload may be a JSON object (dict) or its JSON text (str), as the relay
     reads it; headers a dict or its JSON text; occurred_at a datetime, wire
     text (wire_time) or Unrepresentable. What NATS cannot carry unaltered
-    raises WireError, whose code names the fault.
+    raises WireError, whose code names the fault. `source`: the CloudEvents
+    source, "{context}" standing for the event's (OUTBOX_CLOUDEVENTS_SOURCE).
     """
     subject = event["subject"]
     if not isinstance(subject, str) or len(subject) > MAX_SUBJECT or not _SUBJECT.fullmatch(subject):
@@ -183,14 +202,31 @@ def to_nats(event: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
         value = event.get(field)
         if value is not None:
             headers[header] = value if type(value) is str else _text(value)
+    created = event.get("created_at")
+    if created is not None and not isinstance(created, Unrepresentable):  # no metric is worth failing an event
+        headers[CREATED_AT] = created if type(created) is str else _text(created)
     headers[MSG_ID] = str(event["event_id"])
     _check_values(headers)
+    _cloudevent(headers, event, source)
     payload = event["payload"]
     if isinstance(payload, str):
         body = payload.encode()
     else:
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     return subject, body, headers
+
+
+def created_epoch(headers: Mapping[str, str] | None) -> float | None:
+    """The POSIX time of a message's Pgoutbox-Created-At, or None when it is
+    missing or unreadable: the header only feeds a metric, so nothing about it
+    may fail a message."""
+    text = headers.get(CREATED_AT) if headers else None
+    if not text or not text.endswith("Z") or len(text) > 40:
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()  # a "Z" suffix is UTC (Python 3.11+)
+    except (ValueError, TypeError, OverflowError):
+        return None
 
 
 class InvalidMessage(ValueError):
@@ -280,6 +316,14 @@ def _storable(value: Any, where: str) -> None:
             raise InvalidMessage(f"{where} contains a number out of range ({item})")
 
 
+def _storable_texts(attributes: Mapping[str, str]) -> None:
+    """_storable for the CloudEvents attributes (strings), in one pass over them all."""
+    joined = "".join(attributes.values())
+    if "\x00" in joined or not joined.isascii():
+        for name, value in attributes.items():
+            _storable(value, f"CloudEvents attribute {name}")
+
+
 def _admitted_value(name: str, value: str) -> None:
     """A header value the envelope keeps: storable, and one a replay can carry unaltered."""
     _storable(value, f"header {name}")
@@ -292,38 +336,80 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _payload(body: bytes | None) -> dict[str, Any]:
-    """The body as a JSON object; anything else is refused, saying why."""
+def _json(body: bytes | None, where: str) -> Any:
+    """The body's JSON value; InvalidMessage saying why there is none."""
     if not body:
-        raise InvalidMessage("body is empty: the payload must be a JSON object")
+        raise InvalidMessage(f"{where} is empty: the payload must be a JSON object")
     try:
         text = bytes(body).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidMessage(f"body is not UTF-8 (byte {exc.start})") from None
+        raise InvalidMessage(f"{where} is not UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
-        raise InvalidMessage("body is JSON nested too deeply") from None
+        raise InvalidMessage(f"{where} is JSON nested too deeply") from None
     except ValueError as exc:
-        raise InvalidMessage(f"body is not JSON ({exc})") from None
+        raise InvalidMessage(f"{where} is not JSON ({exc})") from None
+
+
+def _kind(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+
+
+def _payload(body: bytes | None) -> dict[str, Any]:
+    """The body as a JSON object; anything else is refused, saying why."""
+    value = _json(body, "body")
     if not isinstance(value, dict):
-        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
-        raise InvalidMessage(f"body is {kind}, not a JSON object")
+        raise InvalidMessage(f"body is {_kind(value)}, not a JSON object")
     _storable(value, "body")
     return value
+
+
+def _cloudevent_in(headers: Mapping[str, str], body: bytes | None) -> tuple[dict[str, str] | None, Any]:
+    """(attributes, payload) of a CloudEvent in either mode: payload is the
+    body's object in binary mode, the `data` member in structured mode;
+    (None, None) for a message that is no CloudEvent."""
+    try:
+        if cloudevents.is_structured(headers):
+            document = _json(body, "body")
+            attributes, data = cloudevents.from_structured(document)
+            if not isinstance(data, dict):
+                raise InvalidMessage(f"data of the structured CloudEvent is {_kind(data)}, not a JSON object")
+            return attributes, data
+        return cloudevents.from_binary(headers), None
+    except cloudevents.NotACloudEvent as exc:
+        raise InvalidMessage(f"not a CloudEvent pgoutbox can admit: {exc}") from None
+
+
+def _message_id(headers: Mapping[str, str], attributes: dict[str, str] | None) -> str:
+    """Nats-Msg-Id, else the CloudEvents id; both given, they must agree."""
+    given = headers.get(MSG_ID)
+    if attributes is None or (given and given.lower() == attributes["id"].lower()):
+        return canonical_id(given)
+    if given:
+        raise InvalidMessage(
+            f"header {MSG_ID} {_show(given, _SHOWN)} and CloudEvents id {_show(attributes['id'], _SHOWN)} disagree"
+        )
+    return canonical_id(attributes["id"], "ce-id (the CloudEvents id)")
 
 
 def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> dict[str, Any]:
     """The envelope a handler receives, built from a NATS message, or
     InvalidMessage naming the header, subject or body at fault.
 
-    message_id is the canonical text of Nats-Msg-Id, never a fresh UUID: without
-    it the message cannot be deduplicated. Context, event type and version come
-    from the subject; Pgoutbox-* headers may repeat them, not contradict them.
-    Every other value passes through as sent.
+    message_id is the canonical text of Nats-Msg-Id (else of the CloudEvents
+    id), never a fresh UUID: without it the message cannot be deduplicated.
+    Context, event type and version come from the subject; Pgoutbox-*
+    headers may repeat them, not contradict them. Every other value passes
+    through as sent. A CloudEvent (binary or structured mode) keeps in
+    `cloudevents` the attributes the other fields do not give back
+    (cloudevents.kept; cloudevents.expand makes them whole); its time and
+    trace context fill occurred_at and trace where no Pgoutbox-Occurred-At
+    or traceparent does.
     """
     headers = dict(headers or {})
-    message_id = canonical_id(headers.get(MSG_ID))
+    attributes, data = _cloudevent_in(headers, body)
+    message_id = _message_id(headers, attributes)
     context, event_type, version = parse_subject(subject)
     ours = _ours(headers)
     _check_subject_headers(ours, context, event_type, version)
@@ -333,17 +419,36 @@ def from_nats(subject: str, body: bytes, headers: Mapping[str, str] | None) -> d
         if field in ours:
             _admitted_value(*ours[field])
     envelope.update(context=context, event_type=event_type, event_version=version)
-    envelope["payload"] = _payload(body)
+    if data is None:
+        envelope["payload"] = _payload(body)
+    else:
+        _storable(data, "data")
+        envelope["payload"] = data
     trace = {}
     for name in TRACE_HEADERS:
         if name in headers:
             value = headers[name]
-            _admitted_value(name, value)
-            if not _HTTP_VALUE.match(value):
-                raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} has characters an HTTP header cannot carry")
-            trace[name] = value
+        elif attributes is not None and name in attributes:
+            value = attributes[name]  # the distributed tracing extension
+        else:
+            continue
+        _admitted_value(name, value)
+        if not _HTTP_VALUE.match(value):
+            raise InvalidMessage(f"header {name} {_show(value, _SHOWN)} has characters an HTTP header cannot carry")
+        trace[name] = value
     envelope["trace"] = trace
+    if attributes is not None:
+        _storable_texts(attributes)
+        if envelope["occurred_at"] is None and "time" in attributes:
+            envelope["occurred_at"] = attributes["time"]
+        envelope["cloudevents"] = cloudevents.kept(attributes, envelope)
     return envelope
+
+
+def payload_bytes(body: bytes, headers: Mapping[str, str] | None) -> bytes | None:
+    """The payload as the message carries it (its exact digits), or None
+    when the body is not the payload (a structured CloudEvent: its data)."""
+    return None if cloudevents.is_structured(headers) else body
 
 
 # -- publishing: what both sides share ------------------------------------------

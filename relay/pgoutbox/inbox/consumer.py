@@ -51,7 +51,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from pgoutbox.core import broker, db
+from pgoutbox.core import broker, db, tracing
 from pgoutbox.core.backoff import Every, reconnect_delays, retrying
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgoutbox.core.health import HealthServer
@@ -134,6 +134,8 @@ class Consumer:
         # Validated before anything connects.
         self._retry_backoff, self._replay_backoff = retry_backoff(cfg), replay_backoff(cfg)
         self.metrics = ConsumerMetrics()
+        # OFF unless OTEL_* variables ask for traces; a missing SDK stops start-up here, with one line.
+        self.tracing = tracing.from_environment(tracing.CONSUMER_SERVICE)
         self.stopping = asyncio.Event()
         self.health: HealthServer | None = None
         # nats-py's client and JetStream context; None until connected (and after the server closed it).
@@ -184,6 +186,8 @@ class Consumer:
             replay_backoff=self._replay_backoff,
             stopping=self.stopping,
             gate=self.gate,
+            tracer=self.tracing,
+            cloudevents_source=cfg.cloudevents_source,
         )
         await self._bind_all()
         self._started = True
@@ -238,6 +242,7 @@ class Consumer:
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 await self.pool.close()
+        await self.tracing.shutdown()  # exports the spans still held
         log.info("consumer stopped")
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -451,6 +456,8 @@ class Consumer:
             if isinstance(outcome, Exception):
                 self._left(h, msg, outcome)
                 outcome = Outcome.ERROR
+            else:  # recorded: how old the event is by now (an error records nothing)
+                self.metrics.observe_age(h.name, outcome, msg.headers, time.time())
             self.metrics.count(h.name, outcome)
 
         await self.flow.handle_fetch(msgs, h, done)

@@ -20,7 +20,8 @@ and stream sequence. publish() tells a refusal that can never clear
 (DlqRefused) from one that may.
 
 A replay carries the original event exactly as the relay published it (see
-core/wire.py), except the subject and `Nats-Msg-Id =
+core/wire.py; its ce-* headers are the CloudEvents attributes the original
+carried, even those of a foreign or structured-mode one), except the subject and `Nats-Msg-Id =
 {message_id}:replay:{handler}:{n}:{nonce}`: the nonce keeps JetStream from
 dropping a replay that follows a crashed replayer pass, and the message id is
 the part before the first colon, still taken from Nats-Msg-Id alone.
@@ -40,7 +41,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from pgoutbox.core import wire
+from pgoutbox.core import cloudevents, wire
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.core.wire import PublishError, message_size
 
@@ -219,7 +220,14 @@ def replay_message(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
     env = row["envelope"]
     meta = row["dlq_metadata"] or {}
     count = int(meta.get("replay_attempts") or 0) + int(meta.get("redrives") or 0)
-    event = {**env, "event_id": env["message_id"], "subject": row["subject"], "headers": env.get("trace") or {}}
+    # The CloudEvents attributes as the original carried them (none: none).
+    event = {
+        **env,
+        "event_id": env["message_id"],
+        "subject": row["subject"],
+        "headers": env.get("trace") or {},
+        "cloudevents": cloudevents.expand(env["cloudevents"], env) if env.get("cloudevents") else None,
+    }
     _, body, headers = wire.to_nats(event)
     headers[wire.MSG_ID] = f"{row['message_id']}:replay:{row['handler']}:{count}:{secrets.token_hex(4)}"
     headers[ORIGINAL_SUBJECT] = row["subject"]

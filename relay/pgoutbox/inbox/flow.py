@@ -67,14 +67,15 @@ import nats.errors
 import psycopg
 from nats.aio.msg import Msg
 
+from pgoutbox.core import cloudevents, tracing
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
 from pgoutbox.core.errors import DatabaseUnavailable, PolicyViolation, SqlState
 from pgoutbox.core.stopping import sleep, until_stopped
-from pgoutbox.core.wire import InvalidMessage, PublishError
+from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
 from pgoutbox.inbox import dlq
-from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, request_body
+from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, payload_body, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
-from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
+from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
 from pgoutbox.inbox.settings import HandlerRuntime
 from pgoutbox.inbox.store import Inbox, settles
 
@@ -194,6 +195,9 @@ class Heartbeat:
                     log.warning("in-progress ack failed", extra={"error": repr(exc)})
 
 
+# One encoder, built once (json.dumps with separators builds one per call).
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
 # What the consumer is told as each message of a fetch finishes.
 Done = Callable[[Any, "Outcome | Exception | None"], None]
 
@@ -208,20 +212,27 @@ class Admitted:
     body: bytes
     # The version the payload came in at, for a handler that declares one.
     received: int | None = None
+    # The payload as it came (None: the body was not the payload, a
+    # structured CloudEvent), for a handler of format "cloudevents".
+    payload: bytes | None = None
 
     def stored(self) -> str:
         """The envelope as the inbox stores it (JSON text): the body plus the
-        trace context. Before given_as(): the inbox keeps what came."""
+        trace context and the CloudEvents attributes a message carried.
+        Before given_as(): the inbox keeps what came."""
         trace = json.dumps(self.envelope.get("trace") or {}, separators=(",", ":"))
-        return f'{self.body[:-1].decode()},"trace":{trace}}}'
+        ce = self.envelope.get("cloudevents")
+        kept = f',"cloudevents":{_compact(ce)}' if ce else ""
+        return f'{self.body[:-1].decode()},"trace":{trace}{kept}}}'
 
     def given_as(self, version: int, upcast_payload: str | None) -> Admitted:
         """The delivery as a handler declaring `version` gets it: the upcast
         payload (JSON text from inbox.receive_batch_as) when it came older."""
-        body = self.body
+        body, payload = self.body, self.payload
         if upcast_payload is not None:
-            body = request_body({**self.envelope, "event_version": version}, upcast_payload.encode())
-        return Admitted(self.msg, self.envelope, self.delivery, body, self.envelope["event_version"])
+            payload = upcast_payload.encode()
+            body = request_body({**self.envelope, "event_version": version}, payload)
+        return Admitted(self.msg, self.envelope, self.delivery, body, self.envelope["event_version"], payload)
 
 
 async def _acked(msg: Any, outcome: Outcome) -> Outcome:
@@ -269,8 +280,12 @@ class MessageFlow:
         replay_backoff: Backoff,
         stopping: asyncio.Event,
         gate: DatabaseGate,
+        tracer: tracing.Tracer = tracing.OFF,
+        cloudevents_source: str = cloudevents.DEFAULT_SOURCE,
     ) -> None:
         self.inbox = inbox
+        # For a handler of format "cloudevents" and a message that came without attributes.
+        self.cloudevents_source = cloudevents_source
         self.client = client
         self.nc = nc
         self.js = js
@@ -279,6 +294,7 @@ class MessageFlow:
         self.replay_backoff = replay_backoff
         self.stopping = stopping
         self.gate = gate
+        self.tracing = tracer
         self.heartbeat = Heartbeat()
 
     async def handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
@@ -326,6 +342,8 @@ class MessageFlow:
     async def _handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
         work = []
+        # Tracing is decided once per fetch: off, no message pays for it.
+        fetched_ns = time.time_ns() if self.tracing.on else 0
         for msg in msgs:
             got = await self._admit(msg, h)
             if isinstance(got, str):
@@ -350,7 +368,8 @@ class MessageFlow:
             else:
                 if h.spec.version is not None:
                     a = a.given_as(h.spec.version, row.get("upcast_payload"))
-                work.append(self._run(a.msg, self._process(a, h, row), done))
+                process = self._traced(a, h, row, fetched_ns) if fetched_ns else self._process(a, h, row)
+                work.append(self._run(a.msg, process, done))
         if len(work) == 1:
             await work[0]
         elif work:
@@ -364,7 +383,8 @@ class MessageFlow:
         try:
             envelope = dlq.envelope_from(msg.subject, msg.data, msg.headers)
             _consumed_by(envelope, h)
-            return Admitted(msg, envelope, delivery, request_body(envelope, msg.data))
+            payload = payload_bytes(msg.data, msg.headers)
+            return Admitted(msg, envelope, delivery, request_body(envelope, payload), payload=payload)
         except InvalidMessage as exc:
             return str(exc)
         except Exception as exc:  # an input nobody foresaw: still that message's own outcome
@@ -435,9 +455,27 @@ class MessageFlow:
                 raise
             return f"PostgreSQL cannot store it: [{exc.sqlstate}] {exc.diag.message_primary or exc}"
 
-    async def _process(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
+    async def _traced(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], fetched_ns: int) -> Outcome:
+        """_process inside a "process {subject}" span (tracing on)."""
+        try:  # JetStream's time of the message, as its reply subject gives it
+            wait: float | None = round(fetched_ns / 1e6 - a.msg.metadata.timestamp.timestamp() * 1e3, 3)
+        except Exception:
+            wait = None
+        span = self.tracing.process(a.envelope, h.name, a.delivery, wait)  # never raises
         try:
-            return await self._call(a, h, row)
+            outcome = await self._process(a, h, row, span)
+        except BaseException as exc:
+            # Left for redelivery (stopping, cancelled, a server away): not the message's failure.
+            span.end(None, None if isinstance(exc, (asyncio.CancelledError, Stopping)) else exc)
+            raise
+        span.end(outcome)
+        return outcome
+
+    async def _process(
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], span: tracing.ProcessSpan | None = None
+    ) -> Outcome:
+        try:
+            return await self._call(a, h, row, span)
         except Stopping:
             raise
         except Exception as exc:
@@ -459,15 +497,68 @@ class MessageFlow:
             return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
         return Outcome.DEAD_LETTERED
 
-    async def _call(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
+    async def _call(
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], span: tracing.ProcessSpan | None = None
+    ) -> Outcome:
+        """Calls the handler and acts on its answer; with a span (tracing on),
+        the call is its child CLIENT span (whose traceparent the handler
+        receives) and the action its child settle span."""
+        if span is None:
+            answer = await self._ask(a, h)
+            return await self._act(a, h, row, decide(answer), answer)
+        http = span.http("POST", h.spec.url)
+        answer = await self._ask(a, h, http.headers() or None)  # untraced: the envelope's own
+        http.end(answer.status, answer.error)
+        action = decide(answer)
+        if action is Action.PROCESSED:
+            operation = "ack"
+        elif action is Action.RETRY and self.inbox.failures(row) + 1 < h.max_deliver:
+            operation = "nak"
+        else:
+            operation = "dead_letter"
+        settle = span.settle(operation)
+        try:
+            outcome = await self._act(a, h, row, action, answer)
+        except BaseException as exc:
+            settle.end(exc)
+            raise
+        settle.end()
+        return outcome
+
+    async def _ask(self, a: Admitted, h: HandlerRuntime, trace: dict[str, str] | None = None) -> HandlerAnswer:
+        body, attributes = a.body, None
+        if h.spec.format == "cloudevents":
+            # A versioned handler gets the payload at its version: a derived
+            # ce-type names that version, not the one the message came in at.
+            as_given = a.envelope if a.received is None else {**a.envelope, "event_version": h.spec.version}
+            stored = a.envelope.get("cloudevents")
+            attributes = (
+                cloudevents.expand(stored, as_given)
+                if stored
+                else cloudevents.derived(as_given, self.cloudevents_source)
+            )
+            body = payload_body(a.envelope, a.payload)
+        answer = await self.client.call(
+            h.spec.url,
+            body,
+            a.envelope,
+            handler=h.name,
+            delivery=a.delivery,
+            timeout=h.timeout,
+            received=a.received,
+            trace=trace,
+            cloudevent=attributes,
+        )
+        self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
+        self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
+        return answer
+
+    async def _act(
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer
+    ) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         failures = self.inbox.failures(row)
-        answer = await self.client.call(
-            h.spec.url, a.body, envelope, handler=h.name, delivery=delivery, timeout=h.timeout, received=a.received
-        )
-        self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
-        action = decide(answer)
         if action is Action.PROCESSED:
             if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):
                 return await self._settled_elsewhere(msg, h, message_id)

@@ -9,6 +9,10 @@ so a handler can deduplicate on its own too (defence in depth).
 version) is the version the payload came in at; the body's event_version
 and payload are the declared version's, upcast when it came older.
 
+A handler of format "cloudevents" gets the HTTP binding's binary mode
+instead: the CloudEvents attributes as ce-* headers (datacontenttype as
+Content-Type), the payload alone as the body (cloudevent_lines).
+
 The request is built for cheapness: the body is serialised once, as bytes
 (the inbox stores the same text plus the trace context); the handler's URL
 is parsed once; connections are kept alive between calls.
@@ -19,9 +23,11 @@ from __future__ import annotations
 import json
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pgoutbox.core import cloudevents
 from pgoutbox.inbox.http1 import TEXT_KEPT, Http1Pool, HttpError, Target
 
 _TEXT_LIMIT = TEXT_KEPT
@@ -66,11 +72,18 @@ def request_headers(
     return headers
 
 
-def _header_lines(envelope: dict[str, Any], handler: str, delivery: int, received: int | None = None) -> bytes:
+def _header_lines(
+    envelope: dict[str, Any],
+    handler: str,
+    delivery: int,
+    received: int | None = None,
+    trace: Mapping[str, str] | None = None,
+) -> bytes:
     """request_headers() as the lines of the request (one f-string: this runs
     for every message). Every value is safe on a header line: a canonical
     UUID, a handler name ([A-Za-z0-9_.-]), digits, and trace headers the
-    envelope admitted as visible ASCII only (wire.from_nats)."""
+    envelope admitted as visible ASCII only (wire.from_nats), or that the
+    OpenTelemetry propagator wrote (`trace`, when tracing is on)."""
     mid = envelope["message_id"]
     lines = (
         f"Content-Type: application/json\r\nIdempotency-Key: {mid}\r\nPgoutbox-Message-Id: {mid}\r\n"
@@ -78,24 +91,54 @@ def _header_lines(envelope: dict[str, Any], handler: str, delivery: int, receive
     )
     if received is not None:
         lines += f"Pgoutbox-Received-Version: {received}\r\n"
-    trace = envelope.get("trace")
+    if trace is None:
+        trace = envelope.get("trace")
     if trace:
         lines += "".join(f"{k}: {v}\r\n" for k, v in trace.items() if isinstance(v, str))
     return lines.encode()
 
 
+def cloudevent_lines(
+    attributes: dict[str, str],
+    envelope: dict[str, Any],
+    handler: str,
+    delivery: int,
+    received: int | None = None,
+    trace: Mapping[str, str] | None = None,
+) -> bytes:
+    """The header lines of a handler of format "cloudevents": the binary
+    mode's, then pgoutbox's own (Idempotency-Key, delivery, trace context),
+    minus the Content-Type the attributes set."""
+    own = _header_lines(envelope, handler, delivery, received, trace).removeprefix(_JSON_TYPE)
+    return cloudevents.http_lines(attributes).encode() + own
+
+
+# The envelope's Content-Type, the first of _header_lines (the unit tests see that it goes).
+_JSON_TYPE = b"Content-Type: application/json\r\n"
+
+
 _compact = json.JSONEncoder(separators=(",", ":")).encode
+# Kept in the inbox, not in the body: the trace context travels as headers;
+# the CloudEvents attributes go only to a handler of format "cloudevents".
+_NOT_IN_BODY = ("trace", "cloudevents")
+
+
+def payload_body(envelope: dict[str, Any], payload: bytes | None = None) -> bytes:
+    """The body a handler of format "cloudevents" gets: the payload as it
+    came when given, else the envelope's, as compact JSON."""
+    return bytes(payload).strip() if payload is not None else _compact(envelope["payload"]).encode()
 
 
 def request_body(envelope: dict[str, Any], payload: bytes | None = None) -> bytes:
-    """The envelope minus its trace context, as compact JSON. `payload`: the
-    message body as it came (a JSON object wire.from_nats checked), sent in
-    place of the parsed payload, so that numbers keep every digit (Python
-    would turn 12345678901234567890.123456789 into a float) and the body is
-    not encoded again."""
+    """The envelope minus its trace context (and CloudEvents attributes), as
+    compact JSON. `payload`: the message body as it came (a JSON object
+    wire.from_nats checked), sent in place of the parsed payload, so that
+    numbers keep every digit (Python would turn
+    12345678901234567890.123456789 into a float) and the body is not
+    encoded again."""
     if payload is None:
-        return _compact({k: v for k, v in envelope.items() if k != "trace"}).encode()
-    head = _compact({k: v for k, v in envelope.items() if k not in ("trace", "payload")})
+        return _compact({k: v for k, v in envelope.items() if k not in _NOT_IN_BODY}).encode()
+    head = _compact({k: v for k, v in envelope.items() if k not in _NOT_IN_BODY and k != "payload"})
     return b"".join((head[:-1].encode(), b',"payload":', bytes(payload).strip(), b"}"))
 
 
@@ -129,12 +172,21 @@ class HandlerClient:
         delivery: int,
         timeout: float,
         received: int | None = None,
+        trace: Mapping[str, str] | None = None,
+        cloudevent: dict[str, str] | None = None,
     ) -> HandlerAnswer:
         """POSTs `body` (request_body(envelope)) with the envelope's headers;
-        `received`: the version the payload came in at (a versioned handler)."""
+        `received`: the version the payload came in at (a versioned handler);
+        `trace`: the trace context to send instead of the envelope's (the
+        handler call's own span, when tracing is on); `cloudevent`: the
+        attributes of a handler of format "cloudevents" (then `body` is
+        payload_body())."""
         started = time.monotonic()
         try:
-            lines = _header_lines(envelope, handler, delivery, received)
+            if cloudevent is None:
+                lines = _header_lines(envelope, handler, delivery, received, trace)
+            else:
+                lines = cloudevent_lines(cloudevent, envelope, handler, delivery, received, trace)
             answer = await self._pool.post(self._target(url), body, lines, timeout)
         except TimeoutError:
             return HandlerAnswer(None, f"timeout after {timeout:g}s", None, time.monotonic() - started)

@@ -13,10 +13,14 @@ metrics table of docs/reference.md (`make docs/reference`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pgoutbox.core.health import AGE_BUCKETS
+from pgoutbox.core.wire import created_epoch
 
 
 class Outcome(StrEnum):
@@ -30,6 +34,24 @@ class Outcome(StrEnum):
     RETRIED = "retried"
     INVALID = "invalid"  # unreadable: sent to .invalid
     ERROR = "error"  # an infrastructure failure: not acked
+
+
+class Answer(StrEnum):
+    """The handler's answer, as the `answer` label of the handler calls counter
+    (handler_contract.py says what each one does)."""
+
+    OK = "ok"  # 2xx: processed
+    ALREADY_DONE = "already_done"  # 409: the handler had it already (a duplicate it caught)
+    POISON = "poison"  # 422: dead-lettered
+    FAILED = "failed"  # any other status, a timeout or a connection failure: retried
+
+
+def answer_of(status: int | None) -> Answer:
+    if status is None:
+        return Answer.FAILED
+    if 200 <= status < 300:
+        return Answer.OK
+    return {409: Answer.ALREADY_DONE, 422: Answer.POISON}.get(status, Answer.FAILED)
 
 
 class ConsumerMetrics:
@@ -55,6 +77,23 @@ class ConsumerMetrics:
             "Duration of the HTTP call to the handler",
             ["handler"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.handler_calls = Counter(
+            "pgoutbox_consumer_handler_calls",
+            "Calls to the handler (each delivery it was given, retries included), by answer: ok (2xx); "
+            "already_done (409: a duplicate the handler caught); poison (422); failed (any other status, "
+            "timeout, connection failure)",
+            ["handler", "answer"],
+            registry=r,
+        )
+        self.age_at_outcome = Histogram(
+            "pgoutbox_consumer_event_age_at_outcome_seconds",
+            "Age of each message when its outcome was recorded (the outcomes of the messages counter but error): "
+            "from its Pgoutbox-Created-At (the emitting transaction's time, PostgreSQL's clock) to then "
+            "(this host's clock); messages without that header are not observed",
+            ["handler", "outcome"],
+            buckets=AGE_BUCKETS,
             registry=r,
         )
         self.in_flight = Gauge(
@@ -84,6 +123,14 @@ class ConsumerMetrics:
 
     def count(self, handler: str, outcome: Outcome) -> None:
         self.messages.labels(handler, outcome).inc()
+
+    def observe_age(self, handler: str, outcome: Outcome, headers: Mapping[str, str] | None, now: float) -> None:
+        """The message's age at its outcome, when it says when it was created;
+        a missing or unreadable Pgoutbox-Created-At is no fault of the message."""
+        created = created_epoch(headers)
+        if created is not None:
+            # Clocks apart (PostgreSQL's and this host's) can make it negative: 0, not a negative sum.
+            self.age_at_outcome.labels(handler, outcome).observe(max(0.0, now - created))
 
     def value(self, handler: str, outcome: Outcome | str) -> float:
         """The current count (for tests and the benchmark)."""

@@ -20,12 +20,18 @@ with one or more [[handler]] tables):
     batch_size = 32
     replay_max_attempts = 3             # 0: no automated replay
     version = 2                         # the payload version the handler is given
+    format = "cloudevents"              # default "pgoutbox" (the envelope)
 
 `version`: the handler gets every payload as this version of its event
 type (all its subjects name one event type, none newer than `version`): the
 consumer upcasts older ones through the upcasters registered in the
 database (inbox.upcasters), in the call that records the fetch. Left out,
 each payload goes as it came, as before.
+
+`format`: "pgoutbox" (the default) POSTs the envelope; "cloudevents" POSTs
+a CloudEvents HTTP request in binary mode (ce-* headers, the payload as the
+body; docs/cloudevents.md). Any other value is refused (BAD_FORMAT). The
+answers mean the same either way.
 
 Optional values left out stay null in the registry; the consumer fills them
 from its OUTBOX_* settings at start-up.
@@ -52,6 +58,8 @@ GENERATED_BY = "pgoutbox registry generate"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SUBJECT = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.([A-Za-z0-9_-]{1,128})\.v([1-9][0-9]{0,8})$")
 _STREAM = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+# What a handler is sent; the first is the default, left out of the registry.
+FORMATS = ("pgoutbox", "cloudevents")
 
 
 class RegistryError(ConfigError):
@@ -79,12 +87,15 @@ class HandlerSpec:
     batch_size: int | None = None
     replay_max_attempts: int | None = None
     version: int | None = None
+    format: str = FORMATS[0]
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["subjects"] = list(self.subjects)
         if self.version is None:
             del data["version"]  # a registry without versions reads as it did before them
+        if self.format == FORMATS[0]:
+            del data["format"]  # likewise without formats
         return data
 
     @property
@@ -102,7 +113,7 @@ _OPTIONAL: dict[str, Any] = {
     "batch_size": settings.positive_int,
     "replay_max_attempts": settings.non_negative_int,
 }
-_KNOWN = {"name", "url", "subjects", "stream", "version", *_OPTIONAL}
+_KNOWN = {"name", "url", "subjects", "stream", "version", "format", *_OPTIONAL}
 _MAX_VERSION = 999_999_999  # a subject's version: at most 9 digits
 
 
@@ -146,6 +157,12 @@ def _handler(raw: Any, where: str) -> HandlerSpec:
     optional: dict[str, Any] = {}
     if "version" in raw:
         optional["version"] = _version(raw["version"], subjects, where)
+    if "format" in raw:
+        if raw["format"] not in FORMATS:
+            raise RegistryError(
+                f"{where}: BAD_FORMAT: format must be one of {', '.join(FORMATS)}, got {raw['format']!r}"
+            )
+        optional["format"] = raw["format"]
     for key, parse in _OPTIONAL.items():
         if key not in raw:
             continue
@@ -284,7 +301,10 @@ def load(registry_file: Path) -> list[HandlerSpec]:
     names = {f.name for f in fields(HandlerSpec)}
     handlers = []
     for raw in body:
-        if not isinstance(raw, dict) or set(raw) not in (names, names - {"version"}):
+        optional = ({"version"}, {"format"}, {"version", "format"})
+        if not isinstance(raw, dict) or not (set(raw) == names or any(set(raw) == names - o for o in optional)):
             raise RegistryError(f"{registry_file}: unexpected handler entry; regenerate it")
+        if raw.get("format", FORMATS[0]) not in FORMATS:
+            raise RegistryError(f"{registry_file}: BAD_FORMAT: handler format {raw['format']!r} unknown; regenerate it")
         handlers.append(HandlerSpec(**{**raw, "subjects": tuple(raw["subjects"])}))
     return handlers

@@ -76,6 +76,7 @@ class ConsumerConfig:
     database_url: str | None = option(settings.DATABASE_URL)
     nats_url: str = option(settings.NATS_URL)
     registry_file: str = option(REGISTRY_FILE)
+    cloudevents_source: str = option(settings.CLOUDEVENTS_SOURCE)
     # Per-handler defaults; a manifest value wins.
     handler_timeout: float = option(
         S("handler_timeout", "OUTBOX_HANDLER_TIMEOUT", "10s", "HTTP handler timeout", settings.duration)

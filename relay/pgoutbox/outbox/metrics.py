@@ -9,15 +9,19 @@ metrics table of docs/reference.md (`make docs/reference`)."""
 from __future__ import annotations
 
 from collections import Counter as Tally
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pgoutbox.core.health import AGE_BUCKETS
 from pgoutbox.core.wire import PublishError
 from pgoutbox.outbox.publisher import Outcome
 
 _BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_NONE = object()
 
 
 class RelayMetrics:
@@ -42,6 +46,14 @@ class RelayMetrics:
             "pgoutbox_relay_dead_lettered_events",
             "Events whose publish failed for the last time, marked DEAD_LETTER",
             ["context", "code"],
+            registry=r,
+        )
+        self.age_at_publish = Histogram(
+            "pgoutbox_relay_event_age_at_publish_seconds",
+            "Age of each published event when JetStream acked it: from created_at (the emitting "
+            "transaction's time, PostgreSQL's clock) to the ack of its batch (this host's clock)",
+            ["context"],
+            buckets=AGE_BUCKETS,
             registry=r,
         )
         self.stale_claims = Counter(
@@ -100,6 +112,29 @@ class RelayMetrics:
         for (ctx, code), n in dead_lettered.items():
             self.dead_lettered.labels(ctx, code).inc(n)
 
+    def ages(self, rows: Sequence[dict[str, Any]], outcomes: Sequence[Outcome], acked: float) -> None:
+        """Observes the age of each published event of a batch at `acked`
+        (POSIX time). created_at arrives as wire text (calls.WireTimeLoader);
+        a value that is no time (wire.Unrepresentable, None) is skipped. The
+        events of one transaction share created_at: parsed once."""
+        last_text: Any = _NONE
+        last_epoch: float | None = None
+        by_context: dict[str, Any] = {}
+        for row, outcome in zip(rows, outcomes):
+            if not outcome.ok:
+                continue
+            text = row.get("created_at")
+            if text != last_text:
+                last_text, last_epoch = text, _epoch(text)
+            if last_epoch is None:
+                continue
+            ctx = row["context"]
+            child = by_context.get(ctx)
+            if child is None:
+                child = by_context[ctx] = self.age_at_publish.labels(ctx)
+            # Clocks apart (PostgreSQL's and this host's) can make it negative: 0, not a negative sum.
+            child.observe(max(0.0, acked - last_epoch))
+
     def backlog(self, rows: list[dict[str, Any]]) -> None:
         seen = set()
         for row in rows:
@@ -114,3 +149,14 @@ class RelayMetrics:
             for (ctx,) in list(gauge._metrics):  # contexts that have emptied out
                 if ctx not in seen:
                     gauge.labels(ctx).set(0)
+
+
+def _epoch(value: Any) -> float | None:
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return None  # None, or wire.Unrepresentable

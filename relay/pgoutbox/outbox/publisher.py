@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from pgoutbox.core import broker, wire
+from pgoutbox.core.cloudevents import DEFAULT_SOURCE
 from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.core.wire import HEADER_FRAMING, PERMANENT, PublishError, message_size
 
@@ -77,11 +78,11 @@ class _NoResponders(Exception):
     """Nothing listens on the subject: no stream captures it."""
 
 
-def encode(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
+def encode(row: Mapping[str, Any], source: str = DEFAULT_SOURCE) -> tuple[str, bytes, dict[str, str]]:
     """wire.to_nats, plus what a claimed row must satisfy that a replayed
     envelope need not: the subject the INSERT trigger derives from the row's
     parts, and an object payload (rows written around emit can lack both)."""
-    subject, body, headers = wire.to_nats(row)
+    subject, body, headers = wire.to_nats(row, source)
     if subject != f"{row['context']}.event.{row['event_type']}.v{row['event_version']}":
         raise wire.WireError(
             PublishError.BAD_SUBJECT,
@@ -92,11 +93,11 @@ def encode(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
     return subject, body, headers
 
 
-def encode_outcome(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]] | Outcome:
+def encode_outcome(row: Mapping[str, Any], source: str = DEFAULT_SOURCE) -> tuple[str, bytes, dict[str, str]] | Outcome:
     """The message for a row, or the row's permanent failure: nothing an event
     carries may fail its batch."""
     try:
-        return encode(row)
+        return encode(row, source)
     except wire.WireError as exc:
         code = PublishError._value2member_map_.get(exc.code, PublishError.ENCODE_FAILED)
         return Outcome(row["event_id"], code=code, detail=exc.detail)  # type: ignore[arg-type]
@@ -113,8 +114,9 @@ def _may_exceed(body: bytes, headers: Mapping[str, str], limit: int) -> bool:
 class Publisher:
     """One NATS connection that reconnects forever; publishes batches pipelined."""
 
-    def __init__(self, url: str, *, timeout: float, name: str = "pgoutbox-relay"):
+    def __init__(self, url: str, *, timeout: float, name: str = "pgoutbox-relay", source: str = DEFAULT_SOURCE):
         self.url = url
+        self.source = source  # the CloudEvents source template (OUTBOX_CLOUDEVENTS_SOURCE)
         self.timeout = timeout
         self.name = name
         self.nc: nats.NATS | None = None
@@ -189,7 +191,7 @@ class Publisher:
         max_payload = nc.max_payload
         loop = asyncio.get_running_loop()
         for i, row in enumerate(rows):
-            message = encode_outcome(row)
+            message = encode_outcome(row, self.source)
             if isinstance(message, Outcome):
                 outcomes[i] = message
                 continue

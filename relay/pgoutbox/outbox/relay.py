@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 import nats.errors
 import psycopg
 
-from pgoutbox.core import db
+from pgoutbox.core import db, tracing
 from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays, retrying
 from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim, one_line
 from pgoutbox.core.health import HealthServer
@@ -84,10 +84,15 @@ class Batch:
 
 
 class OutboxRelay:
-    def __init__(self, cfg: RelayConfig, publisher: Publisher | None = None):
+    def __init__(self, cfg: RelayConfig, publisher: Publisher | None = None, tracer: tracing.Tracer | None = None):
         self.cfg = cfg
+        # OFF unless OTEL_* variables ask for traces; a missing SDK stops start-up here, with one line.
+        self.tracing = tracing.from_environment(tracing.RELAY_SERVICE) if tracer is None else tracer
         self.publisher = publisher or Publisher(
-            cfg.nats_url, timeout=cfg.publish_timeout, name=f"pgoutbox-relay {cfg.relay_name}"
+            cfg.nats_url,
+            timeout=cfg.publish_timeout,
+            name=f"pgoutbox-relay {cfg.relay_name}",
+            source=cfg.cloudevents_source,
         )
         self.policy = RetryPolicy(cfg.retry_base, cfg.retry_cap, cfg.max_attempts)
         self.metrics = RelayMetrics()
@@ -223,6 +228,7 @@ class OutboxRelay:
         await self.publisher.close()
         for calls in (self.claims, self.marks, self.monitor):
             await calls.close()
+        await self.tracing.shutdown()  # exports the spans still held
 
     # -- the three stages ---------------------------------------------------
 
@@ -319,13 +325,26 @@ class OutboxRelay:
                     )
                     for r in batch.rows
                 ]
+            elif self.tracing.on:
+                span = self.tracing.send(batch.rows)
+                try:
+                    await self._publish_timed(batch)
+                finally:
+                    span.end([o.code for o in batch.outcomes if o.code is not None])
             else:
-                started = time.monotonic()
-                batch.outcomes = await self._publish_rows(batch.rows)
-                self.metrics.publish_seconds.observe(time.monotonic() - started)
+                await self._publish_timed(batch)
             await out.put(batch)
         finally:
             slots.release()
+
+    async def _publish_timed(self, batch: Batch) -> None:
+        started = time.monotonic()
+        batch.outcomes = await self._publish_rows(batch.rows)
+        self.metrics.publish_seconds.observe(time.monotonic() - started)
+        try:  # at the batch's last ack: what lets the relay mark its events published
+            self.metrics.ages(batch.rows, batch.outcomes, time.time())
+        except Exception:  # a metric never holds a batch back (its events would wait for the lease)
+            log.exception("observing event ages failed", extra={"action": "metrics_error"})
 
     async def _publish_rows(self, rows: list[dict[str, Any]]) -> list[Outcome]:
         """Each row's outcome; an unexpected failure of the whole call is every

@@ -144,6 +144,7 @@ class RelayConfig:
         )
     )
     streams_file: str | None = option(STREAMS_FILE)
+    cloudevents_source: str = option(settings.CLOUDEVENTS_SOURCE)
     nats_monitor_url: str | None = option(
         Setting(
             "nats_monitor_url",
