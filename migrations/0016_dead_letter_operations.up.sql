@@ -663,7 +663,7 @@ COMMENT ON FUNCTION outbox.dlq_error_pattern(text) IS
 -- The filter's checks (OB100), all of them before anything is read.
 CREATE OR REPLACE FUNCTION outbox._check_dlq_filter(filter jsonb)
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -744,7 +744,11 @@ $$;
 -- Every dead letter the filter matches, both sides, with its group and
 -- state. Called by the functions below (already checked filter); granted
 -- to no one. A branch per partial index (events_dead_letter_idx,
--- events_discarded_idx, messages_dead_letter_idx).
+-- events_discarded_idx, messages_dead_letter_idx). No SET clause: so that
+-- the planner inlines it into its callers (whose search_path is pinned) and
+-- computes the error class and pattern only where a caller uses them (an
+-- action's batch does not, unless it filters by group): a discard of 6,000
+-- rows in batches of 100 took 11 s with every row classified at every call.
 CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
 RETURNS TABLE (
     side text,
@@ -768,7 +772,6 @@ RETURNS TABLE (
     created_at timestamptz
 )
 LANGUAGE sql STABLE
-SET search_path TO pg_catalog, pg_temp
 AS $$
     WITH f AS (
         SELECT

@@ -384,9 +384,13 @@ def _cloudevent_in(headers: Mapping[str, str], body: bytes | None) -> tuple[dict
 def _message_id(headers: Mapping[str, str], attributes: dict[str, str] | None) -> str:
     """Nats-Msg-Id, else the CloudEvents id; both given, they must agree."""
     given = headers.get(MSG_ID)
-    if attributes is None or (given and given.lower() == attributes["id"].lower()):
+    if attributes is None:
         return canonical_id(given)
     if given:
+        # Nats-Msg-Id's own fault first: the reason a non-CloudEvent would get.
+        message_id = canonical_id(given)
+        if message_id == attributes["id"].lower():
+            return message_id
         raise InvalidMessage(
             f"header {MSG_ID} {_show(given, _SHOWN)} and CloudEvents id {_show(attributes['id'], _SHOWN)} disagree"
         )
