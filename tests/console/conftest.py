@@ -43,7 +43,7 @@ def password_pg():
     server.start()
     try:
         (server.datadir / "pg_hba.conf").write_text(_HBA)
-        server._pg_ctl("reload")
+        server.reload()
         with psycopg.connect(server.dsn(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {TEMPLATE}")
         with psycopg.connect(server.dsn(TEMPLATE), autocommit=True) as conn:
