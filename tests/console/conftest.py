@@ -24,7 +24,7 @@ from pgoutbox.core import settings, wire
 from pgoutbox.dev.embedded import EmbeddedPostgres, free_port
 from support.inbox import event as inbox_event
 from support.outbox import emit
-from support.waiting import until
+from support.waiting import until, wait_for
 
 TEMPLATE = "console_template"
 PASSWORD = "console-test-password"
@@ -46,6 +46,16 @@ def password_pg():
         server.reload()
         with psycopg.connect(server.dsn(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {TEMPLATE}")
+            conn.execute("CREATE ROLE hba_probe LOGIN PASSWORD 'right'")
+
+        def checks_passwords() -> bool:  # a reload takes effect a moment after pg_ctl returns
+            try:
+                psycopg.connect(server.dsn().replace("postgres@", "hba_probe:wrong@", 1)).close()
+                return False
+            except psycopg.OperationalError:
+                return True
+
+        wait_for(checks_passwords, 10, "pg_hba.conf to ask for passwords")
         with psycopg.connect(server.dsn(TEMPLATE), autocommit=True) as conn:
             migrate_mod.migrate(conn)
         yield server
