@@ -25,6 +25,8 @@ from pgoutbox.core.errors import one_line
 
 log = logging.getLogger(__name__)
 
+KEEP = 86400.0  # seconds a finished action's progress page stays
+
 # One batch: (connection, max_rows) -> rows touched (0: done).
 Batch = Callable[[Any, int], Awaitable[int]]
 # A session as the acting role, opened once for the action's batches.
@@ -78,6 +80,7 @@ class Actions:
             await stack.aclose()
             raise
         action.done, action.batches = touched, 1
+        self._forget_old()
         self._by_id[action.id] = action
         log.info(
             "action started",
@@ -109,6 +112,12 @@ class Actions:
                 action.finished = time.time()
                 return
         self._finish(action)
+
+    def _forget_old(self) -> None:
+        """Finished actions stay a day for their progress page, then go (memory stays bounded)."""
+        cutoff = time.time() - KEEP
+        for old in [a for a in self._by_id.values() if a.finished is not None and a.finished < cutoff]:
+            del self._by_id[old.id]
 
     def _finish(self, action: Action) -> None:
         action.state, action.finished = "finished", time.time()

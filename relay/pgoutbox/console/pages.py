@@ -264,7 +264,9 @@ class Pages:
             async def batch(conn: Any, max_rows: int) -> int:
                 return await calls.act(conn, action, flt, reason, max_rows)
 
-            title = f"{verb} {total} dead letter(s): {words}"
+            # The scope as the dialog said it (the group in words), for the progress page only.
+            shown = str(form.get("words") or words)[:300]
+            title = f"{verb} {total} dead letter(s): {shown}"
 
         @contextlib.asynccontextmanager
         async def opener() -> AsyncIterator[calls.Conn]:
