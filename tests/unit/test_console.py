@@ -163,3 +163,69 @@ def test_the_cli_loads_without_the_console_extra():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def _settled(action):
+    import asyncio
+
+    for _ in range(200):
+        if action.state != "running":
+            return action
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{action} still running")
+
+
+def _action(**kw):
+    from pgoutbox.console.actions import Action
+
+    return Action(id=kw.pop("id", "a1"), title="Replay", user="alice", reason="why", total=7, back="/", **kw)
+
+
+def _opener():
+    from pgoutbox.console.actions import nothing
+
+    return nothing()
+
+
+async def test_an_action_runs_batches_until_one_touches_nothing():
+    from pgoutbox.console.actions import Actions
+
+    sizes = iter([3, 3, 1, 0])
+    seen = []
+
+    async def batch(conn, max_rows):
+        seen.append(max_rows)
+        return next(sizes)
+
+    actions = Actions(batch=3, pause=0)
+    action = await _settled(await actions.start(_action(), _opener, batch))
+    assert (action.state, action.done, action.batches, action.percent) == ("finished", 7, 4, 100)
+    assert seen == [3, 3, 3, 3] and actions.get("a1") is action
+
+
+async def test_a_failing_batch_ends_its_action_with_one_line_not_the_console():
+    from pgoutbox.console.actions import Actions
+
+    calls = 0
+
+    async def batch(conn, max_rows):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("connection lost\nat line 2")
+        return 3
+
+    action = await _settled(await Actions(batch=3, pause=0).start(_action(), _opener, batch))
+    assert (action.state, action.done, action.error) == ("failed", 3, "connection lost / at line 2")
+
+
+async def test_a_refused_first_batch_is_the_callers_and_starts_nothing():
+    from pgoutbox.console.actions import Actions
+
+    async def batch(conn, max_rows):
+        raise PermissionError("permission denied for function dlq_replay")
+
+    actions = Actions(batch=3, pause=0)
+    with pytest.raises(PermissionError):
+        await actions.start(_action(), _opener, batch)
+    assert actions.get("a1") is None
