@@ -210,3 +210,13 @@ async def test_logout_ends_the_session(console_db):
         assert console.sessions.get(old) is None
         client.cookies.set("pgoutbox_session", old)  # a copy of the cookie is worth nothing now
         assert (await client.get("/")).headers["location"] == "/login"
+
+
+async def test_an_empty_password_is_refused_before_postgresql_is_asked(console_db, monkeypatch):
+    su, url = console_db
+    admin, password = person(su, "pgoutbox_admin")
+    monkeypatch.setenv("PGPASSWORD", password)  # libpq would use it for a login without one
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        answer = await _login(client, admin, "")
+        assert answer.status_code == 400 and "both required" in answer.text
+        assert (await client.get("/")).headers["location"] == "/login"
