@@ -17,10 +17,10 @@ from pathlib import Path
 import psycopg
 from playwright.async_api import Page, async_playwright, expect
 
+from support.console import person, seed_dead_letters, serving, worker_url
 from support.inbox import add_stream, consumer_config, event, jetstream, publish, running_consumer, write_registry
 from support.outbox import emit
 from support.waiting import until
-from tests.console.conftest import person, seed_dead_letters, serving, worker_url
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "docs" / "images"

@@ -16,8 +16,8 @@ import httpx
 import psycopg
 
 from pgoutbox.dev.embedded import free_port
+from support.console import person, seed_dead_letters, seed_outbox_dead_letters, serving, worker_url
 from support.waiting import until, wait_for
-from tests.console.conftest import person, seed_dead_letters, seed_outbox_dead_letters, serving, worker_url
 
 
 def _csrf(html: str) -> str:
