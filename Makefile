@@ -11,7 +11,7 @@ PYTEST := $(VENV)/bin/pytest
 WORKERS ?= 6
 XDIST := -n $(WORKERS) --dist loadgroup
 
-.PHONY: help setup demo test test/unit test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/traces bench/dlq bench/e2e bench/archive bench chaos clean
+.PHONY: help setup demo test test/unit test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/traces bench/dlq bench/e2e bench/archive bench/console bench chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -104,6 +104,9 @@ bench/traces: setup ## Traces off (against BEFORE=commit, if given) and on: rela
 
 bench/dlq: setup ## Dead-letter groups, lists and batched discard/restore vs plain SQL (not a test)
 	@$(PY) bench/dlq_bench.py
+
+bench/console: setup ## The console's throttled bulk replay vs a bare loop of the same SQL call (DEAD_LETTERS=n)
+	@$(PY) bench/console_bench.py $(if $(DEAD_LETTERS),--dead-letters $(DEAD_LETTERS))
 
 bench/archive: setup ## Archival throughput on a 1,000,000-row partition vs a bare JDBC read (Spark)
 	@$(PY) bench/archive_bench.py

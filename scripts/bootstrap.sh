@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEB_PACKAGES=(postgresql-15 postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
-              libpostgresql-jdbc-java openjdk-17-jre-headless)
+              libpostgresql-jdbc-java openjdk-17-jre-headless
+              chromium)  # chromium: the console's browser tests (Playwright launches Debian's)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

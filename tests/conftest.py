@@ -39,7 +39,9 @@ _counter = itertools.count()
 #   spark-ops, spark: the tests on a SparkSession (a JVM on 2 cores, 20-30 s to
 #                  start, one per worker that needs it), in two groups: one
 #                  would be the run's longest chain;
-#   install:       PGXS installs the extension into the one PostgreSQL installation.
+#   install:       PGXS installs the extension into the one PostgreSQL installation;
+#   browser:       the console's tests: headless Chromium processes, and the
+#                  password-checking PostgreSQL they share (tests/console/conftest.py).
 _GROUPS = {
     "tests/chaos/test_chaos.py": "chaos",
     "tests/chaos/test_cluster.py": "chaos-cluster",
@@ -50,6 +52,7 @@ _GROUPS = {
     "tests/archival/test_archive_cluster.py": "spark-cluster",
     "tests/archival/test_archive_operations.py": "spark-ops",
     "tests/install/": "install",
+    "tests/console/": "browser",
 }
 
 

@@ -40,7 +40,7 @@ from psycopg.types.json import Jsonb
 
 from pgoutbox.cli import main as cli
 from pgoutbox.core import wire
-from pgoutbox.dev.embedded import PG_BIN
+from pgoutbox.dev.embedded import PG_BIN, free_port
 from support import archival
 from support.inbox import FakeHandler, dlq_messages, event, jetstream, publish
 from support.outbox import emit, status_counts
@@ -534,6 +534,27 @@ SCENARIOS: dict[str, Callable[[Run], None]] = {
     EMIT: run_emit,
 }
 SPARK = {"archive", "report"}
+
+
+def run_console(run: Run) -> None:
+    """The console serves its pages to a person logged in as the login (this server
+    trusts loopback, so the password is not checked here: tests/console/ checks it)."""
+    import httpx
+
+    name = run.login_url.split("//", 1)[1].split("@", 1)[0]
+    port = str(free_port())
+    where = run.login_url.replace(f"{name}@", "", 1)  # the console's URL names no user
+    with run.worker("console", started="console serving", OUTBOX_CONSOLE_DATABASE_URL=where, OUTBOX_CONSOLE_PORT=port):
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            token = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text).group(1)
+            answer = client.post("/login", data={"user": name, "password": "-", "csrf": token})
+            assert answer.status_code == 303, answer.text
+            for path in ("/", "/dead-letters"):
+                page = client.get(path)
+                assert page.status_code == 200 and name in page.text, (path, page.text)
+
+
+SCENARIOS["console"] = run_console
 
 
 def test_every_documented_pairing_has_its_run():

@@ -82,7 +82,7 @@ def environment(**settings: str) -> dict[str, str]:
     return env
 
 
-def test_the_wheel_holds_the_code_the_sql_and_py_typed(wheel):
+def test_the_wheel_holds_the_code_the_sql_the_consoles_assets_and_py_typed(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     code = {
         f"pgoutbox/{p.relative_to(ROOT / 'relay' / 'pgoutbox')}" for p in (ROOT / "relay" / "pgoutbox").rglob("*.py")
@@ -93,9 +93,15 @@ def test_the_wheel_holds_the_code_the_sql_and_py_typed(wheel):
     sql = {f"pgoutbox/sql/{p.name}" for p in (ROOT / "sql").glob("*.sql")}
     found = migrate.discover(ROOT / "migrations")
     migrations = {f"pgoutbox/migrations/{p.name}" for m in found for p in (m.up, m.down)}
-    assert not (code | spark | sql | migrations | {"pgoutbox/py.typed"}) - names
+    console = ROOT / "relay" / "pgoutbox" / "console"
+    assets = {
+        f"pgoutbox/console/{p.relative_to(console)}" for d in ("templates", "static") for p in (console / d).iterdir()
+    }
+    assert assets >= {"pgoutbox/console/templates/base.html", "pgoutbox/console/static/console.css"}
+    assert not (code | spark | sql | migrations | assets | {"pgoutbox/py.typed"}) - names
     info = zipfile.ZipFile(wheel).read(f"pgoutbox-{__version__}.dist-info/METADATA").decode()
     assert f"\nVersion: {__version__}\n" in info
+    assert "\nProvides-Extra: console\n" in info
 
 
 def test_the_installed_package_runs_away_from_the_checkout(venv, work):

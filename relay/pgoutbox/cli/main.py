@@ -25,6 +25,7 @@ from pgoutbox import __version__
 from pgoutbox.cli import (
     archive,
     audit,
+    console,
     consume,
     dead_letters,
     migrate,
@@ -64,6 +65,7 @@ COMMANDS = (
     archive,
     report,
     restore_list,
+    console,
     settings_command,
 )
 

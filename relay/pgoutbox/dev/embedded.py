@@ -132,6 +132,10 @@ class EmbeddedPostgres:
         if self.running():
             self._pg_ctl("stop", "-m", mode, "-w")
 
+    def reload(self) -> None:
+        """Re-reads pg_hba.conf and postgresql.conf (pg_ctl reload)."""
+        self._pg_ctl("reload")
+
     def restart(self) -> None:
         # Not `pg_ctl restart`: it starts the new postmaster without -l, so the
         # server inherits (and holds open forever) our captured stdout pipe.
