@@ -11,7 +11,7 @@ PYTEST := $(VENV)/bin/pytest
 WORKERS ?= 6
 XDIST := -n $(WORKERS) --dist loadgroup
 
-.PHONY: help setup demo test test/unit test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/traces bench/dlq bench/e2e bench/archive bench/console bench chaos clean
+.PHONY: help setup demo test test/unit test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/traces bench/dlq bench/e2e bench/archive bench/console docs/screenshots bench chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -101,6 +101,9 @@ bench/relay: setup ## Relay drain rate vs raw nats-py publishing, end-to-end lat
 bench/traces: setup ## Traces off (against BEFORE=commit, if given) and on: relay and consumer CPU per event (ROUNDS=n)
 	@$(PY) bench/relay_bench.py --parts e --tracing --moderate 500,1000 --rounds $(or $(ROUNDS),3) $(if $(BEFORE),--before $(BEFORE))
 	@$(PY) bench/consumer_bench.py --only i --rounds $(or $(ROUNDS),3)
+
+docs/screenshots: setup ## Renew docs/images/console-*.png from the console's browser tests
+	@CONSOLE_SCREENSHOTS=$(CURDIR)/docs/images $(PYTEST) -q tests/console/test_console_browser.py -k replays_a_group
 
 bench/dlq: setup ## Dead-letter groups, lists and batched discard/restore vs plain SQL (not a test)
 	@$(PY) bench/dlq_bench.py

@@ -6,11 +6,14 @@ and the `handler` fixture as the handler.
 Three failure groups are seeded through the real pipeline: events published
 to JetStream, consumed, answered 422 by the handler, dead-lettered. People
 log in as roles in pgoutbox_admin or pgoutbox_viewer only. The same tests
-write the screenshots of docs/console.md (docs/images/console-*.png)."""
+take the screenshots of docs/console.md: into the test's folder, or into the
+folder CONSOLE_SCREENSHOTS names (`make docs/screenshots` renews
+docs/images/console-*.png), so that a test run leaves the checkout as it was."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from pathlib import Path
 
@@ -22,8 +25,6 @@ from support.inbox import add_stream, consumer_config, event, jetstream, publish
 from support.outbox import emit
 from support.waiting import until
 
-ROOT = Path(__file__).resolve().parents[2]
-IMAGES = ROOT / "docs" / "images"
 H = "billing"
 # Three causes: one handler, three subjects, each dead-lettered by a 422.
 SEEDED = {"sea.event.order_created.v1": 3, "sea.event.order_paid.v1": 2, "sea.event.order_cancelled.v1": 1}
@@ -98,6 +99,7 @@ async def test_an_admin_replays_a_group_and_watches_its_count_fall_as_the_handle
     su, url = console_db
     admin, password = person(su, "pgoutbox_admin")
     emit(worker_url(su, "pgoutbox_writer"), 4)  # an outbox backlog for the overview (no relay runs)
+    images = Path(os.environ.get("CONSOLE_SCREENSHOTS") or tmp_path)
     async with (
         seeded(console_db, tmp_path, nats_server, handler),
         serving(url) as (base, console),
@@ -108,7 +110,7 @@ async def test_an_admin_replays_a_group_and_watches_its_count_fall_as_the_handle
         await until(lambda: len(console.samples.points(f"inbox:{H}:dead_letter")) >= 6, 15, "six samples")
         await page.reload()
         await expect(page.get_by_role("row").filter(has_text=H)).to_contain_text("6")
-        await page.screenshot(path=str(IMAGES / "console-overview.png"), full_page=True)
+        await page.screenshot(path=str(images / "console-overview.png"), full_page=True)
 
         await page.get_by_role("link", name="Dead letters", exact=True).click()
         for subject, n in SEEDED.items():
@@ -117,11 +119,11 @@ async def test_an_admin_replays_a_group_and_watches_its_count_fall_as_the_handle
         # Open the group of order_paid (2), look at one of its dead letters.
         await group_row(page, "order_paid").get_by_role("link").click()
         await expect(page.get_by_role("heading", level=1)).to_contain_text("sea.event.order_paid.v1")
-        await page.screenshot(path=str(IMAGES / "console-group.png"), full_page=True)
+        await page.screenshot(path=str(images / "console-group.png"), full_page=True)
         await page.get_by_role("link", name=AN_ID).first.click()
         await expect(page.get_by_role("heading", level=1)).to_contain_text("Dead letter")
         await expect(page.get_by_label("Payload")).to_contain_text("A-17")  # an admin may read payloads
-        await page.screenshot(path=str(IMAGES / "console-detail.png"), full_page=True)
+        await page.screenshot(path=str(images / "console-detail.png"), full_page=True)
         await page.go_back()
 
         # The handler is fixed: replay the group, with a reason.
