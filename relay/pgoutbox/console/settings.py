@@ -26,12 +26,6 @@ def credential_free_conninfo(text: str) -> str:
     return text
 
 
-def port(text: str) -> int:
-    value = settings.integer(text)
-    bounds.PORT.check(value)
-    return value
-
-
 def payload_mode(text: str) -> str:
     if text not in ("role", "never"):
         raise ValueError("must be 'role' (what the database gives the role) or 'never'")
@@ -58,7 +52,7 @@ DATABASE_URL = S(
     secret=True,  # refused when it carries a password, and then never echoed whole
 )
 HOST = S("host", "OUTBOX_CONSOLE_HOST", "127.0.0.1", "Address the console listens on")
-PORT = S("port", "OUTBOX_CONSOLE_PORT", "8470", "Port the console listens on", port)
+PORT = S("port", "OUTBOX_CONSOLE_PORT", "8470", "Port the console listens on", settings.integer, bound=bounds.PORT)
 SESSION_LIFETIME = S(
     "session_lifetime",
     "OUTBOX_CONSOLE_SESSION_LIFETIME",
