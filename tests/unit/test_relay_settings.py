@@ -227,3 +227,22 @@ def test_envelope_passes_jsonb_text_through_and_still_compacts_objects():
         wire.to_nats({**row, "headers": '{"Nats-Msg-Id": "forged"}'})
     assert wire.to_nats({**row, "payload": {"a": [1, 2]}, "headers": {}})[1] == b'{"a":[1,2]}'
     assert message_size(b"12345", {"A": "bc"}) == 5 + len(b"NATS/1.0\r\nA: bc\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("postgresql://u:p@localhost/x", "postgresql://u:***@localhost/x"),
+        ("postgresql://u:s3cret-pw@h/x says s3cret-pw", "postgresql://u:***@h/x says ***"),
+        ("host=h password=p user=u", "host=h password=*** user=u"),
+        ("nats://a:b@h1:4222,nats://c:dd@h2:4222", "nats://a:***@h1:4222,nats://c:***@h2:4222"),
+        ("postgresql://u@h/x", "postgresql://u@h/x"),
+    ],
+)
+def test_redact_masks_the_password_where_it_stands_and_long_ones_everywhere(given, shown):
+    assert settings.redact(given) == shown
+
+
+def test_redact_masks_a_short_password_quoted_in_a_message_about_its_url():
+    message = 'invalid value "pw" in postgresql://u:pw@h/x (pwd)'
+    assert settings.redact(message, "postgresql://u:pw@h/x") == 'invalid value "***" in postgresql://u:***@h/x (pwd)'

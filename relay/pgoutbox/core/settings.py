@@ -67,14 +67,34 @@ _URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*?:([^@/]*)@")
 _KEYWORD_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)")
 
 
+# A password shorter than this is masked elsewhere only where it stands alone
+# (not inside a longer word): masked everywhere, a one-letter password would
+# turn every such letter of the message into ***.
+_MASK_EVERYWHERE = 4
+
+
 def redact(text: str, source: str | None = None) -> str:
-    """text without the passwords that source (a conninfo or URL list) carries."""
+    """text without the passwords that source (a conninfo or URL list) carries:
+    in the places a URL or conninfo holds one, and wherever else they appear (a
+    libpq message may quote a value), a short one only as a word of its own."""
     source = text if source is None else source
     secrets = {m.group(1) for part in source.split(",") if (m := _URL_PASSWORD.match(part.strip()))}
     secrets |= {m.group(1) for m in _KEYWORD_PASSWORD.finditer(source)}
-    for secret in sorted(filter(None, secrets), key=len, reverse=True):
-        text = text.replace(secret, "***")
+    text = ",".join(_URL_PASSWORD.sub(_masked_url, part) for part in text.split(","))
+    text = _KEYWORD_PASSWORD.sub("password=***", text)
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= _MASK_EVERYWHERE:
+            text = text.replace(secret, "***")
+        elif secret:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
     return text
+
+
+def _masked_url(m: re.Match[str]) -> str:
+    """A URL's beginning up to its @, the password (group 1) as ***."""
+    start, end = m.span(1)
+    whole = m.group(0)
+    return whole[: start - m.start()] + "***" + whole[end - m.start() :]
 
 
 def conninfo(text: str) -> str:
@@ -206,7 +226,7 @@ def build(
                 if s.bound is not None and not (s.fallback and not values[s.name]):
                     s.bound.check(values[s.name])
             except ValueError as exc:
-                shown = redact(repr(raw), raw) if s.secret and isinstance(raw, str) else repr(raw)
+                shown = repr(redact(raw)) if s.secret and isinstance(raw, str) else repr(raw)
                 raise ConfigError(f"{s.env}={shown}: {exc} (flag {s.flag})") from exc
         if s.fallback and not values[s.name]:
             values[s.name] = s.fallback()
