@@ -167,6 +167,7 @@ $$;
 COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
 'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
 
-DELETE FROM outbox.schema_migrations WHERE version = 17;
+DELETE FROM outbox.schema_migrations
+WHERE version = 17;
 
 COMMIT;

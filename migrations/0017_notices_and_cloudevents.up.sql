@@ -154,7 +154,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) IS
-'Records the DLQ stream and sequence of a dead letter''s notice in dlq_metadata; FALSE when no longer a live dead letter.';
+'Names the DLQ stream and sequence of a dead letter''s notice in dlq_metadata; FALSE unless a live dead letter.';
 -- end generated
 
 -- generated from sql/67_dead_letters.sql: outbox.dlq_show
@@ -258,7 +258,7 @@ COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
 'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
 -- end generated
 
-REVOKE ALL ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) FROM public;
 GRANT EXECUTE ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) TO pgoutbox_consumer;
 
 INSERT INTO outbox.schema_migrations (version, name)

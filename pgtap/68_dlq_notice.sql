@@ -14,29 +14,28 @@ BEGIN;
 SELECT plan(22);
 \ir fixtures/inbox.sql
 
-CREATE TEMP TABLE ids (name text PRIMARY KEY, id uuid);
-INSERT INTO ids VALUES
-('dead', fixture.message('billing', 'DEAD_LETTER')),
-('failed', fixture.message('billing', 'FAILED')),
-('received', fixture.message('billing', 'RECEIVED')),
-('discarded', fixture.message('shipping', 'DEAD_LETTER'));
-GRANT SELECT ON ids TO PUBLIC;
+-- The rows' ids as transaction-local settings: readable by every role below.
+SELECT
+    set_config('t.dead', fixture.message('billing', 'DEAD_LETTER')::text, TRUE) AS dead,
+    set_config('t.failed', fixture.message('billing', 'FAILED')::text, TRUE) AS failed,
+    set_config('t.received', fixture.message('billing', 'RECEIVED')::text, TRUE) AS received,
+    set_config('t.discarded', fixture.message('shipping', 'DEAD_LETTER')::text, TRUE) AS discarded;
 
 -- Arguments.
 SELECT throws_ok(
-    format($$SELECT inbox.record_dlq_notice(%L, 'billing', 'SEA_DLQ', 0)$$, (SELECT id FROM ids WHERE name = 'dead')),
+    format($$SELECT inbox.record_dlq_notice(%L, 'billing', 'SEA_DLQ', 0)$$, current_setting('t.dead')::uuid),
     'OB006', NULL, 'arguments: a sequence below 1'
 );
 SELECT throws_ok(
-    format($$SELECT inbox.record_dlq_notice(%L, 'billing', NULL, 1)$$, (SELECT id FROM ids WHERE name = 'dead')),
+    format($$SELECT inbox.record_dlq_notice(%L, 'billing', NULL, 1)$$, current_setting('t.dead')::uuid),
     'OB006', NULL, 'arguments: no stream'
 );
 SELECT throws_ok(
-    format($$SELECT inbox.record_dlq_notice(%L, 'billing', 'SEA.DLQ', 1)$$, (SELECT id FROM ids WHERE name = 'dead')),
+    format($$SELECT inbox.record_dlq_notice(%L, 'billing', 'SEA.DLQ', 1)$$, current_setting('t.dead')::uuid),
     'OB006', NULL, 'arguments: a stream name with a subject token'
 );
 SELECT throws_ok(
-    format($$SELECT inbox.record_dlq_notice(%L, 'billing', 'SEA DLQ', 1)$$, (SELECT id FROM ids WHERE name = 'dead')),
+    format($$SELECT inbox.record_dlq_notice(%L, 'billing', 'SEA DLQ', 1)$$, current_setting('t.dead')::uuid),
     'OB006', NULL, 'arguments: a stream name with a space'
 );
 SELECT throws_ok(
@@ -49,36 +48,41 @@ SELECT throws_ok(
 
 -- Only a live dead letter.
 SELECT is(
-    inbox.record_dlq_notice((SELECT id FROM ids WHERE name = 'failed'), 'billing', 'SEA_DLQ', 5), FALSE,
+    inbox.record_dlq_notice(current_setting('t.failed')::uuid, 'billing', 'SEA_DLQ', 5), FALSE,
     'guard: a FAILED row takes no notice'
 );
 SELECT is(
-    inbox.record_dlq_notice((SELECT id FROM ids WHERE name = 'received'), 'billing', 'SEA_DLQ', 5), FALSE,
+    inbox.record_dlq_notice(current_setting('t.received')::uuid, 'billing', 'SEA_DLQ', 5), FALSE,
     'guard: a RECEIVED row takes no notice'
 );
 SELECT is(
-    (SELECT count(*) FROM inbox.messages WHERE dlq_metadata ? 'dlq_stream_sequence'), 0::bigint,
+    (
+        SELECT count(*) FROM inbox.messages
+        WHERE dlq_metadata ? 'dlq_stream_sequence'
+    ), 0::bigint,
     'guard: nothing changed'
 );
 SELECT is(
-    inbox.record_dlq_notice((SELECT id FROM ids WHERE name = 'dead'), 'billing', 'SEA_DLQ', 7), TRUE,
+    inbox.record_dlq_notice(current_setting('t.dead')::uuid, 'billing', 'SEA_DLQ', 7), TRUE,
     'a dead letter takes its notice'
 );
 SELECT is(
-    (SELECT dlq_metadata -> 'dlq_stream_sequence' FROM inbox.messages
-        WHERE message_id = (SELECT id FROM ids WHERE name = 'dead')),
+    (
+        SELECT dlq_metadata -> 'dlq_stream_sequence' FROM inbox.messages
+        WHERE message_id = current_setting('t.dead')::uuid
+    ),
     '7'::jsonb, 'the sequence is in dlq_metadata'
 );
 SELECT is(
-    inbox.record_dlq_notice((SELECT id FROM ids WHERE name = 'dead'), 'billing', 'SEA_DLQ', 3), FALSE,
+    inbox.record_dlq_notice(current_setting('t.dead')::uuid, 'billing', 'SEA_DLQ', 3), FALSE,
     'an older notice of the same stream does not replace a newer one'
 );
 SELECT is(
-    inbox.record_dlq_notice((SELECT id FROM ids WHERE name = 'dead'), 'billing', 'SEA_DLQ', 7), FALSE,
+    inbox.record_dlq_notice(current_setting('t.dead')::uuid, 'billing', 'SEA_DLQ', 7), FALSE,
     'the same notice twice changes nothing'
 );
 SELECT is(
-    outbox.dlq_show('inbox', (SELECT id FROM ids WHERE name = 'dead'), 'billing') - ARRAY[
+    outbox.dlq_show('inbox', current_setting('t.dead')::uuid, 'billing') - ARRAY[
         'dlq_metadata', 'envelope', 'headers', 'payload', 'history', 'seen_at', 'created_at', 'id', 'group_id',
         'error_class', 'error_pattern', 'last_error', 'attempts', 'tenant', 'subject', 'replays', 'refailed',
         'redrive_pending', 'discarded', 'status', 'replay_enabled', 'payload_visible', 'side', 'owner', 'handler'
@@ -90,20 +94,20 @@ SELECT is(
 -- A discarded dead letter is left alone.
 SELECT is(
     outbox.dlq_discard(
-        jsonb_build_object('side', 'inbox', 'ids', jsonb_build_array((SELECT id FROM ids WHERE name = 'discarded'))),
+        jsonb_build_object('side', 'inbox', 'ids', jsonb_build_array(current_setting('t.discarded')::uuid)),
         'noise'
     ),
     1, 'fixture: one row discarded'
 );
 SELECT is(
-    inbox.record_dlq_notice((SELECT id FROM ids WHERE name = 'discarded'), 'shipping', 'SEA_DLQ', 9), FALSE,
+    inbox.record_dlq_notice(current_setting('t.discarded')::uuid, 'shipping', 'SEA_DLQ', 9), FALSE,
     'guard: a discarded dead letter takes no notice'
 );
 
 -- A new dead letter drops the previous notice.
 SELECT lives_ok(
     format(
-        $$SELECT inbox.redrive('billing', ARRAY[%L]::uuid[], 'again')$$, (SELECT id FROM ids WHERE name = 'dead')
+        $$SELECT inbox.redrive('billing', ARRAY[%L]::uuid[], 'again')$$, current_setting('t.dead')::uuid
     ),
     'fixture: redriven'
 );
@@ -115,13 +119,15 @@ SELECT lives_ok(
 );
 SELECT lives_ok(
     format(
-        $$SELECT inbox.record_error(%L, 'billing', 'HTTP 500', dead => TRUE)$$, (SELECT id FROM ids WHERE name = 'dead')
+        $$SELECT inbox.record_error(%L, 'billing', 'HTTP 500', dead => TRUE)$$, current_setting('t.dead')::uuid
     ),
     'fixture: dead-lettered again'
 );
 SELECT is(
-    (SELECT dlq_metadata ?| ARRAY['dlq_stream', 'dlq_stream_sequence'] FROM inbox.messages
-        WHERE message_id = (SELECT id FROM ids WHERE name = 'dead')),
+    (
+        SELECT dlq_metadata ?| ARRAY['dlq_stream', 'dlq_stream_sequence'] FROM inbox.messages
+        WHERE message_id = current_setting('t.dead')::uuid
+    ),
     FALSE, 'a new dead letter drops the previous notice'
 );
 
@@ -130,13 +136,13 @@ CREATE ROLE t_consumer IN ROLE pgoutbox_consumer;
 CREATE ROLE t_writer IN ROLE pgoutbox_writer;
 SET LOCAL SESSION AUTHORIZATION t_consumer;
 SELECT is(
-    inbox.record_dlq_notice((SELECT id FROM ids WHERE name = 'dead'), 'billing', 'SEA_DLQ', 11), TRUE,
+    inbox.record_dlq_notice(current_setting('t.dead')::uuid, 'billing', 'SEA_DLQ', 11), TRUE,
     'consumer: may record a notice'
 );
 RESET SESSION AUTHORIZATION;
 SET LOCAL SESSION AUTHORIZATION t_writer;
 SELECT throws_ok(
-    format($$SELECT inbox.record_dlq_notice(%L, 'billing', 'SEA_DLQ', 12)$$, (SELECT id FROM ids WHERE name = 'dead')),
+    format($$SELECT inbox.record_dlq_notice(%L, 'billing', 'SEA_DLQ', 12)$$, current_setting('t.dead')::uuid),
     '42501', NULL, 'writer: may not record a notice'
 );
 RESET SESSION AUTHORIZATION;

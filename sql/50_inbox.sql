@@ -354,7 +354,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) IS
-'Records the DLQ stream and sequence of a dead letter''s notice in dlq_metadata; FALSE when no longer a live dead letter.';
+'Names the DLQ stream and sequence of a dead letter''s notice in dlq_metadata; FALSE unless a live dead letter.';
 
 -- An in-database handler's failure (its business transaction rolled back,
 -- the inbox row with it): records the delivery again and the error, in the
