@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.js.api import PubAck
 
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox.core import wire
@@ -196,8 +197,9 @@ class FakeJetStream:
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes, dict[str, str]]] = []
 
-    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, **_: Any) -> None:
+    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, **_: Any) -> PubAck:
         self.published.append((subject, payload, dict(headers or {})))
+        return PubAck(stream="SEA_DLQ", seq=len(self.published))
 
 
 def delivery(nc: FakeNats, *, delivered: int = 1, seq: int = 1, **overrides: Any) -> Msg:
