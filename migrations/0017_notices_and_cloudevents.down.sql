@@ -1,5 +1,6 @@
 -- 0017_notices_and_cloudevents (down): back to version 16: no
--- inbox.record_dlq_notice; record_error and dlq_show as 0016 left them.
+-- inbox.record_dlq_notice, no CloudEvents header rules at emit;
+-- record_error, dlq_show and the header checks as 0016 left them.
 --
 -- What it cannot undo: nothing is lost. Recorded notice keys (dlq_stream,
 -- dlq_stream_sequence) stay in dlq_metadata; version 16 ignores dlq_stream
@@ -22,6 +23,90 @@ END;
 $$;
 
 DROP FUNCTION IF EXISTS inbox.record_dlq_notice(uuid, text, text, bigint);
+
+CREATE OR REPLACE FUNCTION outbox._headers_pass(headers jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    names jsonb := jsonb_path_query_array(headers, '$.keyvalue().key');
+BEGIN
+    IF NOT (
+        octet_length(headers::text) <= 16384
+        AND octet_length(names::text) <= 260
+        AND names::text ~ '^\["[-!#$%&''*+.^_`|~0-9A-Za-z]+"(, "[-!#$%&''*+.^_`|~0-9A-Za-z]+")*\]$'
+        AND names::text !~* '"(nats-|pgoutbox-|status"|description")'
+        -- no name twice in any letter case: as many names once lowered
+        AND (
+            names::text !~ '[A-Z]'
+            OR jsonb_array_length(jsonb_path_query_array(lower(headers::text)::jsonb, '$.keyvalue()'))
+            = jsonb_array_length(names)
+        )
+        AND NOT jsonb_path_exists(
+            headers,
+            '$.keyvalue() ? (@.value.type() == "string" && (@.value like_regex "[\\r\\n]|^\\s|\\s$"'
+            ' || (@.key like_regex "^trace(parent|state)$" flag "i" && !(@.value like_regex "^[\\t\\x20-\\x7e]*$"))))'
+        )
+    ) THEN
+        PERFORM outbox._check_headers(headers);
+    END IF;
+    RETURN TRUE;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION outbox._check_headers(headers jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    reserved text;
+    bad_name text;
+    bad_value text;
+    twice boolean;
+BEGIN
+    IF octet_length(headers::text) > 16384 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: headers are % bytes of JSON, more than 16384 (16 KiB)', octet_length(headers::text)
+            USING ERRCODE = 'OB009';
+    END IF;
+    -- One pass (emit's hot path): the first offender of each kind.
+    SELECT
+        min(h.key) FILTER (
+            WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%' OR lower(h.key) IN ('status', 'description')
+        ),
+        min(h.key) FILTER (WHERE h.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' OR length(h.key) > 256),
+        min(h.key) FILTER (
+            WHERE jsonb_typeof(h.value) = 'string' AND (
+                (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'
+                -- the trace context becomes an HTTP header of the handler call
+                OR (lower(h.key) IN ('traceparent', 'tracestate') AND (h.value #>> '{}') !~ '^[\t\x20-\x7e]*$')
+            )
+        ),
+        count(DISTINCT lower(h.key)) < count(*)
+    INTO reserved, bad_name, bad_value, twice
+    FROM jsonb_each(headers) AS h (key, value);
+    IF reserved IS NOT NULL THEN
+        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-*, Pgoutbox-*, Status and Description, in any letter case)', quote_literal(reserved)
+            USING ERRCODE = 'OB016';
+    END IF;
+    IF bad_name IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_HEADER: header name % is not a token of 1-256 letters, digits and !#$%%&''*+-.^_`|~', quote_literal(left(bad_name, 64))
+            USING ERRCODE = 'OB017', HINT = 'No colon, white space, control or non-ASCII character.';
+    END IF;
+    IF twice THEN
+        RAISE EXCEPTION 'INVALID_HEADER: a header name is given twice (names are compared in any letter case)'
+            USING ERRCODE = 'OB017';
+    END IF;
+    IF bad_value IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_HEADER: the value of header % has a line break or starts or ends with white space (traceparent, tracestate: visible ASCII only)', quote_literal(bad_value)
+            USING ERRCODE = 'OB017';
+    END IF;
+END;
+$$;
+
+DROP FUNCTION IF EXISTS outbox._check_cloudevents_headers(jsonb);
+DROP FUNCTION IF EXISTS outbox._is_rfc3339(text);
 
 CREATE OR REPLACE FUNCTION inbox.record_error(
     message_id uuid,

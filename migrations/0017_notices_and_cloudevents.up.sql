@@ -6,10 +6,15 @@
 --     the consumer calls it after record_error(..., dead => true);
 --   * inbox.record_error(..., dead => true) drops the previous dead letter's
 --     notice keys (same signature: older consumers call it unchanged);
---   * outbox.dlq_show reports dlq_stream next to dlq_stream_sequence.
+--   * outbox.dlq_show reports dlq_stream next to dlq_stream_sequence;
+--   * outbox.emit refuses (OB017) the emitter ce-* headers and Content-Type
+--     the relay would refuse (BAD_HEADER) after the fact:
+--     outbox._check_cloudevents_headers, behind _headers_pass's fast path.
 --
 -- Expand only: workers of the previous release run on it unchanged (they
 -- never call the new function; their dead letters simply name no notice).
+-- An application whose emits carry such headers gets OB017 at emit instead
+-- of a dead letter at publish.
 -- Apply with `pgoutbox migrate`, or `psql -v ON_ERROR_STOP=1 -f` this file.
 -- Safe to re-run and to run twice at once (one transaction, advisory lock,
 -- idempotent DDL). Refuses to run unless the schema is at version 16 or 17.
@@ -32,6 +37,179 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- generated from sql/20_outbox_guards.sql: outbox._headers_pass
+-- True when the headers are plainly fine, which is one expression instead
+-- of _check_headers' query (about 10 µs); otherwise that query decides, and
+-- raises the error (the result is then true too). Plainly fine is only ever
+-- said where the query would raise nothing. Names that are HTTP tokens need
+-- no escape in JSON text, so a list of them reads ["name", "name", ...].
+CREATE OR REPLACE FUNCTION outbox._headers_pass(headers jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    names jsonb := jsonb_path_query_array(headers, '$.keyvalue().key');
+BEGIN
+    IF NOT (
+        octet_length(headers::text) <= 16384
+        AND octet_length(names::text) <= 260
+        AND names::text ~ '^\["[-!#$%&''*+.^_`|~0-9A-Za-z]+"(, "[-!#$%&''*+.^_`|~0-9A-Za-z]+")*\]$'
+        AND names::text !~* '"(nats-|pgoutbox-|status"|description")'
+        -- CloudEvents attributes and a Content-Type: the query checks them
+        AND names::text !~* '"(ce-|content-type")'
+        -- no name twice in any letter case: as many names once lowered
+        AND (
+            names::text !~ '[A-Z]'
+            OR jsonb_array_length(jsonb_path_query_array(lower(headers::text)::jsonb, '$.keyvalue()'))
+            = jsonb_array_length(names)
+        )
+        AND NOT jsonb_path_exists(
+            headers,
+            '$.keyvalue() ? (@.value.type() == "string" && (@.value like_regex "[\\r\\n]|^\\s|\\s$"'
+            ' || (@.key like_regex "^trace(parent|state)$" flag "i" && !(@.value like_regex "^[\\t\\x20-\\x7e]*$"))))'
+        )
+    ) THEN
+        PERFORM outbox._check_headers(headers);
+    END IF;
+    RETURN TRUE;
+END;
+$$;
+-- end generated
+
+-- generated from sql/20_outbox_guards.sql: outbox._check_headers
+-- The emitter's headers become NATS headers next to pgoutbox's own. Names
+-- are HTTP tokens, compared in any letter case (as NATS and HTTP do): none
+-- may claim a name NATS or JetStream interpret (Nats-*; Status and
+-- Description mark a status reply, and a "Status: 404" message would end a
+-- consumer's fetch) or pgoutbox writes (Pgoutbox-*), nor appear twice. String values are sent as they are (no
+-- line break, no white space at either end: clients trim it); other JSON
+-- values as their JSON text; null ones not at all.
+CREATE OR REPLACE FUNCTION outbox._check_headers(headers jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    reserved text;
+    bad_name text;
+    bad_value text;
+    twice boolean;
+BEGIN
+    IF octet_length(headers::text) > 16384 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: headers are % bytes of JSON, more than 16384 (16 KiB)', octet_length(headers::text)
+            USING ERRCODE = 'OB009';
+    END IF;
+    -- One pass (emit's hot path): the first offender of each kind.
+    SELECT
+        min(h.key) FILTER (
+            WHERE lower(h.key) LIKE 'nats-%' OR lower(h.key) LIKE 'pgoutbox-%' OR lower(h.key) IN ('status', 'description')
+        ),
+        min(h.key) FILTER (WHERE h.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' OR length(h.key) > 256),
+        min(h.key) FILTER (
+            WHERE jsonb_typeof(h.value) = 'string' AND (
+                (h.value #>> '{}') ~ '[\r\n]|^\s|\s$'
+                -- the trace context becomes an HTTP header of the handler call
+                OR (lower(h.key) IN ('traceparent', 'tracestate') AND (h.value #>> '{}') !~ '^[\t\x20-\x7e]*$')
+            )
+        ),
+        count(DISTINCT lower(h.key)) < count(*)
+    INTO reserved, bad_name, bad_value, twice
+    FROM jsonb_each(headers) AS h (key, value);
+    IF reserved IS NOT NULL THEN
+        RAISE EXCEPTION 'RESERVED_HEADER: header % is reserved (Nats-*, Pgoutbox-*, Status and Description, in any letter case)', quote_literal(reserved)
+            USING ERRCODE = 'OB016';
+    END IF;
+    IF bad_name IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_HEADER: header name % is not a token of 1-256 letters, digits and !#$%%&''*+-.^_`|~', quote_literal(left(bad_name, 64))
+            USING ERRCODE = 'OB017', HINT = 'No colon, white space, control or non-ASCII character.';
+    END IF;
+    IF twice THEN
+        RAISE EXCEPTION 'INVALID_HEADER: a header name is given twice (names are compared in any letter case)'
+            USING ERRCODE = 'OB017';
+    END IF;
+    IF bad_value IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_HEADER: the value of header % has a line break or starts or ends with white space (traceparent, tracestate: visible ASCII only)', quote_literal(bad_value)
+            USING ERRCODE = 'OB017';
+    END IF;
+    PERFORM outbox._check_cloudevents_headers(headers);
+END;
+$$;
+-- end generated
+
+-- generated from sql/20_outbox_guards.sql: outbox._check_cloudevents_headers
+-- The relay's CloudEvents rules for emitter headers (docs/cloudevents.md),
+-- checked at emit: the relay would refuse such an event (BAD_HEADER) and
+-- dead-letter it after it was accepted. A ce-* name is ce- then 1-64
+-- lower-case letters and digits; specversion and datacontenttype are
+-- pgoutbox's (1.0, application/json): a copy must agree; no ce-* value is
+-- empty; ce-time is an RFC 3339 timestamp; no Content-Type claims
+-- structured mode (application/cloudevents...). Not checked here: ce-id,
+-- which must equal the event id (the relay still refuses a different one).
+CREATE OR REPLACE FUNCTION outbox._check_cloudevents_headers(headers jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    h record;
+    attribute text;
+    value text;
+BEGIN
+    FOR h IN SELECT e.key, e.value FROM jsonb_each(headers) AS e (key, value) ORDER BY e.key LOOP
+        CONTINUE WHEN jsonb_typeof(h.value) = 'null';
+        value := CASE WHEN jsonb_typeof(h.value) = 'string' THEN h.value #>> '{}' ELSE h.value::text END;
+        IF lower(h.key) = 'content-type' AND lower(value) LIKE 'application/cloudevents%' THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header Content-Type says structured mode (application/cloudevents...); the body is the payload'
+                USING ERRCODE = 'OB017';
+        END IF;
+        CONTINUE WHEN lower(left(h.key, 3)) <> 'ce-';
+        attribute := lower(substr(h.key, 4));
+        IF attribute !~ '^[a-z0-9]{1,64}$' THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header name % does not name a CloudEvents attribute (ce- then a-z, 0-9)', quote_literal(left(h.key, 80))
+                USING ERRCODE = 'OB017';
+        END IF;
+        IF attribute = 'specversion' AND value <> '1.0'
+            OR attribute = 'datacontenttype' AND value <> 'application/json' THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header % % differs from pgoutbox''s %', h.key, quote_literal(left(value, 80)),
+                CASE attribute WHEN 'specversion' THEN '1.0' ELSE 'application/json' END
+                USING ERRCODE = 'OB017';
+        END IF;
+        IF value = '' THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header % is empty (an attribute has a value, or is absent)', h.key
+                USING ERRCODE = 'OB017';
+        END IF;
+        IF attribute = 'time' AND NOT outbox._is_rfc3339(value) THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header % % is not an RFC 3339 timestamp', h.key, quote_literal(left(value, 80))
+                USING ERRCODE = 'OB017';
+        END IF;
+    END LOOP;
+END;
+$$;
+-- end generated
+
+-- generated from sql/20_outbox_guards.sql: outbox._is_rfc3339
+-- An RFC 3339 date-time (upper-case T and Z, or a space) that is a real
+-- instant: stricter than what the relay's reader accepts, never looser.
+CREATE OR REPLACE FUNCTION outbox._is_rfc3339(value text)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value !~ '^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$' THEN
+        RETURN FALSE;
+    END IF;
+    -- the fields in range (no 2024-13-01, no 25:00): the cast decides
+    PERFORM value::timestamptz;
+    RETURN substr(value, 12, 2)::integer < 24 AND substr(value, 18, 2)::integer < 60 AND left(value, 4) <> '0000';
+EXCEPTION
+    WHEN datetime_field_overflow OR invalid_datetime_format OR invalid_time_zone_displacement_value THEN
+        RETURN FALSE;
+END;
+$$;
+-- end generated
 
 -- generated from sql/50_inbox.sql: inbox.record_error
 -- Records a handler failure: FAILED (transient, will be redelivered) or,
@@ -259,6 +437,7 @@ COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
 -- end generated
 
 REVOKE ALL ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) FROM public;
+REVOKE ALL ON FUNCTION outbox._check_cloudevents_headers(jsonb), outbox._is_rfc3339(text) FROM public;
 GRANT EXECUTE ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) TO pgoutbox_consumer;
 
 INSERT INTO outbox.schema_migrations (version, name)
