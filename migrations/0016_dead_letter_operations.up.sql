@@ -94,7 +94,6 @@ CREATE INDEX IF NOT EXISTS redrive_log_message_idx ON inbox.redrive_log (message
 CREATE INDEX IF NOT EXISTS events_discarded_idx ON outbox.events (context)
 WHERE status = 'DISCARDED';
 
--- generated from sql/20_outbox_guards.sql: outbox.tg_events__guard_update
 -- Every status move the trigger's WHEN clause (below) lets through: a no-op,
 -- an operator requeue (of a dead letter, or of a COMPLETED event whose
 -- message the broker lost), or an illegal move.
@@ -163,9 +162,7 @@ BEGIN
               HINT = 'Legal moves are listed in the README (Lifecycle).';
 END;
 $$;
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox.tg_events__refuse_bad_state
 -- The lifecycle invariants, at every UPDATE (a row is born in a state that
 -- holds them: _100_check_policies): a known status, attempts >= 0,
 -- published_at set exactly when COMPLETED, a claim (token, time, worker)
@@ -189,7 +186,6 @@ BEGIN
               HINT = 'PROCESSING needs a claim, COMPLETED exactly a published_at, FAILED, DEAD_LETTER and DISCARDED an error.';
 END;
 $$;
--- end generated
 
 CREATE OR REPLACE TRIGGER _500_check_state
 BEFORE UPDATE ON outbox.events
@@ -208,7 +204,6 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__refuse_bad_state();
 
--- generated from sql/50_inbox.sql: inbox.tg_messages__guard_update
 CREATE OR REPLACE FUNCTION inbox.tg_messages__guard_update()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -261,9 +256,7 @@ BEGIN
         USING ERRCODE = 'OB010';
 END;
 $$;
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.backlog
 -- QRY-051: unprocessed messages per context and handler.
 CREATE OR REPLACE FUNCTION inbox.backlog(context text DEFAULT NULL)
 RETURNS TABLE (
@@ -295,9 +288,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION inbox.backlog(text) IS
 'Per context and handler: unprocessed count and oldest, failed and (live) dead-lettered counts.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.claim_replays
 -- Takes up to batch_size dead letters whose replay is due and moves them back
 -- to RECEIVED, counting the replay in dlq_metadata. The caller keeps its
 -- transaction open until the replay messages are published, then commits:
@@ -372,9 +363,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.claim_replays(text, integer) IS
 'DEAD_LETTER -> RECEIVED for due replays and redrives; commit only after re-publishing them.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.redrive
 -- Operator redrive: the given dead letters of handler (all of them but the
 -- discarded when message_ids is NULL; a discarded one named is refused,
 -- OB101) become due now, whatever the replay switch and cap
@@ -464,9 +453,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
 'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
--- end generated
 
--- generated from sql/60_inbox_replay.sql: inbox.dead_letters
 -- Dead letters (newest first) with their replay state, for operators; the
 -- discarded ones are listed by outbox.dlq_list (sql/67_dead_letters.sql).
 CREATE OR REPLACE FUNCTION inbox.dead_letters(
@@ -512,9 +499,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION inbox.dead_letters(text, integer) IS
 'Dead-lettered inbox messages with their replay state; redrive them with inbox.redrive().';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.tg_discard_log__append_only
 CREATE OR REPLACE FUNCTION outbox.tg_discard_log__append_only()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -525,7 +510,6 @@ BEGIN
         USING ERRCODE = 'OB060';
 END;
 $$;
--- end generated
 
 CREATE OR REPLACE TRIGGER _100_append_only
 BEFORE UPDATE OR DELETE ON outbox.discard_log
@@ -540,7 +524,6 @@ CREATE OR REPLACE TRIGGER _100_append_only_truncate
 BEFORE TRUNCATE ON inbox.discard_log
 FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_discard_log__append_only();
 
--- generated from sql/67_dead_letters.sql: outbox._check_discard_move
 -- Called by both update guards for a move from or to discarded (inbox: the
 -- dlq_metadata.discarded key), or any move while pgoutbox.dlq_action is
 -- set: passes only the move the action names, on a row whose other columns
@@ -587,9 +570,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox._dlq_error_class
 -- The class of an error text: the status class of `HTTP nnn` (4xx, 5xx),
 -- the code of `CODE: ...` (BAD_PAYLOAD, UPCAST_MISSING, REPLAY_UNPUBLISHABLE),
 -- the exception's name of `NameError: ...`, else OTHER. No SET clause, every
@@ -611,9 +592,7 @@ AS $$
         ELSE 'OTHER'
     END;
 $$;
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox._dlq_error_pattern
 -- An error text with what differs between occurrences of one cause masked:
 -- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
 -- white space runs become one space; at most 500 characters. Inlined like
@@ -631,9 +610,7 @@ AS $$
         '[0-9]+([.][0-9]+)?', '<n>', 'g'),
         '\s+', ' ', 'g')), 500);
 $$;
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_error_class
 CREATE OR REPLACE FUNCTION outbox.dlq_error_class(error text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -644,9 +621,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.dlq_error_class(text) IS
 'An error''s class: 4xx/5xx for HTTP nnn, CODE for "CODE: ...", the exception name for "NameError: ...", else OTHER.';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_error_pattern
 CREATE OR REPLACE FUNCTION outbox.dlq_error_pattern(error text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -657,9 +632,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.dlq_error_pattern(text) IS
 'An error with uuids, quoted values and numbers masked (<uuid>, <q>, <n>): the cause part of a dead-letter group.';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox._check_dlq_filter
 -- The filter's checks (OB100), all of them before anything is read.
 CREATE OR REPLACE FUNCTION outbox._check_dlq_filter(filter jsonb)
 RETURNS void
@@ -738,9 +711,7 @@ BEGIN
     END IF;
 END;
 $$;
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox._dlq_rows
 -- Every dead letter the filter matches, both sides, with its group and
 -- state. Called by the functions below (already checked filter); granted
 -- to no one. A branch per partial index (events_dead_letter_idx,
@@ -854,9 +825,7 @@ AS $$
         AND (f.until IS NULL OR g.seen_at < f.until)
         AND (f.grp IS NULL OR g.group_id = f.grp);
 $$;
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_groups
 -- Dead letters grouped by cause, newest group first.
 CREATE OR REPLACE FUNCTION outbox.dlq_groups(
     filter jsonb DEFAULT '{}'::jsonb,
@@ -902,9 +871,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
 'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_summary
 -- Per side, context and owner: live and discarded dead letters, re-failures,
 -- replays asked for and not yet taken, and (inbox) whether automated replay is
 -- on. The backlog functions keep their columns (workers of older releases
@@ -940,9 +907,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.dlq_summary() IS
 'Per side, context and owner: live and discarded dead letters, re-failures, pending replays, replay switch.';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_list
 -- Dead letters one by one, newest first, a page at a time: pass the last
 -- row's cursor as `after` for the next page (OB107: not such a cursor).
 CREATE OR REPLACE FUNCTION outbox.dlq_list(
@@ -1007,9 +972,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_list(jsonb, integer, text) IS
 'Dead letters of both sides matching a filter, newest first, with keyset pagination (cursor -> after).';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_show
 -- One dead letter (live or discarded) as a JSON document: its envelope,
 -- headers, payload (only for a session_user that may read the table, i.e.
 -- not pgoutbox_viewer), recorded attempts and replay state, and its history
@@ -1106,9 +1069,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
 'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox._dlq_targets
 -- The rows an action may take now: replay the live replayable ones, discard
 -- the live ones, restore the discarded ones; never an event of a sealed
 -- (archived, read-only) partition, which refuses every UPDATE (OB056): one
@@ -1135,9 +1096,7 @@ AS $$
             OR NOT EXISTS (SELECT 1 FROM sealed AS s WHERE s.day = (r.created_at AT TIME ZONE 'UTC')::date)
         );
 $$;
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_count
 -- The exact number of rows an action would touch now, over all its batches.
 CREATE OR REPLACE FUNCTION outbox.dlq_count(
     filter jsonb DEFAULT '{}'::jsonb,
@@ -1159,9 +1118,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
 'How many dead letters outbox.dlq_replay / dlq_discard / dlq_restore would touch for this filter (all batches).';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox._dlq_batch
 -- The rows an action takes in this call: the oldest first, at most max_rows.
 CREATE OR REPLACE FUNCTION outbox._dlq_batch(filter jsonb, action text, reason text, max_rows integer)
 RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz)
@@ -1179,9 +1136,7 @@ BEGIN
     LIMIT max_rows;
 END;
 $$;
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_replay
 -- Replays the dead letters matching the filter, max_rows per call, and
 -- returns how many it took; call again until 0 (each call its own
 -- transaction). Outbox: DEAD_LETTER -> PENDING as outbox.requeue does,
@@ -1241,9 +1196,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_replay(jsonb, text, integer) IS
 'Requeues (outbox) or redrives (inbox) up to max_rows dead letters matching a filter, audited; call until 0.';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_discard
 -- Discards the live dead letters matching the filter, max_rows per call
 -- (call until 0): parked for good, kept, reversible by dlq_restore; an inbox
 -- row's pending replay is cancelled. Audited in outbox/inbox.discard_log.
@@ -1293,9 +1246,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_discard(jsonb, text, integer) IS
 'Discards up to max_rows live dead letters matching a filter (kept, restorable), audited; call until 0.';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_restore
 -- Restores the discarded dead letters matching the filter, max_rows per
 -- call (call until 0): back to DEAD_LETTER, parked (no replay scheduled).
 CREATE OR REPLACE FUNCTION outbox.dlq_restore(
@@ -1340,9 +1291,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_restore(jsonb, text, integer) IS
 'Restores up to max_rows discarded dead letters matching a filter to DEAD_LETTER, audited; call until 0.';
--- end generated
 
--- generated from sql/94_archival_listing.sql: outbox.archivable_partitions
 -- Day partitions of outbox.events whose day ended more than `retention` ago,
 -- each with what holds it back, if anything. The default partition is never
 -- listed: it is not a day, and sealing it would make the rows it exists to
@@ -1402,9 +1351,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.archivable_partitions(interval, interval) IS
 'Day partitions old enough to archive, with row, open and dead-letter counts and what blocks each.';
--- end generated
 
--- generated from sql/95_archival_steps.sql: outbox.seal_partition
 -- Seals an eligible partition: checks it under a lock that keeps writers
 -- out, then installs read-only triggers on it, so nothing can change between
 -- the export and the drop (a requeue of one of its dead letters now fails
@@ -1488,7 +1435,6 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
 'Checks a day partition is archivable and makes it read-only; returns its range and id bounds.';
--- end generated
 
 REVOKE ALL ON FUNCTION
 outbox.tg_discard_log__append_only(),

@@ -161,6 +161,8 @@ BEGIN
         AND octet_length(names::text) <= 260
         AND names::text ~ '^\["[-!#$%&''*+.^_`|~0-9A-Za-z]+"(, "[-!#$%&''*+.^_`|~0-9A-Za-z]+")*\]$'
         AND names::text !~* '"(nats-|pgoutbox-|status"|description")'
+        -- CloudEvents attributes and a Content-Type: the query checks them
+        AND names::text !~* '"(ce-|content-type")'
         -- no name twice in any letter case: as many names once lowered
         AND (
             names::text !~ '[A-Z]'
@@ -233,6 +235,76 @@ BEGIN
         RAISE EXCEPTION 'INVALID_HEADER: the value of header % has a line break or starts or ends with white space (traceparent, tracestate: visible ASCII only)', quote_literal(bad_value)
             USING ERRCODE = 'OB017';
     END IF;
+    PERFORM outbox._check_cloudevents_headers(headers);
+END;
+$$;
+
+-- The relay's CloudEvents rules for emitter headers (docs/cloudevents.md),
+-- checked at emit: the relay would refuse such an event (BAD_HEADER) and
+-- dead-letter it after it was accepted. A ce-* name is ce- then 1-64
+-- lower-case letters and digits; specversion and datacontenttype are
+-- pgoutbox's (1.0, application/json): a copy must agree; no ce-* value is
+-- empty; ce-time is an RFC 3339 timestamp; no Content-Type claims
+-- structured mode (application/cloudevents...). Not checked here: ce-id,
+-- which must equal the event id (the relay still refuses a different one).
+CREATE OR REPLACE FUNCTION outbox._check_cloudevents_headers(headers jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    h record;
+    attribute text;
+    value text;
+BEGIN
+    FOR h IN SELECT e.key, e.value FROM jsonb_each(headers) AS e (key, value) ORDER BY e.key LOOP
+        CONTINUE WHEN jsonb_typeof(h.value) = 'null';
+        value := CASE WHEN jsonb_typeof(h.value) = 'string' THEN h.value #>> '{}' ELSE h.value::text END;
+        IF lower(h.key) = 'content-type' AND lower(value) LIKE 'application/cloudevents%' THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header Content-Type says structured mode (application/cloudevents...); the body is the payload'
+                USING ERRCODE = 'OB017';
+        END IF;
+        CONTINUE WHEN lower(left(h.key, 3)) <> 'ce-';
+        attribute := lower(substr(h.key, 4));
+        IF attribute !~ '^[a-z0-9]{1,64}$' THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header name % does not name a CloudEvents attribute (ce- then a-z, 0-9)', quote_literal(left(h.key, 80))
+                USING ERRCODE = 'OB017';
+        END IF;
+        IF attribute = 'specversion' AND value <> '1.0'
+            OR attribute = 'datacontenttype' AND value <> 'application/json' THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header % % differs from pgoutbox''s %', h.key, quote_literal(left(value, 80)),
+                CASE attribute WHEN 'specversion' THEN '1.0' ELSE 'application/json' END
+                USING ERRCODE = 'OB017';
+        END IF;
+        IF value = '' THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header % is empty (an attribute has a value, or is absent)', h.key
+                USING ERRCODE = 'OB017';
+        END IF;
+        IF attribute = 'time' AND NOT outbox._is_rfc3339(value) THEN
+            RAISE EXCEPTION 'INVALID_HEADER: header % % is not an RFC 3339 timestamp', h.key, quote_literal(left(value, 80))
+                USING ERRCODE = 'OB017';
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- An RFC 3339 date-time (upper-case T and Z, or a space) that is a real
+-- instant: stricter than what the relay's reader accepts, never looser.
+CREATE OR REPLACE FUNCTION outbox._is_rfc3339(value text)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value !~ '^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$' THEN
+        RETURN FALSE;
+    END IF;
+    -- the fields in range (no 2024-13-01, no 25:00): the cast decides
+    PERFORM value::timestamptz;
+    RETURN substr(value, 12, 2)::integer < 24 AND substr(value, 18, 2)::integer < 60 AND left(value, 4) <> '0000';
+EXCEPTION
+    WHEN datetime_field_overflow OR invalid_datetime_format OR invalid_time_zone_displacement_value THEN
+        RETURN FALSE;
 END;
 $$;
 

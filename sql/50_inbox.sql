@@ -276,7 +276,10 @@ BEGIN
     UPDATE inbox.messages AS m
     SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
         last_error = outbox._clip_error(record_error.error),
-        dlq_metadata = m.dlq_metadata
+        -- A new dead letter drops the previous one's notice (dlq_stream,
+        -- dlq_stream_sequence): inbox.record_dlq_notice() names the new one.
+        dlq_metadata = CASE WHEN dead THEN m.dlq_metadata - ARRAY['dlq_stream', 'dlq_stream_sequence']
+            ELSE m.dlq_metadata END
         || jsonb_build_object('failures', coalesce((m.dlq_metadata ->> 'failures')::integer, 0) + 1)
         || CASE WHEN NOT dead THEN '{}'::jsonb ELSE
             jsonb_build_object(
@@ -297,6 +300,61 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
 'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
+
+-- Names the DLQ stream message that announced a dead letter: the consumer
+-- calls it after record_error(..., dead => true), with the stream and
+-- sequence of the notice's PubAck, so that outbox.dlq_show can point at it.
+-- A separate function, not an argument of record_error: older consumers call
+-- record_error during a rolling upgrade, and a defaulted argument added to it
+-- would make their calls ambiguous. Best-effort by design: FALSE, changing
+-- nothing, when the row is no longer a live dead letter (a replay took it,
+-- an operator discarded it) or already names a later notice of that stream.
+CREATE OR REPLACE FUNCTION inbox.record_dlq_notice(
+    message_id uuid,
+    handler text,
+    stream text,
+    stream_sequence bigint
+)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_message(message_id, handler);
+    -- A JetStream stream name: no whitespace, no subject tokens (. * >).
+    IF stream IS NULL OR stream !~ '^[^\s.*>/\\]{1,255}$' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: stream must be a JetStream stream name, got %', stream
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF stream_sequence IS NULL OR stream_sequence < 1 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: stream_sequence must be 1 or more, got %', stream_sequence
+            USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE inbox.messages AS m
+    SET dlq_metadata = m.dlq_metadata
+        || jsonb_build_object('dlq_stream', record_dlq_notice.stream,
+            'dlq_stream_sequence', record_dlq_notice.stream_sequence)
+    WHERE m.message_id = record_dlq_notice.message_id AND m.handler = record_dlq_notice.handler
+        AND m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
+        AND NOT m.dlq_metadata ? 'in_database'
+        AND (m.dlq_metadata ->> 'dlq_stream' IS DISTINCT FROM record_dlq_notice.stream
+            OR (m.dlq_metadata ->> 'dlq_stream_sequence')::bigint < record_dlq_notice.stream_sequence);
+    IF FOUND THEN
+        RETURN TRUE;
+    END IF;
+    PERFORM 1 FROM inbox.messages AS m
+    WHERE m.message_id = record_dlq_notice.message_id AND m.handler = record_dlq_notice.handler;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'UNKNOWN_MESSAGE: no inbox row for message % and handler %', message_id, handler
+            USING ERRCODE = 'OB021';
+    END IF;
+    RETURN FALSE;
+END;
+$$;
+COMMENT ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) IS
+'Names the DLQ stream and sequence of a dead letter''s notice in dlq_metadata; FALSE unless a live dead letter.';
 
 -- An in-database handler's failure (its business transaction rolled back,
 -- the inbox row with it): records the delivery again and the error, in the

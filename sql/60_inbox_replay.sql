@@ -17,6 +17,9 @@
 --   last_replay_at, last_replay_by   the last re-publication and its worker
 --   failures           handler failures since the row was received or last
 --                      replayed (record_error, settle; reset by claim_replays)
+--   dlq_stream, dlq_stream_sequence   the DLQ stream message (notice)
+--                      that announced the last dead letter
+--                      (inbox.record_dlq_notice; dropped by record_error)
 --   in_database        written by an in-database handler: never replayed or
 --                      redriven here (its application re-runs it)
 --   discarded          {at, by, reason}: parked for good by an operator

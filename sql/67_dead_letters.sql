@@ -605,7 +605,7 @@ BEGIN
             'envelope', to_jsonb(e) - 'payload' - 'headers',
             'headers', e.headers,
             'payload', CASE WHEN visible THEN e.payload END,
-            'dlq_metadata', NULL, 'replay_enabled', NULL, 'dlq_stream_sequence', NULL
+            'dlq_metadata', NULL, 'replay_enabled', NULL, 'dlq_stream', NULL, 'dlq_stream_sequence', NULL
         ) INTO doc
         FROM outbox.events AS e
         WHERE e.id = r.row_id AND e.created_at = r.created_at;
@@ -627,6 +627,8 @@ BEGIN
             'payload', CASE WHEN visible THEN m.envelope -> 'payload' END,
             'dlq_metadata', m.dlq_metadata,
             'replay_enabled', coalesce(s.enabled, TRUE),
+            -- the notice's place in the DLQ stream (inbox.record_dlq_notice)
+            'dlq_stream', m.dlq_metadata -> 'dlq_stream',
             'dlq_stream_sequence', m.dlq_metadata -> 'dlq_stream_sequence'
         ) INTO doc
         FROM inbox.messages AS m

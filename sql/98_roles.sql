@@ -46,6 +46,7 @@ GRANT EXECUTE ON FUNCTION
 inbox.receive(uuid, text, text, jsonb),
 inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval),
+inbox.record_dlq_notice(uuid, text, text, bigint),
 inbox.claim_replays(text, integer),
 inbox.receive_batch(text, uuid[], text[], jsonb[]),
 inbox.settle(text, uuid[], uuid[], text[]),

@@ -13,7 +13,8 @@ VALUES
 (13, '0013_least_privilege'),
 (14, '0014_command_inbox'),
 (15, '0015_upcasters'),
-(16, '0016_dead_letter_operations')
+(16, '0016_dead_letter_operations'),
+(17, '0017_notices_and_cloudevents')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from chaos.poison import EmitCase, any_emit
 from pgoutbox import SCHEMA_VERSION
-from pgoutbox.core import migrate
+from pgoutbox.core import cloudevents, migrate
 from pgoutbox.core.errors import IllegalTransition, SqlState, wrap_exceptions
 from support.roles import login
 
@@ -115,6 +115,7 @@ header_name = st.one_of(
     st.sampled_from(["nats-x", "Nats-Msg-Id", "PGOUTBOX-Context", "status", "Status", "description", "natsx"]),
     st.sampled_from(["", " ", "a b", "a:b", 'a"b', "a\\b", "ä", "a\tb", "a\nb"]),
     st.sampled_from(["x" * 256, "x" * 257, "X" * 255]),
+    st.sampled_from(["ce-source", "CE-Type", "ce-time", "ce-specversion", "ce-x_y", "Content-Type", "ce-"]),
 )
 header_value = st.one_of(
     st.text(
@@ -250,3 +251,86 @@ def test_emit_refuses_what_the_previous_schema_refused(database_url, empty_datab
 
         check()
     assert {None, "OB001", "OB003", "OB005", "OB006", "OB008", "OB009", "OB016"} <= outcomes, outcomes
+
+
+# CloudEvents headers near every rule the relay applies (core/cloudevents.py
+# put_binary): names, the attributes pgoutbox fixes, empty values, times, and
+# a Content-Type. ce-id is left out: it must equal the event id, which the
+# emit guard does not check (the relay still refuses a different one). So are
+# ISO 8601 forms RFC 3339 lacks (a date alone): emit refuses them (pgTAP
+# 25_cloudevents_headers), the relay's reader would take them.
+ce_name = st.sampled_from(
+    [
+        "ce-source",
+        "Ce-Source",
+        "ce-type",
+        "CE-TYPE",
+        "ce-time",
+        "ce-specversion",
+        "ce-datacontenttype",
+        "ce-myext",
+        "ce-My_Ext",
+        "ce-",
+        "ce-" + "a" * 64,
+        "ce-" + "a" * 65,
+        "Content-Type",
+        "x-other",
+    ]
+)
+ce_value = st.sampled_from(
+    [
+        "1.0",
+        "0.3",
+        "application/json",
+        "text/plain",
+        "application/cloudevents+json",
+        "Application/CloudEvents",
+        "",
+        "/billing",
+        "2026-11-26T17:00:00Z",
+        "2026-11-26T17:00:00.5+01:00",
+        "yesterday",
+        "2026-13-01T00:00:00Z",
+        "2026-01-01T24:00:00Z",
+    ]
+)
+
+
+def _relay_refuses(h: dict) -> bool:
+    """Whether the relay's CloudEvents rules refuse these emitter headers."""
+    nats_headers = {k: v if isinstance(v, str) else json.dumps(v) for k, v in h.items() if v is not None}
+    event = {
+        "context": "sea",
+        "event_id": "0af76519-16cd-43dd-8448-eb211c80319c",
+        "event_type": "order_created",
+        "event_version": 1,
+        "aggregate_type": "order",
+        "aggregate_id": "1",
+    }
+    try:
+        cloudevents.put_binary(nats_headers, event, "2026-11-26T17:00:00Z", cloudevents.DEFAULT_SOURCE)
+    except ValueError:
+        return True
+    return False
+
+
+def test_the_emit_guard_and_the_relay_agree_on_cloudevents_headers(database_url):
+    """What the relay would refuse (BAD_HEADER, a dead letter after the fact)
+    emit refuses with INVALID_HEADER, and nothing more: one sample set, both rules."""
+    verdicts = {"refused": 0, "accepted": 0}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+
+        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(st.dictionaries(ce_name, ce_value, min_size=1, max_size=4))
+        def check(h: dict) -> None:
+            value = json.dumps(h)
+            sql = _outcome(conn, "SELECT outbox._headers_pass(%s::jsonb)", value)
+            assert sql in (None, SqlState.INVALID_HEADER.value), (value, sql)
+            relay = _relay_refuses(h)
+            verdicts["refused" if relay else "accepted"] += 1
+            assert (sql is not None) == relay, (
+                f"{value}: emit {sql or 'accepts'}, relay {'refuses' if relay else 'accepts'}"
+            )
+
+        check()
+    assert verdicts["refused"] > 20 and verdicts["accepted"] > 20, verdicts

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.js.api import PubAck
 
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox.core import wire
@@ -196,8 +197,9 @@ class FakeJetStream:
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes, dict[str, str]]] = []
 
-    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, **_: Any) -> None:
+    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, **_: Any) -> PubAck:
         self.published.append((subject, payload, dict(headers or {})))
+        return PubAck(stream="SEA_DLQ", seq=len(self.published))
 
 
 def delivery(nc: FakeNats, *, delivered: int = 1, seq: int = 1, **overrides: Any) -> Msg:
@@ -220,6 +222,8 @@ class FakeInboxRow:
     failures: int = 0
     last_error: str | None = None
     replay_after: float | None = None
+    # (stream, sequence) of the DLQ notice, as inbox.record_dlq_notice records it
+    notice: tuple[str, int] | None = None
 
     def as_row(self, ordinal: int | None = None) -> dict[str, Any]:
         row = {"status": self.status, "attempts": self.attempts, "dlq_metadata": {"failures": self.failures}}
@@ -295,7 +299,17 @@ class FakeInbox:
         row = self.rows[(message_id, handler)]
         row.status, row.last_error, row.replay_after = ("DEAD_LETTER" if dead else "FAILED"), error, replay_after
         row.failures += 1
+        if dead:
+            row.notice = None
         return row.as_row()
+
+    async def record_dlq_notice(self, message_id: str, handler: str, stream: str, sequence: int) -> bool:
+        self._call("record_dlq_notice")
+        row = self.rows[(message_id, handler)]
+        if row.status != "DEAD_LETTER":
+            return False
+        row.notice = (stream, sequence)
+        return True
 
     async def schema_version(self) -> int:
         self._call("schema_version")

@@ -104,6 +104,24 @@ async def test_the_failure_that_reaches_max_deliver_dead_letters_with_a_notice_t
     ((subject, _, _),) = f.js.published  # the notice, before the row and the ack
     assert subject.startswith("sea.dlq.")
     assert answers(f.nc, msg) == [b""]
+    # then the notice's place, after the dead letter: (stream, seq) of its PubAck
+    assert row.notice == ("SEA_DLQ", 1)
+    assert f.inbox.calls[-2:] == ["record_error", "record_dlq_notice"]
+
+
+async def test_a_notice_that_cannot_be_recorded_costs_only_its_place_never_the_dead_letter():
+    f = Flow(FakeHandlerClient(422))
+    msg = delivery(f.nc)
+
+    async def refuse(*_: object) -> bool:
+        raise RuntimeError("an unexpected refusal")
+
+    f.inbox.record_dlq_notice = refuse  # type: ignore[method-assign]
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "dead_lettered"
+    row = f.inbox.row(f.message_id(msg), "billing")
+    assert row.status == "DEAD_LETTER" and row.notice is None
+    assert answers(f.nc, msg) == [b""]
 
 
 async def test_a_422_dead_letters_at_the_first_answer():

@@ -261,12 +261,14 @@ class DlqRefused(Exception):
 _PERMANENT_JS_ERRORS = frozenset({10054, 10059})
 
 
-async def publish(js: JetStreamContext, subject: str, body: bytes, headers: dict[str, str]) -> None:
-    """Publishes one DLQ message; DlqRefused when the refusal is permanent
-    (too large, no stream captures the subject, a permanent JetStream error),
-    anything else (timeouts, lost connection) propagates as it is."""
+async def publish(js: JetStreamContext, subject: str, body: bytes, headers: dict[str, str]) -> tuple[str, int]:
+    """Publishes one DLQ message and returns the stream and sequence its
+    PubAck names; DlqRefused when the refusal is permanent (too large, no
+    stream captures the subject, a permanent JetStream error), anything else
+    (timeouts, lost connection) propagates as it is."""
     try:
-        await js.publish(subject, body, headers=headers)
+        ack = await js.publish(subject, body, headers=headers)
+        return str(ack.stream), int(ack.seq)
     except nats.errors.MaxPayloadError:
         raise DlqRefused(PublishError.MAX_PAYLOAD, f"{len(body)} bytes exceed the server's max_payload") from None
     except nats.js.errors.NoStreamResponseError:

@@ -649,7 +649,7 @@ class MessageFlow:
                 copy=copy,
             )
 
-        subject, problem = await self._publish_notice(build, persist=True)
+        subject, problem, placed = await self._publish_notice(build, persist=True)
         recorded = reason if problem is None else f"{UNPUBLISHABLE}: {problem}; {reason}"
         if not await self.database(
             lambda: settles(self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after))
@@ -657,6 +657,8 @@ class MessageFlow:
             return False
         if msg is not None:
             await msg.ack()
+        if placed is not None:
+            await self._name_notice(h, message_id, placed)
         log.warning(
             "dead-lettered",
             extra={
@@ -669,28 +671,52 @@ class MessageFlow:
         )
         return True
 
-    async def _publish_notice(self, build: Callable[[bool], Notice], *, persist: bool) -> tuple[str | None, str | None]:
+    async def _name_notice(self, h: HandlerRuntime, message_id: str, placed: tuple[str, int]) -> None:
+        """Records which DLQ stream message announced the dead letter, for
+        dlq_show. Best-effort, after the dead letter is recorded and the
+        message acked: behind the database gate (an outage delays it), and a
+        failure, or the consumer stopping meanwhile, costs only this pointer
+        (the notice itself is in the stream, found by its message id)."""
+        stream, sequence = placed
+        try:
+            await self.database(lambda: self.inbox.record_dlq_notice(message_id, h.name, stream, sequence))
+        except Exception as exc:
+            log.warning(
+                "the dead letter's DLQ notice could not be recorded",
+                extra={
+                    "handler": h.name,
+                    "message_id": message_id,
+                    "dlq_stream": stream,
+                    "dlq_stream_sequence": sequence,
+                    "error": "stopping" if isinstance(exc, Stopping) else repr(exc),
+                },
+            )
+
+    async def _publish_notice(
+        self, build: Callable[[bool], Notice], *, persist: bool
+    ) -> tuple[str | None, str | None, tuple[str, int] | None]:
         """Publishes the notice build(copy) makes: the original copied when it
         fits, else referenced; referenced again when JetStream refuses the
-        copy as too large (a stream's max_msg_size). Returns (subject, None),
-        or (None, why) when no notice can ever be published."""
+        copy as too large (a stream's max_msg_size). Returns (subject, None,
+        (stream, sequence) from the PubAck), or (None, why, None) when no
+        notice can ever be published."""
         problem = None
         for copy in (True, False):
             try:
                 subject, body, headers = build(copy)
             except dlq.NoticeTooLarge as exc:
-                return None, f"{PublishError.MAX_PAYLOAD}: {exc}"
+                return None, f"{PublishError.MAX_PAYLOAD}: {exc}", None
             try:
-                await self._publish(subject, body, headers, persist=persist)
-                return subject, None
+                placed = await self._publish(subject, body, headers, persist=persist)
+                return subject, None, placed
             except dlq.DlqRefused as exc:
                 problem = str(exc)
                 if exc.code is not PublishError.MAX_PAYLOAD:
                     break
         log.error("no DLQ notice can be published", extra={"error": problem})
-        return None, problem
+        return None, problem, None
 
-    async def _publish(self, subject: str, body: bytes, headers: dict[str, str], *, persist: bool) -> None:
+    async def _publish(self, subject: str, body: bytes, headers: dict[str, str], *, persist: bool) -> tuple[str, int]:
         """Publishes to the DLQ. persist: a failed publish is retried here (the
         message kept alive by in-progress acks) until it succeeds or the
         consumer stops, rather than calling the handler again; a permanent
@@ -699,8 +725,7 @@ class MessageFlow:
         while True:
             attempt += 1
             try:
-                await dlq.publish(self.js, subject, body, headers)
-                return
+                return await dlq.publish(self.js, subject, body, headers)
             except dlq.DlqRefused:
                 raise
             except Exception as exc:
@@ -740,7 +765,7 @@ class MessageFlow:
                 copy=copy,
             )
 
-        subject, problem = await self._publish_notice(build, persist=False)
+        subject, problem, _ = await self._publish_notice(build, persist=False)
         if isinstance(msg, Msg):
             await msg.ack()
         log.error(

@@ -33,6 +33,8 @@ BATCHES_FROM = 9
 FAILURES_FROM = 12
 # The first schema with upcasters (inbox.receive_batch_as, inbox.upcast).
 UPCASTS_FROM = 15
+# The first schema where a dead letter names its DLQ notice (inbox.record_dlq_notice).
+NOTICES_FROM = 17
 
 _NO_SCHEMA = frozenset({"42883", "3F000"})  # undefined_function, invalid_schema_name
 _PERMISSION_DENIED = "42501"
@@ -108,6 +110,15 @@ async def record_error(
     return await _one(
         conn, "SELECT * FROM inbox.record_error(%s, %s, %s, %s, %s)", (message_id, handler, error, dead, after)
     )
+
+
+async def record_dlq_notice(
+    conn: psycopg.AsyncConnection[Any], message_id: str, handler: str, stream: str, sequence: int
+) -> bool:
+    row = await _one(
+        conn, "SELECT inbox.record_dlq_notice(%s, %s, %s, %s) AS recorded", (message_id, handler, stream, sequence)
+    )
+    return bool(row["recorded"])
 
 
 async def record_in_database_error(
@@ -326,6 +337,11 @@ class Inbox:
         """Whether the schema found has upcasters (inbox.receive_batch_as)."""
         return (self.pool.schema_found or 0) >= UPCASTS_FROM
 
+    @property
+    def names_notices(self) -> bool:
+        """Whether the schema found records a dead letter's notice (inbox.record_dlq_notice)."""
+        return (self.pool.schema_found or 0) >= NOTICES_FROM
+
     async def receive_batch(
         self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str], version: int | None = None
     ) -> list[dict[str, Any]] | None:
@@ -375,6 +391,14 @@ class Inbox:
     ) -> dict[str, Any]:
         async with self.pool.connection() as conn:
             return await record_error(conn, message_id, handler, error, dead=dead, replay_after=replay_after)
+
+    async def record_dlq_notice(self, message_id: str, handler: str, stream: str, sequence: int) -> bool:
+        """Names the DLQ stream message (notice) of a dead letter; False when
+        the schema predates it or the row is no longer a live dead letter."""
+        if not self.names_notices:
+            return False
+        async with self.pool.connection() as conn:
+            return await record_dlq_notice(conn, message_id, handler, stream, sequence)
 
     async def backlog(self) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
