@@ -123,6 +123,7 @@ async def test_an_admin_replays_a_group_and_watches_its_count_fall_as_the_handle
         await page.get_by_role("link", name=AN_ID).first.click()
         await expect(page.get_by_role("heading", level=1)).to_contain_text("Dead letter")
         await expect(page.get_by_label("Payload")).to_contain_text("A-17")  # an admin may read payloads
+        await expect(page.get_by_text(re.compile(r"^[A-Z_]+DLQ #\d+$"))).to_be_visible()  # the notice's place
         await page.screenshot(path=str(images / "console-detail.png"), full_page=True)
         await page.go_back()
 
