@@ -117,10 +117,7 @@ class Pages:
             found = await calls.groups(conn, flt, GROUP_ROWS)
             return {
                 "groups": found,
-                "flt": flt,
-                "query": query_of(flt),
-                "shown": query_of(flt).get("shown", "live"),
-                "here": str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+                **_filtered(request, flt),
             }
 
         return await self.c.page(request, "groups.html", build)
@@ -141,10 +138,7 @@ class Pages:
                 "group_id": group_id,
                 "rows": found,
                 "next": found[-1]["cursor"] if more and found else None,
-                "flt": flt,
-                "query": query_of(flt),
-                "shown": query_of(flt).get("shown", "live"),
-                "here": str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+                **_filtered(request, flt),
             }
 
         return await self.c.page(request, "group.html", build)
@@ -293,3 +287,14 @@ class Pages:
         if action is None or action.user != session.user:
             return self.c.error(request, 404, "Not found", "no such action (the console keeps them until it restarts)")
         return self.c.render("action.html", me={"name": session.user}, csrf=session.csrf, a=action)
+
+
+def _filtered(request: Request, flt: dict[str, Any]) -> dict[str, Any]:
+    """What a page listing dead letters by a filter shows of it, and where it is (to come back to)."""
+    query = query_of(flt)
+    return {
+        "flt": flt,
+        "query": query,
+        "shown": query.get("shown", "live"),
+        "here": str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+    }
