@@ -120,6 +120,12 @@ async def consume_and_report(database_url: str, nats_url: str, expected: int, co
     with db.connect(database_url) as conn:
         print_rows(conn, "inbox.backlog()", "SELECT * FROM inbox.backlog()")
         print_rows(conn, "inbox.dead_letters()", "SELECT * FROM inbox.dead_letters()")
+        # What `pgoutbox dead-letters groups` and the console's dead-letter page show.
+        print_rows(
+            conn,
+            "outbox.dlq_groups(): dead letters by cause (pgoutbox dead-letters groups; pgoutbox console)",
+            "SELECT side, owner, subject, error_class, error_pattern, dead_letters, last_seen FROM outbox.dlq_groups()",
+        )
     print(f"\n== DLQ stream {context.upper()}_DLQ")
     for line in notices:
         print("   " + line)
