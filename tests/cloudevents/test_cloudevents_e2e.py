@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 
 from support.inbox import (
     add_stream,
-    consumer_config,
+    default_consumer_config,
     dlq_messages,
     event,
     inbox_row,
@@ -280,12 +280,8 @@ async def test_a_replay_reaches_the_handler_with_the_attributes_of_the_first_del
         registry_file = write_registry(
             tmp_path, [{"name": HANDLER, "url": sink.url, "subjects": [SUBJECT], "format": "cloudevents"}]
         )
-        cfg = consumer_config(
-            login(database_url, documented_role("`pgoutbox consume`")),
-            nats_server.url,
-            registry_file,
-            replay_base_delay="200ms",
-            replay_max_delay="300ms",
+        cfg = default_consumer_config(
+            login(database_url, documented_role("`pgoutbox consume`")), nats_server.url, registry_file
         )
         ours = event({"n": 1}, event_type="order_placed")
         ours["aggregate_id"] = "caf\u00e9 1"
@@ -306,7 +302,19 @@ async def test_a_replay_reaches_the_handler_with_the_attributes_of_the_first_del
                 await js.publish(
                     SUBJECT, json.dumps(structured).encode(), headers={"Content-Type": "application/cloudevents+json"}
                 )
-                await until(lambda: len(sink.events) >= 4, 20, "two deliveries of each event")
+                await until(
+                    lambda: all(
+                        (inbox_row(database_url, i, HANDLER) or {}).get("status") == "DEAD_LETTER"
+                        for i in (ours["event_id"], foreign_id)
+                    ),
+                    20,
+                    "both dead-lettered",
+                )
+                # An operator's redrive (as the admin role): the replayer re-publishes both
+                # at its next look (the defaults' automated replay would wait a minute).
+                with psycopg.connect(login(database_url, "pgoutbox_admin"), autocommit=True) as conn:
+                    conn.execute("SELECT inbox.redrive(%s, NULL, 'handler fixed')", (HANDLER,))
+                await until(lambda: len(sink.events) >= 4, 30, "two deliveries of each event")
                 await until(
                     lambda: all(
                         inbox_row(database_url, i, HANDLER)["status"] == "PROCESSED"

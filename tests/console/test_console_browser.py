@@ -21,7 +21,15 @@ import psycopg
 from playwright.async_api import Page, async_playwright, expect
 
 from support.console import person, seed_dead_letters, serving, worker_url
-from support.inbox import add_stream, consumer_config, event, jetstream, publish, running_consumer, write_registry
+from support.inbox import (
+    add_stream,
+    default_consumer_config,
+    event,
+    jetstream,
+    publish,
+    running_consumer,
+    write_registry,
+)
 from support.outbox import emit
 from support.waiting import until
 
@@ -56,7 +64,7 @@ async def seeded(console_db, tmp_path, nats_server, handler):
     """A consumer (with its replayer) whose handler answered 422 to every message of SEEDED."""
     su, _ = console_db
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": list(SEEDED)}])
-    cfg = consumer_config(worker_url(su, "pgoutbox_consumer"), nats_server.url, registry_file)
+    cfg = default_consumer_config(worker_url(su, "pgoutbox_consumer"), nats_server.url, registry_file)
     handler.answers = [422]
     async with jetstream(nats_server.url) as js:
         await add_stream(js)

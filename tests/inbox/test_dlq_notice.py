@@ -12,7 +12,7 @@ import psycopg
 
 from support.inbox import (
     add_stream,
-    consumer_config,
+    default_consumer_config,
     dlq_messages,
     event,
     inbox_row,
@@ -39,7 +39,7 @@ async def test_a_dead_letters_dlq_show_names_the_sequence_of_its_notice_in_the_d
     tmp_path, database_url, nats_server, handler
 ):
     registry = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
-    cfg = consumer_config(login(database_url, "pgoutbox_consumer"), nats_server.url, registry)
+    cfg = default_consumer_config(login(database_url, "pgoutbox_consumer"), nats_server.url, registry)
     # Another message first, so that the notice is not the stream's first message
     # by chance: a 422 after a 422.
     first, doomed = event({"answers": [422]}), event({"answers": [422]})

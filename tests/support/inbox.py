@@ -185,6 +185,17 @@ def consumer_config(database_url: str, nats_url: str, registry_file: Path, **ove
     return cfg
 
 
+def default_consumer_config(database_url: str, nats_url: str, registry_file: Path) -> cs.ConsumerConfig:
+    """The consume command's configuration as a user gets it: the defaults,
+    but no metrics server (tests run side by side)."""
+    cfg = settings.build(
+        cs.ConsumerConfig,
+        environ={},
+        overrides={"database_url": database_url, "nats_url": nats_url, "registry_file": str(registry_file)},
+    )
+    return dataclasses.replace(cfg, http_port=None)
+
+
 @contextlib.asynccontextmanager
 async def running_consumer(cfg: cs.ConsumerConfig):
     consumer = Consumer(cs.load_handlers(cfg), cfg)
