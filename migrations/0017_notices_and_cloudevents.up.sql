@@ -38,7 +38,6 @@ BEGIN
 END;
 $$;
 
--- generated from sql/20_outbox_guards.sql: outbox._headers_pass
 -- True when the headers are plainly fine, which is one expression instead
 -- of _check_headers' query (about 10 µs); otherwise that query decides, and
 -- raises the error (the result is then true too). Plainly fine is only ever
@@ -76,9 +75,7 @@ BEGIN
     RETURN TRUE;
 END;
 $$;
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox._check_headers
 -- The emitter's headers become NATS headers next to pgoutbox's own. Names
 -- are HTTP tokens, compared in any letter case (as NATS and HTTP do): none
 -- may claim a name NATS or JetStream interpret (Nats-*; Status and
@@ -136,9 +133,7 @@ BEGIN
     PERFORM outbox._check_cloudevents_headers(headers);
 END;
 $$;
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox._check_cloudevents_headers
 -- The relay's CloudEvents rules for emitter headers (docs/cloudevents.md),
 -- checked at emit: the relay would refuse such an event (BAD_HEADER) and
 -- dead-letter it after it was accepted. A ce-* name is ce- then 1-64
@@ -187,9 +182,7 @@ BEGIN
     END LOOP;
 END;
 $$;
--- end generated
 
--- generated from sql/20_outbox_guards.sql: outbox._is_rfc3339
 -- An RFC 3339 date-time (upper-case T and Z, or a space) that is a real
 -- instant: stricter than what the relay's reader accepts, never looser.
 CREATE OR REPLACE FUNCTION outbox._is_rfc3339(value text)
@@ -209,9 +202,7 @@ EXCEPTION
         RETURN FALSE;
 END;
 $$;
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.record_error
 -- Records a handler failure: FAILED (transient, will be redelivered) or,
 -- with dead => true, DEAD_LETTER (poison, or the last allowed failure).
 -- Either way dlq_metadata.failures counts it: the consumer dead-letters on
@@ -276,9 +267,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
 'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
--- end generated
 
--- generated from sql/50_inbox.sql: inbox.record_dlq_notice
 -- Names the DLQ stream message that announced a dead letter: the consumer
 -- calls it after record_error(..., dead => true), with the stream and
 -- sequence of the notice's PubAck, so that outbox.dlq_show can point at it.
@@ -333,9 +322,7 @@ END;
 $$;
 COMMENT ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) IS
 'Names the DLQ stream and sequence of a dead letter''s notice in dlq_metadata; FALSE unless a live dead letter.';
--- end generated
 
--- generated from sql/67_dead_letters.sql: outbox.dlq_show
 -- One dead letter (live or discarded) as a JSON document: its envelope,
 -- headers, payload (only for a session_user that may read the table, i.e.
 -- not pgoutbox_viewer), recorded attempts and replay state, and its history
@@ -434,7 +421,6 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
 'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
--- end generated
 
 REVOKE ALL ON FUNCTION inbox.record_dlq_notice(uuid, text, text, bigint) FROM public;
 REVOKE ALL ON FUNCTION outbox._check_cloudevents_headers(jsonb), outbox._is_rfc3339(text) FROM public;

@@ -14,7 +14,8 @@ VALUES
 (14, '0014_command_inbox'),
 (15, '0015_upcasters'),
 (16, '0016_dead_letter_operations'),
-(17, '0017_notices_and_cloudevents')
+(17, '0017_notices_and_cloudevents'),
+(18, '0018_steady_under_faults')
 ON CONFLICT (version) DO NOTHING;
 
 SELECT count(*) AS partitions_created FROM outbox.create_partitions();

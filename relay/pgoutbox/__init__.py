@@ -10,5 +10,5 @@ __version__ = "0.3.0"
 # schema it still runs on. A newer schema is accepted while it says, through
 # outbox.serves_workers_from(), that it still serves code built for
 # SCHEMA_VERSION (docs/upgrading.md).
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 OLDEST_SCHEMA = 7
