@@ -23,7 +23,7 @@ SELECT fixture.event('PENDING') AS b_id \gset
 SELECT fixture.event('PROCESSING', due => FALSE) AS held_id \gset
 
 SET LOCAL ROLE pgoutbox_relay;
-SELECT claim_token AS token FROM outbox.claim('t-relay', 10, '1 minute') LIMIT 1 \gset
+SELECT min(claim_token::text) AS token FROM outbox.claim('t-relay', 10, '1 minute') \gset
 SELECT is(
     outbox.hand_back(:'token', ARRAY[:'a_id', :'b_id']::uuid[], 'NATS_UNAVAILABLE: JetStream away'),
     2, 'hand_back returns both claimed events'
@@ -41,10 +41,13 @@ SELECT is(
 
 -- Claimed again at once, and no attempt is used up however often.
 SET LOCAL ROLE pgoutbox_relay;
-SELECT claim_token AS again FROM outbox.claim('t-relay', 10, '1 minute') LIMIT 1 \gset
+SELECT min(claim_token::text) AS again FROM outbox.claim('t-relay', 10, '1 minute') \gset
 RESET ROLE;
 SELECT is(
-    (SELECT count(*)::integer FROM outbox.events WHERE claim_token = :'again' AND status = 'PROCESSING'),
+    (
+        SELECT count(*)::integer FROM outbox.events
+        WHERE claim_token = :'again' AND status = 'PROCESSING'
+    ),
     2, 'handed-back events are claimed again at once'
 );
 SET LOCAL ROLE pgoutbox_relay;
@@ -63,7 +66,10 @@ END;
 $$;
 RESET ROLE;
 SELECT is(
-    (SELECT attempts FROM outbox.events WHERE event_id = :'b_id'),
+    (
+        SELECT attempts FROM outbox.events
+        WHERE event_id = :'b_id'
+    ),
     0, 'ten claims each handed back leave attempts where they were'
 );
 
@@ -78,7 +84,7 @@ SELECT throws_ok(
 RESET ROLE;
 SELECT is(fixture.status(:'held_id'), 'PROCESSING', 'and the event held by its own claim stays PROCESSING');
 SET LOCAL ROLE pgoutbox_relay;
-SELECT claim_token AS b_token FROM outbox.claim('t-relay', 10, '1 minute') LIMIT 1 \gset
+SELECT min(claim_token::text) AS b_token FROM outbox.claim('t-relay', 10, '1 minute') \gset
 SELECT is(
     outbox.hand_back(:'b_token', ARRAY[:'b_id', :'held_id']::uuid[], 'away'),
     1, 'only the rows held by the token are handed back'
@@ -105,7 +111,8 @@ SELECT claim_token AS held_token FROM outbox.events
 WHERE event_id = :'held_id' \gset
 SELECT throws_ok(
     format(
-        $$UPDATE outbox.events SET status = 'PENDING', attempts = attempts - 1, available_at = now() WHERE event_id = %L$$,
+        $$UPDATE outbox.events SET status = 'PENDING', attempts = attempts - 1, available_at = now()
+        WHERE event_id = %L$$,
         :'held_id'
     ),
     'OB010', NULL, 'PROCESSING -> PENDING by hand is illegal'
@@ -113,7 +120,8 @@ SELECT throws_ok(
 SELECT set_config('pgoutbox.hand_back', :'held_token', TRUE);
 SELECT throws_ok(
     format(
-        $$UPDATE outbox.events SET status = 'PENDING', attempts = attempts + 1, available_at = now() WHERE event_id = %L$$,
+        $$UPDATE outbox.events SET status = 'PENDING', attempts = attempts + 1, available_at = now()
+        WHERE event_id = %L$$,
         :'held_id'
     ),
     'OB010', NULL, 'with the marker, any other count of attempts is still illegal'

@@ -181,7 +181,9 @@ class FakePublisher:
             raise exc
         self.batch_sizes.append(len(rows))
         if self.away is not None:
-            return [Outcome(r["event_id"], code=PublishError.PUBLISH_TIMEOUT, detail=self.away, away=True) for r in rows]
+            return [
+                Outcome(r["event_id"], code=PublishError.PUBLISH_TIMEOUT, detail=self.away, away=True) for r in rows
+            ]
         outcomes = []
         for row in rows:
             code = self.failing.get(row["event_id"])
