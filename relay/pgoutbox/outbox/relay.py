@@ -118,6 +118,7 @@ class OutboxRelay:
         self._due = 0
         self._in_flight = 0
         self.away = JetStreamAway()
+        self._delays, self._lines = reconnect_delays(), Every()  # the claim's retry pacing (_claim)
         # outbox.hand_back came with schema 18; on an older schema an away
         # outcome counts an attempt, as it did before (until `pgoutbox migrate`).
         self.can_hand_back = True
@@ -254,7 +255,6 @@ class OutboxRelay:
 
     async def _claim_loop(self, out: asyncio.Queue[Batch | None]) -> None:
         cfg = self.cfg
-        self._delays, self._lines = reconnect_delays(), Every()
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
