@@ -479,14 +479,14 @@ class MessageFlow:
                 except Exception as exc:
                     if not _own_failure(exc):
                         raise
-                    row = await self._receive_one(h, a, None)
+                    row = await self._receive_one(h, a, None)  # schema 15 or later: batches
                     if row["status"] in ("RECEIVED", "FAILED"):
                         row["upcast_error"] = (
                             f"{SqlState.UPCAST_FAILED.name} [{SqlState.UPCAST_FAILED.value}]: "
                             f"{envelope['event_type']} v{envelope['event_version']} -> v{version}: {_described(exc)}"
                         )
                     return row
-            return await self._receive_one(h, a, None)
+            return await self.inbox.receive(envelope["message_id"], h.name, envelope["subject"], envelope)
         except Exception as exc:
             if not _own_failure(exc):
                 raise
@@ -495,10 +495,9 @@ class MessageFlow:
             return f"PostgreSQL cannot store it: {_described(exc)}"
 
     async def _receive_one(self, h: HandlerRuntime, a: Admitted, version: int | None) -> dict[str, Any]:
-        """One message's inbox row; upcast to `version` when it is not None."""
+        """One message's inbox row (receive_batch of one), upcast to `version`
+        when it is not None."""
         envelope = a.envelope
-        if version is None:
-            return await self.inbox.receive(envelope["message_id"], h.name, envelope["subject"], envelope)
         rows = await self.inbox.receive_batch(
             h.name, [envelope["message_id"]], [envelope["subject"]], [a.stored()], version
         )
