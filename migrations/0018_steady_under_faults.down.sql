@@ -126,6 +126,7 @@ $$;
 
 -- ---- the console
 
-DELETE FROM outbox.schema_migrations WHERE version = 18;
+DELETE FROM outbox.schema_migrations
+WHERE version = 18;
 
 COMMIT;

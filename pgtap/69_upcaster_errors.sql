@@ -43,10 +43,12 @@ SET LOCAL ROLE pgoutbox_consumer;
 CREATE TEMP TABLE got AS
 SELECT * FROM inbox.receive_batch_as(
     'meter',
-    ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 5)),
+    (SELECT array_agg(gen_random_uuid()) FROM generate_series(1, 5)),
     array_fill('sea.event.reading_taken.v1'::text, ARRAY[5]),
-    ARRAY['{"payload": {"n": 1}}', '{"payload": {"n": 3}}', '{"payload": {"n": 4}}', '{"payload": {"n": 5}}',
-        '{"payload": {"n": 7}}']::jsonb[],
+    ARRAY[
+        '{"payload": {"n": 1}}', '{"payload": {"n": 3}}', '{"payload": {"n": 4}}', '{"payload": {"n": 5}}',
+        '{"payload": {"n": 7}}'
+    ]::jsonb[],
     2
 );
 SELECT results_eq(
@@ -55,17 +57,26 @@ SELECT results_eq(
     'the messages the upcaster does not fail on come back upcast'
 );
 SELECT is(
-    (SELECT upcast_error FROM got WHERE ordinal = 2),
+    (
+        SELECT upcast_error FROM got
+        WHERE ordinal = 2
+    ),
     'UPCAST_FAILED [OB072]: reading_taken v1 -> v2: app.picky(jsonb) raised [P0004] three is not allowed',
     'an ASSERT is that message''s UPCAST_FAILED, with its SQLSTATE and text'
 );
 SELECT is(
-    (SELECT upcast_error FROM got WHERE ordinal = 3),
+    (
+        SELECT upcast_error FROM got
+        WHERE ordinal = 3
+    ),
     'UPCAST_FAILED [OB072]: reading_taken v1 -> v2: app.picky(jsonb) raised [AB123] four is not allowed',
     'a RAISE with a custom SQLSTATE is that message''s UPCAST_FAILED'
 );
 SELECT is(
-    (SELECT upcast_error FROM got WHERE ordinal = 4),
+    (
+        SELECT upcast_error FROM got
+        WHERE ordinal = 4
+    ),
     'UPCAST_FAILED [OB072]: reading_taken v1 -> v2: app.picky(jsonb) raised [22012] division by zero',
     'a division by zero is that message''s UPCAST_FAILED'
 );
@@ -87,7 +98,8 @@ SELECT is(
             ARRAY['{"payload": {"slow": true}}']::jsonb[], 2
         )
     ),
-    'UPCAST_FAILED [OB072]: reading_slow v1 -> v2: app.slow(jsonb) raised [57014] canceling statement due to statement timeout',
+    'UPCAST_FAILED [OB072]: reading_slow v1 -> v2: app.slow(jsonb) raised [57014] '
+    || 'canceling statement due to statement timeout',
     'a statement_timeout while the upcaster of a one-message call runs is that message''s UPCAST_FAILED'
 );
 RESET statement_timeout;

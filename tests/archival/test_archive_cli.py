@@ -98,7 +98,7 @@ def _recording_java(tmp_path: Path) -> tuple[Path, Path]:
     home, started = tmp_path / "jdk", tmp_path / "java-started"
     (home / "bin").mkdir(parents=True)
     java = home / "bin" / "java"
-    java.write_text(f"#!/bin/sh\necho \"$@\" >> {started}\nexit 1\n")
+    java.write_text(f'#!/bin/sh\necho "$@" >> {started}\nexit 1\n')
     java.chmod(0o755)
     return home, started
 
