@@ -263,10 +263,8 @@ def _own_failure(exc: BaseException) -> bool:
     statement_timeout; DatabaseUnavailable, PostgreSQL away, is raised by the
     pool before this is asked; a clash with a concurrent transaction runs
     again, MessageFlow.database): that message's own outcome, never the fetch's."""
-    if isinstance(exc, DatabaseUnavailable):
-        return False
-    if isinstance(exc, PgOutboxError):
-        return True
+    if isinstance(exc, PgOutboxError):  # an inbox function's refusal, by its code; not a schema mismatch
+        return isinstance(exc.code, SqlState) and not isinstance(exc, DatabaseUnavailable)
     return isinstance(exc, psycopg.Error) and db.failure_of(exc) is db.Failure.STATEMENT
 
 
