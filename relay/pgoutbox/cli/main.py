@@ -40,6 +40,7 @@ from pgoutbox.cli import (
     restore_list,
     status,
     streams,
+    testing,
 )
 from pgoutbox.cli import settings as settings_command
 from pgoutbox.core import broker, db, settings
@@ -66,6 +67,7 @@ COMMANDS = (
     report,
     restore_list,
     console,
+    testing,
     settings_command,
 )
 
