@@ -1,9 +1,9 @@
 """pgoutbox testing: the testing kit for applications (docs/testing.md).
 
-    pgoutbox testing install-tap   create or replace the schema pgoutbox_tap
-                                   (run as the role that ran `pgoutbox migrate`)
-    pgoutbox testing tap-sql       print the same SQL, for \\i in a test's
-                                   transaction or a deployment tool
+pgoutbox testing install-tap   create or replace the schema pgoutbox_tap
+                               (run as the role that ran `pgoutbox migrate`)
+pgoutbox testing tap-sql       print the same SQL, for \\i in a test's
+                               transaction or a deployment tool
 """
 
 from __future__ import annotations
