@@ -4,8 +4,8 @@ The table between the command-roles markers of docs/reference.md is the source
 of truth. Three checks read it:
 
   * it names every command (and the application's outbox.emit()), and a
-    command that connects to PostgreSQL names a pgoutbox role (migrate aside:
-    the owner of the schemas runs it);
+    command that connects to PostgreSQL names a pgoutbox role (migrate and
+    testing aside: the owner of the schemas runs them);
   * every SQL function a command's code calls (the SQL strings of the
     modules it imports, followed through its imports), and every table it
     reads, is granted to the roles the table names for it;
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference.md"
 PGOUTBOX = Path(sys.executable).parent / "pgoutbox"
 EMIT = "emit"  # the table's row for the application's outbox.emit()
-OWNER_RUNS = {"migrate"}  # the schemas' owner, not a pgoutbox role (the table says so)
+OWNER_RUNS = {"migrate", "testing"}  # the schemas' owner, not a pgoutbox role (the table says so)
 HANDLER = "billing"
 SUBJECT = "sea.event.order_created.v1"
 
