@@ -25,6 +25,7 @@ from pgoutbox import __version__
 from pgoutbox.cli import (
     archive,
     audit,
+    backfill,
     console,
     consume,
     dead_letters,
@@ -60,6 +61,7 @@ COMMANDS = (
     consume,
     replay,
     redrive,
+    backfill,
     replay_switch,
     dead_letters,
     registry,

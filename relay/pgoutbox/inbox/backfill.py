@@ -1,0 +1,291 @@
+"""`pgoutbox backfill`: a handler that joins late gets the history the
+outbox still keeps, through its ordinary inbox path (docs/backfill.md).
+
+    1. plan: the handler's subjects (or the event types asked for), the
+       range, and where each part of it comes from, printed before anything
+       is delivered (outbox.backfill_span);
+    2. pages of events in id order (outbox.backfill_page): id order is emit
+       order within an ordering key, and the events go one after the other,
+       so each key's order holds;
+    3. each event as the consumer takes a message: the envelope built from
+       the message the relay publishes (wire.to_nats, then wire.from_nats),
+       inbox.receive (PROCESSED or DEAD_LETTER: a duplicate, the handler is
+       not called), the handler's POST with the consumer's body and headers,
+       handler_contract.decide, then inbox.mark_processed or
+       inbox.record_error (FAILED and retried with backoff here; on the
+       max_deliver-th failure, DEAD_LETTER);
+    4. a throttle (events/s) and a state file written as pages complete
+       (the last id done): after a kill, the next run with the same plan
+       starts there, and the inbox skips whatever was recorded PROCESSED
+       in between. A handler called for an event whose outcome did not
+       commit before the kill is called again, as after a consumer crash.
+
+It never touches NATS: no durable of this or any other handler, no DLQ
+notice (a dead letter is in the inbox, where `pgoutbox dead-letters` and
+redrive find it). What it does not do yet: the stream and the Parquet
+archive as sources (a range older than the outbox keeps is refused), and
+handlers that declare a version (their upcasting runs in the consumer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgoutbox.core import cloudevents, wire
+from pgoutbox.core.backoff import Backoff
+from pgoutbox.core.errors import ConfigError, wrap_exceptions
+from pgoutbox.inbox import store
+from pgoutbox.inbox.handler_client import HandlerClient, cloudevent_lines, payload_body, request_body
+from pgoutbox.inbox.handler_contract import Action, decide
+from pgoutbox.inbox.registry import HandlerSpec
+
+log = logging.getLogger(__name__)
+
+_SPAN = "SELECT * FROM outbox.backfill_span(%s, %s, %s)"
+_PAGE = "SELECT * FROM outbox.backfill_page(%s, %s, %s, %s, %s)"
+# Between a handler's failures: the consumer's default backoff shape.
+RETRY = Backoff(base=1.0, max_delay=30.0)
+
+
+class RangeNotKept(ConfigError):
+    """The range starts before the oldest event the outbox keeps."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    handler: str
+    subjects: tuple[str, ...]
+    since: datetime
+    until: datetime
+    events: int
+    kept_from: datetime | None
+
+    def key(self) -> dict[str, Any]:
+        """What a state file must match to resume."""
+        return {
+            "handler": self.handler,
+            "subjects": list(self.subjects),
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
+        }
+
+    def lines(self) -> list[str]:
+        def at(t: datetime | None) -> str:
+            return "-" if t is None else t.isoformat()
+
+        return [
+            f"backfill {self.handler}: {', '.join(self.subjects)}",
+            f"  range    {at(self.since)} .. {at(self.until)} (until excluded)",
+            f"  outbox   {self.events} event(s), in emit order per ordering key"
+            f" (it keeps events since {at(self.kept_from)})",
+            "  stream   not read: the outbox holds every event the stream still does",
+            "  archive  not read: the range starts inside what the outbox keeps",
+        ]
+
+
+@dataclass
+class Progress:
+    done: int = 0  # events handled this run: delivered, skipped or dead-lettered
+    delivered: int = 0
+    skipped: int = 0  # already PROCESSED or DEAD_LETTER in the inbox
+    dead: int = 0
+    after_id: int = 0
+
+
+def subjects_of(spec: HandlerSpec, event_types: tuple[str, ...]) -> tuple[str, ...]:
+    if not event_types:
+        return spec.subjects
+    chosen = tuple(s for s in spec.subjects if wire.parse_subject(s)[1] in event_types)
+    unknown = sorted(set(event_types) - {wire.parse_subject(s)[1] for s in spec.subjects})
+    if unknown:
+        raise ConfigError(
+            f"handler {spec.name} takes no event type {', '.join(unknown)} (its subjects: {spec.subjects})"
+        )
+    return chosen
+
+
+async def plan(
+    conn: psycopg.AsyncConnection[Any],
+    spec: HandlerSpec,
+    subjects: tuple[str, ...],
+    since: datetime | None,
+    until: datetime,
+) -> Plan:
+    """since None: everything the outbox keeps."""
+    start = since or datetime(1900, 1, 1, tzinfo=until.tzinfo)
+    async with conn.cursor(row_factory=dict_row) as cur:
+        with wrap_exceptions():
+            await cur.execute(_SPAN, (list(subjects), start, until))
+            row = await cur.fetchone()
+    assert row is not None
+    kept_from = row["kept_from"]
+    if since is not None and kept_from is not None and since < kept_from:
+        raise RangeNotKept(
+            f"the range starts at {since.isoformat()}, before the oldest event the outbox keeps "
+            f"({kept_from.isoformat()}); the archive is not a backfill source yet: start at or after it"
+        )
+    return Plan(spec.name, subjects, since or kept_from or until, until, int(row["events"]), kept_from)
+
+
+def read_state(path: Path | None, p: Plan) -> int:
+    """The id to resume after (0: from the start, or a state file of another plan)."""
+    if path is None or not path.is_file():
+        return 0
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    if state.get("plan") != p.key():
+        return 0
+    return int(state.get("after_id") or 0)
+
+
+def write_state(path: Path | None, p: Plan, progress: Progress) -> None:
+    if path is None:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"plan": p.key(), **asdict(progress)}))
+    os.replace(tmp, path)  # atomic: a kill leaves the old file or the new one
+
+
+class Throttle:
+    """At most `rate` events a second, evenly spaced."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
+        self.interval = 1.0 / rate
+        self.clock = clock
+        self.next_at = clock()
+
+    async def wait(self) -> None:
+        now = self.clock()
+        if self.next_at > now:
+            await asyncio.sleep(self.next_at - now)
+        self.next_at = max(self.next_at, now) + self.interval
+
+
+class Bar:
+    """A progress bar on a terminal, else a line every `every` seconds."""
+
+    def __init__(self, total: int, out: Any = sys.stderr, every: float = 10.0):
+        self.total, self.out, self.every = total, out, every
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.last = 0.0
+        self.started = time.monotonic()
+
+    def show(self, progress: Progress, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self.last < (0.2 if self.tty else self.every):
+            return
+        self.last = now
+        rate = progress.done / max(now - self.started, 1e-9)
+        share = progress.done / self.total if self.total else 1.0
+        text = (
+            f"{progress.done}/{self.total} events ({share:.0%}), {progress.delivered} delivered, "
+            f"{progress.skipped} already in the inbox, {progress.dead} dead-lettered, {rate:.0f}/s"
+        )
+        if self.tty:
+            width = 30
+            filled = int(width * min(share, 1.0))
+            self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}" + ("\n" if final else ""))
+        else:
+            self.out.write(f"backfill: {text}\n")
+        self.out.flush()
+
+
+@dataclass(frozen=True)
+class Delivery:
+    handler: HandlerSpec
+    timeout: float
+    max_deliver: int
+    cloudevents_source: str
+
+
+async def deliver(conn: psycopg.AsyncConnection[Any], client: HandlerClient, d: Delivery, row: dict[str, Any]) -> str:
+    """One event through the handler's inbox path: "delivered", "skipped" or "dead"."""
+    subject, body, headers = wire.to_nats(row, d.cloudevents_source)
+    envelope = wire.from_nats(subject, body, headers)
+    payload = wire.payload_bytes(body, headers)
+    message_id, name = envelope["message_id"], d.handler.name
+    got = await store.receive(conn, message_id, name, subject, envelope)
+    if got["status"] in ("PROCESSED", "DEAD_LETTER"):
+        return "skipped"
+    attributes = None
+    sent = request_body(envelope, payload)
+    if d.handler.format == "cloudevents":
+        stored = envelope.get("cloudevents")
+        attributes = (
+            cloudevents.expand(stored, envelope) if stored else cloudevents.derived(envelope, d.cloudevents_source)
+        )
+        sent = payload_body(envelope, payload)
+        cloudevent_lines(attributes, envelope, name, 1)  # refuses what the consumer could not send either
+    failures = 0
+    while True:
+        delivery = int(got.get("attempts") or 1) + failures
+        answer = await client.call(
+            d.handler.url, sent, envelope, handler=name, delivery=delivery, timeout=d.timeout, cloudevent=attributes
+        )
+        action = decide(answer)
+        if action is Action.PROCESSED:
+            await store.mark_processed(conn, message_id, name)
+            return "delivered"
+        failures += 1
+        dead = action is Action.DEAD_LETTER or failures >= d.max_deliver
+        await store.record_error(conn, message_id, name, f"backfill: {answer.summary}", dead=dead)
+        if dead:
+            return "dead"
+        await asyncio.sleep(answer.retry_after if answer.retry_after is not None else RETRY.delay(failures))
+
+
+async def run(
+    conn: psycopg.AsyncConnection[Any],
+    p: Plan,
+    d: Delivery,
+    *,
+    rate: float,
+    page_size: int,
+    state_file: Path | None,
+    out: Any = sys.stderr,
+) -> Progress:
+    progress = Progress(after_id=read_state(state_file, p))
+    if progress.after_id:
+        out.write(f"backfill: resuming after event id {progress.after_id} (state file {state_file})\n")
+    throttle = Throttle(rate)
+    bar = Bar(p.events, out)
+    client = HandlerClient(per_origin=1)
+    try:
+        while True:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                with wrap_exceptions():
+                    await cur.execute(_PAGE, (list(p.subjects), p.since, p.until, progress.after_id, page_size))
+                    page = await cur.fetchall()
+            if not page:
+                break
+            for row in page:
+                await throttle.wait()
+                outcome = await deliver(conn, client, d, row)
+                progress.done += 1
+                progress.delivered += outcome == "delivered"
+                progress.skipped += outcome == "skipped"
+                progress.dead += outcome == "dead"
+                progress.after_id = int(row["id"])
+                if progress.done % 100 == 0:
+                    write_state(state_file, p, progress)
+                bar.show(progress)
+            write_state(state_file, p, progress)
+    finally:
+        await client.aclose()
+    bar.show(progress, final=True)
+    return progress
