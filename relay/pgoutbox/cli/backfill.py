@@ -139,12 +139,16 @@ def run(cfg: BackfillConfig, args: argparse.Namespace) -> int:
         raise ConfigError(f"--since {cfg.since} is not before --until {cfg.until}")
     subjects = backfill.subjects_of(spec, cfg.event_types)
     state = Path(cfg.state_file.replace("{handler}", spec.name)) if cfg.state_file else None
+    asked = {"handler": spec.name, "subjects": list(subjects), "since": cfg.since, "until": cfg.until}
+    resume = backfill.read_state(state, asked)
+    if resume is not None:  # the range the interrupted run resolved ("now" then)
+        since, until = (None if cfg.since == "all" else resume.since), resume.until
     with db.connect(cfg.database_url, check_schema=True):
         pass  # the schema check, once, as every command does
     delivery = backfill.Delivery(
         spec, spec.timeout or cfg.handler_timeout, spec.max_deliver or cfg.max_deliver, cfg.cloudevents_source
     )
-    return asyncio.run(_run(cfg, spec, subjects, since, until, delivery, state))
+    return asyncio.run(_run(cfg, spec, subjects, since, until, asked, delivery, state, resume))
 
 
 async def _run(
@@ -153,8 +157,10 @@ async def _run(
     subjects: tuple[str, ...],
     since: datetime | None,
     until: datetime,
+    asked: dict[str, Any],
     delivery: backfill.Delivery,
     state: Path | None,
+    resume: backfill.Resume | None,
 ) -> int:
     conn: psycopg.AsyncConnection[Any]
     try:
@@ -162,9 +168,12 @@ async def _run(
     except psycopg.OperationalError as exc:
         raise db.unavailable(exc, cfg.database_url) from exc
     async with conn:
-        p = await backfill.plan(conn, spec, subjects, since, until)
+        p = await backfill.plan(conn, spec, subjects, since, until, asked)
         print("\n".join(p.lines()), flush=True)
-        done = await backfill.run(conn, p, delivery, rate=cfg.rate, page_size=cfg.page_size, state_file=state)
+        after_id = resume.after_id if resume is not None else 0
+        done = await backfill.run(
+            conn, p, delivery, rate=cfg.rate, page_size=cfg.page_size, state_file=state, after_id=after_id
+        )
     print(
         f"backfilled {spec.name}: {done.delivered} delivered, {done.skipped} already in the inbox, "
         f"{done.dead} dead-lettered",

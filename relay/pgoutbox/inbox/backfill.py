@@ -72,15 +72,7 @@ class Plan:
     until: datetime
     events: int
     kept_from: datetime | None
-
-    def key(self) -> dict[str, Any]:
-        """What a state file must match to resume."""
-        return {
-            "handler": self.handler,
-            "subjects": list(self.subjects),
-            "since": self.since.isoformat(),
-            "until": self.until.isoformat(),
-        }
+    asked: dict[str, Any]  # the arguments as given ("now", "all"): what a state file must match to resume
 
     def lines(self) -> list[str]:
         def at(t: datetime | None) -> str:
@@ -123,6 +115,7 @@ async def plan(
     subjects: tuple[str, ...],
     since: datetime | None,
     until: datetime,
+    asked: dict[str, Any],
 ) -> Plan:
     """since None: everything the outbox keeps."""
     start = since or datetime(1900, 1, 1, tzinfo=until.tzinfo)
@@ -137,27 +130,38 @@ async def plan(
             f"the range starts at {since.isoformat()}, before the oldest event the outbox keeps "
             f"({kept_from.isoformat()}); the archive is not a backfill source yet: start at or after it"
         )
-    return Plan(spec.name, subjects, since or kept_from or until, until, int(row["events"]), kept_from)
+    return Plan(spec.name, subjects, since or kept_from or until, until, int(row["events"]), kept_from, asked)
 
 
-def read_state(path: Path | None, p: Plan) -> int:
-    """The id to resume after (0: from the start, or a state file of another plan)."""
+@dataclass(frozen=True)
+class Resume:
+    since: datetime
+    until: datetime
+    after_id: int
+
+
+def read_state(path: Path | None, asked: dict[str, Any]) -> Resume | None:
+    """Where a run with the same arguments stopped: its range as it was
+    resolved then ("now" is the first run's now) and the last id it finished.
+    None: no state file, or one of other arguments."""
     if path is None or not path.is_file():
-        return 0
+        return None
     try:
         state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return 0
-    if state.get("plan") != p.key():
-        return 0
-    return int(state.get("after_id") or 0)
+        if state.get("asked") != asked:
+            return None
+        since, until = datetime.fromisoformat(state["since"]), datetime.fromisoformat(state["until"])
+        return Resume(since, until, int(state["after_id"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def write_state(path: Path | None, p: Plan, progress: Progress) -> None:
     if path is None:
         return
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"plan": p.key(), **asdict(progress)}))
+    state = {"asked": p.asked, "since": p.since.isoformat(), "until": p.until.isoformat(), **asdict(progress)}
+    tmp.write_text(json.dumps(state))
     os.replace(tmp, path)  # atomic: a kill leaves the old file or the new one
 
 
@@ -257,11 +261,12 @@ async def run(
     rate: float,
     page_size: int,
     state_file: Path | None,
+    after_id: int = 0,
     out: Any = sys.stderr,
 ) -> Progress:
-    progress = Progress(after_id=read_state(state_file, p))
-    if progress.after_id:
-        out.write(f"backfill: resuming after event id {progress.after_id} (state file {state_file})\n")
+    progress = Progress(after_id=after_id)
+    if after_id:
+        out.write(f"backfill: resuming after event id {after_id} (state file {state_file})\n")
     throttle = Throttle(rate)
     bar = Bar(p.events, out)
     client = HandlerClient(per_origin=1)
