@@ -518,7 +518,26 @@ def run_emit(run: Run) -> None:
     assert status_counts(run.owner_url) == {"PENDING": 1}
 
 
+def run_backfill(run: Run) -> None:
+    """Three events the outbox keeps reach a handler through its inbox."""
+    handler = FakeHandler()
+    try:
+        manifests = run.tmp / "handlers"
+        manifests.mkdir()
+        (manifests / "billing.toml").write_text(
+            f'[[handler]]\nname = "{HANDLER}"\nurl = "{handler.url}"\nsubjects = ["{SUBJECT}"]\n'
+        )
+        run.pgoutbox("registry", "generate")
+        emit(run.owner_url, 3)
+        out = run.pgoutbox("backfill", "--handler", HANDLER)
+        assert f"backfilled {HANDLER}: 3 delivered" in out, out
+        assert inbox_statuses(run.owner_url) == {"PROCESSED": 3}
+    finally:
+        handler.close()
+
+
 SCENARIOS: dict[str, Callable[[Run], None]] = {
+    "backfill": run_backfill,
     "relay": run_relay,
     "status": run_status,
     "requeue": run_requeue,

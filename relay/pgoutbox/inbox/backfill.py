@@ -39,15 +39,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from pgoutbox.core import cloudevents, wire
 from pgoutbox.core.backoff import Backoff
 from pgoutbox.core.errors import ConfigError, wrap_exceptions
-from pgoutbox.inbox import store
 from pgoutbox.inbox.handler_client import HandlerClient, cloudevent_lines, payload_body, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.registry import HandlerSpec
@@ -56,6 +56,13 @@ log = logging.getLogger(__name__)
 
 _SPAN = "SELECT * FROM outbox.backfill_span(%s, %s, %s)"
 _PAGE = "SELECT * FROM outbox.backfill_page(%s, %s, %s, %s, %s)"
+# The three inbox calls of the consumer's path that pgoutbox_backfiller holds,
+# written here rather than imported from store: store names every call of the
+# consumer, and a command's role must hold every function its modules name
+# (tests/cli/test_role_matrix.py).
+_RECEIVE = "SELECT status, attempts FROM inbox.receive(%s, %s, %s, %s)"
+_PROCESSED = "SELECT status FROM inbox.mark_processed(%s, %s)"
+_ERROR = "SELECT status FROM inbox.record_error(%s, %s, %s, %s, NULL)"
 # Between a handler's failures: the consumer's default backoff shape.
 RETRY = Backoff(base=1.0, max_delay=30.0)
 
@@ -209,6 +216,15 @@ class Bar:
         self.out.flush()
 
 
+async def _call(conn: psycopg.AsyncConnection[Any], query: LiteralString, params: tuple[Any, ...]) -> dict[str, Any]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        with wrap_exceptions():
+            await cur.execute(query, params)
+            row = await cur.fetchone()
+    assert row is not None  # each inbox function returns its row
+    return row
+
+
 @dataclass(frozen=True)
 class Delivery:
     handler: HandlerSpec
@@ -223,7 +239,7 @@ async def deliver(conn: psycopg.AsyncConnection[Any], client: HandlerClient, d: 
     envelope = wire.from_nats(subject, body, headers)
     payload = wire.payload_bytes(body, headers)
     message_id, name = envelope["message_id"], d.handler.name
-    got = await store.receive(conn, message_id, name, subject, envelope)
+    got = await _call(conn, _RECEIVE, (message_id, name, subject, Jsonb(envelope)))
     if got["status"] in ("PROCESSED", "DEAD_LETTER"):
         return "skipped"
     attributes = None
@@ -243,11 +259,11 @@ async def deliver(conn: psycopg.AsyncConnection[Any], client: HandlerClient, d: 
         )
         action = decide(answer)
         if action is Action.PROCESSED:
-            await store.mark_processed(conn, message_id, name)
+            await _call(conn, _PROCESSED, (message_id, name))
             return "delivered"
         failures += 1
         dead = action is Action.DEAD_LETTER or failures >= d.max_deliver
-        await store.record_error(conn, message_id, name, f"backfill: {answer.summary}", dead=dead)
+        await _call(conn, _ERROR, (message_id, name, f"backfill: {answer.summary}", dead))
         if dead:
             return "dead"
         await asyncio.sleep(answer.retry_after if answer.retry_after is not None else RETRY.delay(failures))
