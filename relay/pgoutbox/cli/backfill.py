@@ -91,6 +91,15 @@ class BackfillConfig:
         S("rate", "OUTBOX_BACKFILL_RATE", "200", "Throttle: events delivered per second at most", rate)
     )
     page_size: int = option(S("page_size", "OUTBOX_BACKFILL_PAGE_SIZE", "500", "Events read per page", page))
+    concurrency: int = option(
+        S(
+            "concurrency",
+            "OUTBOX_BACKFILL_CONCURRENCY",
+            "8",
+            "Ordering keys delivered at once (connections and calls); one key's events go one after the other",
+            settings.positive_int,
+        )
+    )
     state_file: str = option(
         S(
             "state_file",
@@ -162,18 +171,23 @@ async def _run(
     state: Path | None,
     resume: backfill.Resume | None,
 ) -> int:
-    conn: psycopg.AsyncConnection[Any]
+    conns: list[psycopg.AsyncConnection[Any]] = []
     try:
-        conn = await psycopg.AsyncConnection.connect(db.conninfo(cfg.database_url), autocommit=True)
-    except psycopg.OperationalError as exc:
-        raise db.unavailable(exc, cfg.database_url) from exc
-    async with conn:
-        p = await backfill.plan(conn, spec, subjects, since, until, asked)
+        for _ in range(cfg.concurrency):
+            conns.append(await psycopg.AsyncConnection.connect(db.conninfo(cfg.database_url), autocommit=True))
+        p = await backfill.plan(conns[0], spec, subjects, since, until, asked)
         print("\n".join(p.lines()), flush=True)
         after_id = resume.after_id if resume is not None else 0
         done = await backfill.run(
-            conn, p, delivery, rate=cfg.rate, page_size=cfg.page_size, state_file=state, after_id=after_id
+            conns, p, delivery, rate=cfg.rate, page_size=cfg.page_size, state_file=state, after_id=after_id
         )
+    except psycopg.OperationalError as exc:
+        if not conns or db.is_connection_error(exc):
+            raise db.unavailable(exc, cfg.database_url) from exc
+        raise
+    finally:
+        for conn in conns:
+            await conn.close()
     print(
         f"backfilled {spec.name}: {done.delivered} delivered, {done.skipped} already in the inbox, "
         f"{done.dead} dead-lettered",

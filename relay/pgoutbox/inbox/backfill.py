@@ -5,8 +5,8 @@ outbox still keeps, through its ordinary inbox path (docs/backfill.md).
        range, and where each part of it comes from, printed before anything
        is delivered (outbox.backfill_span);
     2. pages of events in id order (outbox.backfill_page): id order is emit
-       order within an ordering key, and the events go one after the other,
-       so each key's order holds;
+       order within an ordering key, and a key's events go one after the
+       other, so each key's order holds;
     3. each event as the consumer takes a message: the envelope built from
        the message the relay publishes (wire.to_nats, then wire.from_nats),
        inbox.receive (PROCESSED or DEAD_LETTER: a duplicate, the handler is
@@ -15,9 +15,13 @@ outbox still keeps, through its ordinary inbox path (docs/backfill.md).
        inbox.record_error (FAILED and retried with backoff here; on the
        max_deliver-th failure, DEAD_LETTER);
     4. a throttle (events/s) and a state file written as pages complete
-       (the last id done): after a kill, the next run with the same plan
-       starts there, and the inbox skips whatever was recorded PROCESSED
-       in between. A handler called for an event whose outcome did not
+       (the last id of the page): after a kill, the next run with the same
+       arguments starts there, and the inbox skips whatever was recorded
+       PROCESSED in between.
+
+Within a page the events go in lanes, one per ordering key, the lanes at
+once (--concurrency connections and calls), each lane's events one after
+the other: a key's order holds, and the keys share the time. A handler called for an event whose outcome did not
        commit before the kill is called again, as after a consumer crash.
 
 It never touches NATS: no durable of this or any other handler, no DLQ
@@ -182,9 +186,10 @@ class Throttle:
 
     async def wait(self) -> None:
         now = self.clock()
-        if self.next_at > now:
-            await asyncio.sleep(self.next_at - now)
-        self.next_at = max(self.next_at, now) + self.interval
+        slot = max(self.next_at, now)  # taken before sleeping: lanes waiting at once get successive slots
+        self.next_at = slot + self.interval
+        if slot > now:
+            await asyncio.sleep(slot - now)
 
 
 class Bar:
@@ -269,8 +274,47 @@ async def deliver(conn: psycopg.AsyncConnection[Any], client: HandlerClient, d: 
         await asyncio.sleep(answer.retry_after if answer.retry_after is not None else RETRY.delay(failures))
 
 
+async def _page(
+    conns: asyncio.Queue[psycopg.AsyncConnection[Any]],
+    client: HandlerClient,
+    d: Delivery,
+    rows: list[dict[str, Any]],
+    throttle: Throttle,
+    progress: Progress,
+    bar: Bar,
+) -> None:
+    """One page: a lane per ordering key (an event without a key is a lane
+    of its own), the lanes at once on the free connections, each lane's
+    events one after the other in id order."""
+    lanes: dict[Any, list[dict[str, Any]]] = {}
+    for row in rows:
+        key = row["ordering_key"] if row["ordering_key"] is not None else ("no key", row["id"])
+        lanes.setdefault(key, []).append(row)
+
+    async def lane(events: list[dict[str, Any]]) -> None:
+        conn = await conns.get()
+        try:
+            for row in events:
+                await throttle.wait()
+                outcome = await deliver(conn, client, d, row)
+                progress.done += 1
+                progress.delivered += outcome == "delivered"
+                progress.skipped += outcome == "skipped"
+                progress.dead += outcome == "dead"
+                bar.show(progress)
+        finally:
+            conns.put_nowait(conn)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for events in lanes.values():
+                tg.create_task(lane(events))
+    except BaseExceptionGroup as failed:  # the first failure, as one sequential run would raise it
+        raise failed.exceptions[0] from None
+
+
 async def run(
-    conn: psycopg.AsyncConnection[Any],
+    conns: list[psycopg.AsyncConnection[Any]],
     p: Plan,
     d: Delivery,
     *,
@@ -280,31 +324,29 @@ async def run(
     after_id: int = 0,
     out: Any = sys.stderr,
 ) -> Progress:
+    """Delivers the plan's events page after page, each page's lanes on as
+    many connections as given (one lane per connection at a time); the
+    state file is written when a page is done, so it never names an id
+    whose predecessors are not all done."""
     progress = Progress(after_id=after_id)
     if after_id:
         out.write(f"backfill: resuming after event id {after_id} (state file {state_file})\n")
+    free: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
+    for conn in conns:
+        free.put_nowait(conn)
     throttle = Throttle(rate)
     bar = Bar(p.events, out)
-    client = HandlerClient(per_origin=1)
+    client = HandlerClient(per_origin=len(conns))
     try:
         while True:
-            async with conn.cursor(row_factory=dict_row) as cur:
+            async with conns[0].cursor(row_factory=dict_row) as cur:
                 with wrap_exceptions():
                     await cur.execute(_PAGE, (list(p.subjects), p.since, p.until, progress.after_id, page_size))
                     page = await cur.fetchall()
             if not page:
                 break
-            for row in page:
-                await throttle.wait()
-                outcome = await deliver(conn, client, d, row)
-                progress.done += 1
-                progress.delivered += outcome == "delivered"
-                progress.skipped += outcome == "skipped"
-                progress.dead += outcome == "dead"
-                progress.after_id = int(row["id"])
-                if progress.done % 100 == 0:
-                    write_state(state_file, p, progress)
-                bar.show(progress)
+            await _page(free, client, d, page, throttle, progress, bar)
+            progress.after_id = int(page[-1]["id"])
             write_state(state_file, p, progress)
     finally:
         await client.aclose()
