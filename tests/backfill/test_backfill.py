@@ -142,11 +142,17 @@ def test_a_backfill_killed_in_the_middle_still_delivers_every_event_once_in_key_
     done_before = len({c.message_id for c in handler.calls})
     assert 130 <= done_before < total
 
-    second = subprocess.run(command(world), capture_output=True, text=True, env=environment(), timeout=120)
+    metrics = tmp_path / "backfill.prom"
+    second = subprocess.run(
+        command(world, "--metrics-file", str(metrics)), capture_output=True, text=True, env=environment(), timeout=120
+    )
     assert second.returncode == 0, second.stdout + second.stderr
     assert "backfill: resuming after event id" in second.stderr, second.stderr
     assert f"backfilled {HANDLER}: " in second.stdout and "0 dead-lettered" in second.stdout, second.stdout
     assert_exactly_once_in_key_order(world, handler)
+    shown = metrics.read_text()
+    assert f'pgoutbox_backfill_planned_events{{handler="{HANDLER}"}} {float(total)}' in shown, shown
+    assert f'pgoutbox_backfill_events{{handler="{HANDLER}",outcome="dead"}} 0.0' in shown, shown
     # Called again only for what the kill cut short: events in flight, whose
     # outcome had not committed (at most one per lane: --concurrency 8).
     calls = [c.message_id for c in handler.calls]

@@ -108,6 +108,14 @@ class BackfillConfig:
             "Where the progress is kept to resume after a kill ({handler}: the handler's name; empty: none)",
         )
     )
+    metrics_file: str = option(
+        S(
+            "metrics_file",
+            "OUTBOX_BACKFILL_METRICS_FILE",
+            "",
+            "Prometheus text file of the progress, renewed per page (node_exporter's textfile collector; empty: none)",
+        )
+    )
     handler_timeout: float = option(
         S("handler_timeout", "OUTBOX_HANDLER_TIMEOUT", "10s", "HTTP handler timeout", settings.duration)
     )
@@ -179,7 +187,14 @@ async def _run(
         print("\n".join(p.lines()), flush=True)
         after_id = resume.after_id if resume is not None else 0
         done = await backfill.run(
-            conns, p, delivery, rate=cfg.rate, page_size=cfg.page_size, state_file=state, after_id=after_id
+            conns,
+            p,
+            delivery,
+            rate=cfg.rate,
+            page_size=cfg.page_size,
+            state_file=state,
+            after_id=after_id,
+            metrics_file=Path(cfg.metrics_file) if cfg.metrics_file else None,
         )
     except psycopg.OperationalError as exc:
         if not conns or db.is_connection_error(exc):

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, LiteralString
 
 import psycopg
+from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -165,6 +166,24 @@ def read_state(path: Path | None, asked: dict[str, Any]) -> Resume | None:
         return Resume(since, until, int(state["after_id"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def write_metrics(path: Path | None, p: Plan, progress: Progress) -> None:
+    """The progress as Prometheus metrics in a file (node_exporter's textfile
+    collector reads such a folder; written whole, then renamed)."""
+    if path is None:
+        return
+    registry = CollectorRegistry()
+    planned = Gauge("pgoutbox_backfill_planned_events", "Events the plan found", ["handler"], registry=registry)
+    planned.labels(p.handler).set(p.events)
+    handled = Gauge(
+        "pgoutbox_backfill_events", "Events handled by this run, by outcome", ["handler", "outcome"], registry=registry
+    )
+    for outcome, value in (("delivered", progress.delivered), ("skipped", progress.skipped), ("dead", progress.dead)):
+        handled.labels(p.handler, outcome).set(value)
+    last = Gauge("pgoutbox_backfill_after_id", "The last event id of the pages done", ["handler"], registry=registry)
+    last.labels(p.handler).set(progress.after_id)
+    write_to_textfile(str(path), registry)
 
 
 def write_state(path: Path | None, p: Plan, progress: Progress) -> None:
@@ -322,6 +341,7 @@ async def run(
     page_size: int,
     state_file: Path | None,
     after_id: int = 0,
+    metrics_file: Path | None = None,
     out: Any = sys.stderr,
 ) -> Progress:
     """Delivers the plan's events page after page, each page's lanes on as
@@ -348,7 +368,9 @@ async def run(
             await _page(free, client, d, page, throttle, progress, bar)
             progress.after_id = int(page[-1]["id"])
             write_state(state_file, p, progress)
+            write_metrics(metrics_file, p, progress)
     finally:
         await client.aclose()
+    write_metrics(metrics_file, p, progress)
     bar.show(progress, final=True)
     return progress
