@@ -11,7 +11,7 @@ consumer on its defaults: 64 calls in flight); backfill sends one event after
 the other, on purpose (per-key order without per-key bookkeeping), so it
 pays one receive, one POST and one mark per event in turn.
 
-Usage: .venv/bin/python bench/backfill_bench.py [--events 5000] [--keys 50] [--rounds 3]
+Usage: .venv/bin/python bench/backfill_bench.py [--events 5000] [--keys 50] [--rounds 3] [--concurrency 8]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Ok(BaseHTTPRequestHandler):
         pass
 
 
-def one_round(url: str, login: str, handler_url: str, work: Path, name: str, events: int) -> float:
+def one_round(url: str, login: str, handler_url: str, work: Path, name: str, events: int, concurrency: int) -> float:
     manifests = work / name
     manifests.mkdir()
     manifest = f'[[handler]]\nname = "{name}"\nurl = "{handler_url}"\nsubjects = ["{SUBJECT}"]\n'
@@ -67,7 +67,10 @@ def one_round(url: str, login: str, handler_url: str, work: Path, name: str, eve
     )
     command = [*pgoutbox, "backfill", "--handler", name, "--registry-file", str(registry), "--database-url", login]
     proc = subprocess.Popen(
-        [*command, "--rate", "1000000", "--state-file", ""], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+        [*command, "--rate", "1000000", "--state-file", "", "--concurrency", str(concurrency)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     assert proc.stdout is not None
     started = None
@@ -89,6 +92,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--keys", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=8, help="pgoutbox backfill --concurrency (its default: 8)")
     args = parser.parse_args()
     print(machine.load())
     ticks = machine.cpu_ticks()
@@ -110,12 +114,16 @@ def main() -> None:
             conn.execute("CREATE ROLE bench_backfiller LOGIN IN ROLE pgoutbox_backfiller")
         login = server.dsn().replace("postgres@", "bench_backfiller@", 1)
         handler_url = f"http://127.0.0.1:{http.server_address[1]}/events"
-        rates = [one_round(server.dsn(), login, handler_url, work, f"h{n}", args.events) for n in range(args.rounds)]
+        rates = [
+            one_round(server.dsn(), login, handler_url, work, f"h{n}", args.events, args.concurrency)
+            for n in range(args.rounds)
+        ]
         print(
             json.dumps(
                 {
                     "events": args.events,
                     "keys": args.keys,
+                    "concurrency": args.concurrency,
                     "rounds_events_per_s": [round(r) for r in rates],
                     "median_events_per_s": round(statistics.median(rates)),
                 }
