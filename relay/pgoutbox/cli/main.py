@@ -29,6 +29,7 @@ from pgoutbox import __version__
 from pgoutbox.cli import (
     archive,
     audit,
+    backfill,
     console,
     consume,
     dead_letters,
@@ -44,6 +45,7 @@ from pgoutbox.cli import (
     restore_list,
     status,
     streams,
+    testing,
 )
 from pgoutbox.cli import settings as settings_command
 from pgoutbox.core import broker, db, settings
@@ -63,6 +65,7 @@ COMMANDS = (
     consume,
     replay,
     redrive,
+    backfill,
     replay_switch,
     dead_letters,
     registry,
@@ -70,6 +73,7 @@ COMMANDS = (
     report,
     restore_list,
     console,
+    testing,
     settings_command,
 )
 
