@@ -296,3 +296,33 @@ async def test_an_admin_pauses_and_resumes_a_handlers_automated_replay(console_d
             assert row == (state, admin, f"{verb.lower()}: INC-43")
             await page.get_by_role("link", name="Back").click()
             await expect(page.get_by_role("row").filter(has_text=H)).to_contain_text("off" if verb == "Pause" else "on")
+
+
+async def _login_typed(page: Page, base: str, user: str, password: str) -> None:
+    """A login whose fields hold exactly these strings (a NUL too: set by script,
+    as a forged or pasted value would arrive), posted by the form's own button."""
+    await page.goto(f"{base}/login")
+    await page.evaluate(
+        "([u, p]) => { document.getElementById('user').value = u; document.getElementById('password').value = p; }",
+        [user, password],
+    )
+    await page.get_by_role("button", name="Log in").click()
+
+
+async def test_nul_logins_are_refused_with_pgpassword_set_and_with_a_pgpass_file(console_db, tmp_path, monkeypatch):
+    su, url = console_db
+    admin, password = person(su, "pgoutbox_admin")
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"*:*:*:{admin}:{password}\n")
+    pgpass.chmod(0o600)
+    for variable, value in (("PGPASSWORD", password), ("PGPASSFILE", str(pgpass))):
+        monkeypatch.setenv(variable, value)  # what libpq would fall back on, were the conninfo cut short
+        async with serving(url) as (base, _), browser_page() as page:
+            for user, typed in ((admin + "\0", "anything"), (admin, "\0"), (admin, password + "\0junk")):
+                await _login_typed(page, base, user, typed)
+                await expect(page.get_by_role("alert")).to_contain_text("control character")
+                await page.goto(f"{base}/")
+                await expect(page).to_have_url(f"{base}/login")  # not logged in
+            await login(page, base, admin, password)
+            await expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+        monkeypatch.delenv(variable)

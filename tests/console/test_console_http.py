@@ -125,9 +125,9 @@ async def test_another_sql_refusal_shows_its_one_line_and_code(console_db):
         csrf = _csrf((await client.get("/")).text)
         form = {"csrf": csrf, "action": "replay", "scope": "filter", "side": "inbox", "reason": "  ", "total": "2"}
         answer = await client.post("/actions/run", data=form)
-        assert answer.status_code == 403 and "[OB014]" in answer.text and "Traceback" not in answer.text
+        assert answer.status_code == 400 and "[OB014]" in answer.text and "Traceback" not in answer.text
         answer = await client.post("/actions/prepare", data={**form, "since": "not a time"})
-        assert answer.status_code == 403 and "[OB100]" in answer.text
+        assert answer.status_code == 400 and "[OB100]" in answer.text
     with psycopg.connect(su) as c:
         assert c.execute("SELECT count(*) FROM inbox.redrive_log").fetchone()[0] == 0
 

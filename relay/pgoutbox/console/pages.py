@@ -72,10 +72,16 @@ def query_of(flt: Mapping[str, Any]) -> dict[str, str]:
     return q
 
 
+_HERE = re.compile(r"^/(?![/\\])[^\\\s]*$")
+_GROUP = re.compile(r"^[0-9a-f]{32}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # a handler or context, as the SQL checks it
+
+
 def _back(value: object, default: str = "/dead-letters") -> str:
-    """A page of this console to return to (never another site)."""
+    """A page of this console to return to (never another site: browsers read
+    `/\\host` and `//host` alike as another host, so neither is taken)."""
     text = str(value or "")
-    return text if text.startswith("/") and not text.startswith("//") else default
+    return text if _HERE.match(text) else default
 
 
 def _ids(form: FormData) -> list[str]:
@@ -124,6 +130,8 @@ class Pages:
 
     async def group(self, request: Request) -> Response:
         group_id = request.path_params["group_id"]
+        if not _GROUP.match(group_id):
+            return self.c.error(request, 404, "Not found", "not a group id (32 hex digits)")
         flt = filter_of(request.query_params)
         flt["group"] = group_id
         after = request.query_params.get("after") or None
@@ -146,6 +154,10 @@ class Pages:
     async def detail(self, request: Request) -> Response:
         side, id = request.path_params["side"], request.path_params["id"]
         handler = request.query_params.get("handler") or None
+        if side not in ("outbox", "inbox"):
+            return self.c.error(request, 404, "Not found", "a dead letter is under /dead-letters/outbox or /inbox")
+        if handler is not None and not _NAME.match(handler):
+            return self.c.error(request, 400, "Cannot do that", "handler is not a handler name ([A-Za-z0-9_.-])")
         try:
             uuid.UUID(id)
         except ValueError:
@@ -211,7 +223,7 @@ class Pages:
             total = 1 if action in ("pause", "resume") else await calls.count(conn, flt, action)
             if flt.get("group") and "ids" not in flt:
                 words = await self._group_words(conn, str(flt["group"])) or words
-        fields = [(k, v) for k, v in form.multi_items() if k != "csrf" and isinstance(v, str)]
+        fields = [(k, v) for k, v in form.multi_items() if k not in ("csrf", "back") and isinstance(v, str)]
         return self.c.render(
             "confirm.html",
             me=me,
