@@ -35,6 +35,460 @@ $$;
 
 -- ---- the console
 
+-- Bulk actions on a set fixed at confirmation (sql/67_dead_letters.sql):
+-- two new tables of the actions' own bookkeeping; the three actions by
+-- filter now share one writer (_dlq_apply), with the same results.
+CREATE TABLE IF NOT EXISTS outbox.dlq_actions (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    action text NOT NULL,
+    filter jsonb NOT NULL,
+    created_by text NOT NULL DEFAULT session_user,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    total bigint NOT NULL DEFAULT 0,
+    reason text,
+    started_at timestamptz,
+    taken bigint NOT NULL DEFAULT 0,
+    touched bigint NOT NULL DEFAULT 0,
+    stopped_at timestamptz,
+    stopped_by text,
+    finished_at timestamptz,
+    CONSTRAINT action_is_known CHECK (action IN ('replay', 'discard', 'restore')),
+    CONSTRAINT touched_at_most_taken_at_most_total CHECK (touched <= taken AND taken <= total)
+);
+COMMENT ON TABLE outbox.dlq_actions IS
+'Bulk dead-letter actions on a set fixed at confirmation (outbox.dlq_prepare), taken in batches by outbox.dlq_act.';
+
+CREATE TABLE IF NOT EXISTS outbox.dlq_action_targets (
+    action_id bigint NOT NULL REFERENCES outbox.dlq_actions (id) ON DELETE CASCADE,
+    seq integer NOT NULL,
+    side text NOT NULL,
+    id uuid NOT NULL,
+    handler text,
+    row_id bigint,
+    created_at timestamptz,
+    taken_at timestamptz,
+    PRIMARY KEY (action_id, seq),
+    CONSTRAINT side_is_known CHECK (side IN ('outbox', 'inbox'))
+);
+COMMENT ON TABLE outbox.dlq_action_targets IS
+'The rows a bulk action was confirmed for, in the order it takes them; taken_at: when a batch took the row.';
+-- The next batch: the targets not taken yet, in order.
+CREATE INDEX IF NOT EXISTS dlq_action_targets_open_idx ON outbox.dlq_action_targets (action_id, seq)
+WHERE taken_at IS NULL;
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_apply
+-- Applies `action` to the rows named by the parallel arrays (outbox: row id
+-- and created_at; inbox: message id and handler), each only while it is
+-- still what the action takes: replay a live dead letter (outbox
+-- DEAD_LETTER -> PENDING as outbox.requeue does, audited in
+-- outbox.requeue_log; inbox: due now for the replayer as inbox.redrive does,
+-- audited in inbox.redrive_log, unless already asked for), discard a live one
+-- (parked for good, kept, an inbox row's pending replay cancelled; audited in
+-- outbox/inbox.discard_log), restore a discarded one (back to DEAD_LETTER,
+-- parked). Returns how many it moved. The one writer of every dead-letter
+-- action: dlq_replay/dlq_discard/dlq_restore (by filter) and dlq_act (a
+-- prepared action's targets) pick the rows, this moves them.
+CREATE OR REPLACE FUNCTION outbox._dlq_apply(
+    action text,
+    reason text,
+    row_ids bigint[],
+    created timestamptz[],
+    message_ids uuid[],
+    handlers text[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    outbox_moved integer;
+    inbox_moved integer;
+BEGIN
+    IF action = 'replay' THEN
+        PERFORM set_config('pgoutbox.requeue_reason', reason, true);
+        UPDATE outbox.events AS e
+        SET status = 'PENDING', attempts = 0, available_at = now()
+        FROM unnest(row_ids, created) AS p (row_id, created_at)
+        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+        GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+        PERFORM set_config('pgoutbox.requeue_reason', '', true);
+        WITH marked AS (
+            UPDATE inbox.messages AS m
+            SET dlq_metadata = m.dlq_metadata
+                || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+            FROM unnest(message_ids, handlers) AS p (message_id, handler)
+            WHERE m.message_id = p.message_id AND m.handler = p.handler
+                AND m.status = 'DEAD_LETTER'
+                AND NOT m.dlq_metadata ? 'discarded'
+                AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
+            RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+        )
+        INSERT INTO inbox.redrive_log (
+            message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+        )
+        SELECT
+            k.message_id, k.handler, session_user, _dlq_apply.reason,
+            coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+        FROM marked AS k;
+        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+        RETURN outbox_moved + inbox_moved;
+    END IF;
+    PERFORM set_config('pgoutbox.dlq_action', action, true);
+    PERFORM set_config('pgoutbox.dlq_reason', reason, true);
+    IF action = 'discard' THEN
+        UPDATE outbox.events AS e
+        SET status = 'DISCARDED'
+        FROM unnest(row_ids, created) AS p (row_id, created_at)
+        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+        GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata || jsonb_build_object(
+            'discarded', jsonb_build_object('at', now(), 'by', session_user, 'reason', _dlq_apply.reason),
+            'next_replay_at', NULL,
+            'redrive_requested', FALSE
+        )
+        FROM unnest(message_ids, handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded';
+        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    ELSE
+        UPDATE outbox.events AS e
+        SET status = 'DEAD_LETTER'
+        FROM unnest(row_ids, created) AS p (row_id, created_at)
+        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DISCARDED';
+        GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata - 'discarded'
+        FROM unnest(message_ids, handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER' AND m.dlq_metadata ? 'discarded';
+        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    END IF;
+    PERFORM set_config('pgoutbox.dlq_action', '', true);
+    PERFORM set_config('pgoutbox.dlq_reason', '', true);
+    RETURN outbox_moved + inbox_moved;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_act_on
+-- One batch of `action` by filter: the rows _dlq_batch picks, moved by _dlq_apply.
+CREATE OR REPLACE FUNCTION outbox._dlq_act_on(filter jsonb, action text, reason text, max_rows integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    picked record;
+BEGIN
+    SELECT
+        coalesce(array_agg(b.row_id) FILTER (WHERE b.side = 'outbox'), '{}') AS row_ids,
+        coalesce(array_agg(b.created_at) FILTER (WHERE b.side = 'outbox'), '{}') AS created,
+        coalesce(array_agg(b.id) FILTER (WHERE b.side = 'inbox'), '{}') AS message_ids,
+        coalesce(array_agg(b.handler) FILTER (WHERE b.side = 'inbox'), '{}') AS handlers
+    INTO picked
+    FROM outbox._dlq_batch(filter, action, reason, max_rows) AS b;
+    RETURN outbox._dlq_apply(action, reason, picked.row_ids, picked.created, picked.message_ids, picked.handlers);
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_replay
+-- Replays the dead letters matching the filter, max_rows per call, and
+-- returns how many it took; call again until 0 (each call its own
+-- transaction). Outbox: DEAD_LETTER -> PENDING as outbox.requeue does,
+-- audited in outbox.requeue_log. Inbox: due now for the replayer, as
+-- inbox.redrive does, audited in inbox.redrive_log; rows already asked for,
+-- without an envelope or of an in-database handler are not taken. A row
+-- that fails again matches again: a bulk action that must end takes a set
+-- fixed beforehand (dlq_prepare, dlq_act).
+CREATE OR REPLACE FUNCTION outbox.dlq_replay(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._dlq_act_on(filter, 'replay', reason, max_rows);
+$$;
+COMMENT ON FUNCTION outbox.dlq_replay(jsonb, text, integer) IS
+'Requeues (outbox) or redrives (inbox) up to max_rows dead letters matching a filter, audited; call until 0.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_discard
+-- Discards the live dead letters matching the filter, max_rows per call
+-- (call until 0): parked for good, kept, reversible by dlq_restore; an inbox
+-- row's pending replay is cancelled. Audited in outbox/inbox.discard_log.
+CREATE OR REPLACE FUNCTION outbox.dlq_discard(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._dlq_act_on(filter, 'discard', reason, max_rows);
+$$;
+COMMENT ON FUNCTION outbox.dlq_discard(jsonb, text, integer) IS
+'Discards up to max_rows live dead letters matching a filter (kept, restorable), audited; call until 0.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_restore
+-- Restores the discarded dead letters matching the filter, max_rows per
+-- call (call until 0): back to DEAD_LETTER, parked (no replay scheduled).
+CREATE OR REPLACE FUNCTION outbox.dlq_restore(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._dlq_act_on(filter, 'restore', reason, max_rows);
+$$;
+COMMENT ON FUNCTION outbox.dlq_restore(jsonb, text, integer) IS
+'Restores up to max_rows discarded dead letters matching a filter to DEAD_LETTER, audited; call until 0.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_action_function
+-- The function an action runs as, by name: its grant is the action's.
+CREATE OR REPLACE FUNCTION outbox._dlq_action_function(action text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT format('outbox.dlq_%s(jsonb, text, integer)', action);
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_prepare
+-- Fixes the set an action will touch (the rows dlq_count counts now) and
+-- returns the action's id and that number. Only a role that may run the
+-- action itself may prepare it (42501 otherwise).
+CREATE OR REPLACE FUNCTION outbox.dlq_prepare(
+    filter jsonb,
+    action text
+)
+RETURNS TABLE (action_id bigint, total bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_id bigint;
+    n bigint;
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
+        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
+            USING ERRCODE = 'OB106';
+    END IF;
+    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(action), 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for function dlq_%', action USING ERRCODE = '42501';
+    END IF;
+    DELETE FROM outbox.dlq_actions AS a WHERE a.created_at < now() - interval '7 days';
+    INSERT INTO outbox.dlq_actions (action, filter) VALUES (dlq_prepare.action, dlq_prepare.filter)
+    RETURNING id INTO new_id;
+    INSERT INTO outbox.dlq_action_targets (action_id, seq, side, id, handler, row_id, created_at)
+    SELECT
+        new_id, row_number() OVER (ORDER BY t.seen_at, t.side, t.id, t.handler),
+        t.side, t.id, t.handler, t.row_id, t.created_at
+    FROM outbox._dlq_targets(filter, action) AS t;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE outbox.dlq_actions AS a SET total = n WHERE a.id = new_id;
+    RETURN QUERY SELECT new_id, n;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_prepare(jsonb, text) IS
+'Fixes the rows a replay/discard/restore would touch now as an action''s targets: (action_id, total). Run it with outbox.dlq_act.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_action
+-- The action `action_id` of this session_user (OB110 otherwise).
+CREATE OR REPLACE FUNCTION outbox._dlq_action(action_id bigint)
+RETURNS outbox.dlq_actions
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    a outbox.dlq_actions;
+BEGIN
+    SELECT x.* INTO a FROM outbox.dlq_actions AS x WHERE x.id = action_id AND x.created_by = session_user;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'ACTION_NOT_FOUND: no action % prepared by %', action_id, session_user
+            USING ERRCODE = 'OB110';
+    END IF;
+    RETURN a;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_act
+-- One batch of a prepared action: takes its next max_rows targets (each
+-- once: taken_at is set in the same transaction) and acts on those still
+-- eligible, through the action's own audited function. Returns the targets
+-- taken (those no longer eligible, e.g. replayed by someone else meanwhile,
+-- are taken and not touched); 0 when none is left or the action was stopped.
+CREATE OR REPLACE FUNCTION outbox.dlq_act(
+    action_id bigint,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    a outbox.dlq_actions;
+    n integer;
+    row_ids bigint[];
+    created timestamptz[];
+    message_ids uuid[];
+    handlers text[];
+    moved integer := 0;
+BEGIN
+    PERFORM outbox._check_text(reason, 'a bulk action''s reason', 1000, TRUE);
+    PERFORM outbox._check_max_rows(max_rows);
+    a := outbox._dlq_action(action_id);
+    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(a.action), 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for function dlq_%', a.action USING ERRCODE = '42501';
+    END IF;
+    IF a.stopped_at IS NOT NULL OR a.finished_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    WITH next AS (
+        SELECT t.action_id, t.seq
+        FROM outbox.dlq_action_targets AS t
+        WHERE t.action_id = a.id AND t.taken_at IS NULL
+        ORDER BY t.seq
+        LIMIT max_rows
+        FOR UPDATE SKIP LOCKED
+    ),
+    taken AS (
+        UPDATE outbox.dlq_action_targets AS t
+        SET taken_at = now()
+        FROM next
+        WHERE t.action_id = next.action_id AND t.seq = next.seq
+        RETURNING t.side, t.id, t.handler, t.row_id, t.created_at
+    )
+    SELECT
+        count(*),
+        coalesce(array_agg(k.row_id) FILTER (WHERE k.side = 'outbox'), '{}'),
+        coalesce(array_agg(k.created_at) FILTER (WHERE k.side = 'outbox'), '{}'),
+        coalesce(array_agg(k.id) FILTER (WHERE k.side = 'inbox'), '{}'),
+        coalesce(array_agg(k.handler) FILTER (WHERE k.side = 'inbox'), '{}')
+    INTO n, row_ids, created, message_ids, handlers
+    FROM taken AS k;
+    IF n > 0 THEN
+        moved := outbox._dlq_apply(a.action, reason, row_ids, created, message_ids, handlers);
+    END IF;
+    UPDATE outbox.dlq_actions AS x
+    SET reason = coalesce(x.reason, dlq_act.reason),
+        started_at = coalesce(x.started_at, now()),
+        taken = x.taken + n,
+        touched = x.touched + moved,
+        finished_at = CASE WHEN n = 0 THEN now() END
+    WHERE x.id = a.id;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_act(bigint, text, integer) IS
+'One batch of an action prepared by outbox.dlq_prepare: its next max_rows targets, each taken once; 0 when done or stopped.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_stop
+-- Stops a running action of this session_user: no batch takes anything after.
+CREATE OR REPLACE FUNCTION outbox.dlq_stop(action_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    a outbox.dlq_actions;
+BEGIN
+    a := outbox._dlq_action(action_id);
+    UPDATE outbox.dlq_actions AS x SET stopped_at = now(), stopped_by = session_user
+    WHERE x.id = a.id AND x.stopped_at IS NULL AND x.finished_at IS NULL;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_stop(bigint) IS
+'Stops an action of outbox.dlq_prepare / dlq_act: later batches take nothing. True when it was running.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_action_progress
+-- Where an action of this session_user stands: its counts, and (replay) how
+-- many of the rows it touched are dead letters again since it took them.
+CREATE OR REPLACE FUNCTION outbox.dlq_action_progress(action_id bigint)
+RETURNS TABLE (
+    action text,
+    total bigint,
+    taken bigint,
+    touched bigint,
+    failed_again bigint,
+    started_at timestamptz,
+    stopped_at timestamptz,
+    finished_at timestamptz
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    a outbox.dlq_actions;
+    again bigint := 0;
+BEGIN
+    a := outbox._dlq_action(action_id);
+    IF a.action = 'replay' THEN
+        SELECT count(*) INTO again
+        FROM outbox.dlq_action_targets AS t
+        WHERE t.action_id = a.id AND t.taken_at IS NOT NULL
+            AND CASE t.side
+                WHEN 'outbox' THEN EXISTS (
+                    SELECT 1 FROM outbox.events AS e
+                    WHERE e.id = t.row_id AND e.created_at = t.created_at
+                        AND e.status = 'DEAD_LETTER' AND e.claimed_at > t.taken_at
+                )
+                ELSE EXISTS (
+                    SELECT 1 FROM inbox.messages AS m
+                    WHERE m.message_id = t.id AND m.handler = t.handler AND m.status = 'DEAD_LETTER'
+                        AND (m.dlq_metadata ->> 'dead_lettered_at')::timestamptz > t.taken_at
+                )
+            END;
+    END IF;
+    RETURN QUERY SELECT a.action, a.total, a.taken, a.touched, again, a.started_at, a.stopped_at, a.finished_at;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_action_progress(bigint) IS
+'An action''s total, taken, touched and (replay) failed-again counts, and when it started, stopped or finished.';
+-- end generated
+
+REVOKE ALL ON FUNCTION
+outbox._dlq_apply(text, text, bigint[], timestamptz[], uuid[], text[]),
+outbox._dlq_act_on(jsonb, text, text, integer),
+outbox._dlq_action_function(text),
+outbox._dlq_action(bigint),
+outbox.dlq_prepare(jsonb, text),
+outbox.dlq_act(bigint, text, integer),
+outbox.dlq_stop(bigint),
+outbox.dlq_action_progress(bigint)
+FROM public;
+GRANT EXECUTE ON FUNCTION
+outbox.dlq_prepare(jsonb, text),
+outbox.dlq_act(bigint, text, integer),
+outbox.dlq_stop(bigint),
+outbox.dlq_action_progress(bigint)
+TO pgoutbox_admin;
+
 INSERT INTO outbox.schema_migrations (version, name)
 VALUES (18, '0018_steady_under_faults')
 ON CONFLICT (version) DO NOTHING;

@@ -164,6 +164,28 @@ ACTIONS = tuple(_ACTIONS)
 
 
 async def act(conn: Conn, action: str, flt: dict[str, Any], reason: str, max_rows: int) -> int:
-    """One batch of `action`: the rows it touched (0: nothing left)."""
+    """One batch of `action` by filter: the rows it touched (0: nothing left)."""
     row = await one(conn, _ACTIONS[action], (_filter(flt), reason, max_rows))
     return int(row["n"]) if row else 0
+
+
+async def prepare(conn: Conn, flt: dict[str, Any], action: str) -> tuple[int, int]:
+    """Fixes the rows `action` would touch now: (the action's id, how many)."""
+    row = await one(conn, "SELECT * FROM outbox.dlq_prepare(%s::jsonb, %s)", (_filter(flt), action))
+    assert row is not None
+    return int(row["action_id"]), int(row["total"])
+
+
+async def act_prepared(conn: Conn, action_id: int, reason: str, max_rows: int) -> int:
+    """One batch of a prepared action: the targets it took (0: none left, or stopped)."""
+    row = await one(conn, "SELECT outbox.dlq_act(%s, %s, %s) AS n", (action_id, reason, max_rows))
+    return int(row["n"]) if row else 0
+
+
+async def stop(conn: Conn, action_id: int) -> bool:
+    row = await one(conn, "SELECT outbox.dlq_stop(%s) AS stopped", (action_id,))
+    return bool(row and row["stopped"])
+
+
+async def progress(conn: Conn, action_id: int) -> Row | None:
+    return await one(conn, "SELECT * FROM outbox.dlq_action_progress(%s)", (action_id,))

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from pgoutbox.console import actions, calls
+from pgoutbox.console import actions, calls, inputs
 from pgoutbox.console.actions import Action
 
 if TYPE_CHECKING:
@@ -95,7 +95,17 @@ def _ids(form: FormData) -> list[str]:
     return ids
 
 
-class BadRequest(Exception):
+def _prepared(value: object) -> int | None:
+    """The dialog's prepared action id (outbox.dlq_actions), checked here: a bad one is a 400."""
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise BadRequest("not an action id")
+    return int(text)
+
+
+class BadRequest(inputs.BadInput):
     """A form the console cannot make sense of (400)."""
 
 
@@ -111,6 +121,7 @@ class Pages:
             Route("/actions/prepare", self.prepare, methods=["POST"]),
             Route("/actions/run", self.run, methods=["POST"]),
             Route("/actions/{action_id}", self.progress, methods=["GET"]),
+            Route("/actions/{action_id}/stop", self.stop, methods=["POST"]),
         ]
 
     # -- pages ------------------------------------------------------------------
@@ -218,12 +229,19 @@ class Pages:
             action, flt, words = self._scope(form)
         except BadRequest as exc:
             return self.c.error(request, 400, "Cannot do that", str(exc))
+        prepared = None
         async with self.c.db(session) as conn:
             me = await calls.who(conn)
-            total = 1 if action in ("pause", "resume") else await calls.count(conn, flt, action)
+            if action in ("pause", "resume"):
+                total = 1
+            else:
+                # The set is fixed now, and counted: Confirm acts on these rows and no others.
+                prepared, total = await calls.prepare(conn, flt, action)
             if flt.get("group") and "ids" not in flt:
                 words = await self._group_words(conn, str(flt["group"])) or words
-        fields = [(k, v) for k, v in form.multi_items() if k not in ("csrf", "back") and isinstance(v, str)]
+        fields = [
+            (k, v) for k, v in form.multi_items() if k not in ("csrf", "back", "prepared") and isinstance(v, str)
+        ]
         return self.c.render(
             "confirm.html",
             me=me,
@@ -234,6 +252,7 @@ class Pages:
             total=total,
             words=words,
             fields=fields,
+            prepared=prepared,
             back=_back(form.get("back")),
         )
 
@@ -266,9 +285,22 @@ class Pages:
 
             title = f"{verb} automated replay of {handler}"
         else:
+            prepared = _prepared(form.get("prepared"))
+            if prepared is not None:
+                running = self.c.actions.of_prepared(prepared, session.user)
+                if running is not None:  # Confirm sent twice: the one action it started
+                    return RedirectResponse(f"/actions/{running.id}", status_code=303)
+                async with self.c.db(session) as conn:
+                    counts = await calls.progress(conn, prepared)  # OB110: not this role's
+                total = int(counts["total"]) if counts else 0
+            else:
+                # A form without a dialog's set (posted directly): the set is fixed now.
+                async with self.c.db(session) as conn:
+                    prepared, total = await calls.prepare(conn, flt, action)
+            fixed = prepared
 
             async def batch(conn: Any, max_rows: int) -> int:
-                return await calls.act(conn, action, flt, reason, max_rows)
+                return await calls.act_prepared(conn, fixed, reason, max_rows)
 
             # The scope as the dialog said it (the group in words), for the progress page only.
             shown = str(form.get("words") or words)[:300]
@@ -287,6 +319,7 @@ class Pages:
                 reason=reason,
                 total=total,
                 back=back,
+                prepared=None if action in ("pause", "resume") else fixed,
             ),
             opener,
             batch,
@@ -298,7 +331,24 @@ class Pages:
         action = self.c.actions.get(request.path_params["action_id"])
         if action is None or action.user != session.user:
             return self.c.error(request, 404, "Not found", "no such action (the console keeps them until it restarts)")
-        return self.c.render("action.html", me={"name": session.user}, csrf=session.csrf, a=action)
+        counts = None
+        if action.prepared is not None:
+            async with self.c.db(session) as conn:
+                counts = await calls.progress(conn, action.prepared)
+        return self.c.render("action.html", me={"name": session.user}, csrf=session.csrf, a=action, counts=counts)
+
+    async def stop(self, request: Request) -> Response:
+        """Stop: no batch takes anything after the one under way (outbox.dlq_stop)."""
+        session = self.c.session_of(request)
+        await self.c.form(request, session)
+        action = self.c.actions.get(request.path_params["action_id"])
+        if action is None or action.user != session.user:
+            return self.c.error(request, 404, "Not found", "no such action (the console keeps them until it restarts)")
+        action.stopping = True
+        if action.prepared is not None:
+            async with self.c.db(session) as conn:
+                await calls.stop(conn, action.prepared)
+        return RedirectResponse(f"/actions/{action.id}", status_code=303)
 
 
 def _filtered(request: Request, flt: dict[str, Any]) -> dict[str, Any]:

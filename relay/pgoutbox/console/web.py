@@ -70,7 +70,6 @@ _BAD_REQUEST = (
     "OB009",  # too long
     "OB014",  # REASON_REQUIRED
     "OB020",  # INVALID_MESSAGE (a handler name)
-    "OB108",  # ACTION_NOT_FOUND
 )
 
 
@@ -210,7 +209,7 @@ class Console:
         message = one_line(exc.diag.message_primary or str(exc))
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return self.error(request, 403, "Not permitted", f"PostgreSQL refused your role: {message} [{code}]")
-        if code == SqlState.DEAD_LETTER_NOT_FOUND:
+        if code in (SqlState.DEAD_LETTER_NOT_FOUND, "OB110"):  # OB110: ACTION_NOT_FOUND
             return self.error(request, 404, "Not found", f"{message} [{code}]")
         if code in _BAD_REQUEST or code.startswith("22"):
             return self.error(request, 400, "Cannot do that", f"{message} [{code}]")
