@@ -35,6 +35,357 @@ $$;
 
 -- ---- the console
 
+-- Dead letters classified once, when recorded: outbox.dlq_entries, kept by
+-- triggers on outbox.events and inbox.messages (no column of theirs
+-- changes: workers of schema 17 write the same rows), filled here with the
+-- dead letters already there; the pages read only it.
+CREATE TABLE IF NOT EXISTS outbox.dlq_entries (
+    side text NOT NULL,
+    owner text NOT NULL,
+    id uuid NOT NULL,
+    handler text NOT NULL,
+    subject text NOT NULL,
+    tenant text,
+    attempts integer NOT NULL,
+    last_error text,
+    error_class text NOT NULL,
+    error_pattern text NOT NULL,
+    group_id text NOT NULL,
+    seen_at timestamptz NOT NULL,
+    discarded boolean NOT NULL,
+    refailed boolean NOT NULL,
+    replays integer NOT NULL,
+    redrive_pending boolean NOT NULL,
+    replayable boolean NOT NULL,
+    row_id bigint,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (side, id, handler),
+    CONSTRAINT side_is_known CHECK (side IN ('outbox', 'inbox'))
+);
+COMMENT ON TABLE outbox.dlq_entries IS
+'Every dead letter (live or discarded) of both sides with its group, kept by triggers on outbox.events and inbox.messages.';
+-- A group's page (newest first, keyset), the groups' newest error, the list.
+CREATE INDEX IF NOT EXISTS dlq_entries_group_idx ON outbox.dlq_entries (group_id, seen_at DESC, side, id, handler);
+CREATE INDEX IF NOT EXISTS dlq_entries_seen_idx ON outbox.dlq_entries (seen_at DESC, side, id, handler);
+CREATE INDEX IF NOT EXISTS dlq_entries_owner_idx ON outbox.dlq_entries (owner, side);
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_enter_event
+-- An outbox event's entry, written or removed as its status says.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter_event(e outbox.events)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    cls text;
+    pattern text;
+    n integer;
+BEGIN
+    IF e.status NOT IN ('DEAD_LETTER', 'DISCARDED') THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'outbox' AND x.id = e.event_id AND x.handler = '';
+        RETURN;
+    END IF;
+    cls := outbox._dlq_error_class(e.last_error);
+    pattern := outbox._dlq_error_pattern(e.last_error);
+    SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
+    INSERT INTO outbox.dlq_entries AS x (
+        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
+        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
+    ) VALUES (
+        'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
+        md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
+        coalesce(e.claimed_at, e.created_at), e.status = 'DISCARDED', n > 0, n, FALSE, e.status = 'DEAD_LETTER',
+        e.id, e.created_at
+    )
+    ON CONFLICT (side, id, handler) DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_enter_message
+-- An inbox message's entry, written or removed as its status says.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter_message(m inbox.messages)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    cls text;
+    pattern text;
+    asked boolean;
+BEGIN
+    IF m.status IS DISTINCT FROM 'DEAD_LETTER' THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'inbox' AND x.id = m.message_id AND x.handler = m.handler;
+        RETURN;
+    END IF;
+    cls := outbox._dlq_error_class(m.last_error);
+    pattern := outbox._dlq_error_pattern(m.last_error);
+    asked := coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE);
+    INSERT INTO outbox.dlq_entries AS x (
+        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
+        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
+    ) VALUES (
+        'inbox', m.handler, m.message_id, m.handler, m.subject, m.envelope ->> 'tenant_id', m.attempts,
+        m.last_error, cls, pattern, md5(concat_ws(E'\n', 'inbox', m.handler, m.subject, cls, pattern)),
+        coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
+        m.dlq_metadata ? 'discarded',
+        coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
+        coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
+        + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
+        asked,
+        NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL AND NOT m.dlq_metadata ? 'in_database'
+        AND NOT asked,
+        NULL, m.received_at
+    )
+    ON CONFLICT (side, id, handler) DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.tg_events__dlq_entry
+CREATE OR REPLACE FUNCTION outbox.tg_events__dlq_entry()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._dlq_enter_event(NEW);
+    RETURN NULL;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.tg_messages__dlq_entry
+CREATE OR REPLACE FUNCTION outbox.tg_messages__dlq_entry()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'inbox' AND x.id = OLD.message_id AND x.handler = OLD.handler;
+    ELSE
+        PERFORM outbox._dlq_enter_message(NEW);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- end generated
+
+-- Only updates that touch a dead letter fire (the WHEN clause runs without
+-- entering PL/pgSQL): claim and mark of live events pay nothing. Outbox
+-- events are never inserted as dead letters, nor deleted (a day leaves by
+-- DROP of its partition: outbox.drop_archived deletes that day's entries).
+CREATE OR REPLACE TRIGGER _600_dlq_entry
+AFTER UPDATE ON outbox.events
+FOR EACH ROW
+WHEN (OLD.status IN ('DEAD_LETTER', 'DISCARDED') OR NEW.status IN ('DEAD_LETTER', 'DISCARDED'))
+EXECUTE FUNCTION outbox.tg_events__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry
+AFTER UPDATE ON inbox.messages
+FOR EACH ROW
+WHEN (OLD.status = 'DEAD_LETTER' OR NEW.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry_insert
+AFTER INSERT ON inbox.messages
+FOR EACH ROW
+WHEN (NEW.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry_delete
+AFTER DELETE ON inbox.messages
+FOR EACH ROW
+WHEN (OLD.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+
+DO $$
+BEGIN
+    PERFORM outbox._dlq_enter_event(e) FROM outbox.events AS e WHERE e.status IN ('DEAD_LETTER', 'DISCARDED');
+    PERFORM outbox._dlq_enter_message(m) FROM inbox.messages AS m WHERE m.status = 'DEAD_LETTER';
+END;
+$$;
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_rows
+-- Every dead letter the filter matches, both sides, with its group and
+-- state, from outbox.dlq_entries. Called by the functions below (already
+-- checked filter); granted to no one. No SET clause: so that the planner
+-- inlines it into its callers (whose search_path is pinned) and uses the
+-- entries' indexes for a group, an owner or a time range.
+CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
+RETURNS TABLE (
+    side text,
+    owner text,
+    id uuid,
+    handler text,
+    subject text,
+    tenant text,
+    attempts integer,
+    last_error text,
+    error_class text,
+    error_pattern text,
+    group_id text,
+    seen_at timestamptz,
+    discarded boolean,
+    refailed boolean,
+    replays integer,
+    redrive_pending boolean,
+    replayable boolean,
+    row_id bigint,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE
+AS $$
+    SELECT
+        x.side, x.owner, x.id, NULLIF(x.handler, ''), x.subject, x.tenant, x.attempts, x.last_error,
+        x.error_class, x.error_pattern, x.group_id, x.seen_at, x.discarded, x.refailed,
+        x.replays, x.redrive_pending, x.replayable, x.row_id, x.created_at
+    FROM outbox.dlq_entries AS x
+    WHERE (filter ->> 'side' IS NULL OR x.side = filter ->> 'side')
+        AND (filter ->> 'owner' IS NULL OR x.owner = filter ->> 'owner')
+        AND (filter ->> 'group' IS NULL OR x.group_id = filter ->> 'group')
+        AND (filter ->> 'subject' IS NULL OR x.subject = filter ->> 'subject')
+        AND (filter ->> 'tenant' IS NULL OR x.tenant = filter ->> 'tenant')
+        AND (filter ->> 'since' IS NULL OR x.seen_at >= (filter ->> 'since')::timestamptz)
+        AND (filter ->> 'until' IS NULL OR x.seen_at < (filter ->> 'until')::timestamptz)
+        AND (filter ->> 'error' IS NULL OR strpos(lower(x.last_error), lower(filter ->> 'error')) > 0)
+        AND (jsonb_typeof(filter -> 'ids') IS DISTINCT FROM 'array'
+            OR x.id = ANY(ARRAY(SELECT (jsonb_array_elements_text(filter -> 'ids'))::uuid)))
+        AND CASE coalesce(filter -> 'discarded', 'false')
+            WHEN 'null' THEN TRUE WHEN 'true' THEN x.discarded ELSE NOT x.discarded END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_groups
+-- Dead letters grouped by cause, newest group first.
+CREATE OR REPLACE FUNCTION outbox.dlq_groups(
+    filter jsonb DEFAULT '{}'::jsonb,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    group_id text,
+    side text,
+    owner text,
+    subject text,
+    error_class text,
+    error_pattern text,
+    sample_error text,
+    dead_letters bigint,
+    discarded bigint,
+    refailed bigint,
+    replayable bigint,
+    first_seen timestamptz,
+    last_seen timestamptz
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    PERFORM outbox._check_max_rows(max_rows);
+    RETURN QUERY
+    SELECT
+        g.group_id, g.side, g.owner, g.subject, g.error_class, g.error_pattern,
+        -- The newest error of the group (dlq_entries_group_idx), for the groups shown only.
+        (SELECT x.last_error FROM outbox.dlq_entries AS x WHERE x.group_id = g.group_id
+            ORDER BY x.seen_at DESC LIMIT 1),
+        g.live, g.gone, g.refailed, g.replayable, g.first_seen, g.last_seen
+    FROM (
+        SELECT
+            r.group_id, min(r.side) AS side, min(r.owner) AS owner, min(r.subject) AS subject,
+            min(r.error_class) AS error_class, min(r.error_pattern) AS error_pattern,
+            count(*) FILTER (WHERE NOT r.discarded) AS live,
+            count(*) FILTER (WHERE r.discarded) AS gone,
+            count(*) FILTER (WHERE r.refailed) AS refailed,
+            count(*) FILTER (WHERE r.replayable) AS replayable,
+            min(r.seen_at) AS first_seen,
+            max(r.seen_at) AS last_seen
+        FROM outbox._dlq_rows(filter) AS r
+        GROUP BY r.group_id
+        ORDER BY max(r.seen_at) DESC, r.group_id
+        LIMIT max_rows
+    ) AS g
+    ORDER BY g.last_seen DESC, g.group_id;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
+'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
+-- end generated
+
+-- generated from sql/95_archival_steps.sql: outbox.drop_archived
+-- Drops an audited partition after re-checking its live figures against
+-- the audit and the seal figures. The partition is sealed, so only a
+-- trigger-bypassing owner could change it between the check and the DROP.
+-- Already dropped: returns 0.
+CREATE OR REPLACE FUNCTION outbox.drop_archived(
+    partition_name text,
+    lock_timeout interval DEFAULT interval '5 seconds'
+)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part_day date := outbox._partition_day(partition_name);
+    standing outbox.archive_audit;
+BEGIN
+    PERFORM outbox._check_lock_timeout(lock_timeout);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', part_day));
+    IF NOT outbox._is_partition(partition_name) THEN
+        IF EXISTS (
+            SELECT 1 FROM outbox.archive_audit AS a
+            WHERE a.source = 'outbox.events' AND a.day = part_day
+                AND a.voided_at IS NULL AND a.removed_at IS NOT NULL
+        ) THEN
+            RETURN 0;
+        END IF;
+        RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', partition_name
+            USING ERRCODE = 'OB050';
+    END IF;
+    standing := outbox._standing_audit('outbox.events', part_day);
+    IF NOT outbox._is_sealed(partition_name) THEN
+        RAISE EXCEPTION 'NOT_SEALED: partition % lost its seal after audit %', partition_name, standing.id
+            USING ERRCODE = 'OB061';
+    END IF;
+    -- The live rows equal the audit (just checked); they must equal the seal too.
+    PERFORM outbox._check_seal(partition_name, standing.row_count, standing.checksum);
+    -- DROP takes ACCESS EXCLUSIVE on outbox.events for the rest of this short
+    -- transaction; lock_timeout keeps emitters from queueing behind us.
+    PERFORM outbox._with_lock_timeout(format('DROP TABLE outbox.%I', partition_name), lock_timeout);
+    -- Its dead letters' entries (sql/67_dead_letters.sql): DROP fires no row trigger.
+    DELETE FROM outbox.dlq_entries AS x
+    WHERE x.side = 'outbox' AND x.created_at >= (part_day::timestamp AT TIME ZONE 'UTC')
+        AND x.created_at < ((part_day + 1)::timestamp AT TIME ZONE 'UTC');
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN standing.row_count;
+END;
+$$;
+COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
+'Drops a sealed, audited day partition whose live count and checksum still match its audit row.';
+-- end generated
+
+REVOKE ALL ON FUNCTION
+outbox._dlq_enter_event(outbox.events),
+outbox._dlq_enter_message(inbox.messages),
+outbox.tg_events__dlq_entry(),
+outbox.tg_messages__dlq_entry()
+FROM public;
+
 -- Bulk actions on a set fixed at confirmation (sql/67_dead_letters.sql):
 -- two new tables of the actions' own bookkeeping; the three actions by
 -- filter now share one writer (_dlq_apply), with the same results.

@@ -291,14 +291,183 @@ BEGIN
 END;
 $$;
 
+-- Every dead letter, classified once: when a row becomes a dead letter (or
+-- changes while it is one: discarded, restored, asked to replay), a trigger
+-- on its table writes its entry here with its group (error class, pattern
+-- and group id computed then, never again at a page view), and deletes it
+-- when the row leaves. The pages read only this table: at 20,000 dead
+-- letters, classifying every row at every call cost 2 to 4 s a page. Holds
+-- what _dlq_rows returns; handler is '' for the outbox (part of the key).
+-- Granted to no one: the SECURITY DEFINER functions below read it.
+CREATE TABLE IF NOT EXISTS outbox.dlq_entries (
+    side text NOT NULL,
+    owner text NOT NULL,
+    id uuid NOT NULL,
+    handler text NOT NULL,
+    subject text NOT NULL,
+    tenant text,
+    attempts integer NOT NULL,
+    last_error text,
+    error_class text NOT NULL,
+    error_pattern text NOT NULL,
+    group_id text NOT NULL,
+    seen_at timestamptz NOT NULL,
+    discarded boolean NOT NULL,
+    refailed boolean NOT NULL,
+    replays integer NOT NULL,
+    redrive_pending boolean NOT NULL,
+    replayable boolean NOT NULL,
+    row_id bigint,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (side, id, handler),
+    CONSTRAINT side_is_known CHECK (side IN ('outbox', 'inbox'))
+);
+COMMENT ON TABLE outbox.dlq_entries IS
+'Every dead letter (live or discarded) of both sides with its group, kept by triggers on outbox.events and inbox.messages.';
+-- A group's page (newest first, keyset), the groups' newest error, the list.
+CREATE INDEX IF NOT EXISTS dlq_entries_group_idx ON outbox.dlq_entries (group_id, seen_at DESC, side, id, handler);
+CREATE INDEX IF NOT EXISTS dlq_entries_seen_idx ON outbox.dlq_entries (seen_at DESC, side, id, handler);
+CREATE INDEX IF NOT EXISTS dlq_entries_owner_idx ON outbox.dlq_entries (owner, side);
+
+-- An outbox event's entry, written or removed as its status says.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter_event(e outbox.events)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    cls text;
+    pattern text;
+    n integer;
+BEGIN
+    IF e.status NOT IN ('DEAD_LETTER', 'DISCARDED') THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'outbox' AND x.id = e.event_id AND x.handler = '';
+        RETURN;
+    END IF;
+    cls := outbox._dlq_error_class(e.last_error);
+    pattern := outbox._dlq_error_pattern(e.last_error);
+    SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
+    INSERT INTO outbox.dlq_entries AS x (
+        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
+        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
+    ) VALUES (
+        'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
+        md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
+        coalesce(e.claimed_at, e.created_at), e.status = 'DISCARDED', n > 0, n, FALSE, e.status = 'DEAD_LETTER',
+        e.id, e.created_at
+    )
+    ON CONFLICT (side, id, handler) DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+END;
+$$;
+
+-- An inbox message's entry, written or removed as its status says.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter_message(m inbox.messages)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    cls text;
+    pattern text;
+    asked boolean;
+BEGIN
+    IF m.status IS DISTINCT FROM 'DEAD_LETTER' THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'inbox' AND x.id = m.message_id AND x.handler = m.handler;
+        RETURN;
+    END IF;
+    cls := outbox._dlq_error_class(m.last_error);
+    pattern := outbox._dlq_error_pattern(m.last_error);
+    asked := coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE);
+    INSERT INTO outbox.dlq_entries AS x (
+        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
+        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
+    ) VALUES (
+        'inbox', m.handler, m.message_id, m.handler, m.subject, m.envelope ->> 'tenant_id', m.attempts,
+        m.last_error, cls, pattern, md5(concat_ws(E'\n', 'inbox', m.handler, m.subject, cls, pattern)),
+        coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
+        m.dlq_metadata ? 'discarded',
+        coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
+        coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
+        + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
+        asked,
+        NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL AND NOT m.dlq_metadata ? 'in_database'
+        AND NOT asked,
+        NULL, m.received_at
+    )
+    ON CONFLICT (side, id, handler) DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.tg_events__dlq_entry()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._dlq_enter_event(NEW);
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.tg_messages__dlq_entry()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'inbox' AND x.id = OLD.message_id AND x.handler = OLD.handler;
+    ELSE
+        PERFORM outbox._dlq_enter_message(NEW);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- Only updates that touch a dead letter fire (the WHEN clause runs without
+-- entering PL/pgSQL): claim and mark of live events pay nothing. Outbox
+-- events are never inserted as dead letters, nor deleted (a day leaves by
+-- DROP of its partition: outbox.drop_archived deletes that day's entries).
+CREATE OR REPLACE TRIGGER _600_dlq_entry
+AFTER UPDATE ON outbox.events
+FOR EACH ROW
+WHEN (OLD.status IN ('DEAD_LETTER', 'DISCARDED') OR NEW.status IN ('DEAD_LETTER', 'DISCARDED'))
+EXECUTE FUNCTION outbox.tg_events__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry
+AFTER UPDATE ON inbox.messages
+FOR EACH ROW
+WHEN (OLD.status = 'DEAD_LETTER' OR NEW.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry_insert
+AFTER INSERT ON inbox.messages
+FOR EACH ROW
+WHEN (NEW.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry_delete
+AFTER DELETE ON inbox.messages
+FOR EACH ROW
+WHEN (OLD.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+
 -- Every dead letter the filter matches, both sides, with its group and
--- state. Called by the functions below (already checked filter); granted
--- to no one. A branch per partial index (events_dead_letter_idx,
--- events_discarded_idx, messages_dead_letter_idx). No SET clause: so that
--- the planner inlines it into its callers (whose search_path is pinned) and
--- computes the error class and pattern only where a caller uses them (an
--- action's batch does not, unless it filters by group): a discard of 6,000
--- rows in batches of 100 took 11 s with every row classified at every call.
+-- state, from outbox.dlq_entries. Called by the functions below (already
+-- checked filter); granted to no one. No SET clause: so that the planner
+-- inlines it into its callers (whose search_path is pinned) and uses the
+-- entries' indexes for a group, an owner or a time range.
 CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
 RETURNS TABLE (
     side text,
@@ -323,86 +492,23 @@ RETURNS TABLE (
 )
 LANGUAGE sql STABLE
 AS $$
-    WITH f AS (
-        SELECT
-            filter ->> 'side' AS side,
-            filter ->> 'owner' AS owner,
-            filter ->> 'subject' AS subject,
-            lower(filter ->> 'error') AS error,
-            filter ->> 'tenant' AS tenant,
-            (filter ->> 'since')::timestamptz AS since,
-            (filter ->> 'until')::timestamptz AS until,
-            filter ->> 'group' AS grp,
-            CASE WHEN jsonb_typeof(filter -> 'ids') = 'array' THEN
-                ARRAY(SELECT (jsonb_array_elements_text(filter -> 'ids'))::uuid)
-            END AS ids,
-            coalesce(filter -> 'discarded', 'false') IN ('false', 'null') AS live,
-            coalesce(filter -> 'discarded', 'false') IN ('true', 'null') AS gone
-    ),
-    dl AS (
-        SELECT
-            'outbox'::text AS side, e.context AS owner, e.event_id AS id, NULL::text AS handler,
-            e.subject, e.tenant_id AS tenant, e.attempts, e.last_error,
-            coalesce(e.claimed_at, e.created_at) AS seen_at,
-            e.status = 'DISCARDED' AS discarded,
-            r.n > 0 AS refailed, r.n::integer AS replays, FALSE AS redrive_pending,
-            e.status = 'DEAD_LETTER' AS replayable, e.id AS row_id, e.created_at
-        FROM f
-        INNER JOIN outbox.events AS e
-            ON (f.live AND e.status = 'DEAD_LETTER') OR (f.gone AND e.status = 'DISCARDED')
-        CROSS JOIN LATERAL (
-            SELECT count(*) AS n FROM outbox.requeue_log AS q
-            WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER'
-        ) AS r
-        WHERE e.status IN ('DEAD_LETTER', 'DISCARDED')
-            AND coalesce(f.side, 'outbox') = 'outbox'
-            AND (f.owner IS NULL OR e.context = f.owner)
-            AND (f.ids IS NULL OR e.event_id = ANY(f.ids))
-        UNION ALL
-        SELECT
-            'inbox', m.handler, m.message_id, m.handler,
-            m.subject, m.envelope ->> 'tenant_id', m.attempts, m.last_error,
-            coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
-            m.dlq_metadata ? 'discarded',
-            coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
-            coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
-            + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
-            coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE),
-            NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL
-            AND NOT m.dlq_metadata ? 'in_database'
-            AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE),
-            NULL::bigint, m.received_at
-        FROM f
-        INNER JOIN inbox.messages AS m ON m.status = 'DEAD_LETTER'
-        WHERE coalesce(f.side, 'inbox') = 'inbox'
-            AND CASE WHEN m.dlq_metadata ? 'discarded' THEN f.gone ELSE f.live END
-            AND (f.owner IS NULL OR m.handler = f.owner)
-            AND (f.ids IS NULL OR m.message_id = ANY(f.ids))
-    ),
-    classed AS (
-        SELECT
-            dl.*,
-            outbox._dlq_error_class(dl.last_error) AS error_class,
-            outbox._dlq_error_pattern(dl.last_error) AS error_pattern
-        FROM dl
-    ),
-    grouped AS (
-        SELECT
-            c.*,
-            md5(concat_ws(E'\n', c.side, c.owner, c.subject, c.error_class, c.error_pattern)) AS group_id
-        FROM classed AS c
-    )
     SELECT
-        g.side, g.owner, g.id, g.handler, g.subject, g.tenant, g.attempts, g.last_error,
-        g.error_class, g.error_pattern, g.group_id, g.seen_at, g.discarded, g.refailed,
-        g.replays, g.redrive_pending, g.replayable, g.row_id, g.created_at
-    FROM grouped AS g, f
-    WHERE (f.subject IS NULL OR g.subject = f.subject)
-        AND (f.error IS NULL OR strpos(lower(g.last_error), f.error) > 0)
-        AND (f.tenant IS NULL OR g.tenant = f.tenant)
-        AND (f.since IS NULL OR g.seen_at >= f.since)
-        AND (f.until IS NULL OR g.seen_at < f.until)
-        AND (f.grp IS NULL OR g.group_id = f.grp);
+        x.side, x.owner, x.id, NULLIF(x.handler, ''), x.subject, x.tenant, x.attempts, x.last_error,
+        x.error_class, x.error_pattern, x.group_id, x.seen_at, x.discarded, x.refailed,
+        x.replays, x.redrive_pending, x.replayable, x.row_id, x.created_at
+    FROM outbox.dlq_entries AS x
+    WHERE (filter ->> 'side' IS NULL OR x.side = filter ->> 'side')
+        AND (filter ->> 'owner' IS NULL OR x.owner = filter ->> 'owner')
+        AND (filter ->> 'group' IS NULL OR x.group_id = filter ->> 'group')
+        AND (filter ->> 'subject' IS NULL OR x.subject = filter ->> 'subject')
+        AND (filter ->> 'tenant' IS NULL OR x.tenant = filter ->> 'tenant')
+        AND (filter ->> 'since' IS NULL OR x.seen_at >= (filter ->> 'since')::timestamptz)
+        AND (filter ->> 'until' IS NULL OR x.seen_at < (filter ->> 'until')::timestamptz)
+        AND (filter ->> 'error' IS NULL OR strpos(lower(x.last_error), lower(filter ->> 'error')) > 0)
+        AND (jsonb_typeof(filter -> 'ids') IS DISTINCT FROM 'array'
+            OR x.id = ANY(ARRAY(SELECT (jsonb_array_elements_text(filter -> 'ids'))::uuid)))
+        AND CASE coalesce(filter -> 'discarded', 'false')
+            WHEN 'null' THEN TRUE WHEN 'true' THEN x.discarded ELSE NOT x.discarded END;
 $$;
 
 -- Dead letters grouped by cause, newest group first.
@@ -434,18 +540,27 @@ BEGIN
     PERFORM outbox._check_max_rows(max_rows);
     RETURN QUERY
     SELECT
-        r.group_id, r.side, r.owner, r.subject, r.error_class, r.error_pattern,
-        (array_agg(r.last_error ORDER BY r.seen_at DESC, r.id))[1],
-        count(*) FILTER (WHERE NOT r.discarded),
-        count(*) FILTER (WHERE r.discarded),
-        count(*) FILTER (WHERE r.refailed),
-        count(*) FILTER (WHERE r.replayable),
-        min(r.seen_at),
-        max(r.seen_at)
-    FROM outbox._dlq_rows(filter) AS r
-    GROUP BY r.group_id, r.side, r.owner, r.subject, r.error_class, r.error_pattern
-    ORDER BY max(r.seen_at) DESC, r.group_id
-    LIMIT max_rows;
+        g.group_id, g.side, g.owner, g.subject, g.error_class, g.error_pattern,
+        -- The newest error of the group (dlq_entries_group_idx), for the groups shown only.
+        (SELECT x.last_error FROM outbox.dlq_entries AS x WHERE x.group_id = g.group_id
+            ORDER BY x.seen_at DESC LIMIT 1),
+        g.live, g.gone, g.refailed, g.replayable, g.first_seen, g.last_seen
+    FROM (
+        SELECT
+            r.group_id, min(r.side) AS side, min(r.owner) AS owner, min(r.subject) AS subject,
+            min(r.error_class) AS error_class, min(r.error_pattern) AS error_pattern,
+            count(*) FILTER (WHERE NOT r.discarded) AS live,
+            count(*) FILTER (WHERE r.discarded) AS gone,
+            count(*) FILTER (WHERE r.refailed) AS refailed,
+            count(*) FILTER (WHERE r.replayable) AS replayable,
+            min(r.seen_at) AS first_seen,
+            max(r.seen_at) AS last_seen
+        FROM outbox._dlq_rows(filter) AS r
+        GROUP BY r.group_id
+        ORDER BY max(r.seen_at) DESC, r.group_id
+        LIMIT max_rows
+    ) AS g
+    ORDER BY g.last_seen DESC, g.group_id;
 END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
