@@ -29,6 +29,24 @@ $$;
 
 -- The dead-letter reads and outbox.drop_archived as 0017 defined them, then
 -- outbox.dlq_entries and its triggers go.
+-- An error text with what differs between occurrences of one cause masked:
+-- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
+-- white space runs become one space; at most 500 characters. Inlined like
+-- _dlq_error_class.
+CREATE OR REPLACE FUNCTION outbox._dlq_error_pattern(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.left(pg_catalog.btrim(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+            coalesce(error, ''),
+            '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
+            '"([^"\\]|\\.)*"', '<q>', 'g'),
+            '''([^'']|'''')*''', '<q>', 'g'),
+        '[0-9]+([.][0-9]+)?', '<n>', 'g'),
+        '\s+', ' ', 'g')), 500);
+$$;
+
 -- Every dead letter the filter matches, both sides, with its group and
 -- state. Called by the functions below (already checked filter); granted
 -- to no one. A branch per partial index (events_dead_letter_idx,
@@ -141,6 +159,33 @@ AS $$
         AND (f.since IS NULL OR g.seen_at >= f.since)
         AND (f.until IS NULL OR g.seen_at < f.until)
         AND (f.grp IS NULL OR g.group_id = f.grp);
+$$;
+
+-- The rows an action may take now: replay the live replayable ones, discard
+-- the live ones, restore the discarded ones; never an event of a sealed
+-- (archived, read-only) partition, which refuses every UPDATE (OB056): one
+-- such row would refuse its whole batch, at every run. They stay listed.
+CREATE OR REPLACE FUNCTION outbox._dlq_targets(filter jsonb, action text)
+RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz, seen_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    WITH sealed AS (
+        SELECT to_date(right(c.relname::text, 8), 'YYYYMMDD') AS day
+        FROM pg_trigger AS t
+        INNER JOIN pg_class AS c ON t.tgrelid = c.oid
+        INNER JOIN pg_inherits AS i ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'outbox.events'::regclass
+            AND t.tgname = '_050_archived_read_only'
+            AND c.relname ~ '^events_p[0-9]{8}$'
+    )
+    SELECT r.side, r.id, r.handler, r.row_id, r.created_at, r.seen_at
+    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
+    WHERE (action <> 'replay' OR r.replayable)
+        AND (
+            r.side = 'inbox'
+            OR NOT EXISTS (SELECT 1 FROM sealed AS s WHERE s.day = (r.created_at AT TIME ZONE 'UTC')::date)
+        );
 $$;
 
 -- Dead letters grouped by cause, newest group first.

@@ -39,6 +39,33 @@ $$;
 -- triggers on outbox.events and inbox.messages (no column of theirs
 -- changes: workers of schema 17 write the same rows), filled here with the
 -- dead letters already there; the pages read only it.
+-- generated from sql/67_dead_letters.sql: outbox._dlq_error_pattern
+-- An error text with what differs between occurrences of one cause masked:
+-- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
+-- white space runs become one space; at most 500 characters. A leading HTTP
+-- status stays as it is (`HTTP 422: ...`): the handler's answer is the
+-- cause, and 422 and 400 are different ones. Inlined like _dlq_error_class.
+CREATE OR REPLACE FUNCTION outbox._dlq_error_pattern(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.left(pg_catalog.btrim(
+        CASE WHEN error OPERATOR(pg_catalog.~) '^HTTP [1-5][0-9][0-9]($|[^0-9])'
+            THEN pg_catalog.substr(error, 1, 8) ELSE '' END
+        OPERATOR(pg_catalog.||)
+        pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+            pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+                CASE WHEN error OPERATOR(pg_catalog.~) '^HTTP [1-5][0-9][0-9]($|[^0-9])'
+                    THEN pg_catalog.substr(error, 9) ELSE coalesce(error, '') END,
+                '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
+                '"([^"\\]|\\.)*"', '<q>', 'g'),
+                '''([^'']|'''')*''', '<q>', 'g'),
+            '[0-9]+([.][0-9]+)?', '<n>', 'g'),
+            '\s+', ' ', 'g')),
+        500);
+$$;
+-- end generated
+
 CREATE TABLE IF NOT EXISTS outbox.dlq_entries (
     side text NOT NULL,
     owner text NOT NULL,
@@ -265,6 +292,41 @@ AS $$
             OR x.id = ANY(ARRAY(SELECT (jsonb_array_elements_text(filter -> 'ids'))::uuid)))
         AND CASE coalesce(filter -> 'discarded', 'false')
             WHEN 'null' THEN TRUE WHEN 'true' THEN x.discarded ELSE NOT x.discarded END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_targets
+-- The rows an action may take now: replay the live replayable ones, discard
+-- the live ones, restore the discarded ones; never an event of a sealed
+-- (archived, read-only) partition, which refuses every UPDATE (OB056): one
+-- such row would refuse its whole batch, at every run. They stay listed.
+-- No SET clause, like _dlq_rows: inlined into its callers, whose plans see
+-- the filter's values and take a group's or an owner's rows by index (with
+-- SET it ran as a query of its own, with the filter unknown to its plan:
+-- every entry scanned, 2 s a dialog at 100,000 dead letters).
+CREATE OR REPLACE FUNCTION outbox._dlq_targets(filter jsonb, action text)
+RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz, seen_at timestamptz)
+LANGUAGE sql STABLE
+AS $$
+    WITH sealed AS (
+        SELECT to_date(right(c.relname::text, 8), 'YYYYMMDD') AS day
+        FROM pg_trigger AS t
+        INNER JOIN pg_class AS c ON t.tgrelid = c.oid
+        INNER JOIN pg_inherits AS i ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'outbox.events'::regclass
+            AND t.tgname = '_050_archived_read_only'
+            AND c.relname ~ '^events_p[0-9]{8}$'
+    )
+    SELECT r.side, r.id, r.handler, r.row_id, r.created_at, r.seen_at
+    -- (jsonb_build_object is STABLE: a constant object keeps the filter foldable.)
+    FROM outbox._dlq_rows(
+        filter || CASE WHEN action = 'restore' THEN '{"discarded": true}'::jsonb ELSE '{"discarded": false}'::jsonb END
+    ) AS r
+    WHERE (action <> 'replay' OR r.replayable)
+        AND (
+            r.side = 'inbox'
+            OR NOT EXISTS (SELECT 1 FROM sealed AS s WHERE s.day = (r.created_at AT TIME ZONE 'UTC')::date)
+        );
 $$;
 -- end generated
 

@@ -28,7 +28,7 @@
 --     pgoutbox_admin acts
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(84);
+SELECT plan(85);
 \ir fixtures/events.sql
 
 -- An inbox dead letter of handler with error err and tenant t1.
@@ -61,8 +61,11 @@ SELECT is(
     outbox.dlq_error_pattern(
         'HTTP 500: order 3747fbbb-90e9-4c23-9463-aeda5a9dc15e failed   after 3 tries: "no \"stock\"" / ''it''''s'' 12.5'
     ),
-    'HTTP <n>: order <uuid> failed after <n> tries: <q> / <q> <n>',
-    'pattern: uuids, quoted values and numbers masked, white space collapsed'
+    'HTTP 500: order <uuid> failed after <n> tries: <q> / <q> <n>',
+    'pattern: uuids, quoted values and numbers masked, white space collapsed; the HTTP status kept'
+);
+SELECT is(
+    outbox.dlq_error_pattern('  KeyError: ''customer_7''  '), 'KeyError: <q>', 'pattern: trimmed, no status to keep'
 );
 
 -- Seeds: billing 3 x 5xx (differing ids and counts), 2 x BAD_PAYLOAD; shipping 1 x 4xx
@@ -90,7 +93,7 @@ SELECT is(
         SELECT error_pattern FROM outbox.dlq_groups('{"owner": "billing"}')
         WHERE error_class = '5xx'
     ),
-    'HTTP <n>: order <uuid> failed after <n> tries', 'groups: the masked pattern'
+    'HTTP 500: order <uuid> failed after <n> tries', 'groups: the masked pattern'
 );
 SELECT ok(
     (SELECT first_seen <= last_seen AND last_seen = now() FROM outbox.dlq_groups('{"side": "outbox"}')),
@@ -108,7 +111,7 @@ SELECT is(
             'billing',
             'sea.event.order_created.v1',
             '5xx',
-            'HTTP <n>: order <uuid> failed after <n> tries'
+            'HTTP 500: order <uuid> failed after <n> tries'
         )
     ),
     'groups: the id is the md5 of the key, stable across calls'

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -22,6 +23,7 @@ from starlette.routing import BaseRoute, Route
 
 from pgoutbox.console import actions, calls, inputs
 from pgoutbox.console.actions import Action
+from pgoutbox.core.errors import SqlState, one_line
 
 if TYPE_CHECKING:
     from pgoutbox.console.web import Console
@@ -95,6 +97,10 @@ def _ids(form: FormData) -> list[str]:
     return ids
 
 
+def _line(exc: psycopg.Error) -> str:
+    return f"{one_line(exc.diag.message_primary or str(exc))} [{exc.sqlstate}]"
+
+
 def _prepared(value: object) -> int | None:
     """The dialog's prepared action id (outbox.dlq_actions), checked here: a bad one is a 400."""
     if value is None or value == "":
@@ -131,7 +137,13 @@ class Pages:
         flt.pop("group", None)
 
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
-            found = await calls.groups(conn, flt, GROUP_ROWS)
+            try:
+                found = await calls.groups(conn, flt, GROUP_ROWS)
+            except psycopg.Error as exc:
+                # A mistyped filter: the page again, with its form as typed and the one line.
+                if exc.sqlstate != SqlState.INVALID_FILTER:
+                    raise
+                return {"groups": [], "problem": _line(exc), "status": 400, **_filtered(request, flt)}
             return {
                 "groups": found,
                 **_filtered(request, flt),
@@ -148,8 +160,14 @@ class Pages:
         after = request.query_params.get("after") or None
 
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
-            summary = await calls.groups(conn, flt, 1)
-            found = await calls.dead_letters(conn, flt, PAGE_ROWS + 1, after)
+            try:
+                summary = await calls.groups(conn, flt, 1)
+                found = await calls.dead_letters(conn, flt, PAGE_ROWS + 1, after)
+            except psycopg.Error as exc:
+                if exc.sqlstate not in (SqlState.INVALID_FILTER, SqlState.INVALID_CURSOR):
+                    raise
+                context = {"group": None, "group_id": group_id, "rows": [], "next": None}
+                return {**context, "problem": _line(exc), "status": 400, **_filtered(request, flt)}
             more = len(found) > PAGE_ROWS
             found = found[:PAGE_ROWS]
             return {
@@ -157,6 +175,7 @@ class Pages:
                 "group_id": group_id,
                 "rows": found,
                 "next": found[-1]["cursor"] if more and found else None,
+                "after": after,
                 **_filtered(request, flt),
             }
 
@@ -176,6 +195,11 @@ class Pages:
 
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
             detail = await calls.show(conn, side, id, handler)
+            envelope = detail.get("envelope") or {}
+            if not detail.get("headers") and isinstance(envelope, dict) and envelope.get("trace"):
+                # An inbox message keeps the headers it was received with (the
+                # trace context) under envelope.trace.
+                detail["headers"] = envelope["trace"]
             if self.c.cfg.payloads == "never":
                 detail["payload"] = None
                 detail["payload_visible"] = False
@@ -192,12 +216,16 @@ class Pages:
             raise BadRequest(f"unknown action {action[:30]!r}")
         if action in ("pause", "resume"):
             handler = str(form.get("handler") or "")
-            if not handler:
-                raise BadRequest("a handler is required")
+            if not _NAME.match(handler):
+                raise BadRequest("a handler name is required ([A-Za-z0-9_.-], 1-128 characters)")
             return action, {}, f"handler {handler}"
         flt = filter_of(form)
         ids = _ids(form)
         scope = str(form.get("scope") or "filter")
+        if scope not in ("selection", "group", "filter"):
+            raise BadRequest("scope must be selection, group or filter")
+        if scope == "selection" and form.get("all_matching") == "1" and flt.get("group"):
+            scope = "group"  # "select all N matching": every row of the group, not this page's
         if scope == "selection":
             if not ids:
                 raise BadRequest("select at least one dead letter first")
@@ -234,6 +262,11 @@ class Pages:
             me = await calls.who(conn)
             if action in ("pause", "resume"):
                 total = 1
+                known = {row["handler"] for row in await calls.inbox_backlog(conn)}
+                if str(form.get("handler")) not in known:
+                    return self.c.error(
+                        request, 404, "Not found", f"no handler named {str(form.get('handler'))!r} has inbox messages"
+                    )
             else:
                 # The set is fixed now, and counted: Confirm acts on these rows and no others.
                 prepared, total = await calls.prepare(conn, flt, action)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -91,7 +92,31 @@ def _age(value: Any) -> str:
 
 
 def _when(value: Any) -> str:
-    return "–" if value is None else value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+    """A time as every page shows it: UTC, to the second (a datetime, or ISO text from a JSON document)."""
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if not isinstance(value, datetime):
+        return str(value)
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _json(value: Any) -> str:
+    """JSON as written, for a <pre>: indented, characters as they are (the template escapes them)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def _pairs(value: Any) -> str:
+    """A small JSON object on one line: `key: value; ...` (a history entry's detail)."""
+    if not isinstance(value, dict):
+        return "" if value is None else str(value)
+    return "; ".join(f"{k}: {v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}" for k, v in value.items())
 
 
 class Guard:
@@ -130,6 +155,9 @@ class Console:
         )
         self.env.filters["age"] = _age
         self.env.filters["when"] = _when
+        self.env.filters["json"] = _json
+        self.env.filters["pairs"] = _pairs
+        self.env.globals["sample_interval"] = _age(cfg.sample_interval)
         self._sampler: asyncio.Task[None] | None = None
 
     # -- plumbing ---------------------------------------------------------
@@ -191,7 +219,8 @@ class Console:
         async with self.db(session) as conn:
             me = await calls.who(conn)
             context = await build(conn, me)
-        return self.render(template, me=me, csrf=session.csrf, **context)
+        status = int(context.pop("status", 200))
+        return self.render(template, status=status, me=me, csrf=session.csrf, **context)
 
     # -- errors -------------------------------------------------------------
 
