@@ -16,7 +16,7 @@ Then, as a pgoutbox_admin login:
   3. a bulk replay of one handler's 10,000 dead letters by the console, on
      its defaults and with OUTBOX_CONSOLE_ACTION_PAUSE=0, timed from the
      Confirm POST to the action's end, against a bare loop of the same SQL
-     call (`dlq_act` until 0) on one connection.
+     call (`dlq_act` with the default batch, until 0) on one connection.
 
 Usage: .venv/bin/python bench/console_bench.py [--per-group 2000]
 """
@@ -50,7 +50,7 @@ CAUSES = [
     "HTTP 422: order {n} has no tax region",
     "HTTP 503: upstream 'billing-{n}' unavailable",
     "TimeoutError: no answer within {n} ms",
-    "BAD_PAYLOAD: field \"amount\" is {n}, expected a string",
+    'BAD_PAYLOAD: field "amount" is {n}, expected a string',
     "KeyError: 'customer_{n}'",
 ]
 SUBJECT = "sea.event.order_created.v1"
@@ -180,13 +180,13 @@ async def http_figures(url: str) -> dict[str, float]:
     return out
 
 
-def reference(url: str, handler: str) -> tuple[int, float]:
+def reference(url: str, handler: str, batch: int) -> tuple[int, float]:
     with psycopg.connect(url, autocommit=True) as c:
         action = c.execute(
             "SELECT action_id FROM outbox.dlq_prepare(%s::jsonb, 'replay')", (json.dumps({"owner": handler}),)
         ).fetchone()[0]
         done, start = 0, time.perf_counter()
-        while n := c.execute("SELECT outbox.dlq_act(%s, 'bench', 100)", (action,)).fetchone()[0]:
+        while n := c.execute("SELECT outbox.dlq_act(%s, 'bench', %s)", (action, batch)).fetchone()[0]:
             done += n
     return done, time.perf_counter() - start
 
@@ -234,8 +234,10 @@ def main() -> None:
         for what, ms in asyncio.run(http_figures(base)).items():
             print(f"  {what:<52s} {ms:8.1f} ms")
         print(f"bulk replay of one handler's {args.per_group * len(CAUSES)} dead letters:")
-        done, seconds = reference(admin, HANDLERS[2])
-        print(f"  reference: bare dlq_act loop, 100/call          {done:6d} in {seconds:6.2f} s = {done / seconds:6.0f} /s")
+        batch = settings.build(ConsoleConfig, environ={}, overrides={}).action_batch  # the default
+        done, seconds = reference(admin, HANDLERS[2], batch)
+        rate = done / seconds
+        print(f"  reference: bare dlq_act loop, {batch}/call          {done:6d} in {seconds:6.2f} s = {rate:6.0f} /s")
         for handler, pause, label in ((HANDLERS[3], {"action_pause": "0s"}, "pause 0"), (HANDLERS[4], {}, "defaults")):
             done, seconds, batches = asyncio.run(bulk(base, handler, **pause))
             print(

@@ -117,8 +117,31 @@ _FORM_KEYS = (*_QUERY_KEYS, "action", "scope", "ids", "reason", "total", "words"
 _POSTS = ("/actions/prepare", "/actions/run", "/actions/stop")
 
 texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=80) | st.sampled_from(
-    ("", "\0", "inbox", "outbox", "replay", "discard", "restore", "pause", "filter", "group", "selection", "0" * 32,
-     "2026-01-01T00:00", "-1", "99999999999999999999", "'", '"', "%", "/\\x", "all", "discarded", "{}", "[]")
+    (
+        "",
+        "\0",
+        "inbox",
+        "outbox",
+        "replay",
+        "discard",
+        "restore",
+        "pause",
+        "filter",
+        "group",
+        "selection",
+        "0" * 32,
+        "2026-01-01T00:00",
+        "-1",
+        "99999999999999999999",
+        "'",
+        '"',
+        "%",
+        "/\\x",
+        "all",
+        "discarded",
+        "{}",
+        "[]",
+    )
 )
 requests = st.one_of(
     st.tuples(

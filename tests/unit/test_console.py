@@ -293,4 +293,7 @@ def test_times_show_as_utc_to_the_second_from_datetimes_and_json_text():
     assert _when(datetime(2026, 11, 28, 12, 0, 1, 500, tzinfo=east)) == "2026-11-28 10:00:01 UTC"
     assert _when("2026-11-28T12:00:01.123+02:00") == "2026-11-28 10:00:01 UTC"
     assert _when(None) == "–" and _when("not a time") == "not a time"
-    assert _pairs({"last_error": "HTTP 422: <no>", "attempts_before": 3}) == "last_error: HTTP 422: <no>; attempts_before: 3"
+    assert (
+        _pairs({"last_error": "HTTP 422: <no>", "attempts_before": 3})
+        == "last_error: HTTP 422: <no>; attempts_before: 3"
+    )

@@ -272,9 +272,7 @@ class Pages:
                 prepared, total = await calls.prepare(conn, flt, action)
             if flt.get("group") and "ids" not in flt:
                 words = await self._group_words(conn, str(flt["group"])) or words
-        fields = [
-            (k, v) for k, v in form.multi_items() if k not in ("csrf", "back", "prepared") and isinstance(v, str)
-        ]
+        fields = [(k, v) for k, v in form.multi_items() if k not in ("csrf", "back", "prepared") and isinstance(v, str)]
         return self.c.render(
             "confirm.html",
             me=me,

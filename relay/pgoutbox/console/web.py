@@ -95,16 +95,19 @@ def _when(value: Any) -> str:
     """A time as every page shows it: UTC, to the second (a datetime, or ISO text from a JSON document)."""
     if value is None or value == "":
         return "–"
+    moment: datetime
     if isinstance(value, str):
         try:
-            value = datetime.fromisoformat(value)
+            moment = datetime.fromisoformat(value)
         except ValueError:
             return value
-    if not isinstance(value, datetime):
+    elif isinstance(value, datetime):
+        moment = value
+    else:
         return str(value)
-    if value.tzinfo is not None:
-        value = value.astimezone(UTC)
-    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _json(value: Any) -> str:
@@ -224,7 +227,6 @@ class Console:
 
     # -- errors -------------------------------------------------------------
 
-
     def error(self, request: Request, status: int, title: str, message: str) -> Response:
         session = self.sessions.get(request.cookies.get(COOKIE))
         me = {"name": session.user} if session else None
@@ -310,9 +312,7 @@ class Console:
             response.headers["Retry-After"] = str(int(wait) + 1)
             return response
         if not user or not password:
-            return await self.login_page(
-                request, message="User and Password are both required.", status=400, user=user
-            )
+            return await self.login_page(request, message="User and Password are both required.", status=400, user=user)
         try:
             # Connecting is the check: PostgreSQL took the password. What the
             # role may then see is for each page to ask.
