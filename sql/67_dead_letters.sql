@@ -1232,7 +1232,8 @@ COMMENT ON FUNCTION outbox.dlq_stop(bigint) IS
 'Stops an action of outbox.dlq_prepare / dlq_act: later batches take nothing. True when it was running.';
 
 -- Where an action of this session_user stands: its counts, and (replay) how
--- many of the rows it touched are dead letters again since it took them.
+-- many of the rows it took are dead letters again since (dead-lettered after
+-- the batch that took them).
 CREATE OR REPLACE FUNCTION outbox.dlq_action_progress(action_id bigint)
 RETURNS TABLE (
     action text,
