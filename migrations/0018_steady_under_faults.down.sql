@@ -459,6 +459,7 @@ DROP FUNCTION IF EXISTS outbox._dlq_apply(text, text, bigint[], timestamptz[], u
 DROP TABLE IF EXISTS outbox.dlq_action_targets;
 DROP TABLE IF EXISTS outbox.dlq_actions;
 
-DELETE FROM outbox.schema_migrations WHERE version = 18;
+DELETE FROM outbox.schema_migrations
+WHERE version = 18;
 
 COMMIT;

@@ -90,7 +90,7 @@ CREATE TABLE IF NOT EXISTS outbox.dlq_entries (
     CONSTRAINT side_is_known CHECK (side IN ('outbox', 'inbox'))
 );
 COMMENT ON TABLE outbox.dlq_entries IS
-'Every dead letter (live or discarded) of both sides with its group, kept by triggers on outbox.events and inbox.messages.';
+'Every dead letter of both sides with its group; kept by triggers on outbox.events and inbox.messages.';
 -- A group's page (newest first, keyset), the groups' newest error, the list.
 CREATE INDEX IF NOT EXISTS dlq_entries_group_idx ON outbox.dlq_entries (group_id, seen_at DESC, side, id, handler);
 CREATE INDEX IF NOT EXISTS dlq_entries_seen_idx ON outbox.dlq_entries (seen_at DESC, side, id, handler);
@@ -220,22 +220,22 @@ $$;
 CREATE OR REPLACE TRIGGER _600_dlq_entry
 AFTER UPDATE ON outbox.events
 FOR EACH ROW
-WHEN (OLD.status IN ('DEAD_LETTER', 'DISCARDED') OR NEW.status IN ('DEAD_LETTER', 'DISCARDED'))
+WHEN (old.status IN ('DEAD_LETTER', 'DISCARDED') OR new.status IN ('DEAD_LETTER', 'DISCARDED'))
 EXECUTE FUNCTION outbox.tg_events__dlq_entry();
 CREATE OR REPLACE TRIGGER _600_dlq_entry
 AFTER UPDATE ON inbox.messages
 FOR EACH ROW
-WHEN (OLD.status = 'DEAD_LETTER' OR NEW.status = 'DEAD_LETTER')
+WHEN (old.status = 'DEAD_LETTER' OR new.status = 'DEAD_LETTER')
 EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
 CREATE OR REPLACE TRIGGER _600_dlq_entry_insert
 AFTER INSERT ON inbox.messages
 FOR EACH ROW
-WHEN (NEW.status = 'DEAD_LETTER')
+WHEN (new.status = 'DEAD_LETTER')
 EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
 CREATE OR REPLACE TRIGGER _600_dlq_entry_delete
 AFTER DELETE ON inbox.messages
 FOR EACH ROW
-WHEN (OLD.status = 'DEAD_LETTER')
+WHEN (old.status = 'DEAD_LETTER')
 EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
 
 DO $$
@@ -726,7 +726,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_prepare(jsonb, text) IS
-'Fixes the rows a replay/discard/restore would touch now as an action''s targets: (action_id, total). Run it with outbox.dlq_act.';
+'Fixes the rows a replay/discard/restore would touch now as an action''s targets: (action_id, total).';
 -- end generated
 
 -- generated from sql/67_dead_letters.sql: outbox._dlq_action
@@ -820,7 +820,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.dlq_act(bigint, text, integer) IS
-'One batch of an action prepared by outbox.dlq_prepare: its next max_rows targets, each taken once; 0 when done or stopped.';
+'One batch of a prepared action: its next max_rows targets, each taken once; 0 when done or stopped.';
 -- end generated
 
 -- generated from sql/67_dead_letters.sql: outbox.dlq_stop

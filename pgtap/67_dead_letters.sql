@@ -421,7 +421,10 @@ RESET SESSION AUTHORIZATION;
 SELECT fixture.dead('prepared', 'HTTP 503: busy') FROM generate_series(1, 3);
 CREATE ROLE t_other IN ROLE pgoutbox_admin;
 SET LOCAL SESSION AUTHORIZATION t_admin;
-SELECT action_id AS act1, total AS act1_total FROM outbox.dlq_prepare('{"owner": "prepared"}', 'replay') \gset
+SELECT
+    action_id AS act1,
+    total AS act1_total
+FROM outbox.dlq_prepare('{"owner": "prepared"}', 'replay') \gset
 SELECT is(:act1_total::bigint, 3::bigint, 'prepare: the set is fixed and counted');
 RESET SESSION AUTHORIZATION;
 SELECT fixture.dead('prepared', 'HTTP 503: busy') AS late_id \gset
@@ -443,7 +446,10 @@ SELECT is(
     '3|3|3|2', 'progress: confirmed, taken, moved, failed again'
 );
 SELECT is(
-    (SELECT count(*) FROM inbox.redrive_log WHERE reason = 'fixed set' AND message_id = :'late_id'),
+    (
+        SELECT count(*) FROM inbox.redrive_log
+        WHERE reason = 'fixed set' AND message_id = :'late_id'
+    ),
     0::bigint, 'act: a row that matched only later is left alone'
 );
 SELECT action_id AS act2 FROM outbox.dlq_prepare('{"owner": "prepared"}', 'replay') \gset

@@ -224,7 +224,9 @@ async def test_an_empty_password_is_refused_before_postgresql_is_asked(console_d
 
 async def test_what_operators_noticed_in_issue_32(console_db):
     su, url = console_db
-    ids = seed_dead_letters(worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 60, "HTTP 422: no")
+    ids = seed_dead_letters(
+        worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 60, "HTTP 422: no"
+    )
     async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
         await _admin_client(client, su)
         groups = await client.get("/dead-letters")
