@@ -6,6 +6,7 @@ arbitrary text at every route and form, as a viewer and as an admin)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import re
 import urllib.parse
 
@@ -116,55 +117,103 @@ _QUERY_KEYS = ("side", "owner", "subject", "error", "tenant", "since", "until", 
 _FORM_KEYS = (*_QUERY_KEYS, "action", "scope", "ids", "reason", "total", "words", "back", "action_id")
 _POSTS = ("/actions/prepare", "/actions/run", "/actions/stop")
 
-texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=80) | st.sampled_from(
-    (
-        "",
-        "\0",
-        "inbox",
-        "outbox",
-        "replay",
-        "discard",
-        "restore",
-        "pause",
-        "filter",
-        "group",
-        "selection",
-        "0" * 32,
-        "2026-01-01T00:00",
-        "-1",
-        "99999999999999999999",
-        "'",
-        '"',
-        "%",
-        "/\\x",
-        "all",
-        "discarded",
-        "{}",
-        "[]",
+# Arbitrary text; values the console branches on; and text with a control
+# character inside (what libpq and PostgreSQL's JSON refuse), each a third.
+controlled = st.builds(
+    lambda a, c, b: a + c + b,
+    st.text(max_size=8),
+    st.sampled_from(("\0", "\x01", "\n", "\x1f", "\x7f", "\x85", "\u2028")),
+    st.text(max_size=8),
+)
+texts = (
+    controlled
+    | st.text(alphabet=st.characters(codec="utf-8"), max_size=80)
+    | st.sampled_from(
+        (
+            "",
+            "\0",
+            "inbox",
+            "outbox",
+            "replay",
+            "discard",
+            "restore",
+            "pause",
+            "filter",
+            "group",
+            "selection",
+            "0" * 32,
+            "2026-01-01T00:00",
+            "-1",
+            "99999999999999999999",
+            "'",
+            '"',
+            "%",
+            "/\\x",
+            "all",
+            "discarded",
+            "{}",
+            "[]",
+        )
     )
 )
+# Mostly well-formed where the console branches (action, scope, side), so that
+# arbitrary values reach the deeper code (SQL calls), not only the first check.
+choices = {
+    "action": st.sampled_from(("replay", "discard", "restore", "pause", "resume")) | texts,
+    "scope": st.sampled_from(("filter", "group", "selection")) | texts,
+    "side": st.sampled_from(("inbox", "outbox")) | texts,
+    "shown": st.sampled_from(("live", "discarded", "all")) | texts,
+}
 requests = st.one_of(
     st.tuples(
         st.just("GET"),
         st.sampled_from(_GETS),
-        st.fixed_dictionaries({}, optional={k: texts for k in _QUERY_KEYS}),
-        st.fixed_dictionaries({"g": texts, "side": texts, "id": texts}),
+        st.fixed_dictionaries({}, optional={k: choices.get(k, texts) for k in _QUERY_KEYS}),
+        st.fixed_dictionaries({"g": texts, "side": choices["side"], "id": texts}),
     ),
     st.tuples(
         st.just("POST"),
         st.sampled_from(_POSTS),
-        st.fixed_dictionaries({}, optional={k: texts for k in _FORM_KEYS}),
+        st.fixed_dictionaries(
+            {"action": choices["action"], "reason": texts},
+            optional={k: choices.get(k, texts) for k in _FORM_KEYS if k not in ("action", "reason")},
+        ),
         st.just({}),
     ),
 )
 
 
-def _fuzz(base: str, cookies: httpx.Cookies, csrf: str, checked: list[str]) -> None:
+def _one_field(known: dict[str, str]) -> st.SearchStrategy:
+    """A well-formed request of a route with one field (or path segment) replaced
+    by arbitrary text: every field is reached with every kind of value."""
+    valid_form = {"action": "replay", "scope": "filter", "side": "inbox", "owner": "billing", "reason": "fuzz"}
+    bases = [
+        ("GET", "/dead-letters", {"side": "inbox", "owner": "billing"}, {}),
+        ("GET", "/dead-letters/groups/{g}", {"shown": "all"}, {"g": known["group"]}),
+        ("GET", "/dead-letters/{side}/{id}", {"handler": "billing"}, {"side": "inbox", "id": known["id"]}),
+        ("POST", "/actions/prepare", valid_form, {}),
+        ("POST", "/actions/run", valid_form, {}),
+    ]
+
+    def replaced(base: tuple, key: str, value: str) -> tuple:
+        method, path, fields, segments = base
+        if key in segments:
+            return method, path, fields, {**segments, key: value}
+        return method, path, {**fields, key: value}, segments
+
+    def keys(base: tuple) -> st.SearchStrategy:
+        method, _, fields, segments = base
+        return st.sampled_from(sorted({*(_QUERY_KEYS if method == "GET" else _FORM_KEYS), *fields, *segments}))
+
+    return st.sampled_from(bases).flatmap(lambda b: st.builds(replaced, st.just(b), keys(b), texts))
+
+
+def _fuzz(base: str, cookies: httpx.Cookies, csrf: str, known: dict[str, str], checked: list[int]) -> None:
     """Runs in a thread (the console serves in the test's event loop)."""
     with httpx.Client(base_url=base, cookies=cookies, timeout=30) as client:
 
-        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-        @given(requests)
+        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(requests | _one_field(known))
         def route(request: tuple[str, str, dict[str, str], dict[str, str]]) -> None:
             method, path, fields, segments = request
             path = path.format(**{k: urllib.parse.quote(v, safe="") or "x" for k, v in segments.items()})
@@ -174,7 +223,7 @@ def _fuzz(base: str, cookies: httpx.Cookies, csrf: str, checked: list[str]) -> N
                 answer = client.post(path, data={"csrf": csrf, **fields})
             assert answer.status_code < 500, (method, path, fields, answer.status_code, answer.text[-400:])
             assert "Traceback" not in answer.text
-            checked.append(path)
+            checked.append(answer.status_code)
 
         route()
 
@@ -182,13 +231,20 @@ def _fuzz(base: str, cookies: httpx.Cookies, csrf: str, checked: list[str]) -> N
 @pytest.mark.parametrize("group", ["pgoutbox_viewer", "pgoutbox_admin"])
 async def test_no_input_to_any_route_or_form_gives_a_5xx(console_db, group):
     su, url = console_db
-    seed_dead_letters(worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 3, "HTTP 422: no")
+    ids = seed_dead_letters(
+        worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 3, "HTTP 422: no"
+    )
     user, password = person(su, group)
     async with serving(url, action_pause="0s") as (base, _), httpx.AsyncClient(base_url=base) as client:
         assert (await _login(client, user, password)).status_code == 303
         csrf = _csrf((await client.get("/")).text)
-        checked: list[str] = []
-        await asyncio.to_thread(_fuzz, base, client.cookies, csrf, checked)
-        print(f"{group}: {len(checked)} requests checked, none answered 5xx")
-        assert len(checked) >= 150
+        groups = await client.get("/dead-letters")
+        known = {"group": re.search(r'data-group="([0-9a-f]{32})"', groups.text).group(1), "id": ids[0]}
+        checked: list[int] = []
+        await asyncio.to_thread(_fuzz, base, client.cookies, csrf, known, checked)
+        answers = collections.Counter(checked)
+        print(f"{group}: {len(checked)} requests checked, none answered 5xx: {dict(sorted(answers.items()))}")
+        assert len(checked) >= 300
+        # Not a run of redirects to the login page: the pages and forms answered as the role.
+        assert answers[200] > 0 and answers[400] > 0
         assert await _logged_in(client)  # the session survived it all
