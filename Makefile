@@ -111,8 +111,8 @@ docs/screenshots: setup ## Renew docs/images/console-*.png from the console's br
 bench/dlq: setup ## Dead-letter groups, lists and batched discard/restore vs plain SQL (not a test)
 	@$(PY) bench/dlq_bench.py
 
-bench/console: setup ## The console's throttled bulk replay vs a bare loop of the same SQL call (DEAD_LETTERS=n)
-	@$(PY) bench/console_bench.py $(if $(DEAD_LETTERS),--dead-letters $(DEAD_LETTERS))
+bench/console: setup ## The console at 100,000 dead letters: each page's SQL, the pages, a bulk replay (PER_GROUP=n)
+	@$(PY) bench/console_bench.py $(if $(PER_GROUP),--per-group $(PER_GROUP))
 
 bench/archive: setup ## Archival throughput on a 1,000,000-row partition vs a bare JDBC read (Spark)
 	@$(PY) bench/archive_bench.py

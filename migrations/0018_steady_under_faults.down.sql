@@ -1,6 +1,7 @@
 -- 0018_steady_under_faults (down): back to version 17.
 --
--- What it cannot undo: nothing is lost.
+-- What it cannot undo: the console's bulk actions of 0018 (outbox.dlq_actions and
+-- their targets: bookkeeping, not events or messages) are dropped; nothing else is lost.
 
 BEGIN;
 
@@ -218,6 +219,438 @@ END;
 $$;
 
 -- ---- the console
+
+-- The dead-letter reads and outbox.drop_archived as 0017 defined them, then
+-- outbox.dlq_entries and its triggers go.
+-- An error text with what differs between occurrences of one cause masked:
+-- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
+-- white space runs become one space; at most 500 characters. Inlined like
+-- _dlq_error_class.
+CREATE OR REPLACE FUNCTION outbox._dlq_error_pattern(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.left(pg_catalog.btrim(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+        pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+            coalesce(error, ''),
+            '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
+            '"([^"\\]|\\.)*"', '<q>', 'g'),
+            '''([^'']|'''')*''', '<q>', 'g'),
+        '[0-9]+([.][0-9]+)?', '<n>', 'g'),
+        '\s+', ' ', 'g')), 500);
+$$;
+
+-- Every dead letter the filter matches, both sides, with its group and
+-- state. Called by the functions below (already checked filter); granted
+-- to no one. A branch per partial index (events_dead_letter_idx,
+-- events_discarded_idx, messages_dead_letter_idx). No SET clause: so that
+-- the planner inlines it into its callers (whose search_path is pinned) and
+-- computes the error class and pattern only where a caller uses them (an
+-- action's batch does not, unless it filters by group): a discard of 6,000
+-- rows in batches of 100 took 11 s with every row classified at every call.
+CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
+RETURNS TABLE (
+    side text,
+    owner text,
+    id uuid,
+    handler text,
+    subject text,
+    tenant text,
+    attempts integer,
+    last_error text,
+    error_class text,
+    error_pattern text,
+    group_id text,
+    seen_at timestamptz,
+    discarded boolean,
+    refailed boolean,
+    replays integer,
+    redrive_pending boolean,
+    replayable boolean,
+    row_id bigint,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE
+AS $$
+    WITH f AS (
+        SELECT
+            filter ->> 'side' AS side,
+            filter ->> 'owner' AS owner,
+            filter ->> 'subject' AS subject,
+            lower(filter ->> 'error') AS error,
+            filter ->> 'tenant' AS tenant,
+            (filter ->> 'since')::timestamptz AS since,
+            (filter ->> 'until')::timestamptz AS until,
+            filter ->> 'group' AS grp,
+            CASE WHEN jsonb_typeof(filter -> 'ids') = 'array' THEN
+                ARRAY(SELECT (jsonb_array_elements_text(filter -> 'ids'))::uuid)
+            END AS ids,
+            coalesce(filter -> 'discarded', 'false') IN ('false', 'null') AS live,
+            coalesce(filter -> 'discarded', 'false') IN ('true', 'null') AS gone
+    ),
+    dl AS (
+        SELECT
+            'outbox'::text AS side, e.context AS owner, e.event_id AS id, NULL::text AS handler,
+            e.subject, e.tenant_id AS tenant, e.attempts, e.last_error,
+            coalesce(e.claimed_at, e.created_at) AS seen_at,
+            e.status = 'DISCARDED' AS discarded,
+            r.n > 0 AS refailed, r.n::integer AS replays, FALSE AS redrive_pending,
+            e.status = 'DEAD_LETTER' AS replayable, e.id AS row_id, e.created_at
+        FROM f
+        INNER JOIN outbox.events AS e
+            ON (f.live AND e.status = 'DEAD_LETTER') OR (f.gone AND e.status = 'DISCARDED')
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM outbox.requeue_log AS q
+            WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER'
+        ) AS r
+        WHERE e.status IN ('DEAD_LETTER', 'DISCARDED')
+            AND coalesce(f.side, 'outbox') = 'outbox'
+            AND (f.owner IS NULL OR e.context = f.owner)
+            AND (f.ids IS NULL OR e.event_id = ANY(f.ids))
+        UNION ALL
+        SELECT
+            'inbox', m.handler, m.message_id, m.handler,
+            m.subject, m.envelope ->> 'tenant_id', m.attempts, m.last_error,
+            coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
+            m.dlq_metadata ? 'discarded',
+            coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
+            coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
+            + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
+            coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE),
+            NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL
+            AND NOT m.dlq_metadata ? 'in_database'
+            AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE),
+            NULL::bigint, m.received_at
+        FROM f
+        INNER JOIN inbox.messages AS m ON m.status = 'DEAD_LETTER'
+        WHERE coalesce(f.side, 'inbox') = 'inbox'
+            AND CASE WHEN m.dlq_metadata ? 'discarded' THEN f.gone ELSE f.live END
+            AND (f.owner IS NULL OR m.handler = f.owner)
+            AND (f.ids IS NULL OR m.message_id = ANY(f.ids))
+    ),
+    classed AS (
+        SELECT
+            dl.*,
+            outbox._dlq_error_class(dl.last_error) AS error_class,
+            outbox._dlq_error_pattern(dl.last_error) AS error_pattern
+        FROM dl
+    ),
+    grouped AS (
+        SELECT
+            c.*,
+            md5(concat_ws(E'\n', c.side, c.owner, c.subject, c.error_class, c.error_pattern)) AS group_id
+        FROM classed AS c
+    )
+    SELECT
+        g.side, g.owner, g.id, g.handler, g.subject, g.tenant, g.attempts, g.last_error,
+        g.error_class, g.error_pattern, g.group_id, g.seen_at, g.discarded, g.refailed,
+        g.replays, g.redrive_pending, g.replayable, g.row_id, g.created_at
+    FROM grouped AS g, f
+    WHERE (f.subject IS NULL OR g.subject = f.subject)
+        AND (f.error IS NULL OR strpos(lower(g.last_error), f.error) > 0)
+        AND (f.tenant IS NULL OR g.tenant = f.tenant)
+        AND (f.since IS NULL OR g.seen_at >= f.since)
+        AND (f.until IS NULL OR g.seen_at < f.until)
+        AND (f.grp IS NULL OR g.group_id = f.grp);
+$$;
+
+-- The rows an action may take now: replay the live replayable ones, discard
+-- the live ones, restore the discarded ones; never an event of a sealed
+-- (archived, read-only) partition, which refuses every UPDATE (OB056): one
+-- such row would refuse its whole batch, at every run. They stay listed.
+CREATE OR REPLACE FUNCTION outbox._dlq_targets(filter jsonb, action text)
+RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz, seen_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    WITH sealed AS (
+        SELECT to_date(right(c.relname::text, 8), 'YYYYMMDD') AS day
+        FROM pg_trigger AS t
+        INNER JOIN pg_class AS c ON t.tgrelid = c.oid
+        INNER JOIN pg_inherits AS i ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'outbox.events'::regclass
+            AND t.tgname = '_050_archived_read_only'
+            AND c.relname ~ '^events_p[0-9]{8}$'
+    )
+    SELECT r.side, r.id, r.handler, r.row_id, r.created_at, r.seen_at
+    FROM outbox._dlq_rows(filter || jsonb_build_object('discarded', action = 'restore')) AS r
+    WHERE (action <> 'replay' OR r.replayable)
+        AND (
+            r.side = 'inbox'
+            OR NOT EXISTS (SELECT 1 FROM sealed AS s WHERE s.day = (r.created_at AT TIME ZONE 'UTC')::date)
+        );
+$$;
+
+-- Dead letters grouped by cause, newest group first.
+CREATE OR REPLACE FUNCTION outbox.dlq_groups(
+    filter jsonb DEFAULT '{}'::jsonb,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    group_id text,
+    side text,
+    owner text,
+    subject text,
+    error_class text,
+    error_pattern text,
+    sample_error text,
+    dead_letters bigint,
+    discarded bigint,
+    refailed bigint,
+    replayable bigint,
+    first_seen timestamptz,
+    last_seen timestamptz
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    PERFORM outbox._check_max_rows(max_rows);
+    RETURN QUERY
+    SELECT
+        r.group_id, r.side, r.owner, r.subject, r.error_class, r.error_pattern,
+        (array_agg(r.last_error ORDER BY r.seen_at DESC, r.id))[1],
+        count(*) FILTER (WHERE NOT r.discarded),
+        count(*) FILTER (WHERE r.discarded),
+        count(*) FILTER (WHERE r.refailed),
+        count(*) FILTER (WHERE r.replayable),
+        min(r.seen_at),
+        max(r.seen_at)
+    FROM outbox._dlq_rows(filter) AS r
+    GROUP BY r.group_id, r.side, r.owner, r.subject, r.error_class, r.error_pattern
+    ORDER BY max(r.seen_at) DESC, r.group_id
+    LIMIT max_rows;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
+'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
+
+-- Drops an audited partition after re-checking its live figures against
+-- the audit and the seal figures. The partition is sealed, so only a
+-- trigger-bypassing owner could change it between the check and the DROP.
+-- Already dropped: returns 0.
+CREATE OR REPLACE FUNCTION outbox.drop_archived(
+    partition_name text,
+    lock_timeout interval DEFAULT interval '5 seconds'
+)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part_day date := outbox._partition_day(partition_name);
+    standing outbox.archive_audit;
+BEGIN
+    PERFORM outbox._check_lock_timeout(lock_timeout);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', part_day));
+    IF NOT outbox._is_partition(partition_name) THEN
+        IF EXISTS (
+            SELECT 1 FROM outbox.archive_audit AS a
+            WHERE a.source = 'outbox.events' AND a.day = part_day
+                AND a.voided_at IS NULL AND a.removed_at IS NOT NULL
+        ) THEN
+            RETURN 0;
+        END IF;
+        RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', partition_name
+            USING ERRCODE = 'OB050';
+    END IF;
+    standing := outbox._standing_audit('outbox.events', part_day);
+    IF NOT outbox._is_sealed(partition_name) THEN
+        RAISE EXCEPTION 'NOT_SEALED: partition % lost its seal after audit %', partition_name, standing.id
+            USING ERRCODE = 'OB061';
+    END IF;
+    -- The live rows equal the audit (just checked); they must equal the seal too.
+    PERFORM outbox._check_seal(partition_name, standing.row_count, standing.checksum);
+    -- DROP takes ACCESS EXCLUSIVE on outbox.events for the rest of this short
+    -- transaction; lock_timeout keeps emitters from queueing behind us.
+    PERFORM outbox._with_lock_timeout(format('DROP TABLE outbox.%I', partition_name), lock_timeout);
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN standing.row_count;
+END;
+$$;
+COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
+'Drops a sealed, audited day partition whose live count and checksum still match its audit row.';
+
+DROP TRIGGER IF EXISTS _600_dlq_entry ON outbox.events;
+DROP TRIGGER IF EXISTS _600_dlq_entry ON inbox.messages;
+DROP TRIGGER IF EXISTS _600_dlq_entry_insert ON inbox.messages;
+DROP TRIGGER IF EXISTS _600_dlq_entry_delete ON inbox.messages;
+DROP FUNCTION IF EXISTS outbox.tg_events__dlq_entry();
+DROP FUNCTION IF EXISTS outbox.tg_messages__dlq_entry();
+DROP FUNCTION IF EXISTS outbox._dlq_enter_event(outbox.events);
+DROP FUNCTION IF EXISTS outbox._dlq_enter_message(inbox.messages);
+DROP TABLE IF EXISTS outbox.dlq_entries;
+
+-- The three actions by filter as 0017 defined them, then what 0018 added.
+-- Replays the dead letters matching the filter, max_rows per call, and
+-- returns how many it took; call again until 0 (each call its own
+-- transaction). Outbox: DEAD_LETTER -> PENDING as outbox.requeue does,
+-- audited in outbox.requeue_log. Inbox: due now for the replayer, as
+-- inbox.redrive does, audited in inbox.redrive_log; rows already asked for,
+-- without an envelope or of an in-database handler are not taken.
+CREATE OR REPLACE FUNCTION outbox.dlq_replay(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    picked record;
+    outbox_moved integer;
+    inbox_moved integer;
+BEGIN
+    SELECT
+        coalesce(array_agg(b.row_id) FILTER (WHERE b.side = 'outbox'), '{}') AS row_ids,
+        coalesce(array_agg(b.created_at) FILTER (WHERE b.side = 'outbox'), '{}') AS created,
+        coalesce(array_agg(b.id) FILTER (WHERE b.side = 'inbox'), '{}') AS message_ids,
+        coalesce(array_agg(b.handler) FILTER (WHERE b.side = 'inbox'), '{}') AS handlers
+    INTO picked
+    FROM outbox._dlq_batch(filter, 'replay', reason, max_rows) AS b;
+    PERFORM set_config('pgoutbox.requeue_reason', reason, true);
+    UPDATE outbox.events AS e
+    SET status = 'PENDING', attempts = 0, available_at = now()
+    FROM unnest(picked.row_ids, picked.created) AS p (row_id, created_at)
+    WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+    GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+    PERFORM set_config('pgoutbox.requeue_reason', '', true);
+    WITH marked AS (
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata
+            || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+        FROM unnest(picked.message_ids, picked.handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER'
+            AND NOT m.dlq_metadata ? 'discarded'
+            AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
+        RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+    )
+    INSERT INTO inbox.redrive_log (
+        message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+    )
+    SELECT
+        k.message_id, k.handler, session_user, dlq_replay.reason,
+        coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+    FROM marked AS k;
+    GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    RETURN outbox_moved + inbox_moved;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_replay(jsonb, text, integer) IS
+'Requeues (outbox) or redrives (inbox) up to max_rows dead letters matching a filter, audited; call until 0.';
+
+-- Discards the live dead letters matching the filter, max_rows per call
+-- (call until 0): parked for good, kept, reversible by dlq_restore; an inbox
+-- row's pending replay is cancelled. Audited in outbox/inbox.discard_log.
+CREATE OR REPLACE FUNCTION outbox.dlq_discard(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    picked record;
+    outbox_moved integer;
+    inbox_moved integer;
+BEGIN
+    SELECT
+        coalesce(array_agg(b.row_id) FILTER (WHERE b.side = 'outbox'), '{}') AS row_ids,
+        coalesce(array_agg(b.created_at) FILTER (WHERE b.side = 'outbox'), '{}') AS created,
+        coalesce(array_agg(b.id) FILTER (WHERE b.side = 'inbox'), '{}') AS message_ids,
+        coalesce(array_agg(b.handler) FILTER (WHERE b.side = 'inbox'), '{}') AS handlers
+    INTO picked
+    FROM outbox._dlq_batch(filter, 'discard', reason, max_rows) AS b;
+    PERFORM set_config('pgoutbox.dlq_action', 'discard', true);
+    PERFORM set_config('pgoutbox.dlq_reason', reason, true);
+    UPDATE outbox.events AS e
+    SET status = 'DISCARDED'
+    FROM unnest(picked.row_ids, picked.created) AS p (row_id, created_at)
+    WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+    GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+    UPDATE inbox.messages AS m
+    SET dlq_metadata = m.dlq_metadata || jsonb_build_object(
+        'discarded', jsonb_build_object('at', now(), 'by', session_user, 'reason', dlq_discard.reason),
+        'next_replay_at', NULL,
+        'redrive_requested', FALSE
+    )
+    FROM unnest(picked.message_ids, picked.handlers) AS p (message_id, handler)
+    WHERE m.message_id = p.message_id AND m.handler = p.handler
+        AND m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded';
+    GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    PERFORM set_config('pgoutbox.dlq_action', '', true);
+    PERFORM set_config('pgoutbox.dlq_reason', '', true);
+    RETURN outbox_moved + inbox_moved;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_discard(jsonb, text, integer) IS
+'Discards up to max_rows live dead letters matching a filter (kept, restorable), audited; call until 0.';
+
+-- Restores the discarded dead letters matching the filter, max_rows per
+-- call (call until 0): back to DEAD_LETTER, parked (no replay scheduled).
+CREATE OR REPLACE FUNCTION outbox.dlq_restore(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    picked record;
+    outbox_moved integer;
+    inbox_moved integer;
+BEGIN
+    SELECT
+        coalesce(array_agg(b.row_id) FILTER (WHERE b.side = 'outbox'), '{}') AS row_ids,
+        coalesce(array_agg(b.created_at) FILTER (WHERE b.side = 'outbox'), '{}') AS created,
+        coalesce(array_agg(b.id) FILTER (WHERE b.side = 'inbox'), '{}') AS message_ids,
+        coalesce(array_agg(b.handler) FILTER (WHERE b.side = 'inbox'), '{}') AS handlers
+    INTO picked
+    FROM outbox._dlq_batch(filter, 'restore', reason, max_rows) AS b;
+    PERFORM set_config('pgoutbox.dlq_action', 'restore', true);
+    PERFORM set_config('pgoutbox.dlq_reason', reason, true);
+    UPDATE outbox.events AS e
+    SET status = 'DEAD_LETTER'
+    FROM unnest(picked.row_ids, picked.created) AS p (row_id, created_at)
+    WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DISCARDED';
+    GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+    UPDATE inbox.messages AS m
+    SET dlq_metadata = m.dlq_metadata - 'discarded'
+    FROM unnest(picked.message_ids, picked.handlers) AS p (message_id, handler)
+    WHERE m.message_id = p.message_id AND m.handler = p.handler
+        AND m.status = 'DEAD_LETTER' AND m.dlq_metadata ? 'discarded';
+    GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    PERFORM set_config('pgoutbox.dlq_action', '', true);
+    PERFORM set_config('pgoutbox.dlq_reason', '', true);
+    RETURN outbox_moved + inbox_moved;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_restore(jsonb, text, integer) IS
+'Restores up to max_rows discarded dead letters matching a filter to DEAD_LETTER, audited; call until 0.';
+
+DROP FUNCTION IF EXISTS outbox.dlq_action_progress(bigint);
+DROP FUNCTION IF EXISTS outbox.dlq_stop(bigint);
+DROP FUNCTION IF EXISTS outbox.dlq_act(bigint, text, integer);
+DROP FUNCTION IF EXISTS outbox._dlq_action(bigint);
+DROP FUNCTION IF EXISTS outbox.dlq_prepare(jsonb, text);
+DROP FUNCTION IF EXISTS outbox._dlq_action_function(text);
+DROP FUNCTION IF EXISTS outbox._dlq_act_on(jsonb, text, text, integer);
+DROP FUNCTION IF EXISTS outbox._dlq_apply(text, text, bigint[], timestamptz[], uuid[], text[]);
+DROP TABLE IF EXISTS outbox.dlq_action_targets;
+DROP TABLE IF EXISTS outbox.dlq_actions;
 
 DELETE FROM outbox.schema_migrations
 WHERE version = 18;

@@ -438,6 +438,880 @@ TO pgoutbox_backfiller;
 
 -- ---- the console
 
+-- Dead letters classified once, when recorded: outbox.dlq_entries, kept by
+-- triggers on outbox.events and inbox.messages (no column of theirs
+-- changes: workers of schema 17 write the same rows), filled here with the
+-- dead letters already there; the pages read only it.
+-- generated from sql/67_dead_letters.sql: outbox._dlq_error_pattern
+-- An error text with what differs between occurrences of one cause masked:
+-- uuids (<uuid>), double- or single-quoted values (<q>), numbers (<n>);
+-- white space runs become one space; at most 500 characters. A leading HTTP
+-- status stays as it is (`HTTP 422: ...`): the handler's answer is the
+-- cause, and 422 and 400 are different ones. Inlined like _dlq_error_class.
+CREATE OR REPLACE FUNCTION outbox._dlq_error_pattern(error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.left(pg_catalog.btrim(
+        CASE WHEN error OPERATOR(pg_catalog.~) '^HTTP [1-5][0-9][0-9]($|[^0-9])'
+            THEN pg_catalog.substr(error, 1, 8) ELSE '' END
+        OPERATOR(pg_catalog.||)
+        pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+            pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+                CASE WHEN error OPERATOR(pg_catalog.~) '^HTTP [1-5][0-9][0-9]($|[^0-9])'
+                    THEN pg_catalog.substr(error, 9) ELSE coalesce(error, '') END,
+                '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}', '<uuid>', 'g'),
+                '"([^"\\]|\\.)*"', '<q>', 'g'),
+                '''([^'']|'''')*''', '<q>', 'g'),
+            '[0-9]+([.][0-9]+)?', '<n>', 'g'),
+            '\s+', ' ', 'g')),
+        500);
+$$;
+-- end generated
+
+CREATE TABLE IF NOT EXISTS outbox.dlq_entries (
+    side text NOT NULL,
+    owner text NOT NULL,
+    id uuid NOT NULL,
+    handler text NOT NULL,
+    subject text NOT NULL,
+    tenant text,
+    attempts integer NOT NULL,
+    last_error text,
+    error_class text NOT NULL,
+    error_pattern text NOT NULL,
+    group_id text NOT NULL,
+    seen_at timestamptz NOT NULL,
+    discarded boolean NOT NULL,
+    refailed boolean NOT NULL,
+    replays integer NOT NULL,
+    redrive_pending boolean NOT NULL,
+    replayable boolean NOT NULL,
+    row_id bigint,
+    created_at timestamptz NOT NULL,
+    PRIMARY KEY (side, id, handler),
+    CONSTRAINT side_is_known CHECK (side IN ('outbox', 'inbox'))
+);
+COMMENT ON TABLE outbox.dlq_entries IS
+'Every dead letter of both sides with its group; kept by triggers on outbox.events and inbox.messages.';
+-- A group's page (newest first, keyset), the groups' newest error, the list.
+CREATE INDEX IF NOT EXISTS dlq_entries_group_idx ON outbox.dlq_entries (group_id, seen_at DESC, side, id, handler);
+CREATE INDEX IF NOT EXISTS dlq_entries_seen_idx ON outbox.dlq_entries (seen_at DESC, side, id, handler);
+CREATE INDEX IF NOT EXISTS dlq_entries_owner_idx ON outbox.dlq_entries (owner, side);
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_enter_event
+-- An outbox event's entry, written or removed as its status says.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter_event(e outbox.events)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    cls text;
+    pattern text;
+    n integer;
+BEGIN
+    IF e.status NOT IN ('DEAD_LETTER', 'DISCARDED') THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'outbox' AND x.id = e.event_id AND x.handler = '';
+        RETURN;
+    END IF;
+    cls := outbox._dlq_error_class(e.last_error);
+    pattern := outbox._dlq_error_pattern(e.last_error);
+    SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
+    INSERT INTO outbox.dlq_entries AS x (
+        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
+        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
+    ) VALUES (
+        'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
+        md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
+        coalesce(e.claimed_at, e.created_at), e.status = 'DISCARDED', n > 0, n, FALSE, e.status = 'DEAD_LETTER',
+        e.id, e.created_at
+    )
+    ON CONFLICT (side, id, handler) DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_enter_message
+-- An inbox message's entry, written or removed as its status says.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter_message(m inbox.messages)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    cls text;
+    pattern text;
+    asked boolean;
+BEGIN
+    IF m.status IS DISTINCT FROM 'DEAD_LETTER' THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'inbox' AND x.id = m.message_id AND x.handler = m.handler;
+        RETURN;
+    END IF;
+    cls := outbox._dlq_error_class(m.last_error);
+    pattern := outbox._dlq_error_pattern(m.last_error);
+    asked := coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE);
+    INSERT INTO outbox.dlq_entries AS x (
+        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
+        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
+    ) VALUES (
+        'inbox', m.handler, m.message_id, m.handler, m.subject, m.envelope ->> 'tenant_id', m.attempts,
+        m.last_error, cls, pattern, md5(concat_ws(E'\n', 'inbox', m.handler, m.subject, cls, pattern)),
+        coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
+        m.dlq_metadata ? 'discarded',
+        coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
+        coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
+        + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
+        asked,
+        NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL AND NOT m.dlq_metadata ? 'in_database'
+        AND NOT asked,
+        NULL, m.received_at
+    )
+    ON CONFLICT (side, id, handler) DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.tg_events__dlq_entry
+CREATE OR REPLACE FUNCTION outbox.tg_events__dlq_entry()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._dlq_enter_event(NEW);
+    RETURN NULL;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.tg_messages__dlq_entry
+CREATE OR REPLACE FUNCTION outbox.tg_messages__dlq_entry()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'inbox' AND x.id = OLD.message_id AND x.handler = OLD.handler;
+    ELSE
+        PERFORM outbox._dlq_enter_message(NEW);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- end generated
+
+-- Only updates that touch a dead letter fire (the WHEN clause runs without
+-- entering PL/pgSQL): claim and mark of live events pay nothing. Outbox
+-- events are never inserted as dead letters, nor deleted (a day leaves by
+-- DROP of its partition: outbox.drop_archived deletes that day's entries).
+CREATE OR REPLACE TRIGGER _600_dlq_entry
+AFTER UPDATE ON outbox.events
+FOR EACH ROW
+WHEN (old.status IN ('DEAD_LETTER', 'DISCARDED') OR new.status IN ('DEAD_LETTER', 'DISCARDED'))
+EXECUTE FUNCTION outbox.tg_events__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry
+AFTER UPDATE ON inbox.messages
+FOR EACH ROW
+WHEN (old.status = 'DEAD_LETTER' OR new.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry_insert
+AFTER INSERT ON inbox.messages
+FOR EACH ROW
+WHEN (new.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+CREATE OR REPLACE TRIGGER _600_dlq_entry_delete
+AFTER DELETE ON inbox.messages
+FOR EACH ROW
+WHEN (old.status = 'DEAD_LETTER')
+EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
+
+DO $$
+BEGIN
+    PERFORM outbox._dlq_enter_event(e) FROM outbox.events AS e WHERE e.status IN ('DEAD_LETTER', 'DISCARDED');
+    PERFORM outbox._dlq_enter_message(m) FROM inbox.messages AS m WHERE m.status = 'DEAD_LETTER';
+END;
+$$;
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_rows
+-- Every dead letter the filter matches, both sides, with its group and
+-- state, from outbox.dlq_entries. Called by the functions below (already
+-- checked filter); granted to no one. No SET clause: so that the planner
+-- inlines it into its callers (whose search_path is pinned) and uses the
+-- entries' indexes for a group, an owner or a time range.
+CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
+RETURNS TABLE (
+    side text,
+    owner text,
+    id uuid,
+    handler text,
+    subject text,
+    tenant text,
+    attempts integer,
+    last_error text,
+    error_class text,
+    error_pattern text,
+    group_id text,
+    seen_at timestamptz,
+    discarded boolean,
+    refailed boolean,
+    replays integer,
+    redrive_pending boolean,
+    replayable boolean,
+    row_id bigint,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE
+AS $$
+    SELECT
+        x.side, x.owner, x.id, NULLIF(x.handler, ''), x.subject, x.tenant, x.attempts, x.last_error,
+        x.error_class, x.error_pattern, x.group_id, x.seen_at, x.discarded, x.refailed,
+        x.replays, x.redrive_pending, x.replayable, x.row_id, x.created_at
+    FROM outbox.dlq_entries AS x
+    WHERE (filter ->> 'side' IS NULL OR x.side = filter ->> 'side')
+        AND (filter ->> 'owner' IS NULL OR x.owner = filter ->> 'owner')
+        AND (filter ->> 'group' IS NULL OR x.group_id = filter ->> 'group')
+        AND (filter ->> 'subject' IS NULL OR x.subject = filter ->> 'subject')
+        AND (filter ->> 'tenant' IS NULL OR x.tenant = filter ->> 'tenant')
+        AND (filter ->> 'since' IS NULL OR x.seen_at >= (filter ->> 'since')::timestamptz)
+        AND (filter ->> 'until' IS NULL OR x.seen_at < (filter ->> 'until')::timestamptz)
+        AND (filter ->> 'error' IS NULL OR strpos(lower(x.last_error), lower(filter ->> 'error')) > 0)
+        AND (jsonb_typeof(filter -> 'ids') IS DISTINCT FROM 'array'
+            OR x.id = ANY(ARRAY(SELECT (jsonb_array_elements_text(filter -> 'ids'))::uuid)))
+        AND CASE coalesce(filter -> 'discarded', 'false')
+            WHEN 'null' THEN TRUE WHEN 'true' THEN x.discarded ELSE NOT x.discarded END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_targets
+-- The rows an action may take now: replay the live replayable ones, discard
+-- the live ones, restore the discarded ones; never an event of a sealed
+-- (archived, read-only) partition, which refuses every UPDATE (OB056): one
+-- such row would refuse its whole batch, at every run. They stay listed.
+-- No SET clause, like _dlq_rows: inlined into its callers, whose plans see
+-- the filter's values and take a group's or an owner's rows by index (with
+-- SET it ran as a query of its own, with the filter unknown to its plan:
+-- every entry scanned, 2 s a dialog at 100,000 dead letters).
+CREATE OR REPLACE FUNCTION outbox._dlq_targets(filter jsonb, action text)
+RETURNS TABLE (side text, id uuid, handler text, row_id bigint, created_at timestamptz, seen_at timestamptz)
+LANGUAGE sql STABLE
+AS $$
+    WITH sealed AS (
+        SELECT to_date(right(c.relname::text, 8), 'YYYYMMDD') AS day
+        FROM pg_trigger AS t
+        INNER JOIN pg_class AS c ON t.tgrelid = c.oid
+        INNER JOIN pg_inherits AS i ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'outbox.events'::regclass
+            AND t.tgname = '_050_archived_read_only'
+            AND c.relname ~ '^events_p[0-9]{8}$'
+    )
+    SELECT r.side, r.id, r.handler, r.row_id, r.created_at, r.seen_at
+    -- (jsonb_build_object is STABLE: a constant object keeps the filter foldable.)
+    FROM outbox._dlq_rows(
+        filter || CASE WHEN action = 'restore' THEN '{"discarded": true}'::jsonb ELSE '{"discarded": false}'::jsonb END
+    ) AS r
+    WHERE (action <> 'replay' OR r.replayable)
+        AND (
+            r.side = 'inbox'
+            OR NOT EXISTS (SELECT 1 FROM sealed AS s WHERE s.day = (r.created_at AT TIME ZONE 'UTC')::date)
+        );
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_groups
+-- Dead letters grouped by cause, newest group first.
+CREATE OR REPLACE FUNCTION outbox.dlq_groups(
+    filter jsonb DEFAULT '{}'::jsonb,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    group_id text,
+    side text,
+    owner text,
+    subject text,
+    error_class text,
+    error_pattern text,
+    sample_error text,
+    dead_letters bigint,
+    discarded bigint,
+    refailed bigint,
+    replayable bigint,
+    first_seen timestamptz,
+    last_seen timestamptz
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    PERFORM outbox._check_max_rows(max_rows);
+    -- Counted over the entries (one pass, no regular expression: 100,000 in
+    -- about 100 ms); what names a group (the same on all its rows) and its
+    -- newest error are read by index for the groups shown only.
+    RETURN QUERY
+    SELECT
+        g.group_id, k.side, k.owner, k.subject, k.error_class, k.error_pattern, k.last_error,
+        g.live, g.gone, g.refailed, g.replayable, g.first_seen, g.last_seen
+    FROM (
+        SELECT
+            r.group_id,
+            count(*) FILTER (WHERE NOT r.discarded) AS live,
+            count(*) FILTER (WHERE r.discarded) AS gone,
+            count(*) FILTER (WHERE r.refailed) AS refailed,
+            count(*) FILTER (WHERE r.replayable) AS replayable,
+            min(r.seen_at) AS first_seen,
+            max(r.seen_at) AS last_seen
+        FROM outbox._dlq_rows(filter) AS r
+        GROUP BY r.group_id
+        ORDER BY max(r.seen_at) DESC, r.group_id
+        LIMIT max_rows
+    ) AS g
+    CROSS JOIN LATERAL (
+        SELECT x.side, x.owner, x.subject, x.error_class, x.error_pattern, x.last_error
+        FROM outbox.dlq_entries AS x
+        WHERE x.group_id = g.group_id
+        ORDER BY x.seen_at DESC
+        LIMIT 1
+    ) AS k
+    ORDER BY g.last_seen DESC, g.group_id;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_groups(jsonb, integer) IS
+'Dead letters of both sides grouped by side, owner, subject and normalised error, with counts and first/last seen.';
+-- end generated
+
+-- generated from sql/95_archival_steps.sql: outbox.drop_archived
+-- Drops an audited partition after re-checking its live figures against
+-- the audit and the seal figures. The partition is sealed, so only a
+-- trigger-bypassing owner could change it between the check and the DROP.
+-- Already dropped: returns 0.
+CREATE OR REPLACE FUNCTION outbox.drop_archived(
+    partition_name text,
+    lock_timeout interval DEFAULT interval '5 seconds'
+)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part_day date := outbox._partition_day(partition_name);
+    standing outbox.archive_audit;
+BEGIN
+    PERFORM outbox._check_lock_timeout(lock_timeout);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', part_day));
+    IF NOT outbox._is_partition(partition_name) THEN
+        IF EXISTS (
+            SELECT 1 FROM outbox.archive_audit AS a
+            WHERE a.source = 'outbox.events' AND a.day = part_day
+                AND a.voided_at IS NULL AND a.removed_at IS NOT NULL
+        ) THEN
+            RETURN 0;
+        END IF;
+        RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', partition_name
+            USING ERRCODE = 'OB050';
+    END IF;
+    standing := outbox._standing_audit('outbox.events', part_day);
+    IF NOT outbox._is_sealed(partition_name) THEN
+        RAISE EXCEPTION 'NOT_SEALED: partition % lost its seal after audit %', partition_name, standing.id
+            USING ERRCODE = 'OB061';
+    END IF;
+    -- The live rows equal the audit (just checked); they must equal the seal too.
+    PERFORM outbox._check_seal(partition_name, standing.row_count, standing.checksum);
+    -- DROP takes ACCESS EXCLUSIVE on outbox.events for the rest of this short
+    -- transaction; lock_timeout keeps emitters from queueing behind us.
+    PERFORM outbox._with_lock_timeout(format('DROP TABLE outbox.%I', partition_name), lock_timeout);
+    -- Its dead letters' entries (sql/67_dead_letters.sql): DROP fires no row trigger.
+    DELETE FROM outbox.dlq_entries AS x
+    WHERE x.side = 'outbox' AND x.created_at >= (part_day::timestamp AT TIME ZONE 'UTC')
+        AND x.created_at < ((part_day + 1)::timestamp AT TIME ZONE 'UTC');
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN standing.row_count;
+END;
+$$;
+COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
+'Drops a sealed, audited day partition whose live count and checksum still match its audit row.';
+-- end generated
+
+REVOKE ALL ON FUNCTION
+outbox._dlq_enter_event(outbox.events),
+outbox._dlq_enter_message(inbox.messages),
+outbox.tg_events__dlq_entry(),
+outbox.tg_messages__dlq_entry()
+FROM public;
+
+-- Bulk actions on a set fixed at confirmation (sql/67_dead_letters.sql):
+-- two new tables of the actions' own bookkeeping; the three actions by
+-- filter now share one writer (_dlq_apply), with the same results.
+CREATE TABLE IF NOT EXISTS outbox.dlq_actions (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    action text NOT NULL,
+    filter jsonb NOT NULL,
+    created_by text NOT NULL DEFAULT session_user,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    total bigint NOT NULL DEFAULT 0,
+    reason text,
+    started_at timestamptz,
+    taken bigint NOT NULL DEFAULT 0,
+    touched bigint NOT NULL DEFAULT 0,
+    stopped_at timestamptz,
+    stopped_by text,
+    finished_at timestamptz,
+    CONSTRAINT action_is_known CHECK (action IN ('replay', 'discard', 'restore')),
+    CONSTRAINT touched_at_most_taken_at_most_total CHECK (touched <= taken AND taken <= total)
+);
+COMMENT ON TABLE outbox.dlq_actions IS
+'Bulk dead-letter actions on a set fixed at confirmation (outbox.dlq_prepare), taken in batches by outbox.dlq_act.';
+
+CREATE TABLE IF NOT EXISTS outbox.dlq_action_targets (
+    action_id bigint NOT NULL REFERENCES outbox.dlq_actions (id) ON DELETE CASCADE,
+    seq integer NOT NULL,
+    side text NOT NULL,
+    id uuid NOT NULL,
+    handler text,
+    row_id bigint,
+    created_at timestamptz,
+    taken_at timestamptz,
+    PRIMARY KEY (action_id, seq),
+    CONSTRAINT side_is_known CHECK (side IN ('outbox', 'inbox'))
+);
+COMMENT ON TABLE outbox.dlq_action_targets IS
+'The rows a bulk action was confirmed for, in the order it takes them; taken_at: when a batch took the row.';
+-- The next batch: the targets not taken yet, in order.
+CREATE INDEX IF NOT EXISTS dlq_action_targets_open_idx ON outbox.dlq_action_targets (action_id, seq)
+WHERE taken_at IS NULL;
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_apply
+-- Applies `action` to the rows named by the parallel arrays (outbox: row id
+-- and created_at; inbox: message id and handler), each only while it is
+-- still what the action takes: replay a live dead letter (outbox
+-- DEAD_LETTER -> PENDING as outbox.requeue does, audited in
+-- outbox.requeue_log; inbox: due now for the replayer as inbox.redrive does,
+-- audited in inbox.redrive_log, unless already asked for), discard a live one
+-- (parked for good, kept, an inbox row's pending replay cancelled; audited in
+-- outbox/inbox.discard_log), restore a discarded one (back to DEAD_LETTER,
+-- parked). Returns how many it moved. The one writer of every dead-letter
+-- action: dlq_replay/dlq_discard/dlq_restore (by filter) and dlq_act (a
+-- prepared action's targets) pick the rows, this moves them.
+CREATE OR REPLACE FUNCTION outbox._dlq_apply(
+    action text,
+    reason text,
+    row_ids bigint[],
+    created timestamptz[],
+    message_ids uuid[],
+    handlers text[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    outbox_moved integer;
+    inbox_moved integer;
+BEGIN
+    IF action = 'replay' THEN
+        PERFORM set_config('pgoutbox.requeue_reason', reason, true);
+        UPDATE outbox.events AS e
+        SET status = 'PENDING', attempts = 0, available_at = now()
+        FROM unnest(row_ids, created) AS p (row_id, created_at)
+        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+        GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+        PERFORM set_config('pgoutbox.requeue_reason', '', true);
+        WITH marked AS (
+            UPDATE inbox.messages AS m
+            SET dlq_metadata = m.dlq_metadata
+                || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+            FROM unnest(message_ids, handlers) AS p (message_id, handler)
+            WHERE m.message_id = p.message_id AND m.handler = p.handler
+                AND m.status = 'DEAD_LETTER'
+                AND NOT m.dlq_metadata ? 'discarded'
+                AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
+            RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+        )
+        INSERT INTO inbox.redrive_log (
+            message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+        )
+        SELECT
+            k.message_id, k.handler, session_user, _dlq_apply.reason,
+            coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+        FROM marked AS k;
+        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+        RETURN outbox_moved + inbox_moved;
+    END IF;
+    PERFORM set_config('pgoutbox.dlq_action', action, true);
+    PERFORM set_config('pgoutbox.dlq_reason', reason, true);
+    IF action = 'discard' THEN
+        UPDATE outbox.events AS e
+        SET status = 'DISCARDED'
+        FROM unnest(row_ids, created) AS p (row_id, created_at)
+        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+        GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata || jsonb_build_object(
+            'discarded', jsonb_build_object('at', now(), 'by', session_user, 'reason', _dlq_apply.reason),
+            'next_replay_at', NULL,
+            'redrive_requested', FALSE
+        )
+        FROM unnest(message_ids, handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded';
+        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    ELSE
+        UPDATE outbox.events AS e
+        SET status = 'DEAD_LETTER'
+        FROM unnest(row_ids, created) AS p (row_id, created_at)
+        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DISCARDED';
+        GET DIAGNOSTICS outbox_moved = ROW_COUNT;
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata - 'discarded'
+        FROM unnest(message_ids, handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER' AND m.dlq_metadata ? 'discarded';
+        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
+    END IF;
+    PERFORM set_config('pgoutbox.dlq_action', '', true);
+    PERFORM set_config('pgoutbox.dlq_reason', '', true);
+    RETURN outbox_moved + inbox_moved;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_act_on
+-- One batch of `action` by filter: the rows _dlq_batch picks, moved by _dlq_apply.
+CREATE OR REPLACE FUNCTION outbox._dlq_act_on(filter jsonb, action text, reason text, max_rows integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    picked record;
+BEGIN
+    SELECT
+        coalesce(array_agg(b.row_id) FILTER (WHERE b.side = 'outbox'), '{}') AS row_ids,
+        coalesce(array_agg(b.created_at) FILTER (WHERE b.side = 'outbox'), '{}') AS created,
+        coalesce(array_agg(b.id) FILTER (WHERE b.side = 'inbox'), '{}') AS message_ids,
+        coalesce(array_agg(b.handler) FILTER (WHERE b.side = 'inbox'), '{}') AS handlers
+    INTO picked
+    FROM outbox._dlq_batch(filter, action, reason, max_rows) AS b;
+    RETURN outbox._dlq_apply(action, reason, picked.row_ids, picked.created, picked.message_ids, picked.handlers);
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_replay
+-- Replays the dead letters matching the filter, max_rows per call, and
+-- returns how many it took; call again until 0 (each call its own
+-- transaction). Outbox: DEAD_LETTER -> PENDING as outbox.requeue does,
+-- audited in outbox.requeue_log. Inbox: due now for the replayer, as
+-- inbox.redrive does, audited in inbox.redrive_log; rows already asked for,
+-- without an envelope or of an in-database handler are not taken. A row
+-- that fails again matches again: a bulk action that must end takes a set
+-- fixed beforehand (dlq_prepare, dlq_act).
+CREATE OR REPLACE FUNCTION outbox.dlq_replay(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._dlq_act_on(filter, 'replay', reason, max_rows);
+$$;
+COMMENT ON FUNCTION outbox.dlq_replay(jsonb, text, integer) IS
+'Requeues (outbox) or redrives (inbox) up to max_rows dead letters matching a filter, audited; call until 0.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_discard
+-- Discards the live dead letters matching the filter, max_rows per call
+-- (call until 0): parked for good, kept, reversible by dlq_restore; an inbox
+-- row's pending replay is cancelled. Audited in outbox/inbox.discard_log.
+CREATE OR REPLACE FUNCTION outbox.dlq_discard(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._dlq_act_on(filter, 'discard', reason, max_rows);
+$$;
+COMMENT ON FUNCTION outbox.dlq_discard(jsonb, text, integer) IS
+'Discards up to max_rows live dead letters matching a filter (kept, restorable), audited; call until 0.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_restore
+-- Restores the discarded dead letters matching the filter, max_rows per
+-- call (call until 0): back to DEAD_LETTER, parked (no replay scheduled).
+CREATE OR REPLACE FUNCTION outbox.dlq_restore(
+    filter jsonb,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._dlq_act_on(filter, 'restore', reason, max_rows);
+$$;
+COMMENT ON FUNCTION outbox.dlq_restore(jsonb, text, integer) IS
+'Restores up to max_rows discarded dead letters matching a filter to DEAD_LETTER, audited; call until 0.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_action_function
+-- The function an action runs as, by name: its grant is the action's.
+CREATE OR REPLACE FUNCTION outbox._dlq_action_function(action text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT format('outbox.dlq_%s(jsonb, text, integer)', action);
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_prepare
+-- Fixes the set an action will touch (the rows dlq_count counts now) and
+-- returns the action's id and that number. Only a role that may run the
+-- action itself may prepare it (42501 otherwise).
+CREATE OR REPLACE FUNCTION outbox.dlq_prepare(
+    filter jsonb,
+    action text
+)
+RETURNS TABLE (action_id bigint, total bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_id bigint;
+    n bigint;
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
+        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
+            USING ERRCODE = 'OB106';
+    END IF;
+    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(action), 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for function dlq_%', action USING ERRCODE = '42501';
+    END IF;
+    DELETE FROM outbox.dlq_actions AS a WHERE a.created_at < now() - interval '7 days';
+    INSERT INTO outbox.dlq_actions (action, filter) VALUES (dlq_prepare.action, dlq_prepare.filter)
+    RETURNING id INTO new_id;
+    INSERT INTO outbox.dlq_action_targets (action_id, seq, side, id, handler, row_id, created_at)
+    SELECT
+        new_id, row_number() OVER (ORDER BY t.seen_at, t.side, t.id, t.handler),
+        t.side, t.id, t.handler, t.row_id, t.created_at
+    FROM outbox._dlq_targets(filter, action) AS t;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE outbox.dlq_actions AS a SET total = n WHERE a.id = new_id;
+    RETURN QUERY SELECT new_id, n;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_prepare(jsonb, text) IS
+'Fixes the rows a replay/discard/restore would touch now as an action''s targets: (action_id, total).';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._dlq_action
+-- The action `action_id` of this session_user (OB110 otherwise).
+CREATE OR REPLACE FUNCTION outbox._dlq_action(action_id bigint)
+RETURNS outbox.dlq_actions
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    a outbox.dlq_actions;
+BEGIN
+    SELECT x.* INTO a FROM outbox.dlq_actions AS x WHERE x.id = action_id AND x.created_by = session_user;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'ACTION_NOT_FOUND: no action % prepared by %', action_id, session_user
+            USING ERRCODE = 'OB110';
+    END IF;
+    RETURN a;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_act
+-- One batch of a prepared action: takes its next max_rows targets (each
+-- once: taken_at is set in the same transaction) and acts on those still
+-- eligible, through the action's own audited function. Returns the targets
+-- taken (those no longer eligible, e.g. replayed by someone else meanwhile,
+-- are taken and not touched); 0 when none is left or the action was stopped.
+CREATE OR REPLACE FUNCTION outbox.dlq_act(
+    action_id bigint,
+    reason text,
+    max_rows integer DEFAULT 100
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    a outbox.dlq_actions;
+    n integer;
+    row_ids bigint[];
+    created timestamptz[];
+    message_ids uuid[];
+    handlers text[];
+    moved integer := 0;
+BEGIN
+    PERFORM outbox._check_text(reason, 'a bulk action''s reason', 1000, TRUE);
+    PERFORM outbox._check_max_rows(max_rows);
+    a := outbox._dlq_action(action_id);
+    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(a.action), 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for function dlq_%', a.action USING ERRCODE = '42501';
+    END IF;
+    IF a.stopped_at IS NOT NULL OR a.finished_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    WITH next AS (
+        SELECT t.action_id, t.seq
+        FROM outbox.dlq_action_targets AS t
+        WHERE t.action_id = a.id AND t.taken_at IS NULL
+        ORDER BY t.seq
+        LIMIT max_rows
+        FOR UPDATE SKIP LOCKED
+    ),
+    taken AS (
+        UPDATE outbox.dlq_action_targets AS t
+        SET taken_at = now()
+        FROM next
+        WHERE t.action_id = next.action_id AND t.seq = next.seq
+        RETURNING t.side, t.id, t.handler, t.row_id, t.created_at
+    )
+    SELECT
+        count(*),
+        coalesce(array_agg(k.row_id) FILTER (WHERE k.side = 'outbox'), '{}'),
+        coalesce(array_agg(k.created_at) FILTER (WHERE k.side = 'outbox'), '{}'),
+        coalesce(array_agg(k.id) FILTER (WHERE k.side = 'inbox'), '{}'),
+        coalesce(array_agg(k.handler) FILTER (WHERE k.side = 'inbox'), '{}')
+    INTO n, row_ids, created, message_ids, handlers
+    FROM taken AS k;
+    IF n > 0 THEN
+        moved := outbox._dlq_apply(a.action, reason, row_ids, created, message_ids, handlers);
+    END IF;
+    UPDATE outbox.dlq_actions AS x
+    SET reason = coalesce(x.reason, dlq_act.reason),
+        started_at = coalesce(x.started_at, now()),
+        taken = x.taken + n,
+        touched = x.touched + moved,
+        finished_at = CASE WHEN n = 0 THEN now() END
+    WHERE x.id = a.id;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_act(bigint, text, integer) IS
+'One batch of a prepared action: its next max_rows targets, each taken once; 0 when done or stopped.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_stop
+-- Stops a running action of this session_user: no batch takes anything after.
+CREATE OR REPLACE FUNCTION outbox.dlq_stop(action_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    a outbox.dlq_actions;
+BEGIN
+    a := outbox._dlq_action(action_id);
+    UPDATE outbox.dlq_actions AS x SET stopped_at = now(), stopped_by = session_user
+    WHERE x.id = a.id AND x.stopped_at IS NULL AND x.finished_at IS NULL;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_stop(bigint) IS
+'Stops an action of outbox.dlq_prepare / dlq_act: later batches take nothing. True when it was running.';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_action_progress
+-- Where an action of this session_user stands: its counts, and (replay) how
+-- many of the rows it took are dead letters again since (dead-lettered after
+-- the batch that took them).
+CREATE OR REPLACE FUNCTION outbox.dlq_action_progress(action_id bigint)
+RETURNS TABLE (
+    action text,
+    total bigint,
+    taken bigint,
+    touched bigint,
+    failed_again bigint,
+    started_at timestamptz,
+    stopped_at timestamptz,
+    finished_at timestamptz
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    a outbox.dlq_actions;
+    again bigint := 0;
+BEGIN
+    a := outbox._dlq_action(action_id);
+    IF a.action = 'replay' THEN
+        SELECT count(*) INTO again
+        FROM outbox.dlq_action_targets AS t
+        WHERE t.action_id = a.id AND t.taken_at IS NOT NULL
+            AND CASE t.side
+                WHEN 'outbox' THEN EXISTS (
+                    SELECT 1 FROM outbox.events AS e
+                    WHERE e.id = t.row_id AND e.created_at = t.created_at
+                        AND e.status = 'DEAD_LETTER' AND e.claimed_at > t.taken_at
+                )
+                ELSE EXISTS (
+                    SELECT 1 FROM inbox.messages AS m
+                    WHERE m.message_id = t.id AND m.handler = t.handler AND m.status = 'DEAD_LETTER'
+                        AND (m.dlq_metadata ->> 'dead_lettered_at')::timestamptz > t.taken_at
+                )
+            END;
+    END IF;
+    RETURN QUERY SELECT a.action, a.total, a.taken, a.touched, again, a.started_at, a.stopped_at, a.finished_at;
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_action_progress(bigint) IS
+'An action''s total, taken, touched and (replay) failed-again counts, and when it started, stopped or finished.';
+-- end generated
+
+REVOKE ALL ON FUNCTION
+outbox._dlq_apply(text, text, bigint[], timestamptz[], uuid[], text[]),
+outbox._dlq_act_on(jsonb, text, text, integer),
+outbox._dlq_action_function(text),
+outbox._dlq_action(bigint),
+outbox.dlq_prepare(jsonb, text),
+outbox.dlq_act(bigint, text, integer),
+outbox.dlq_stop(bigint),
+outbox.dlq_action_progress(bigint)
+FROM public;
+GRANT EXECUTE ON FUNCTION
+outbox.dlq_prepare(jsonb, text),
+outbox.dlq_act(bigint, text, integer),
+outbox.dlq_stop(bigint),
+outbox.dlq_action_progress(bigint)
+TO pgoutbox_admin;
+
 INSERT INTO outbox.schema_migrations (version, name)
 VALUES (18, '0018_steady_under_faults')
 ON CONFLICT (version) DO NOTHING;

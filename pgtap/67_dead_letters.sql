@@ -26,9 +26,12 @@
 --     table, history with who and why; unknown (OB105)
 --   * roles: pgoutbox_viewer reads (no payload), cannot act or read tables;
 --     pgoutbox_admin acts
+--   * bulk actions on a fixed set (dlq_prepare, dlq_act, dlq_stop,
+--     dlq_action_progress): each target once, failed-again counted, stop,
+--     only the role that prepared it (OB110)
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(84);
+SELECT plan(95);
 \ir fixtures/events.sql
 
 -- An inbox dead letter of handler with error err and tenant t1.
@@ -61,8 +64,11 @@ SELECT is(
     outbox.dlq_error_pattern(
         'HTTP 500: order 3747fbbb-90e9-4c23-9463-aeda5a9dc15e failed   after 3 tries: "no \"stock\"" / ''it''''s'' 12.5'
     ),
-    'HTTP <n>: order <uuid> failed after <n> tries: <q> / <q> <n>',
-    'pattern: uuids, quoted values and numbers masked, white space collapsed'
+    'HTTP 500: order <uuid> failed after <n> tries: <q> / <q> <n>',
+    'pattern: uuids, quoted values and numbers masked, white space collapsed; the HTTP status kept'
+);
+SELECT is(
+    outbox.dlq_error_pattern('  KeyError: ''customer_7''  '), 'KeyError: <q>', 'pattern: trimmed, no status to keep'
 );
 
 -- Seeds: billing 3 x 5xx (differing ids and counts), 2 x BAD_PAYLOAD; shipping 1 x 4xx
@@ -90,7 +96,7 @@ SELECT is(
         SELECT error_pattern FROM outbox.dlq_groups('{"owner": "billing"}')
         WHERE error_class = '5xx'
     ),
-    'HTTP <n>: order <uuid> failed after <n> tries', 'groups: the masked pattern'
+    'HTTP 500: order <uuid> failed after <n> tries', 'groups: the masked pattern'
 );
 SELECT ok(
     (SELECT first_seen <= last_seen AND last_seen = now() FROM outbox.dlq_groups('{"side": "outbox"}')),
@@ -108,7 +114,7 @@ SELECT is(
             'billing',
             'sea.event.order_created.v1',
             '5xx',
-            'HTTP <n>: order <uuid> failed after <n> tries'
+            'HTTP 500: order <uuid> failed after <n> tries'
         )
     ),
     'groups: the id is the md5 of the key, stable across calls'
@@ -407,6 +413,54 @@ SELECT is(
         WHERE reason = 'admin acts'
     ), 't_admin', 'admin: audited as its role'
 );
+RESET SESSION AUTHORIZATION;
+
+-- Bulk actions on a set fixed when confirmed: prepare fixes and counts it; act
+-- takes each target once, the rows that failed again meanwhile too; a row
+-- that matches only later is left alone; stop; another role's action: OB110.
+SELECT fixture.dead('prepared', 'HTTP 503: busy') FROM generate_series(1, 3);
+CREATE ROLE t_other IN ROLE pgoutbox_admin;
+SET LOCAL SESSION AUTHORIZATION t_admin;
+SELECT
+    action_id AS act1,
+    total AS act1_total
+FROM outbox.dlq_prepare('{"owner": "prepared"}', 'replay') \gset
+SELECT is(:act1_total::bigint, 3::bigint, 'prepare: the set is fixed and counted');
+RESET SESSION AUTHORIZATION;
+SELECT fixture.dead('prepared', 'HTTP 503: busy') AS late_id \gset
+SET LOCAL SESSION AUTHORIZATION t_admin;
+SELECT is(outbox.dlq_act(:act1, 'fixed set', 2), 2, 'act: a batch of its targets');
+RESET SESSION AUTHORIZATION;
+-- The replayer takes the two and the handler fails again: dead letters that match again.
+SELECT inbox.record_error(r.message_id, r.handler, 'HTTP 503: still busy', dead => TRUE)
+FROM inbox.claim_replays('w', 10) AS r;
+-- (Later than the batch that took them, as it would be outside this one transaction.)
+UPDATE inbox.messages
+SET dlq_metadata = dlq_metadata || jsonb_build_object('dead_lettered_at', now() + interval '1 second')
+WHERE handler = 'prepared' AND (dlq_metadata ->> 'dead_letters')::integer = 2;
+SET LOCAL SESSION AUTHORIZATION t_admin;
+SELECT is(outbox.dlq_act(:act1, 'fixed set', 2), 1, 'act: the last target only, not the two that failed again');
+SELECT is(outbox.dlq_act(:act1, 'fixed set', 2), 0, 'act: done at the confirmed count');
+SELECT is(
+    (SELECT format('%s|%s|%s|%s', total, taken, touched, failed_again) FROM outbox.dlq_action_progress(:act1)),
+    '3|3|3|2', 'progress: confirmed, taken, moved, failed again'
+);
+SELECT is(
+    (
+        SELECT count(*) FROM inbox.redrive_log
+        WHERE reason = 'fixed set' AND message_id = :'late_id'
+    ),
+    0::bigint, 'act: a row that matched only later is left alone'
+);
+SELECT action_id AS act2 FROM outbox.dlq_prepare('{"owner": "prepared"}', 'replay') \gset
+SELECT ok(outbox.dlq_stop(:act2), 'stop: a running action');
+SELECT is(outbox.dlq_act(:act2, 'stopped', 10), 0, 'stop: no batch takes anything after');
+RESET SESSION AUTHORIZATION;
+SET LOCAL SESSION AUTHORIZATION t_other;
+SELECT throws_ok(format('SELECT outbox.dlq_act(%s, %L, 1)', :act1, 'x'), 'OB110', NULL, 'act: another role''s action');
+RESET SESSION AUTHORIZATION;
+SET LOCAL SESSION AUTHORIZATION t_viewer;
+SELECT throws_ok($$SELECT * FROM outbox.dlq_prepare('{}', 'replay')$$, '42501', NULL, 'viewer: may not prepare');
 RESET SESSION AUTHORIZATION;
 
 SELECT * FROM finish();

@@ -353,6 +353,10 @@ BEGIN
     -- DROP takes ACCESS EXCLUSIVE on outbox.events for the rest of this short
     -- transaction; lock_timeout keeps emitters from queueing behind us.
     PERFORM outbox._with_lock_timeout(format('DROP TABLE outbox.%I', partition_name), lock_timeout);
+    -- Its dead letters' entries (sql/67_dead_letters.sql): DROP fires no row trigger.
+    DELETE FROM outbox.dlq_entries AS x
+    WHERE x.side = 'outbox' AND x.created_at >= (part_day::timestamp AT TIME ZONE 'UTC')
+        AND x.created_at < ((part_day + 1)::timestamp AT TIME ZONE 'UTC');
     UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
     WHERE id = standing.id;
     RETURN standing.row_count;

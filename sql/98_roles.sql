@@ -168,7 +168,11 @@ TO pgoutbox_viewer, pgoutbox_admin;
 GRANT EXECUTE ON FUNCTION
 outbox.dlq_replay(jsonb, text, integer),
 outbox.dlq_discard(jsonb, text, integer),
-outbox.dlq_restore(jsonb, text, integer)
+outbox.dlq_restore(jsonb, text, integer),
+outbox.dlq_prepare(jsonb, text),
+outbox.dlq_act(bigint, text, integer),
+outbox.dlq_stop(bigint),
+outbox.dlq_action_progress(bigint)
 TO pgoutbox_admin;
 GRANT SELECT ON outbox.discard_log, inbox.discard_log TO pgoutbox_admin;
 

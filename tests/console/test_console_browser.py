@@ -296,3 +296,101 @@ async def test_an_admin_pauses_and_resumes_a_handlers_automated_replay(console_d
             assert row == (state, admin, f"{verb.lower()}: INC-43")
             await page.get_by_role("link", name="Back").click()
             await expect(page.get_by_role("row").filter(has_text=H)).to_contain_text("off" if verb == "Pause" else "on")
+
+
+async def _login_typed(page: Page, base: str, user: str, password: str) -> None:
+    """A login whose fields hold exactly these strings (a NUL too: set by script,
+    as a forged or pasted value would arrive), posted by the form's own button."""
+    await page.goto(f"{base}/login")
+    await page.evaluate(
+        "([u, p]) => { document.getElementById('user').value = u; document.getElementById('password').value = p; }",
+        [user, password],
+    )
+    await page.get_by_role("button", name="Log in").click()
+
+
+async def test_nul_logins_are_refused_with_pgpassword_set_and_with_a_pgpass_file(console_db, tmp_path, monkeypatch):
+    su, url = console_db
+    admin, password = person(su, "pgoutbox_admin")
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"*:*:*:{admin}:{password}\n")
+    pgpass.chmod(0o600)
+    for variable, value in (("PGPASSWORD", password), ("PGPASSFILE", str(pgpass))):
+        monkeypatch.setenv(variable, value)  # what libpq would fall back on, were the conninfo cut short
+        async with serving(url) as (base, _), browser_page() as page:
+            for user, typed in ((admin + "\0", "anything"), (admin, "\0"), (admin, password + "\0junk")):
+                await _login_typed(page, base, user, typed)
+                await expect(page.get_by_role("alert")).to_contain_text("control character")
+                await page.goto(f"{base}/")
+                await expect(page).to_have_url(f"{base}/login")  # not logged in
+            await login(page, base, admin, password)
+            await expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+        monkeypatch.delenv(variable)
+
+
+def _redrives(superuser_url: str, reason: str) -> list[str]:
+    with psycopg.connect(superuser_url) as c:
+        rows = c.execute("SELECT message_id::text FROM inbox.redrive_log WHERE reason = %s", (reason,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _failed_again(superuser_url: str, ids: list[str]) -> int:
+    """Of these messages, how many are parked dead letters again after a replay."""
+    with psycopg.connect(superuser_url) as c:
+        return c.execute(
+            "SELECT count(*) FROM inbox.messages WHERE message_id = ANY(%s::uuid[]) AND status = 'DEAD_LETTER'"
+            " AND (dlq_metadata ->> 'dead_letters')::int >= 2"
+            " AND NOT coalesce((dlq_metadata ->> 'redrive_requested')::boolean, false)",
+            (ids,),
+        ).fetchone()[0]
+
+
+async def test_replay_all_matching_against_a_failing_handler_ends_at_the_confirmed_count_and_stops(
+    console_db, tmp_path, nats_server, handler
+):
+    su, url = console_db
+    admin, password = person(su, "pgoutbox_admin")
+    subject = "sea.event.order_paid.v1"
+    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [subject]}])
+    cfg = default_consumer_config(worker_url(su, "pgoutbox_consumer"), nats_server.url, registry_file)
+    handler.answers = [422]  # the handler keeps failing, before and during the replay
+    ids = seed_dead_letters(worker_url(su, "pgoutbox_consumer"), H, subject, 24, "HTTP 422: tax lookup failed")
+    with psycopg.connect(su, autocommit=True) as c:
+        # Only the operator's replay sends here: automated replay off for the handler.
+        c.execute("SELECT inbox.set_replay(%s, false, 'test: operator replays only')", (H,))
+    async with (
+        jetstream(nats_server.url) as js,
+        # Batches of 2, 300 ms apart: slow enough to press Stop mid-way.
+        serving(url, action_batch="2", action_pause="300ms") as (base, _),
+        browser_page() as page,
+    ):
+        await add_stream(js)
+        async with running_consumer(cfg):
+            await login(page, base, admin, password)
+            await page.goto(f"{base}/dead-letters?owner={H}")
+            await page.get_by_role("button", name="Replay all matching").click()
+            await expect(page.get_by_role("dialog")).to_contain_text("touch 24 dead letter")
+            await confirm(page, "INC-44: once more")
+            # Every replayed message fails again and matches again; the action ends all the same.
+            await expect(page.get_by_role("status")).to_contain_text("Done: 24 of 24", timeout=30_000)
+            await until(lambda: _failed_again(su, ids) == 24, 60, "all 24 replayed and dead-lettered again")
+            await page.reload()
+            await expect(page.locator("[data-n=failed_again]")).to_have_text("24")
+            await expect(page.locator("[data-n=taken]")).to_have_text("24")
+            assert sorted(_redrives(su, "INC-44: once more")) == sorted(ids)  # each taken once
+            assert [len(handler.calls_for(i)) for i in ids] == [1] * 24  # each sent once
+
+            # Stop, mid-way through the same replay again.
+            await page.goto(f"{base}/dead-letters?owner={H}")
+            await page.get_by_role("button", name="Replay all matching").click()
+            await expect(page.get_by_role("dialog")).to_contain_text("touch 24 dead letter")
+            await confirm(page, "INC-45: and stop")
+            await expect(page.get_by_role("status")).to_contain_text(re.compile(r"Running: ([2-9]|1\d) of 24"))
+            await page.get_by_role("button", name="Stop").click()
+            await expect(page.get_by_role("status")).to_contain_text("Stopped:", timeout=10_000)
+            taken = len(_redrives(su, "INC-45: and stop"))
+            assert 0 < taken < 24
+            await expect(page.get_by_role("status")).to_contain_text(f"Stopped: {taken} of 24 taken")
+            with psycopg.connect(su) as c:
+                row = c.execute("SELECT taken, stopped_by FROM outbox.dlq_actions WHERE reason = 'INC-45: and stop'")
+                assert row.fetchone() == (taken, admin)

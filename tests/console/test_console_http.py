@@ -125,9 +125,9 @@ async def test_another_sql_refusal_shows_its_one_line_and_code(console_db):
         csrf = _csrf((await client.get("/")).text)
         form = {"csrf": csrf, "action": "replay", "scope": "filter", "side": "inbox", "reason": "  ", "total": "2"}
         answer = await client.post("/actions/run", data=form)
-        assert answer.status_code == 403 and "[OB014]" in answer.text and "Traceback" not in answer.text
+        assert answer.status_code == 400 and "[OB014]" in answer.text and "Traceback" not in answer.text
         answer = await client.post("/actions/prepare", data={**form, "since": "not a time"})
-        assert answer.status_code == 403 and "[OB100]" in answer.text
+        assert answer.status_code == 400 and "[OB100]" in answer.text
     with psycopg.connect(su) as c:
         assert c.execute("SELECT count(*) FROM inbox.redrive_log").fetchone()[0] == 0
 
@@ -220,3 +220,38 @@ async def test_an_empty_password_is_refused_before_postgresql_is_asked(console_d
         answer = await _login(client, admin, "")
         assert answer.status_code == 400 and "both required" in answer.text
         assert (await client.get("/")).headers["location"] == "/login"
+
+
+async def test_what_operators_noticed_in_issue_32(console_db):
+    su, url = console_db
+    ids = seed_dead_letters(
+        worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 60, "HTTP 422: no"
+    )
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        await _admin_client(client, su)
+        groups = await client.get("/dead-letters")
+        assert "HTTP 422: no" in groups.text  # the handler's status, not "HTTP <n>"
+        group_id = re.search(r'data-group="([0-9a-f]{32})"', groups.text).group(1)
+        # A mistyped filter: 400, the page again with the form as typed and the one line.
+        answer = await client.get("/dead-letters", params={"since": "yesterday-ish", "owner": "billing"})
+        assert answer.status_code == 400 and "[OB100]" in answer.text
+        assert 'aria-label="Filter dead letters"' in answer.text and 'value="billing"' in answer.text
+        # 60 rows: two pages; "select all 60 matching" means all 60.
+        page = await client.get(f"/dead-letters/groups/{group_id}")
+        assert "Next page" in page.text and "Select all 60 matching" in page.text
+        csrf = _csrf(page.text)
+        form = {"csrf": csrf, "scope": "selection", "group": group_id, "ids": ids[0], "action": "discard"}
+        dialog = await client.post("/actions/prepare", data={**form, "all_matching": "1"})
+        assert 'data-count="60"' in dialog.text
+        dialog = await client.post("/actions/prepare", data=form)
+        assert 'data-count="1"' in dialog.text
+        # The detail: trace headers, JSON as written, a parked row's replay state, one time format.
+        detail = await client.get(f"/dead-letters/inbox/{ids[0]}", params={"handler": "billing"})
+        assert "traceparent" in detail.text and "\\u003c" not in detail.text
+        assert "Automated replay: on" not in detail.text and "automated: next at" in detail.text
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", detail.text)
+        # Pausing a handler that does not exist.
+        answer = await client.post("/actions/prepare", data={"csrf": csrf, "action": "pause", "handler": "nobody"})
+        assert answer.status_code == 404 and "no handler named" in answer.text and "nobody" in answer.text
+        overview = await client.get("/")
+        assert "every 1s" in overview.text  # the tests sample every second (support.console.serving)

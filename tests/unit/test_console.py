@@ -94,7 +94,7 @@ def test_the_defaults_bind_to_loopback_and_need_no_secret():
         "auto",
         "role",
     )
-    assert cfg.session_lifetime == 8 * 3600 and cfg.action_batch == 100 and cfg.login_attempts == 5
+    assert cfg.session_lifetime == 8 * 3600 and cfg.action_batch == 250 and cfg.login_attempts == 5
 
 
 @pytest.mark.parametrize(
@@ -229,3 +229,71 @@ async def test_a_refused_first_batch_is_the_callers_and_starts_nothing():
     with pytest.raises(PermissionError):
         await actions.start(_action(), _opener, batch)
     assert actions.get("a1") is None
+
+
+@pytest.mark.parametrize(
+    "user, password, refused",
+    [
+        ("admin", "secret", None),
+        ("admin\0", "x", "control character"),
+        ("admin", "\0", "control character"),
+        ("admin", "right\0junk", "control character"),
+        ("ad\x1bmin", "x", "control character"),
+        ("admin", "x\x85", "control character"),  # C1 too
+        ("é" * 31 + "e", "x", None),  # 63 bytes
+        ("é" * 32, "x", "63 bytes"),  # 64 bytes, 32 characters
+        ("admin", "p" * 1000, None),
+        ("admin", "p" * 1001, "1000 bytes"),
+    ],
+)
+def test_a_login_holding_a_control_character_or_too_long_is_refused(user, password, refused):
+    from pgoutbox.console import inputs
+
+    if refused is None:
+        inputs.fields([("user", user), ("password", password)])
+    else:
+        with pytest.raises(inputs.BadInput, match=refused):
+            inputs.fields([("user", user), ("password", password)])
+
+
+def test_a_reason_may_hold_line_breaks_and_no_other_control_character():
+    from pgoutbox.console import inputs
+
+    inputs.fields([("reason", "line one\r\nline two\tthree")], multiline=("reason",))
+    for value in ("a\0b", "a\x0bb"):
+        with pytest.raises(inputs.BadInput):
+            inputs.fields([("reason", value)], multiline=("reason",))
+    with pytest.raises(inputs.BadInput):
+        inputs.fields([("owner", "line one\nline two")], multiline=("reason",))
+
+
+@pytest.mark.parametrize(
+    "back, kept",
+    [
+        ("/dead-letters?side=inbox", True),
+        ("/", True),
+        ("//evil.example/", False),
+        ("/\\evil.example/", False),
+        ("/x\\y", False),
+        ("https://evil.example/", False),
+        ("/a b", False),
+        ("", False),
+    ],
+)
+def test_a_back_link_is_a_page_of_the_console_or_the_default(back, kept):
+    assert pages._back(back) == (back if kept else "/dead-letters")
+
+
+def test_times_show_as_utc_to_the_second_from_datetimes_and_json_text():
+    from datetime import datetime, timedelta, timezone
+
+    from pgoutbox.console.web import _pairs, _when
+
+    east = timezone(timedelta(hours=2))
+    assert _when(datetime(2026, 11, 28, 12, 0, 1, 500, tzinfo=east)) == "2026-11-28 10:00:01 UTC"
+    assert _when("2026-11-28T12:00:01.123+02:00") == "2026-11-28 10:00:01 UTC"
+    assert _when(None) == "–" and _when("not a time") == "not a time"
+    assert (
+        _pairs({"last_error": "HTTP 422: <no>", "attempts_before": 3})
+        == "last_error: HTTP 422: <no>; attempts_before: 3"
+    )

@@ -1,11 +1,15 @@
 """Bulk actions run in throttled batches in the background, with progress.
 
-An action is confirmed with the exact count it will touch (counted by the SQL
-function the CLI's --dry-run uses) and a reason; then a task calls the
-action's SQL function once per batch, as the person who confirmed it, with
-`batch` rows at most, pausing `pause` seconds between batches, until a batch
-touches nothing. The first batch runs inside the confirming request, so a
-role PostgreSQL refuses gets its 403 there and no task starts.
+An action is confirmed with the exact set it will take: the dialog's request
+fixes it in the database (outbox.dlq_prepare records the targets and their
+number, which the dialog shows). Confirming, with a reason, starts a task that
+calls outbox.dlq_act once per batch, as the person who confirmed it, with
+`batch` targets at most, pausing `pause` seconds between batches, until a
+batch takes nothing: every target is taken once, so the action ends at the
+confirmed count even while the handler keeps failing (a row that fails again
+is counted as failed again, never retaken). Stop (outbox.dlq_stop) ends it
+after the batch under way. The first batch runs inside the confirming
+request, so a role PostgreSQL refuses gets its 403 there and no task starts.
 
 Actions live in this process's memory; the audit of who did what, and why,
 is the database's (each SQL function records it with session_user)."""
@@ -43,16 +47,26 @@ class Action:
     back: str  # the page to return to
     done: int = 0
     batches: int = 0
-    state: str = "running"  # running, finished, failed
+    state: str = "running"  # running, finished, stopped, failed
     error: str = ""
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    prepared: int | None = None  # the database's action id (outbox.dlq_actions), when it has one
+    stopping: bool = False
 
     @property
     def percent(self) -> int:
         if self.total <= 0:
             return 100 if self.state != "running" else 0
         return min(100, int(self.done * 100 / self.total))
+
+    @property
+    def left(self) -> float | None:
+        """Seconds still to go at the rate so far (None: not known yet, or not running)."""
+        elapsed = time.time() - self.started
+        if self.state != "running" or self.done <= 0 or elapsed <= 0:
+            return None
+        return max(0, self.total - self.done) * elapsed / self.done
 
 
 class Actions:
@@ -64,6 +78,10 @@ class Actions:
 
     def get(self, action_id: str) -> Action | None:
         return self._by_id.get(action_id)
+
+    def of_prepared(self, prepared: int, user: str) -> Action | None:
+        """The action already started for this prepared one (a Confirm sent twice runs it once)."""
+        return next((a for a in self._by_id.values() if a.prepared == prepared and a.user == user), None)
 
     def keep(self, task: asyncio.Future[Any]) -> None:
         """Hold a reference to a background task until it ends (the loop keeps only weak ones)."""
@@ -96,7 +114,7 @@ class Actions:
     async def _rest(self, action: Action, stack: contextlib.AsyncExitStack, conn: Any, batch: Batch) -> None:
         async with stack:
             try:
-                while True:
+                while not action.stopping:
                     await asyncio.sleep(self.pause)
                     touched = await batch(conn, self.batch)
                     action.batches += 1
@@ -120,7 +138,8 @@ class Actions:
             del self._by_id[old.id]
 
     def _finish(self, action: Action) -> None:
-        action.state, action.finished = "finished", time.time()
+        done = action.stopping and action.done < action.total
+        action.state, action.finished = ("stopped" if done else "finished"), time.time()
         log.info("action finished", extra={"action": action.title, "done": action.done, "batches": action.batches})
 
     async def stop(self) -> None:

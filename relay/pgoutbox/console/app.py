@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import psycopg
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from pgoutbox.console import calls
+from pgoutbox.console import calls, inputs
 from pgoutbox.console.pages import Pages
 from pgoutbox.console.settings import ConsoleConfig
-from pgoutbox.console.web import Console, Forbidden, NotLoggedIn
+from pgoutbox.console.web import Console, Forbidden, Guard, NotLoggedIn
 
 
 def create_app(cfg: ConsoleConfig) -> Starlette:
@@ -28,11 +29,13 @@ def create_app(cfg: ConsoleConfig) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=console.lifespan,
+        middleware=[Middleware(Guard, console=console)],
         exception_handlers={
             psycopg.Error: console.on_sql_error,
             calls.Unavailable: console.on_unavailable,
             Forbidden: console.on_forbidden,
             NotLoggedIn: console.on_not_logged_in,
+            inputs.BadInput: console.on_bad_input,
         },
     )
     app.state.console = console  # tests read the samples and actions through it

@@ -17,6 +17,7 @@ import psycopg
 import psycopg.errors
 from psycopg.rows import dict_row
 
+from pgoutbox.console import inputs
 from pgoutbox.core import db
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,21 @@ class Unavailable(Exception):
     """PostgreSQL could not be reached (one line: where, and libpq's reason)."""
 
 
+SETTING = "OUTBOX_CONSOLE_DATABASE_URL; the PG* variables when unset"
+# What a person who has not logged in is told: not where the database is.
+UNAVAILABLE = f"The console cannot reach PostgreSQL now: try again, or ask whoever runs it to check {SETTING}."
+
+
 @contextlib.asynccontextmanager
 async def session(database_url: str | None, user: str, password: str) -> AsyncIterator[Conn]:
-    """An autocommit session as `user`: each call its own transaction."""
+    """An autocommit session as `user`: each call its own transaction.
+
+    The user and password are checked here too, whoever calls: libpq must never
+    see a NUL (it would end the conninfo there) nor more than PostgreSQL takes."""
+    inputs.role(user)
+    inputs.password(password)
+    if not user or not password:
+        raise LoginRefused()  # never let libpq fill in PGPASSWORD or a pgpass file's
     try:
         conn = await psycopg.AsyncConnection.connect(
             db.conninfo(database_url),
@@ -46,13 +59,14 @@ async def session(database_url: str | None, user: str, password: str) -> AsyncIt
             connect_timeout=db.CONNECT_TIMEOUT,
             application_name="pgoutbox-console",
         )
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:
         # libpq gives a refused login no SQLSTATE; what tells it from an
         # unreachable server is that the server asked for the password (a role
         # that does not exist is asked too: PostgreSQL does not tell them apart).
-        if exc.pgconn is not None and exc.pgconn.used_password:
+        pgconn = getattr(exc, "pgconn", None)
+        if pgconn is not None and pgconn.used_password:
             raise LoginRefused() from None  # `from None`: the chained error's pgconn holds the password
-        raise Unavailable(db.unavailable(exc, database_url).args[0]) from None
+        raise Unavailable(db.unavailable(exc, database_url, setting=SETTING).args[0]) from None
     try:
         yield conn
     finally:
@@ -150,6 +164,28 @@ ACTIONS = tuple(_ACTIONS)
 
 
 async def act(conn: Conn, action: str, flt: dict[str, Any], reason: str, max_rows: int) -> int:
-    """One batch of `action`: the rows it touched (0: nothing left)."""
+    """One batch of `action` by filter: the rows it touched (0: nothing left)."""
     row = await one(conn, _ACTIONS[action], (_filter(flt), reason, max_rows))
     return int(row["n"]) if row else 0
+
+
+async def prepare(conn: Conn, flt: dict[str, Any], action: str) -> tuple[int, int]:
+    """Fixes the rows `action` would touch now: (the action's id, how many)."""
+    row = await one(conn, "SELECT * FROM outbox.dlq_prepare(%s::jsonb, %s)", (_filter(flt), action))
+    assert row is not None
+    return int(row["action_id"]), int(row["total"])
+
+
+async def act_prepared(conn: Conn, action_id: int, reason: str, max_rows: int) -> int:
+    """One batch of a prepared action: the targets it took (0: none left, or stopped)."""
+    row = await one(conn, "SELECT outbox.dlq_act(%s, %s, %s) AS n", (action_id, reason, max_rows))
+    return int(row["n"]) if row else 0
+
+
+async def stop(conn: Conn, action_id: int) -> bool:
+    row = await one(conn, "SELECT outbox.dlq_stop(%s) AS stopped", (action_id,))
+    return bool(row and row["stopped"])
+
+
+async def progress(conn: Conn, action_id: int) -> Row | None:
+    return await one(conn, "SELECT * FROM outbox.dlq_action_progress(%s)", (action_id,))

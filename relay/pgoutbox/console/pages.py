@@ -15,13 +15,15 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from pgoutbox.console import actions, calls
+from pgoutbox.console import actions, calls, inputs
 from pgoutbox.console.actions import Action
+from pgoutbox.core.errors import SqlState, one_line
 
 if TYPE_CHECKING:
     from pgoutbox.console.web import Console
@@ -72,10 +74,16 @@ def query_of(flt: Mapping[str, Any]) -> dict[str, str]:
     return q
 
 
+_HERE = re.compile(r"^/(?![/\\])[^\\\s]*$")
+_GROUP = re.compile(r"^[0-9a-f]{32}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # a handler or context, as the SQL checks it
+
+
 def _back(value: object, default: str = "/dead-letters") -> str:
-    """A page of this console to return to (never another site)."""
+    """A page of this console to return to (never another site: browsers read
+    `/\\host` and `//host` alike as another host, so neither is taken)."""
     text = str(value or "")
-    return text if text.startswith("/") and not text.startswith("//") else default
+    return text if _HERE.match(text) else default
 
 
 def _ids(form: FormData) -> list[str]:
@@ -89,7 +97,21 @@ def _ids(form: FormData) -> list[str]:
     return ids
 
 
-class BadRequest(Exception):
+def _line(exc: psycopg.Error) -> str:
+    return f"{one_line(exc.diag.message_primary or str(exc))} [{exc.sqlstate}]"
+
+
+def _prepared(value: object) -> int | None:
+    """The dialog's prepared action id (outbox.dlq_actions), checked here: a bad one is a 400."""
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise BadRequest("not an action id")
+    return int(text)
+
+
+class BadRequest(inputs.BadInput):
     """A form the console cannot make sense of (400)."""
 
 
@@ -105,6 +127,7 @@ class Pages:
             Route("/actions/prepare", self.prepare, methods=["POST"]),
             Route("/actions/run", self.run, methods=["POST"]),
             Route("/actions/{action_id}", self.progress, methods=["GET"]),
+            Route("/actions/{action_id}/stop", self.stop, methods=["POST"]),
         ]
 
     # -- pages ------------------------------------------------------------------
@@ -114,7 +137,13 @@ class Pages:
         flt.pop("group", None)
 
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
-            found = await calls.groups(conn, flt, GROUP_ROWS)
+            try:
+                found = await calls.groups(conn, flt, GROUP_ROWS)
+            except psycopg.Error as exc:
+                # A mistyped filter: the page again, with its form as typed and the one line.
+                if exc.sqlstate != SqlState.INVALID_FILTER:
+                    raise
+                return {"groups": [], "problem": _line(exc), "status": 400, **_filtered(request, flt)}
             return {
                 "groups": found,
                 **_filtered(request, flt),
@@ -124,13 +153,21 @@ class Pages:
 
     async def group(self, request: Request) -> Response:
         group_id = request.path_params["group_id"]
+        if not _GROUP.match(group_id):
+            return self.c.error(request, 404, "Not found", "not a group id (32 hex digits)")
         flt = filter_of(request.query_params)
         flt["group"] = group_id
         after = request.query_params.get("after") or None
 
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
-            summary = await calls.groups(conn, flt, 1)
-            found = await calls.dead_letters(conn, flt, PAGE_ROWS + 1, after)
+            try:
+                summary = await calls.groups(conn, flt, 1)
+                found = await calls.dead_letters(conn, flt, PAGE_ROWS + 1, after)
+            except psycopg.Error as exc:
+                if exc.sqlstate not in (SqlState.INVALID_FILTER, SqlState.INVALID_CURSOR):
+                    raise
+                context = {"group": None, "group_id": group_id, "rows": [], "next": None}
+                return {**context, "problem": _line(exc), "status": 400, **_filtered(request, flt)}
             more = len(found) > PAGE_ROWS
             found = found[:PAGE_ROWS]
             return {
@@ -138,6 +175,7 @@ class Pages:
                 "group_id": group_id,
                 "rows": found,
                 "next": found[-1]["cursor"] if more and found else None,
+                "after": after,
                 **_filtered(request, flt),
             }
 
@@ -146,6 +184,10 @@ class Pages:
     async def detail(self, request: Request) -> Response:
         side, id = request.path_params["side"], request.path_params["id"]
         handler = request.query_params.get("handler") or None
+        if side not in ("outbox", "inbox"):
+            return self.c.error(request, 404, "Not found", "a dead letter is under /dead-letters/outbox or /inbox")
+        if handler is not None and not _NAME.match(handler):
+            return self.c.error(request, 400, "Cannot do that", "handler is not a handler name ([A-Za-z0-9_.-])")
         try:
             uuid.UUID(id)
         except ValueError:
@@ -153,6 +195,11 @@ class Pages:
 
         async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
             detail = await calls.show(conn, side, id, handler)
+            envelope = detail.get("envelope") or {}
+            if not detail.get("headers") and isinstance(envelope, dict) and envelope.get("trace"):
+                # An inbox message keeps the headers it was received with (the
+                # trace context) under envelope.trace.
+                detail["headers"] = envelope["trace"]
             if self.c.cfg.payloads == "never":
                 detail["payload"] = None
                 detail["payload_visible"] = False
@@ -169,12 +216,16 @@ class Pages:
             raise BadRequest(f"unknown action {action[:30]!r}")
         if action in ("pause", "resume"):
             handler = str(form.get("handler") or "")
-            if not handler:
-                raise BadRequest("a handler is required")
+            if not _NAME.match(handler):
+                raise BadRequest("a handler name is required ([A-Za-z0-9_.-], 1-128 characters)")
             return action, {}, f"handler {handler}"
         flt = filter_of(form)
         ids = _ids(form)
         scope = str(form.get("scope") or "filter")
+        if scope not in ("selection", "group", "filter"):
+            raise BadRequest("scope must be selection, group or filter")
+        if scope == "selection" and form.get("all_matching") == "1" and flt.get("group"):
+            scope = "group"  # "select all N matching": every row of the group, not this page's
         if scope == "selection":
             if not ids:
                 raise BadRequest("select at least one dead letter first")
@@ -206,12 +257,22 @@ class Pages:
             action, flt, words = self._scope(form)
         except BadRequest as exc:
             return self.c.error(request, 400, "Cannot do that", str(exc))
+        prepared = None
         async with self.c.db(session) as conn:
             me = await calls.who(conn)
-            total = 1 if action in ("pause", "resume") else await calls.count(conn, flt, action)
+            if action in ("pause", "resume"):
+                total = 1
+                known = {row["handler"] for row in await calls.inbox_backlog(conn)}
+                if str(form.get("handler")) not in known:
+                    return self.c.error(
+                        request, 404, "Not found", f"no handler named {str(form.get('handler'))!r} has inbox messages"
+                    )
+            else:
+                # The set is fixed now, and counted: Confirm acts on these rows and no others.
+                prepared, total = await calls.prepare(conn, flt, action)
             if flt.get("group") and "ids" not in flt:
                 words = await self._group_words(conn, str(flt["group"])) or words
-        fields = [(k, v) for k, v in form.multi_items() if k != "csrf" and isinstance(v, str)]
+        fields = [(k, v) for k, v in form.multi_items() if k not in ("csrf", "back", "prepared") and isinstance(v, str)]
         return self.c.render(
             "confirm.html",
             me=me,
@@ -222,6 +283,7 @@ class Pages:
             total=total,
             words=words,
             fields=fields,
+            prepared=prepared,
             back=_back(form.get("back")),
         )
 
@@ -254,9 +316,22 @@ class Pages:
 
             title = f"{verb} automated replay of {handler}"
         else:
+            prepared = _prepared(form.get("prepared"))
+            if prepared is not None:
+                running = self.c.actions.of_prepared(prepared, session.user)
+                if running is not None:  # Confirm sent twice: the one action it started
+                    return RedirectResponse(f"/actions/{running.id}", status_code=303)
+                async with self.c.db(session) as conn:
+                    counts = await calls.progress(conn, prepared)  # OB110: not this role's
+                total = int(counts["total"]) if counts else 0
+            else:
+                # A form without a dialog's set (posted directly): the set is fixed now.
+                async with self.c.db(session) as conn:
+                    prepared, total = await calls.prepare(conn, flt, action)
+            fixed = prepared
 
             async def batch(conn: Any, max_rows: int) -> int:
-                return await calls.act(conn, action, flt, reason, max_rows)
+                return await calls.act_prepared(conn, fixed, reason, max_rows)
 
             # The scope as the dialog said it (the group in words), for the progress page only.
             shown = str(form.get("words") or words)[:300]
@@ -275,6 +350,7 @@ class Pages:
                 reason=reason,
                 total=total,
                 back=back,
+                prepared=None if action in ("pause", "resume") else fixed,
             ),
             opener,
             batch,
@@ -286,7 +362,24 @@ class Pages:
         action = self.c.actions.get(request.path_params["action_id"])
         if action is None or action.user != session.user:
             return self.c.error(request, 404, "Not found", "no such action (the console keeps them until it restarts)")
-        return self.c.render("action.html", me={"name": session.user}, csrf=session.csrf, a=action)
+        counts = None
+        if action.prepared is not None:
+            async with self.c.db(session) as conn:
+                counts = await calls.progress(conn, action.prepared)
+        return self.c.render("action.html", me={"name": session.user}, csrf=session.csrf, a=action, counts=counts)
+
+    async def stop(self, request: Request) -> Response:
+        """Stop: no batch takes anything after the one under way (outbox.dlq_stop)."""
+        session = self.c.session_of(request)
+        await self.c.form(request, session)
+        action = self.c.actions.get(request.path_params["action_id"])
+        if action is None or action.user != session.user:
+            return self.c.error(request, 404, "Not found", "no such action (the console keeps them until it restarts)")
+        action.stopping = True
+        if action.prepared is not None:
+            async with self.c.db(session) as conn:
+                await calls.stop(conn, action.prepared)
+        return RedirectResponse(f"/actions/{action.id}", status_code=303)
 
 
 def _filtered(request: Request, flt: dict[str, Any]) -> dict[str, Any]:

@@ -85,8 +85,8 @@ PAYLOADS = S(
 ACTION_BATCH = S(
     "action_batch",
     "OUTBOX_CONSOLE_ACTION_BATCH",
-    "100",
-    "Rows one batch of a bulk action touches (one SQL call each)",
+    "250",
+    "Rows one batch of a bulk action takes (one SQL call and transaction each)",
     settings.integer,
     bound=bounds.MAX_ROWS,
 )

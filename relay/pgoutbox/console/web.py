@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -27,9 +29,10 @@ from starlette.applications import Starlette
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pgoutbox import __version__
-from pgoutbox.console import actions, calls, charts
+from pgoutbox.console import actions, calls, charts, inputs
 from pgoutbox.console.sessions import LoginLimiter, Session, Sessions
 from pgoutbox.console.settings import ConsoleConfig
 from pgoutbox.core.errors import SqlState, from_database, one_line
@@ -56,6 +59,21 @@ class NotLoggedIn(Exception):
     """No live session: the login page."""
 
 
+# SQLSTATEs that say the request was wrong (a field PostgreSQL refused), not the
+# role nor the server: 400 with PostgreSQL's line. Class 22 is data exceptions
+# (a time out of range, a bad uuid or number); the OB codes are pgoutbox's
+# argument checks (docs/reference.md, error codes).
+_BAD_REQUEST = (
+    SqlState.INVALID_FILTER,
+    SqlState.INVALID_ACTION,
+    SqlState.INVALID_CURSOR,
+    "OB006",  # INVALID_ARGUMENT
+    "OB009",  # too long
+    "OB014",  # REASON_REQUIRED
+    "OB020",  # INVALID_MESSAGE (a handler name)
+)
+
+
 def _age(value: Any) -> str:
     """An interval (timedelta) as a short age: 3d 4h, 5m 2s, 800ms."""
     if value is None:
@@ -74,7 +92,57 @@ def _age(value: Any) -> str:
 
 
 def _when(value: Any) -> str:
-    return "–" if value is None else value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+    """A time as every page shows it: UTC, to the second (a datetime, or ISO text from a JSON document)."""
+    if value is None or value == "":
+        return "–"
+    moment: datetime
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    elif isinstance(value, datetime):
+        moment = value
+    else:
+        return str(value)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _json(value: Any) -> str:
+    """JSON as written, for a <pre>: indented, characters as they are (the template escapes them)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def _pairs(value: Any) -> str:
+    """A small JSON object on one line: `key: value; ...` (a history entry's detail)."""
+    if not isinstance(value, dict):
+        return "" if value is None else str(value)
+    return "; ".join(f"{k}: {v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}" for k, v in value.items())
+
+
+class Guard:
+    """Checks every request's path and query string before routing (inputs):
+    a control character or an oversized value is a 400 with one line."""
+
+    def __init__(self, app: ASGIApp, console: Console) -> None:
+        self.app = app
+        self.console = console
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                inputs.text("the path", str(scope.get("path", "")), max_chars=inputs.FIELD_CHARS)
+                raw = bytes(scope.get("query_string") or b"")
+                if len(raw) > inputs.QUERY_CHARS:
+                    raise inputs.BadInput(f"the query string is longer than {inputs.QUERY_CHARS} bytes: refused")
+                inputs.fields(urllib.parse.parse_qsl(raw.decode("latin-1"), keep_blank_values=True))
+            except inputs.BadInput as exc:
+                response = self.console.error(Request(scope), 400, "Cannot do that", one_line(exc))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class Console:
@@ -90,6 +158,9 @@ class Console:
         )
         self.env.filters["age"] = _age
         self.env.filters["when"] = _when
+        self.env.filters["json"] = _json
+        self.env.filters["pairs"] = _pairs
+        self.env.globals["sample_interval"] = _age(cfg.sample_interval)
         self._sampler: asyncio.Task[None] | None = None
 
     # -- plumbing ---------------------------------------------------------
@@ -128,6 +199,7 @@ class Console:
         token = form.get("csrf")
         if not session.csrf_ok(token if isinstance(token, str) else None):
             raise Forbidden("the form's CSRF token does not match this session (reload the page)")
+        inputs.fields(form.multi_items(), multiline=("reason",))
         return form
 
     @contextlib.asynccontextmanager
@@ -150,7 +222,8 @@ class Console:
         async with self.db(session) as conn:
             me = await calls.who(conn)
             context = await build(conn, me)
-        return self.render(template, me=me, csrf=session.csrf, **context)
+        status = int(context.pop("status", 200))
+        return self.render(template, status=status, me=me, csrf=session.csrf, **context)
 
     # -- errors -------------------------------------------------------------
 
@@ -167,11 +240,16 @@ class Console:
         message = one_line(exc.diag.message_primary or str(exc))
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return self.error(request, 403, "Not permitted", f"PostgreSQL refused your role: {message} [{code}]")
+        if code in (SqlState.DEAD_LETTER_NOT_FOUND, "OB110"):  # OB110: ACTION_NOT_FOUND
+            return self.error(request, 404, "Not found", f"{message} [{code}]")
+        if code in _BAD_REQUEST or code.startswith("22"):
+            return self.error(request, 400, "Cannot do that", f"{message} [{code}]")
+        if not code and isinstance(exc, psycopg.DataError | psycopg.ProgrammingError):
+            # psycopg refused a value before sending it (e.g. a NUL in a text).
+            return self.error(request, 400, "Cannot do that", one_line(exc))
         # A rule of pgoutbox's refused it (its SQLSTATE is ours: OBnnn), also one
         # this build does not know yet (a newer schema): 403 with the rule's line.
         domain = from_database(exc)
-        if code == SqlState.DEAD_LETTER_NOT_FOUND:
-            return self.error(request, 404, "Not found", f"{type(domain).__name__} [{code}]: {message}")
         if domain is not None:
             return self.error(request, 403, "Refused", f"{type(domain).__name__} [{code}]: {message}")
         if code.startswith("OB"):
@@ -182,7 +260,13 @@ class Console:
         return self.error(request, 500, "Database error", f"[{code}] {message}")
 
     async def on_unavailable(self, request: Request, exc: Exception) -> Response:
+        # Where the database is, only to someone logged in.
+        if self.sessions.get(request.cookies.get(COOKIE)) is None:
+            return self.error(request, 503, "Database unavailable", calls.UNAVAILABLE)
         return self.error(request, 503, "Database unavailable", one_line(exc))
+
+    async def on_bad_input(self, request: Request, exc: Exception) -> Response:
+        return self.error(request, 400, "Cannot do that", one_line(exc))
 
     async def on_forbidden(self, request: Request, exc: Exception) -> Response:
         return self.error(request, 403, "Not permitted", one_line(exc))
@@ -194,9 +278,11 @@ class Console:
 
     # -- login ----------------------------------------------------------------
 
-    async def login_page(self, request: Request, *, message: str = "", status: int = 200) -> Response:
+    async def login_page(self, request: Request, *, message: str = "", status: int = 200, user: str = "") -> Response:
         token = secrets.token_urlsafe(32)
-        response = self.render("login.html", status=status, login_csrf=token, message=message, me=None, csrf="")
+        response = self.render(
+            "login.html", status=status, login_csrf=token, message=message, me=None, csrf="", user=user
+        )
         response.set_cookie(
             LOGIN_COOKIE, token, path="/login", httponly=True, samesite="strict", secure=self.secure(request)
         )
@@ -211,6 +297,11 @@ class Console:
         expected = request.cookies.get(LOGIN_COOKIE) or ""
         if not token or not secrets.compare_digest(token.encode(), expected.encode()):
             return await self.login_page(request, message="The form expired: try again.", status=403)
+        # Before anything connects: a NUL would cut libpq's conninfo short (inputs).
+        try:
+            inputs.fields(form.multi_items())
+        except inputs.BadInput as exc:
+            return await self.login_page(request, message=f"{one_line(exc)}.", status=400)
         address = self.client(request)
         wait = self.limiter.retry_after(user, address)
         if wait > 0:
@@ -221,7 +312,7 @@ class Console:
             response.headers["Retry-After"] = str(int(wait) + 1)
             return response
         if not user or not password:
-            return await self.login_page(request, message="User and Password are both required.", status=400)
+            return await self.login_page(request, message="User and Password are both required.", status=400, user=user)
         try:
             # Connecting is the check: PostgreSQL took the password. What the
             # role may then see is for each page to ask.
@@ -230,7 +321,12 @@ class Console:
         except calls.LoginRefused:
             self.limiter.failed(user, address)
             log.info("login refused", extra={"user": user, "client": address})
-            return await self.login_page(request, message="PostgreSQL refused this user or password.", status=401)
+            return await self.login_page(
+                request, message="PostgreSQL refused this user or password.", status=401, user=user
+            )
+        except calls.Unavailable as exc:
+            log.warning("login: %s", one_line(exc))
+            return await self.login_page(request, message=calls.UNAVAILABLE, status=503, user=user)
         self.limiter.succeeded(user)
         session = self.sessions.open(user, password)
         log.info("login", extra={"user": user, "client": address})

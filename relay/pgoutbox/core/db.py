@@ -120,7 +120,9 @@ def _reason(exc: BaseException, database_url: str | None) -> str:
     return redact(one_line(str(exc)).removeprefix("connection failed: "), conninfo(database_url))
 
 
-def unavailable(exc: BaseException, database_url: str | None, *, lost: bool = False) -> DatabaseUnavailable:
+def unavailable(
+    exc: BaseException, database_url: str | None, *, lost: bool = False, setting: str = SETTING
+) -> DatabaseUnavailable:
     """One line for a connection that failed: where, which setting, and libpq's reason.
 
     libpq gives connection failures no SQLSTATE, so the reason is shown, never matched on."""
@@ -128,7 +130,7 @@ def unavailable(exc: BaseException, database_url: str | None, *, lost: bool = Fa
     if is_read_only(exc):
         what = "reached a server that does not accept writes (a standby, or a fenced primary) among"
     return DatabaseUnavailable(
-        f"{what} PostgreSQL at {describe(database_url)} ({SETTING}): {_reason(exc, database_url)}"
+        f"{what} PostgreSQL at {describe(database_url)} ({setting}): {_reason(exc, database_url)}"
     )
 
 
