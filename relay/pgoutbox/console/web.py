@@ -240,7 +240,7 @@ class Console:
         message = one_line(exc.diag.message_primary or str(exc))
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return self.error(request, 403, "Not permitted", f"PostgreSQL refused your role: {message} [{code}]")
-        if code in (SqlState.DEAD_LETTER_NOT_FOUND, "OB110"):  # OB110: ACTION_NOT_FOUND
+        if code in (SqlState.DEAD_LETTER_NOT_FOUND, SqlState.ACTION_NOT_FOUND):
             return self.error(request, 404, "Not found", f"{message} [{code}]")
         if code in _BAD_REQUEST or code.startswith("22"):
             return self.error(request, 400, "Cannot do that", f"{message} [{code}]")

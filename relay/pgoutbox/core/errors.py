@@ -73,6 +73,7 @@ class SqlState(enum.StrEnum):
     DEAD_LETTER_NOT_FOUND = "OB105"
     INVALID_ACTION = "OB106"
     INVALID_CURSOR = "OB107"
+    ACTION_NOT_FOUND = "OB110"  # a console bulk action that does not exist, or that another role prepared
 
 
 class ExitCode(enum.IntEnum):
@@ -244,6 +245,7 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.NOT_DISCARDABLE: IllegalTransition,
     SqlState.NOT_DISCARDED: IllegalTransition,
     SqlState.DEAD_LETTER_NOT_FOUND: DeadLetterNotFound,
+    SqlState.ACTION_NOT_FOUND: PolicyViolation,
     SqlState.INVALID_ACTION: PolicyViolation,
     SqlState.INVALID_CURSOR: PolicyViolation,
 }
