@@ -98,6 +98,30 @@ WHERE status = 'DEAD_LETTER';
 -- rows by claim token, requeue by the DEAD_LETTER index; an operator's lookup
 -- by event_id scans (add a created_at range to prune partitions).
 
+-- A business flow by its correlation id (outbox.flow): partial, so an event
+-- emitted without one costs its INSERT nothing here. An event with one pays
+-- an entry per row version (emit, claim, mark: each changes status, so no
+-- update is HOT), as every index of this table does.
+CREATE INDEX IF NOT EXISTS events_correlation_idx ON outbox.events (correlation_id, id)
+WHERE correlation_id IS NOT NULL;
+
+-- The event ids callers gave emit (event_id => ...), one row each, kept for
+-- good (archival keeps them too: a retry after the event was archived is
+-- still the same event). Drawn ids (version-4 UUIDs, 122 random bits) are
+-- never registered: that every event id is unique then rests on the primary
+-- key here for given ids, on chance for drawn ones, and on a given id never
+-- being of version 4 (emit refuses one). The INSERT policy trigger writes
+-- the row, so an owner's INSERT of an id of another version is held to it
+-- as well. content_md5: what a second emit with the same id must match
+-- (outbox._event_fingerprint).
+CREATE TABLE IF NOT EXISTS outbox.event_keys (
+    event_id uuid PRIMARY KEY,
+    content_md5 uuid NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE outbox.event_keys IS
+'Event ids given by callers (outbox.emit(event_id => ...)): one event per id, kept for good.';
+
 -- DEAD_LETTER -> PENDING audit trail, written by the update guard itself so
 -- that no path around outbox.requeue() escapes it.
 CREATE TABLE IF NOT EXISTS outbox.requeue_log (

@@ -95,6 +95,14 @@ $$;
 
 -- Emits one event inside the caller's transaction and returns its event_id.
 -- Rolled back with the business change, it never existed.
+--
+-- event_id: the caller's own id for the event, to retry safely (e.g. a
+-- UUIDv5 of its business key, after a commit whose acknowledgement was
+-- lost). Emitted again with the same content (outbox._event_fingerprint), it
+-- returns the id and writes nothing; with other content, EVENT_ID_CONFLICT.
+-- A version-4 id is refused (INVALID_EVENT_ID): those are the ids emit draws,
+-- which are not registered (outbox.event_keys). The INSERT policy trigger
+-- does the registering, so an owner's INSERT is held to the same rule.
 CREATE OR REPLACE FUNCTION outbox.emit(
     aggregate_type text,
     aggregate_id text,
@@ -107,7 +115,8 @@ CREATE OR REPLACE FUNCTION outbox.emit(
     causation_id uuid DEFAULT NULL,
     tenant_id text DEFAULT NULL,
     ordering_key text DEFAULT NULL,
-    occurred_at timestamptz DEFAULT NULL
+    occurred_at timestamptz DEFAULT NULL,
+    event_id uuid DEFAULT NULL
 )
 RETURNS uuid
 LANGUAGE plpgsql
@@ -115,8 +124,13 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    new_id uuid := gen_random_uuid();
+    new_id uuid := coalesce(emit.event_id, gen_random_uuid());
 BEGIN
+    IF emit.event_id IS NOT NULL AND substr(emit.event_id::text, 15, 1) = '4' THEN
+        RAISE EXCEPTION 'INVALID_EVENT_ID: % is a version-4 (random) UUID, the kind emit draws itself', emit.event_id
+            USING ERRCODE = 'OB019',
+                  HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
+    END IF;
     -- Per-key order is id order; holding a per-key lock until commit makes id
     -- order equal commit order, so a relay never sees a later event of a key
     -- while an earlier one is still uncommitted (and so invisible to claim).
@@ -138,8 +152,8 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION outbox.emit(
-    text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz
-) IS 'Writes an event in the caller''s transaction; returns its event_id (the Nats-Msg-Id).';
+    text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid
+) IS 'Writes an event in the caller''s transaction; returns its event_id (the Nats-Msg-Id), the caller''s own if given.';
 
 -- Claims up to batch_size due events for worker, under a lease, and returns
 -- them with a fresh claim token. One statement:

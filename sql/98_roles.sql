@@ -24,7 +24,7 @@ GRANT USAGE ON SCHEMA outbox, inbox
 TO pgoutbox_writer, pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
 
 GRANT EXECUTE ON FUNCTION
-outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz)
+outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid)
 TO pgoutbox_writer;
 
 -- The command inbox: called by applications inside their own transactions.
@@ -170,3 +170,5 @@ outbox.dlq_discard(jsonb, text, integer),
 outbox.dlq_restore(jsonb, text, integer)
 TO pgoutbox_admin;
 GRANT SELECT ON outbox.discard_log, inbox.discard_log TO pgoutbox_admin;
+-- A business flow by its correlation id (sql/69_flows.sql): read-only, no payload.
+GRANT EXECUTE ON FUNCTION outbox.flow(uuid, integer) TO pgoutbox_viewer, pgoutbox_admin;
