@@ -391,7 +391,9 @@ COMMENT ON FUNCTION outbox.flow(uuid, integer) IS
 
 REVOKE ALL ON FUNCTION
 outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid),
-outbox.flow(uuid, integer)
+outbox.flow(uuid, integer),
+outbox._event_fingerprint(text, text, text, text, integer, jsonb, uuid, uuid, text, text),
+outbox._register_event_id(uuid, uuid)
 FROM public;
 GRANT EXECUTE ON FUNCTION
 outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid)
