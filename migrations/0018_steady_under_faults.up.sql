@@ -153,8 +153,12 @@ BEGIN
         -- only once every rule before it holds: _headers_pass raises a header's error
         AND (NEW.headers = '{}'::jsonb OR (jsonb_typeof(NEW.headers) = 'object' AND outbox._headers_pass(NEW.headers)))
         AND NEW.status = 'PENDING' AND NEW.attempts = 0 AND NEW.claim_token IS NULL AND NEW.published_at IS NULL
-        -- a drawn id (version 4); any other was given, and is registered below
-        AND substr(NEW.event_id::text, 15, 1) = '4'
+        -- a drawn id (version 4), or one emit has just registered; any other
+        -- was given to an INSERT, and is registered below
+        AND (
+            substr(NEW.event_id::text, 15, 1) = '4'
+            OR NEW.event_id::text || '@' || statement_timestamp()::text = current_setting('pgoutbox.registered_event_id', true)
+        )
     ) IS NOT TRUE THEN
         broken := CASE
             WHEN nullif(btrim(NEW.context), '') IS NULL
@@ -195,8 +199,11 @@ BEGIN
             WHEN NEW.headers <> '{}'::jsonb AND NOT outbox._headers_pass(NEW.headers) THEN 'headers'
             WHEN NEW.status <> 'PENDING' OR NEW.attempts <> 0 OR NEW.claim_token IS NOT NULL
                 OR NEW.published_at IS NOT NULL THEN 'state'
-            -- Not a rule broken: a given id, held to one event per id.
-            WHEN substr(NEW.event_id::text, 15, 1) <> '4' THEN 'given id'
+            -- Not a rule broken: an id given to an INSERT, held to one event per id.
+            WHEN substr(NEW.event_id::text, 15, 1) <> '4'
+                AND NEW.event_id::text || '@' || statement_timestamp()::text
+                IS DISTINCT FROM current_setting('pgoutbox.registered_event_id', true)
+                THEN 'given id'
         END;
         -- NULL: what the first test could not tell, such as a schema_version of
         -- ten digits, or a NULL that a NOT NULL constraint refuses next.
@@ -277,8 +284,11 @@ DROP FUNCTION IF EXISTS outbox.emit(text, text, text, jsonb, text, integer, json
 -- lost). Emitted again with the same content (outbox._event_fingerprint), it
 -- returns the id and writes nothing; with other content, EVENT_ID_CONFLICT.
 -- A version-4 id is refused (INVALID_EVENT_ID): those are the ids emit draws,
--- which are not registered (outbox.event_keys). The INSERT policy trigger
--- does the registering, so an owner's INSERT is held to the same rule.
+-- which are not registered (outbox.event_keys). emit registers a given id
+-- itself and tells the INSERT policy trigger so (pgoutbox.registered_event_id),
+-- which registers the id of any other INSERT: an owner's is held to the same
+-- rule. (Registering here, not in the trigger, spares a given id the
+-- trigger's slow path: about 25 µs.)
 CREATE OR REPLACE FUNCTION outbox.emit(
     aggregate_type text,
     aggregate_id text,
@@ -302,10 +312,25 @@ AS $$
 DECLARE
     new_id uuid := coalesce(emit.event_id, gen_random_uuid());
 BEGIN
-    IF emit.event_id IS NOT NULL AND substr(emit.event_id::text, 15, 1) = '4' THEN
-        RAISE EXCEPTION 'INVALID_EVENT_ID: % is a version-4 (random) UUID, the kind emit draws itself', emit.event_id
-            USING ERRCODE = 'OB019',
-                  HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
+    IF emit.event_id IS NOT NULL THEN
+        IF substr(emit.event_id::text, 15, 1) = '4' THEN
+            RAISE EXCEPTION 'INVALID_EVENT_ID: % is a version-4 (random) UUID, the kind emit draws itself', emit.event_id
+                USING ERRCODE = 'OB019',
+                      HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
+        END IF;
+        IF NOT outbox._register_event_id(
+            emit.event_id,
+            outbox._event_fingerprint(
+                coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), '')),
+                emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
+                emit.payload, emit.correlation_id, emit.causation_id, emit.tenant_id, emit.ordering_key
+            )
+        ) THEN
+            RETURN new_id;  -- the same event again: it exists, nothing is written
+        END IF;
+        -- For this statement only: a later INSERT of the same transaction
+        -- (an owner's) has another statement_timestamp, and is checked.
+        PERFORM set_config('pgoutbox.registered_event_id', new_id::text || '@' || statement_timestamp()::text, true);
     END IF;
     -- Per-key order is id order; holding a per-key lock until commit makes id
     -- order equal commit order, so a relay never sees a later event of a key

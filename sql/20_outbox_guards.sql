@@ -102,8 +102,12 @@ BEGIN
         -- only once every rule before it holds: _headers_pass raises a header's error
         AND (NEW.headers = '{}'::jsonb OR (jsonb_typeof(NEW.headers) = 'object' AND outbox._headers_pass(NEW.headers)))
         AND NEW.status = 'PENDING' AND NEW.attempts = 0 AND NEW.claim_token IS NULL AND NEW.published_at IS NULL
-        -- a drawn id (version 4); any other was given, and is registered below
-        AND substr(NEW.event_id::text, 15, 1) = '4'
+        -- a drawn id (version 4), or one emit has just registered; any other
+        -- was given to an INSERT, and is registered below
+        AND (
+            substr(NEW.event_id::text, 15, 1) = '4'
+            OR NEW.event_id::text || '@' || statement_timestamp()::text = current_setting('pgoutbox.registered_event_id', true)
+        )
     ) IS NOT TRUE THEN
         broken := CASE
             WHEN nullif(btrim(NEW.context), '') IS NULL
@@ -144,8 +148,11 @@ BEGIN
             WHEN NEW.headers <> '{}'::jsonb AND NOT outbox._headers_pass(NEW.headers) THEN 'headers'
             WHEN NEW.status <> 'PENDING' OR NEW.attempts <> 0 OR NEW.claim_token IS NOT NULL
                 OR NEW.published_at IS NOT NULL THEN 'state'
-            -- Not a rule broken: a given id, held to one event per id.
-            WHEN substr(NEW.event_id::text, 15, 1) <> '4' THEN 'given id'
+            -- Not a rule broken: an id given to an INSERT, held to one event per id.
+            WHEN substr(NEW.event_id::text, 15, 1) <> '4'
+                AND NEW.event_id::text || '@' || statement_timestamp()::text
+                IS DISTINCT FROM current_setting('pgoutbox.registered_event_id', true)
+                THEN 'given id'
         END;
         -- NULL: what the first test could not tell, such as a schema_version of
         -- ten digits, or a NULL that a NOT NULL constraint refuses next.

@@ -101,8 +101,11 @@ $$;
 -- lost). Emitted again with the same content (outbox._event_fingerprint), it
 -- returns the id and writes nothing; with other content, EVENT_ID_CONFLICT.
 -- A version-4 id is refused (INVALID_EVENT_ID): those are the ids emit draws,
--- which are not registered (outbox.event_keys). The INSERT policy trigger
--- does the registering, so an owner's INSERT is held to the same rule.
+-- which are not registered (outbox.event_keys). emit registers a given id
+-- itself and tells the INSERT policy trigger so (pgoutbox.registered_event_id),
+-- which registers the id of any other INSERT: an owner's is held to the same
+-- rule. (Registering here, not in the trigger, spares a given id the
+-- trigger's slow path: about 25 µs.)
 CREATE OR REPLACE FUNCTION outbox.emit(
     aggregate_type text,
     aggregate_id text,
@@ -126,10 +129,25 @@ AS $$
 DECLARE
     new_id uuid := coalesce(emit.event_id, gen_random_uuid());
 BEGIN
-    IF emit.event_id IS NOT NULL AND substr(emit.event_id::text, 15, 1) = '4' THEN
-        RAISE EXCEPTION 'INVALID_EVENT_ID: % is a version-4 (random) UUID, the kind emit draws itself', emit.event_id
-            USING ERRCODE = 'OB019',
-                  HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
+    IF emit.event_id IS NOT NULL THEN
+        IF substr(emit.event_id::text, 15, 1) = '4' THEN
+            RAISE EXCEPTION 'INVALID_EVENT_ID: % is a version-4 (random) UUID, the kind emit draws itself', emit.event_id
+                USING ERRCODE = 'OB019',
+                      HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
+        END IF;
+        IF NOT outbox._register_event_id(
+            emit.event_id,
+            outbox._event_fingerprint(
+                coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), '')),
+                emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
+                emit.payload, emit.correlation_id, emit.causation_id, emit.tenant_id, emit.ordering_key
+            )
+        ) THEN
+            RETURN new_id;  -- the same event again: it exists, nothing is written
+        END IF;
+        -- For this statement only: a later INSERT of the same transaction
+        -- (an owner's) has another statement_timestamp, and is checked.
+        PERFORM set_config('pgoutbox.registered_event_id', new_id::text || '@' || statement_timestamp()::text, true);
     END IF;
     -- Per-key order is id order; holding a per-key lock until commit makes id
     -- order equal commit order, so a relay never sees a later event of a key
