@@ -5,7 +5,11 @@
 -- What makes two events with one given id the same event: everything the
 -- caller states about it, but not its headers (a retry carries a new trace)
 -- nor its occurred_at (a retry that leaves it to the default gets a new one).
--- jsonb's text is canonical: key order and white space do not count.
+-- jsonb's text is canonical: key order and white space do not count; the
+-- line breaks between the parts cannot occur in any of them (the policies
+-- refuse them, and JSON text escapes them), nor can '' (refused where a
+-- value is optional). No SET clause, so that emit's expression inlines it
+-- (a SET makes each call save and restore the setting: about 10 µs).
 CREATE OR REPLACE FUNCTION outbox._event_fingerprint(
     context text,
     aggregate_type text,
@@ -20,12 +24,13 @@ CREATE OR REPLACE FUNCTION outbox._event_fingerprint(
 )
 RETURNS uuid
 LANGUAGE sql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
 AS $$
-    SELECT md5(jsonb_build_array(
-        context, aggregate_type, aggregate_id, event_type, event_version,
-        payload, correlation_id, causation_id, tenant_id, ordering_key
-    )::text)::uuid;
+    SELECT pg_catalog.md5(
+        context || E'\n' || aggregate_type || E'\n' || aggregate_id || E'\n' || event_type
+        || E'\n' || event_version::text || E'\n' || payload::text
+        || E'\n' || coalesce(correlation_id::text, '') || E'\n' || coalesce(causation_id::text, '')
+        || E'\n' || coalesce(tenant_id, '') || E'\n' || coalesce(ordering_key, '')
+    )::uuid;
 $$;
 
 -- Registers a given event id (outbox.event_keys): true when it is new (the
