@@ -263,7 +263,7 @@ def _refuses_data(exc: psycopg.Error) -> bool:
 def _consumed_by(envelope: dict[str, Any], h: HandlerRuntime) -> None:
     """A replay names its original subject in a header: only this handler's
     subjects are taken (the event durable's filter guarantees it for the rest)."""
-    if envelope["subject"] not in h.spec.subjects:
+    if not h.spec.takes(envelope["subject"]):
         raise InvalidMessage(f"subject {envelope['subject']!r} is not one handler {h.name} consumes")
 
 
