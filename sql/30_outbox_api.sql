@@ -129,37 +129,41 @@ AS $$
 DECLARE
     new_id uuid := coalesce(emit.event_id, gen_random_uuid());
 BEGIN
-    IF emit.event_id IS NOT NULL THEN
-        IF substr(emit.event_id::text, 15, 1) = '4' THEN
-            RAISE EXCEPTION 'INVALID_EVENT_ID: % is a version-4 (random) UUID, the kind emit draws itself', emit.event_id
-                USING ERRCODE = 'OB019',
-                      HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
+    -- One test for both options in the common case (plpgsql prepares each
+    -- IF's expression anew in every transaction: about 0.5 µs each).
+    IF emit.ordering_key IS NOT NULL OR emit.event_id IS NOT NULL THEN
+        -- Per-key order is id order; holding a per-key lock until commit makes id
+        -- order equal commit order, so a relay never sees a later event of a key
+        -- while an earlier one is still uncommitted (and so invisible to claim).
+        IF emit.ordering_key IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.key:' || emit.ordering_key, 0));
         END IF;
-        -- outbox._register_event_id's first step, written out: a call of it
-        -- costs about 10 µs; it decides only when the id is held already.
-        INSERT INTO outbox.event_keys (event_id, content_md5)
-        VALUES (new_id, outbox._event_fingerprint(
-            coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), '')),
-            emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
-            emit.payload, emit.correlation_id, emit.causation_id, emit.tenant_id, emit.ordering_key
-        ))
-        ON CONFLICT DO NOTHING;
-        IF NOT FOUND AND NOT outbox._register_event_id(new_id, outbox._event_fingerprint(
-            coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), '')),
-            emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
-            emit.payload, emit.correlation_id, emit.causation_id, emit.tenant_id, emit.ordering_key
-        )) THEN
-            RETURN new_id;  -- the same event again: it exists, nothing is written
+        IF emit.event_id IS NOT NULL THEN
+            IF substr(emit.event_id::text, 15, 1) = '4' THEN
+                RAISE EXCEPTION 'INVALID_EVENT_ID: % is a version-4 (random) UUID, the kind emit draws itself', emit.event_id
+                    USING ERRCODE = 'OB019',
+                          HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
+            END IF;
+            -- outbox._register_event_id's first step, written out: a call of it
+            -- costs about 10 µs; it decides only when the id is held already.
+            INSERT INTO outbox.event_keys (event_id, content_md5)
+            VALUES (new_id, outbox._event_fingerprint(
+                coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), '')),
+                emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
+                emit.payload, emit.correlation_id, emit.causation_id, emit.tenant_id, emit.ordering_key
+            ))
+            ON CONFLICT DO NOTHING;
+            IF NOT FOUND AND NOT outbox._register_event_id(new_id, outbox._event_fingerprint(
+                coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), '')),
+                emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
+                emit.payload, emit.correlation_id, emit.causation_id, emit.tenant_id, emit.ordering_key
+            )) THEN
+                RETURN new_id;  -- the same event again: it exists, nothing is written
+            END IF;
+            -- For this statement only: a later INSERT of the same transaction
+            -- (an owner's) has another statement_timestamp, and is checked.
+            PERFORM set_config('pgoutbox.registered_event_id', new_id::text || '@' || statement_timestamp()::text, true);
         END IF;
-        -- For this statement only: a later INSERT of the same transaction
-        -- (an owner's) has another statement_timestamp, and is checked.
-        PERFORM set_config('pgoutbox.registered_event_id', new_id::text || '@' || statement_timestamp()::text, true);
-    END IF;
-    -- Per-key order is id order; holding a per-key lock until commit makes id
-    -- order equal commit order, so a relay never sees a later event of a key
-    -- while an earlier one is still uncommitted (and so invisible to claim).
-    IF emit.ordering_key IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.key:' || emit.ordering_key, 0));
     END IF;
     INSERT INTO outbox.events (
         event_id, context, aggregate_type, aggregate_id, event_type, event_version,
