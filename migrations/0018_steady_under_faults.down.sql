@@ -30,6 +30,8 @@ $$;
 
 DROP FUNCTION IF EXISTS outbox.flow(uuid, integer);
 
+REVOKE EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) FROM pgoutbox_writer;
+
 DROP FUNCTION IF EXISTS outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid);
 
 -- Emits one event inside the caller's transaction and returns its event_id.
@@ -235,6 +237,25 @@ DROP FUNCTION IF EXISTS outbox._event_fingerprint(text, text, text, text, intege
 DROP TABLE IF EXISTS outbox.event_keys;
 
 DROP INDEX IF EXISTS outbox.events_correlation_idx;
+
+-- The command a call is about: a handler name like the message inbox's, and
+-- a key of 1-256 characters that is not blank.
+CREATE OR REPLACE FUNCTION inbox._check_command(handler text, command_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: handler % is not a name of 1-128 letters, digits, _ . -', quote_literal(left(coalesce(handler, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+    IF nullif(btrim(command_key), '') IS NULL OR length(command_key) > 256 THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: command_key % is not a key of 1-256 characters', quote_literal(left(coalesce(command_key, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+END;
+$$;
 
 -- ---- the console
 

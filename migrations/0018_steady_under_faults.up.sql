@@ -429,6 +429,29 @@ COMMENT ON FUNCTION outbox.flow(uuid, integer) IS
 'The events of one correlation id in emit order, their publish state and each handler''s inbox outcome.';
 -- end generated
 
+-- A command key of white space only (a tab, a line break) is blank too.
+-- generated from sql/65_inbox_commands.sql: inbox._check_command
+-- The command a call is about: a handler name like the message inbox's, and
+-- a key of 1-256 characters that is not blank: not white space only, tabs
+-- and line breaks included (btrim takes only spaces away).
+CREATE OR REPLACE FUNCTION inbox._check_command(handler text, command_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: handler % is not a name of 1-128 letters, digits, _ . -', quote_literal(left(coalesce(handler, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+    IF command_key IS NULL OR command_key !~ '[^[:space:]]' OR length(command_key) > 256 THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: command_key % is not a key of 1-256 characters', quote_literal(left(coalesce(command_key, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+END;
+$$;
+-- end generated
+
 REVOKE ALL ON FUNCTION
 outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid),
 outbox.flow(uuid, integer),
@@ -439,6 +462,8 @@ GRANT EXECUTE ON FUNCTION
 outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid)
 TO pgoutbox_writer;
 GRANT EXECUTE ON FUNCTION outbox.flow(uuid, integer) TO pgoutbox_viewer, pgoutbox_admin;
+-- An application upcasts in its own transaction too (docs/consumer.md).
+GRANT EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) TO pgoutbox_writer;
 
 -- ---- the console
 
