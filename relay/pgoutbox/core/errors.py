@@ -38,6 +38,8 @@ class SqlState(enum.StrEnum):
     NOT_DEAD_LETTER = "OB015"
     RESERVED_HEADER = "OB016"
     INVALID_HEADER = "OB017"
+    EVENT_ID_CONFLICT = "OB018"
+    INVALID_EVENT_ID = "OB019"
     INVALID_MESSAGE = "OB020"
     UNKNOWN_MESSAGE = "OB021"
     MESSAGE_NOT_DEAD_LETTER = "OB030"
@@ -207,6 +209,8 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.VALUE_TOO_LARGE: PolicyViolation,
     SqlState.RESERVED_HEADER: PolicyViolation,
     SqlState.INVALID_HEADER: PolicyViolation,
+    SqlState.EVENT_ID_CONFLICT: PolicyViolation,
+    SqlState.INVALID_EVENT_ID: PolicyViolation,
     SqlState.INVALID_MESSAGE: PolicyViolation,
     SqlState.ILLEGAL_TRANSITION: IllegalTransition,
     SqlState.IMMUTABLE_EVENT: IllegalTransition,
