@@ -80,10 +80,7 @@ EMIT_HEADERS = (
     "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea',"
     " headers => %(headers)s::jsonb)"
 )
-KEYED = (
-    "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea',"
-    " event_id => %(id)s)"
-)
+KEYED = "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea', event_id => %(id)s)"
 CORRELATED = (
     "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea',"
     " correlation_id => gen_random_uuid())"
@@ -208,7 +205,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0, help="per side and round")
     ap.add_argument("--synchronous-commit", default="on", choices=("on", "off"))
-    ap.add_argument("--sides", default="emit,plain,before", help="comma-separated: emit, plain, before, keyed, correlated")
+    ap.add_argument(
+        "--sides", default="emit,plain,before", help="comma-separated: emit, plain, before, keyed, correlated"
+    )
     ap.add_argument("--headers", action="store_true", help="emit with a W3C traceparent header (plain: none)")
     ap.add_argument("--before", metavar="COMMIT", help="the before side: this commit's schema, not one version short")
     args = ap.parse_args()

@@ -32,7 +32,9 @@ DROP FUNCTION IF EXISTS outbox.flow(uuid, integer);
 
 REVOKE EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) FROM pgoutbox_writer;
 
-DROP FUNCTION IF EXISTS outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid);
+DROP FUNCTION IF EXISTS outbox.emit(
+    text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid
+);
 
 -- Emits one event inside the caller's transaction and returns its event_id.
 -- Rolled back with the business change, it never existed.
@@ -259,6 +261,7 @@ $$;
 
 -- ---- the console
 
-DELETE FROM outbox.schema_migrations WHERE version = 18;
+DELETE FROM outbox.schema_migrations
+WHERE version = 18;
 
 COMMIT;

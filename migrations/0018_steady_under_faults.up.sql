@@ -370,7 +370,7 @@ END;
 $$;
 COMMENT ON FUNCTION outbox.emit(
     text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid
-) IS 'Writes an event in the caller''s transaction; returns its event_id (the Nats-Msg-Id), the caller''s own if given.';
+) IS 'Writes an event in the caller''s transaction; returns its event_id (the Nats-Msg-Id; the caller''s if given).';
 -- end generated
 
 -- generated from sql/69_flows.sql: outbox.flow

@@ -11,78 +11,90 @@
 BEGIN;
 SELECT plan(10);
 
+-- The flow is c0000000-...-0001, another one ...-0002; the events' ids by name.
 CREATE TEMP TABLE flow_ids (name text PRIMARY KEY, id uuid);
-INSERT INTO flow_ids VALUES ('flow', gen_random_uuid()), ('other', gen_random_uuid());
 GRANT SELECT ON flow_ids TO public;
+CREATE FUNCTION pg_temp.id_of(event_name text) RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT id FROM flow_ids WHERE name = event_name
+$$;
 
-INSERT INTO flow_ids
-SELECT 'placed', outbox.emit('order', '1', 'placed', '{"schema_version": 1}', context => 'sea',
-    correlation_id => (SELECT id FROM flow_ids WHERE name = 'flow'));
-INSERT INTO flow_ids
-SELECT 'paid', outbox.emit('payment', '7', 'paid', '{"schema_version": 2}', context => 'sea', event_version => 2,
-    correlation_id => (SELECT id FROM flow_ids WHERE name = 'flow'),
-    causation_id => (SELECT id FROM flow_ids WHERE name = 'placed'));
-INSERT INTO flow_ids
-SELECT 'elsewhere', outbox.emit('order', '2', 'placed', '{"schema_version": 1}', context => 'sea',
-    correlation_id => (SELECT id FROM flow_ids WHERE name = 'other'));
+INSERT INTO flow_ids (name, id)
+SELECT
+    'placed' AS name,
+    outbox.emit(
+        'order', '1', 'placed', '{"schema_version": 1}',
+        context => 'sea', correlation_id => 'c0000000-0000-4000-8000-000000000001'
+    ) AS id;
+INSERT INTO flow_ids (name, id)
+SELECT
+    'paid' AS name,
+    outbox.emit(
+        'payment', '7', 'paid', '{"schema_version": 2}',
+        context => 'sea', event_version => 2,
+        correlation_id => 'c0000000-0000-4000-8000-000000000001', causation_id => pg_temp.id_of('placed')
+    ) AS id;
+INSERT INTO flow_ids (name, id)
+SELECT
+    'elsewhere' AS name,
+    outbox.emit(
+        'order', '2', 'placed', '{"schema_version": 1}',
+        context => 'sea', correlation_id => 'c0000000-0000-4000-8000-000000000002'
+    ) AS id;
 
 -- The first event published and received by two handlers, one of which
 -- processed it and one of which dead-lettered it.
-UPDATE outbox.events SET status = 'PROCESSING', attempts = 1, claim_token = gen_random_uuid(),
+UPDATE outbox.events SET
+    status = 'PROCESSING', attempts = 1, claim_token = gen_random_uuid(),
     claimed_at = now(), claimed_by = 'test', available_at = now() + interval '1 minute'
-WHERE event_id = (SELECT id FROM flow_ids WHERE name = 'placed');
+WHERE event_id = pg_temp.id_of('placed');
 UPDATE outbox.events SET status = 'COMPLETED', published_at = now()
-WHERE event_id = (SELECT id FROM flow_ids WHERE name = 'placed');
-SELECT inbox.receive((SELECT id FROM flow_ids WHERE name = 'placed'), 'billing', 'sea.event.placed.v1');
-SELECT inbox.mark_processed((SELECT id FROM flow_ids WHERE name = 'placed'), 'billing');
-SELECT inbox.receive((SELECT id FROM flow_ids WHERE name = 'placed'), 'shipping', 'sea.event.placed.v1');
-SELECT inbox.record_error((SELECT id FROM flow_ids WHERE name = 'placed'), 'shipping', 'HTTP 422: no address', TRUE);
+WHERE event_id = pg_temp.id_of('placed');
+SELECT inbox.receive(pg_temp.id_of('placed'), 'billing', 'sea.event.placed.v1');
+SELECT inbox.mark_processed(pg_temp.id_of('placed'), 'billing');
+SELECT inbox.receive(pg_temp.id_of('placed'), 'shipping', 'sea.event.placed.v1');
+SELECT inbox.record_error(pg_temp.id_of('placed'), 'shipping', 'HTTP 422: no address', TRUE);
 
 SELECT results_eq(
-    $$SELECT event_id, status, handler, inbox_status FROM outbox.flow((SELECT id FROM flow_ids WHERE name = 'flow'))$$,
+    $$SELECT event_id, status, handler, inbox_status FROM outbox.flow('c0000000-0000-4000-8000-000000000001')$$,
     $$VALUES
-        ((SELECT id FROM flow_ids WHERE name = 'placed'), 'COMPLETED'::text, 'billing'::text, 'PROCESSED'::text),
-        ((SELECT id FROM flow_ids WHERE name = 'placed'), 'COMPLETED', 'shipping', 'DEAD_LETTER'),
-        ((SELECT id FROM flow_ids WHERE name = 'paid'), 'PENDING', NULL, NULL)$$,
+        (pg_temp.id_of('placed'), 'COMPLETED'::text, 'billing'::text, 'PROCESSED'::text),
+        (pg_temp.id_of('placed'), 'COMPLETED', 'shipping', 'DEAD_LETTER'),
+        (pg_temp.id_of('paid'), 'PENDING', NULL, NULL)$$,
     'the flow: its events in emit order, each handler''s outcome, none of another flow'
 );
-SELECT is(
-    (SELECT causation_id FROM outbox.flow((SELECT id FROM flow_ids WHERE name = 'flow'))
-     WHERE event_id = (SELECT id FROM flow_ids WHERE name = 'paid')),
-    (SELECT id FROM flow_ids WHERE name = 'placed'),
+SELECT results_eq(
+    $$SELECT causation_id FROM outbox.flow('c0000000-0000-4000-8000-000000000001') WHERE handler IS NULL$$,
+    $$VALUES (pg_temp.id_of('placed'))$$,
     'each event shows what caused it'
 );
-SELECT is(
-    (SELECT inbox_last_error FROM outbox.flow((SELECT id FROM flow_ids WHERE name = 'flow'))
-     WHERE handler = 'shipping'),
-    'HTTP 422: no address',
+SELECT results_eq(
+    $$SELECT inbox_last_error FROM outbox.flow('c0000000-0000-4000-8000-000000000001') WHERE handler = 'shipping'$$,
+    $$VALUES ('HTTP 422: no address'::text)$$,
     'a dead-lettered handler shows its error'
 );
 SELECT is(
-    (SELECT count(DISTINCT event_id) FROM outbox.flow((SELECT id FROM flow_ids WHERE name = 'flow'), 1)),
-    1::bigint, 'max_rows bounds the events (its handlers all come along)'
+    (SELECT count(DISTINCT f.event_id) FROM outbox.flow('c0000000-0000-4000-8000-000000000001', 1) AS f), 1::bigint,
+    'max_rows bounds the events (its handlers all come along)'
 );
-SELECT is(
-    (SELECT count(*) FROM outbox.flow(gen_random_uuid())), 0::bigint, 'an unknown correlation id: no rows'
-);
+SELECT is((SELECT count(*) FROM outbox.flow(gen_random_uuid())), 0::bigint, 'an unknown correlation id: no rows');
 SELECT throws_ok($$SELECT * FROM outbox.flow(NULL)$$, 'OB006', NULL, 'a NULL correlation id is refused');
 SELECT throws_ok($$SELECT * FROM outbox.flow(gen_random_uuid(), 0)$$, 'OB006', NULL, 'max_rows 0 is refused');
 
 SET LOCAL ROLE pgoutbox_viewer;
 SELECT is(
-    (SELECT count(*) FROM outbox.flow((SELECT id FROM flow_ids WHERE name = 'flow'))),
-    3::bigint, 'pgoutbox_viewer may look a flow up'
+    (SELECT count(*) FROM outbox.flow('c0000000-0000-4000-8000-000000000001')), 3::bigint,
+    'pgoutbox_viewer may look a flow up'
 );
 RESET ROLE;
 SET LOCAL ROLE pgoutbox_writer;
-SELECT throws_ok(
-    $$SELECT * FROM outbox.flow(gen_random_uuid())$$, '42501', NULL, 'pgoutbox_writer may not'
-);
+SELECT throws_ok($$SELECT * FROM outbox.flow(gen_random_uuid())$$, '42501', NULL, 'pgoutbox_writer may not');
 RESET ROLE;
 
 SELECT ok(
     EXISTS (
-        SELECT 1 FROM pg_indexes WHERE schemaname = 'outbox' AND indexname = 'events_correlation_idx'
+        SELECT 1 FROM pg_indexes
+        WHERE
+            schemaname = 'outbox' AND indexname = 'events_correlation_idx'
             AND indexdef LIKE '%(correlation_id, id)%' AND indexdef LIKE '%WHERE (correlation_id IS NOT NULL)%'
     ),
     'events_correlation_idx indexes (correlation_id, id) where a correlation id is given'
