@@ -14,8 +14,9 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
+from support.outbox import relay_config, running_relay
 from support.roles import login
-from support.waiting import wait_for
+from support.waiting import until, wait_for
 
 EMIT = (
     "SELECT count(outbox.emit('order', g::text, 'order_created', jsonb_build_object('schema_version', 1),"
@@ -209,3 +210,22 @@ def test_oldest_snapshots_names_the_holder_but_not_its_query(database_url):
         assert "query" not in columns
     with psycopg.connect(viewer_url, autocommit=True) as viewer:
         assert pid not in [r[0] for r in viewer.execute("SELECT pid FROM outbox.oldest_snapshots()").fetchall()]
+
+
+async def test_the_relay_exports_the_age_of_the_held_snapshot(database_url, nats_server):
+    relay_login = login(database_url, "pgoutbox_relay")
+    # backlog_interval: the gauges are read by the backlog loop, every 5 s by default.
+    cfg = relay_config(relay_login, nats_server.url, backlog_interval="200ms")
+    async with running_relay(cfg) as relay:
+
+        def age() -> float:
+            return relay.metrics.registry.get_sample_value("pgoutbox_outbox_oldest_snapshot_age_seconds") or 0.0
+
+        def xids() -> float:
+            return relay.metrics.registry.get_sample_value("pgoutbox_outbox_oldest_snapshot_age_xids") or 0.0
+
+        await until(lambda: age() == 0, 10, "no snapshot held at first")
+        with held_snapshot(database_url), psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_current_xact_id()")  # an xid after the snapshot: it is one transaction old
+            await until(lambda: age() >= 1 and xids() >= 1, 10, "the held snapshot's age in the gauges")
+        await until(lambda: age() < 1, 10, "the gauge to fall once the snapshot is released")
