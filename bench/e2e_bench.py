@@ -492,9 +492,10 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
     wait_ready(pipe)
     lead, tail = 60.0, 60.0
     seconds = lead + hold * 60 + tail
+    out = (pipe.root / "writers.json").open("w")  # a file: a pipe would fill up while we wait
     writer = subprocess.Popen(
         [sys.executable, __file__, "--writers", pipe.url("writer"), str(rate), str(seconds), "1000000", str(writers)],
-        stdout=subprocess.PIPE,
+        stdout=out,
         text=True,
     )
     begun = time.monotonic()
@@ -517,7 +518,8 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
     if holder is not None:
         holder.close()
         released_at = time.monotonic()
-    run = json.loads(writer.stdout.read() if writer.stdout else "{}")
+    out.close()
+    run = json.loads((pipe.root / "writers.json").read_text())
     committed: dict[str, float] = run["committed"]
     last, progress = -1, time.monotonic()
     while (count := pipe.arrived()) < len(committed) + 1 and time.monotonic() - progress < 60:
