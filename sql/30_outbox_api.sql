@@ -475,7 +475,11 @@ AS $$
         SELECT e.context, e.status, e.created_at, e.available_at
         FROM outbox.events AS e
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
-            AND e.id >= (SELECT coalesce(pg_sequence_last_value('outbox.claim_floor'), 0))
+            AND e.id >= (
+                -- (a standby cannot read an unlogged sequence: from the bottom there)
+                SELECT CASE WHEN pg_is_in_recovery() THEN 0
+                    ELSE coalesce(pg_sequence_last_value('outbox.claim_floor'), 0) END
+            )
             AND (backlog.context IS NULL OR e.context = backlog.context)
         UNION ALL
         SELECT e.context, e.status, e.created_at, e.available_at
