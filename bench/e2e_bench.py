@@ -480,9 +480,11 @@ HOLD = ("BEGIN ISOLATION LEVEL REPEATABLE READ", "SELECT count(*) FROM pg_class"
 
 def dead_tuples(url: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE schemaname IN ('outbox', 'inbox')"
-        ).fetchone()[0]
+        return int(
+            conn.execute(
+                "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE schemaname IN ('outbox', 'inbox')"
+            ).fetchone()[0]
+        )
 
 
 def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) -> list[dict]:
@@ -644,6 +646,7 @@ def main() -> int:
                 try:
                     pipe.start()
                     results[c] = run_hold(pipe, c, rates[0], args.hold, args.writers)
+                    print(json.dumps({c: results[c]}), flush=True)
                 finally:
                     with contextlib.suppress(Exception):
                         pipe.stop()
