@@ -70,10 +70,10 @@ import httpx
 import psycopg
 
 import machine
-from relay_bench import postgres_cpu_seconds
 from pgoutbox.core import migrate
 from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from relay_bench import postgres_cpu_seconds
 
 CONTEXT = "e2e"
 SUBJECT = f"{CONTEXT}.event.order_created.v1"
@@ -220,7 +220,10 @@ class Pipeline:
         for code in self.codes:
             self.pythonpaths[code] = None if code == "." else self._export(code)
         if self.schema_code != ".":
-            code = "import psycopg, sys; from pgoutbox.core import migrate; migrate.migrate(psycopg.connect(sys.argv[1], autocommit=True))"
+            code = (
+                "import psycopg, sys; from pgoutbox.core import migrate;"
+                " migrate.migrate(psycopg.connect(sys.argv[1], autocommit=True))"
+            )
             subprocess.run(
                 [sys.executable, "-c", code, self.pg.url],
                 check=True,
@@ -470,7 +473,6 @@ def report(code: str, rate: int, n: int, res: dict) -> None:
         )
     if res["achieved"] < 0.95 * rate:
         print(f"    the writers fell behind the pace ({res['achieved']:,.0f} of {rate:,}/s): the machine is saturated")
-
 
 
 # ---- a held snapshot (--hold) ----

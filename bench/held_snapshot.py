@@ -59,7 +59,10 @@ def migrate_with(url: str, pythonpath: str | None) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             migrate.migrate(conn)
         return
-    code = "import psycopg, sys; from pgoutbox.core import migrate; migrate.migrate(psycopg.connect(sys.argv[1], autocommit=True))"
+    code = (
+        "import psycopg, sys; from pgoutbox.core import migrate;"
+        " migrate.migrate(psycopg.connect(sys.argv[1], autocommit=True))"
+    )
     subprocess.run(
         [sys.executable, "-c", code, url], check=True, env={"PYTHONPATH": pythonpath, "PATH": "/usr/bin:/bin"}
     )
@@ -216,13 +219,21 @@ def one_schema(root: Path, label: str, pythonpath: str | None, events: int) -> N
         asyncio.run(setup_stream())
         print(f"  schema of {label}:", flush=True)
         rate, cpu = drain(root, pg, ns, events, f"{label}-clean", pythonpath)
-        print(f"    1. relay-only drain of {events:,} events, nothing held: {rate:8,.0f} events/s, PostgreSQL {cpu:.0f} µs/event", flush=True)
+        print(
+            f"    1. relay-only drain of {events:,} events, nothing held: {rate:8,.0f} events/s,"
+            f" PostgreSQL {cpu:.0f} µs/event",
+            flush=True,
+        )
         with psycopg.connect(pg.url, autocommit=True, application_name="bench: held snapshot") as holder:
             for stmt in HOLD.split(";")[:2]:
                 holder.execute(stmt)
             try:
                 rate, cpu = drain(root, pg, ns, events, f"{label}-held", pythonpath)
-                print(f"    2. the same drain, snapshot held:          {rate:8,.0f} events/s, PostgreSQL {cpu:.0f} µs/event", flush=True)
+                print(
+                    f"    2. the same drain, snapshot held:          {rate:8,.0f} events/s,"
+                    f" PostgreSQL {cpu:.0f} µs/event",
+                    flush=True,
+                )
                 first, last = inbox_load(pg.url, events)
                 print(
                     f"    3. inbox receive_batch + settle of {events:,} messages, held: {first:.3f} ms/message"
@@ -259,7 +270,10 @@ def main() -> int:
         if args.before:
             repo = Path(__file__).resolve().parents[1]
             commit = subprocess.run(
-                ["git", "-C", str(repo), "rev-parse", "--short", args.before], check=True, capture_output=True, text=True
+                ["git", "-C", str(repo), "rev-parse", "--short", args.before],
+                check=True,
+                capture_output=True,
+                text=True,
             ).stdout.strip()
             schemas.append((f"before ({commit})", str(releases.export(repo, commit, root / "before"))))
         schemas.append(("this checkout", None))

@@ -145,11 +145,15 @@ DROP FUNCTION IF EXISTS outbox.oldest_snapshots(integer);
 DROP FUNCTION IF EXISTS outbox._claim_floor();
 DROP TRIGGER IF EXISTS _200_lower_claim_floor ON outbox.events;
 DROP FUNCTION IF EXISTS outbox.tg_events__lower_claim_floor();
-DROP SEQUENCE IF EXISTS outbox.claim_floor, outbox.claim_floor_next, outbox.claim_floor_wait,
-outbox.claim_floor_at, outbox.claim_floor_checked;
+DROP SEQUENCE IF EXISTS outbox.claim_floor;
+DROP SEQUENCE IF EXISTS outbox.claim_floor_next;
+DROP SEQUENCE IF EXISTS outbox.claim_floor_wait;
+DROP SEQUENCE IF EXISTS outbox.claim_floor_at;
+DROP SEQUENCE IF EXISTS outbox.claim_floor_checked;
 
 -- ---- the console
 
-DELETE FROM outbox.schema_migrations WHERE version = 18;
+DELETE FROM outbox.schema_migrations
+WHERE version = 18;
 
 COMMIT;

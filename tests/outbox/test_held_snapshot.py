@@ -117,14 +117,18 @@ def test_a_claim_past_200000_dead_entries_reads_as_many_buffers_as_on_a_clean_ta
         with held_snapshot(database_url):
             writer.execute(EMIT, (100_000,))
             assert drain(relay, 10_000) == 100_000
+
             # Each event left two entries in events_claimable_idx (its PENDING and
             # PROCESSING versions), which nothing may remove while the snapshot is held.
             def dead() -> bool:  # the relay's session reports its counts within seconds
                 conn.execute("SELECT pg_stat_clear_snapshot()")
-                return conn.execute(
-                    "SELECT sum(n_dead_tup) FROM pg_stat_user_tables WHERE relid IN"
-                    " (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'outbox.events'::regclass)"
-                ).fetchone()[0] >= 200_000
+                return (
+                    conn.execute(
+                        "SELECT sum(n_dead_tup) FROM pg_stat_user_tables WHERE relid IN"
+                        " (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'outbox.events'::regclass)"
+                    ).fetchone()[0]
+                    >= 200_000
+                )
 
             wait_for(dead, 30, "200,000 dead row versions in outbox.events", interval=0.5)
             # Walked from the bottom, as claim did before the floor, the index costs thousands of buffers.
@@ -181,7 +185,9 @@ def test_a_requeued_dead_letter_below_the_floor_is_claimed(database_url, relay_u
         psycopg.connect(relay_url, autocommit=True) as relay,
     ):
         writer.execute(EMIT, (1,))
-        token, event_id = relay.execute("SELECT claim_token, event_id FROM outbox.claim('t', 1, '30 seconds')").fetchone()
+        token, event_id = relay.execute(
+            "SELECT claim_token, event_id FROM outbox.claim('t', 1, '30 seconds')"
+        ).fetchone()
         relay.execute(
             "SELECT outbox.mark_failed(%s, ARRAY[%s]::uuid[], ARRAY['broken'], ARRAY[NULL]::timestamptz[])",
             (token, event_id),
