@@ -150,6 +150,7 @@ DROP SEQUENCE IF EXISTS outbox.claim_floor_next;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_wait;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_at;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_checked;
+DROP SEQUENCE IF EXISTS outbox.claim_floor_checked_id;
 
 -- ---- the console
 

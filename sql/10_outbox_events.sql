@@ -109,13 +109,14 @@ WHERE status = 'DEAD_LETTER';
 -- the walk starts at the bottom until the floor moves up again, safe and slow.
 -- claim_floor_next/_wait/_at: a candidate floor, the transaction id it waits
 -- for (events_id_seq may have given a lower id to a transaction still
--- running) and when it was taken (µs); claim_floor_checked: when the last
--- search below the floor ran (µs).
+-- running) and when it was taken (µs); claim_floor_checked/_id: when the
+-- last look below the floor ran (µs) and the floor it looked up to.
 CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor AS bigint MINVALUE 0;  -- noqa: PRS
 CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_next AS bigint MINVALUE 0;  -- noqa: PRS
 CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_wait AS bigint MINVALUE 0;  -- noqa: PRS
 CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_at AS bigint MINVALUE 0;  -- noqa: PRS
 CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_checked AS bigint MINVALUE 0;  -- noqa: PRS
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_checked_id AS bigint MINVALUE 0;  -- noqa: PRS
 COMMENT ON SEQUENCE outbox.claim_floor IS
 'No claimable event has a lower id (outbox._claim_floor). Unlogged: reset to 0 (walk from the bottom) by a crash.';
 

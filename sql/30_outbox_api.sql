@@ -157,9 +157,11 @@ COMMENT ON FUNCTION outbox.emit(
 -- Each walk covers what was finished since the previous step, however old
 -- the oldest snapshot. The 250 ms cover an INSERT that took its id just
 -- before step 1 but had no transaction id yet; for one stalled longer than
--- that, once a minute a claim looks below the floor and lowers it: such an
--- event is delivered late, never lost nor reordered (an ordering key's
--- successors wait for it as always). A row that becomes claimable again
+-- that, once a minute a claim looks at the ids the floor passed since its
+-- previous look and lowers it: such an event is delivered late, not
+-- reordered (an ordering key's successors wait for it as always). Only an
+-- INSERT stalled for longer than that minute between taking its id and
+-- writing its row would stay below the floor (until a crash resets it). A row that becomes claimable again
 -- (requeue, requeue_completed) lowers the floor itself, under the same lock
 -- (tg_events__lower_claim_floor), and cancels a pending candidate.
 -- Only under READ COMMITTED, where each statement takes a new snapshot.
@@ -184,10 +186,13 @@ BEGIN
     END IF;
     floor_id := coalesce(pg_sequence_last_value('outbox.claim_floor'), 0);
     IF now_us - coalesce(pg_sequence_last_value('outbox.claim_floor_checked'), 0) >= 60000000 THEN
-        PERFORM setval('outbox.claim_floor_checked', now_us);
+        -- Only the ids the floor passed since the previous look: a walk from
+        -- the bottom would step over every dead entry, seconds held long.
+        last_id := coalesce(pg_sequence_last_value('outbox.claim_floor_checked_id'), 0);
+        PERFORM setval('outbox.claim_floor_checked', now_us), setval('outbox.claim_floor_checked_id', floor_id);
         SELECT min(e.id) INTO lowest
         FROM outbox.events AS e
-        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id < floor_id;
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= last_id AND e.id < floor_id;
         IF lowest IS NOT NULL THEN
             PERFORM setval('outbox.claim_floor', lowest), setval('outbox.claim_floor_next', 1, FALSE);
             RETURN lowest;
