@@ -533,6 +533,18 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
     arrivals = pipe.arrivals()
     samples.append((time.monotonic(), postgres_cpu_seconds(pipe.pg), dead_tuples(pipe.pg.url)))
 
+    # The relay's side, commit -> marked published (PostgreSQL's clock), per minute from the hold's start.
+    with psycopg.connect(pipe.pg.url, autocommit=True) as conn:
+        relay_side = conn.execute(
+            "SELECT floor(extract(epoch FROM e.created_at - h.at) / 60)::int,"
+            " 1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY e.published_at - e.created_at)),"
+            " 1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY e.published_at - e.created_at))"
+            " FROM outbox.events AS e, (SELECT now() - make_interval(secs => %s) AS at) AS h"
+            " WHERE e.context = %s AND e.status = 'COMPLETED' GROUP BY 1",
+            (time.monotonic() - held_at, CONTEXT),
+        ).fetchall()
+    relay_by_minute = {m: (float(p50), float(p99)) for m, p50, p99 in relay_side}
+
     def cpu_at(t: float) -> float:
         return min(samples, key=lambda x: abs(x[0] - t))[1]
 
@@ -550,6 +562,8 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
         rows.append(
             {
                 "minute": f"{(lo - held_at) / 60:+.0f}",
+                "relay_p50": relay_by_minute.get(round((lo - held_at) / 60), (float("nan"),) * 2)[0],
+                "relay_p99": relay_by_minute.get(round((lo - held_at) / 60), (float("nan"),) * 2)[1],
                 "phase": phase,
                 "p50": q[49],
                 "p99": q[98],
@@ -564,7 +578,12 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
 
 def report_hold(results: dict[str, list[dict]]) -> None:
     codes = list(results)
-    print("  minute (of the hold) | " + " | ".join(f"{c}: p50 / p99 ms, PG CPU us/event, dead tuples" for c in codes))
+    print(
+        "  minute (of the hold) | "
+        + " | ".join(
+            f"{c}: p50 / p99 ms, PG CPU us/event, dead tuples, relay commit -> marked p50 / p99" for c in codes
+        )
+    )
     for i in range(max(len(r) for r in results.values())):
         cells = []
         label = ""
@@ -576,6 +595,7 @@ def report_hold(results: dict[str, list[dict]]) -> None:
             label = label or f"{r['minute']:>4s} {r['phase']:8s}"
             cells.append(
                 f"{r['p50']:8.1f} / {r['p99']:8.1f}  {r['cpu_us']:6.0f}  {r['dead']:9,d}"
+                f"  relay {r['relay_p50']:7.1f} / {r['relay_p99']:7.1f}"
                 + (f" ({r['missing']} missing)" if r["missing"] else "")
             )
         print(f"  {label:14s} | " + " | ".join(cells), flush=True)
