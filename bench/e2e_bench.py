@@ -551,14 +551,16 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
     rows = []
     start = run["started"] + 1.0
     # Minutes counted from the hold's start (the first one may begin less than a minute before it).
-    edges = [held_at + 60 * k for k in range(-int((held_at - start) // 60), int((run["finished"] - held_at) // 60) + 1)]
+    edges = [
+        held_at + 60 * k for k in range(-round((held_at - start) / 60), int((run["finished"] - held_at) // 60) + 1)
+    ]
     for lo, hi in zip(edges, edges[1:]):
         lat = sorted((arrivals[e] - t) * 1000 for e, t in committed.items() if lo <= t < hi and e in arrivals)
         n = sum(1 for t in committed.values() if lo <= t < hi)
         missing = n - len(lat)
         q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [float("nan")] * 99
         dead = min(samples, key=lambda x: abs(x[0] - hi))[2]
-        phase = "before" if hi <= held_at else ("held" if lo < released_at else "released")
+        phase = "before" if hi <= held_at + 1 else ("held" if lo < released_at - 1 else "released")
         rows.append(
             {
                 "minute": f"{(lo - held_at) / 60:+.0f}",
