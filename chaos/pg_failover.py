@@ -291,7 +291,7 @@ def _prepare(pipeline) -> None:
 def _register() -> None:
     from chaos.faults import fault
 
-    @fault(KIND, topologies=("cluster",), prepare=_prepare)
+    @fault(KIND, topologies=("cluster",), prepare=_prepare, estimate=lambda p: 20.0)
     def promote_standby(pipeline, rng: random.Random) -> str:
         return pipeline.pg.fault(rng)
 

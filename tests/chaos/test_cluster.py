@@ -106,8 +106,20 @@ def test_a_fault_kind_is_one_registration():
         "rolling_restart_nats",
         "partition_nats_node",
         "pg_failover",
+        "jetstream_quorum_lost",
+        "postgres_outage_long",
+        "handler_down",
+        "upcaster_raises",
     } <= builtin
-    assert "restart_nats" not in builtin and "restart_nats" in {k.name for k in faults.kinds_for("single")}
+    single = {k.name for k in faults.kinds_for("single")}
+    assert "restart_nats" not in builtin and {"restart_nats", "jetstream_away"} <= single
+    assert "jetstream_away" not in builtin and "jetstream_quorum_lost" not in single
+    assert {k.name for k in faults.REGISTRY.values() if k.long} == {
+        "jetstream_away",
+        "jetstream_quorum_lost",
+        "postgres_outage_long",
+        "handler_down",
+    }
 
     @faults.fault("test_only_kind", topologies=("cluster",))
     def _inject(pipeline, rng) -> str:
