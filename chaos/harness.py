@@ -650,6 +650,16 @@ async def consumer_state(nats_url: str) -> tuple[int, int, int, int]:
         await nc.close()
 
 
+async def ack_floor(nats_url: str) -> int:
+    """The stream sequence of the handler's durable's ack floor."""
+    nc = await nats_cluster.connect(nats_url)
+    try:
+        info = await nc.jetstream().consumer_info(STREAM, HANDLER)
+        return (info.ack_floor.stream_seq if info.ack_floor else 0) or 0
+    finally:
+        await nc.close()
+
+
 # Dead letters with an automated replay still to come that the settle period
 # waits for: every one's first replay, and every replay of one that the
 # handler's own answer (422) or an upcaster did not cause (the handler was
@@ -837,13 +847,22 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
     wrong_effects = [e for e in effect_count if e not in allowed_effects]
     notices = read_notices(pipeline.nats.url)
 
-    # Each committed event that reached the stream, by where it ended.
+    # Each committed event that reached the stream, by where it ended. One
+    # with no inbox row that the handler's durable has not acknowledged (past
+    # its ack floor) is still being redelivered: stuck, not lost.
+    floor = asyncio.run(ack_floor(pipeline.nats.url))
+    seq_of: dict[str, int] = {}
+    for seq, _, _, h in stream:
+        seq_of.setdefault(h.get("Nats-Msg-Id") or "", seq)
     lost, stuck, no_notice, too_many_notices, poison_applied = [], [], [], [], []
     dead_by_handler, dead_for_faults, awaiting_replay = [], [], []
     for e in committed:
         if copies[str(e)] == 0:
             continue  # counted as missing from the stream
         row_status = inbox.get(e, (None, None))[0]
+        if row_status is None and seq_of.get(str(e), 0) > floor:
+            stuck.append(e)
+            continue
         dead = notices.dead.get(str(e), 0)
         applied = effect_count.get(e, 0)
         if row_status in ("RECEIVED", "FAILED"):
@@ -960,7 +979,7 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
         ("in the stream twice", doubled),
         ("rolled back but in the stream", ghost_msgs),
         ("without its side effect and without an outcome in the inbox (lost)", lost),
-        ("left RECEIVED or FAILED in the inbox (stuck)", stuck),
+        ("left RECEIVED or FAILED in the inbox, or unacknowledged without an inbox row (stuck)", stuck),
         ("DEAD_LETTER in the inbox without a DLQ notice", no_notice),
         (
             f"dead-lettered though the handler failed them fewer than max_deliver ({max_deliver}) times",

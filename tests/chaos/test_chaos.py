@@ -56,7 +56,9 @@ def test_short_chaos_run_keeps_the_ledger():
     assert figures["dead_letters_not_own"] == 0, figures["dead_letters_not_own_by_cause"]
     assert figures["foreign_vanished"] == 0
     # The upcaster raised for some older-version events: each is an UPCAST_FAILED dead letter, the others processed.
-    assert figures["upcast_failed_dead_lettered"] > 0 and figures["upcast_events"] > figures["upcast_failed_dead_lettered"]
+    assert (
+        figures["upcast_failed_dead_lettered"] > 0 and figures["upcast_events"] > figures["upcast_failed_dead_lettered"]
+    )
     assert figures["dead_letters_by_cause"].get("upcaster", 0) >= figures["upcast_failed_dead_lettered"]
 
 
