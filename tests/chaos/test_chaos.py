@@ -63,6 +63,7 @@ def test_short_chaos_run_keeps_the_ledger():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("chaos-check")  # not behind the short soak: a chain of its own
 def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
     broken = tmp_path / "pgoutbox"
     shutil.copytree(ROOT / "relay" / "pgoutbox", broken)  # the links to sql/ and migrations/ copied as folders
