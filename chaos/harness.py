@@ -164,7 +164,7 @@ PROFILES = {
         pg_away_seconds=(60.0, 90.0),
         long_repeats=1,
     ),
-    "cluster-short": Profile(seconds=150, rate=50, writers=3, faults=16, topology="cluster"),
+    "cluster-short": Profile(seconds=150, rate=60, writers=3, faults=16, topology="cluster"),
     # As "long", on three nodes: two of them stopped for 5 minutes (quorum
     # lost) instead of JetStream restarted without its store.
     "cluster": Profile(
