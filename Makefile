@@ -11,7 +11,7 @@ PYTEST := $(VENV)/bin/pytest
 WORKERS ?= 6
 XDIST := -n $(WORKERS) --dist loadgroup
 
-.PHONY: help setup demo test test/unit test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/traces bench/dlq bench/e2e bench/archive bench/console docs/screenshots bench chaos clean
+.PHONY: help setup demo test test/unit test/quick test/poison test/sql verify/schema verify/migrations generate/migrations verify/docs docs/reference lint bench/sql bench/consumer bench/consumer-loop bench/relay bench/traces bench/dlq bench/e2e bench/archive bench/console bench/guard docs/screenshots bench chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -94,6 +94,9 @@ bench/consumer-loop: setup ## pgoutbox consume (defaults) vs a hand-written inbo
 
 bench/e2e: setup ## End to end (emit -> relay -> consume -> handler) p50/p99 and CPU per event at paced rates (RATES=a,b)
 	@$(PY) bench/e2e_bench.py $(if $(RATES),--rates $(RATES))
+
+bench/guard: setup ## The cost guard: relay drain, emit / INSERT, consume / hand-written loop, e2e p99 and CPU per event against BEFORE=commit, one table (ROUNDS=n; not in CI)
+	@$(PY) bench/guard.py --before $(or $(BEFORE),$(error BEFORE=commit is required)) --rounds $(or $(ROUNDS),3)
 
 bench/relay: setup ## Relay drain rate vs raw nats-py publishing, end-to-end latency, RSS (not a test)
 	@$(PY) bench/relay_bench.py

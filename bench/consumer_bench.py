@@ -73,6 +73,7 @@ import nats.js.errors
 import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig
 
+import figures
 import machine
 import reference_loops
 from pgoutbox.core import migrate, settings, wire
@@ -639,6 +640,14 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
         ratios = [g[key]["rate"] / g["ref"]["rate"] for g in rounds]
         ratio = f"= {statistics.median(ratios):4.2f} x hand-written" if key != "ref" else ""
         _gline(name, median, ratio)
+    for key, side in (("consume", "this"), ("before", "before")):
+        if key in names:
+            ratio = statistics.median(g[key]["rate"] / g["ref"]["rate"] for g in rounds)
+            figures.record("consume / hand-written inbox loop", side, ratio, "x", "higher")
+            cpu = statistics.median(g[key]["cpu_us"] for g in rounds)
+            figures.record("consume CPU per message (drain)", side, cpu, "us", "lower")
+            pg_us = statistics.median(g[key]["pg_us"] for g in rounds)
+            figures.record("PostgreSQL CPU per message (consume drain)", side, pg_us, "us", "lower")
     ratios = ", ".join(f"{g['consume']['rate'] / g['ref']['rate']:.2f}" for g in rounds)
     print(f"  consume / hand-written inbox, each round: {ratios} (target >= 0.6, aim 0.8)")
 

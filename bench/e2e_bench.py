@@ -58,6 +58,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
+import figures
 import machine
 from pgoutbox.core import migrate
 from pgoutbox.dev import releases
@@ -422,6 +423,14 @@ def run_rate(pipe: Pipeline, code: str, rate: int, consumers: int, seconds: floa
     }
 
 
+def record(code: str, rate: int, res: dict) -> None:
+    """The figures bench/guard.py compares ("." is this checkout, any commit the one before)."""
+    side = "this" if code == "." else "before"
+    figures.record(f"e2e p99 at {rate}/s", side, res["p99"], "ms", "lower")
+    figures.record(f"e2e relay CPU per event at {rate}/s", side, res["relay_us"], "us", "lower")
+    figures.record(f"e2e consumer CPU per event at {rate}/s", side, res["consumer_us"], "us", "lower")
+
+
 def held(res: dict, rate: int) -> bool:
     """p99 under the target, nothing missing, and the writers kept the pace."""
     return res["p99"] < TARGET_P99_MS and not res["missing"] and res["achieved"] >= 0.95 * rate
@@ -508,6 +517,7 @@ def main() -> int:
                 res = run_rate(pipe, c, rate, n, args.seconds, first, args.writers)
                 first += 10_000_000
                 report(c, rate, n, res)
+                record(c, rate, res)
                 results[c][rate] = held(res, rate)
                 code = code or (1 if res["missing"] else 0)
         for _ in range(args.find_max):

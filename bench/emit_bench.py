@@ -10,7 +10,8 @@ transaction (BEGIN; statement; COMMIT) as fast as it can. Sides:
            jsonb payload, status, created_at, and an index on pending rows;
   before   outbox.emit(...) on the previous schema version (a database
            migrated one version short), to show what the newest migration
-           changed.
+           changed; with --before COMMIT, on the schema that commit's own
+           migrations build (bench/guard.py compares releases so).
 
 Rounds are interleaved: every round runs each side for --seconds, in an order
 that rotates from round to round, so that a moment of noise on this shared
@@ -28,7 +29,7 @@ synchronous_commit off in that session): backend CPU per transaction, what
 emit itself costs. Last, the hypervisor's steal over the run.
 
     .venv/bin/python bench/emit_bench.py [--writers 1,4] [--rounds 5] [--seconds 2]
-        [--synchronous-commit on|off] [--sides emit,plain,before] [--headers]
+        [--synchronous-commit on|off] [--sides emit,plain,before] [--headers] [--before COMMIT]
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ from pathlib import Path
 
 import psycopg
 
+import figures
 import machine
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox.core import migrate
+from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedPostgres
-from relay_bench import postgres_cpu_seconds
+from relay_bench import migrate_as, postgres_cpu_seconds
 from sql_bench import new_database
 
 PAYLOAD = json.dumps({"schema_version": 1, "order_id": "abc-123", "total": 99.99, "lines": [1, 2, 3]})
@@ -156,14 +159,16 @@ def server_loop(url: str, n: int) -> float:
         return (machine.cpu_seconds(c.info.backend_pid) - cpu) / n * 1e6
 
 
-def setup(server_url: str, sides: list[str], headers: str) -> dict[str, str]:
+def setup(server_url: str, sides: list[str], headers: str, before: str | None, root: Path) -> dict[str, str]:
     urls = {}
     for side in sides:
         url = new_database(server_url, f"emit_{side}")
+        if side == "before" and before:
+            migrate_as(str(releases.export(Path(__file__).resolve().parents[1], before, root / "before")), url)
         with psycopg.connect(url, autocommit=True) as c:
             if side == "plain":
                 c.execute(PLAIN_TABLE)
-            else:
+            elif side != "before" or not before:
                 migrate.migrate(c, target=SCHEMA_VERSION - 1 if side == "before" else None)
             emit = LOOP_EMIT.replace("{headers}", "" if headers == "{}" else f", headers => '{headers}'::jsonb")
             c.execute(LOOP.replace("{statement}", LOOP_PLAIN if side == "plain" else emit))
@@ -179,6 +184,7 @@ def main() -> None:
     ap.add_argument("--synchronous-commit", default="on", choices=("on", "off"))
     ap.add_argument("--sides", default="emit,plain,before", help="comma-separated: emit, plain, before")
     ap.add_argument("--headers", action="store_true", help="emit with a W3C traceparent header (plain: none)")
+    ap.add_argument("--before", metavar="COMMIT", help="the before side: this commit's schema, not one version short")
     args = ap.parse_args()
     sides = args.sides.split(",")
 
@@ -194,14 +200,15 @@ def main() -> None:
     )
     try:
         headers = TRACEPARENT if args.headers else "{}"
-        urls = setup(pg.start(), sides, headers)
+        urls = setup(pg.start(), sides, headers, args.before, root)
         emit_sql = EMIT_HEADERS if args.headers else EMIT
         statements = {"emit": emit_sql, "before": emit_sql, "plain": PLAIN}
         print(
             f"emit bench: PostgreSQL 15, fsync on, synchronous_commit={args.synchronous_commit}; one event per"
             f" transaction; {args.rounds} interleaved rounds of {args.seconds:g} s per side;"
             f" emit {'with a traceparent header' if args.headers else 'without headers'};"
-            f" before = schema version {SCHEMA_VERSION - 1}, emit = {SCHEMA_VERSION}"
+            f" before = {f'commit {args.before}' if args.before else f'schema version {SCHEMA_VERSION - 1}'},"
+            f" emit = {SCHEMA_VERSION}"
         )
         print(f"   {machine.load()}")
         ticks = machine.cpu_ticks()
@@ -222,6 +229,8 @@ def main() -> None:
                 if "plain" in got and side != "plain":
                     ratios = [a["tps"] / b["tps"] for a, b in zip(rows, got["plain"])]
                     ratio = f"{statistics.median(ratios):.2f}"
+                    code = {"emit": "this", "before": "before"}[side]
+                    figures.record(f"emit / INSERT, {writers} writers", code, statistics.median(ratios), "x", "higher")
                 rounds = "/".join(f"{x['tps']:,.0f}" for x in rows)
                 print(
                     f"{'':12}{side:<8}{statistics.median(x['tps'] for x in rows):>8,.0f}{ratio:>10}"

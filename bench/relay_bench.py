@@ -9,6 +9,13 @@
       autocommit transaction) to receipt by a JetStream subscriber, at fixed
       emit rates, with the LISTEN/NOTIFY wake-up and poll-only;
   (d) the relay's peak RSS (VmHWM) in each run;
+  (f) --parts f with --before COMMIT: the drain of (b), side by side with
+      that commit, each relay on its defaults (a login in pgoutbox_relay
+      only) and on a database its own release's migrations built, so that a
+      changed claim counts; --rounds interleaved rounds, a fresh database
+      and an empty stream per drain; the medians of events/s, of the ratio
+      to (a)'s publish_async in the same run, and of relay and PostgreSQL
+      CPU per event (what bench/guard.py compares);
   (e) the relay at moderate rates (--moderate, default 200,500,1000/s): CPU
       per event of the relay process (from the emits' start until the last
       event reached the subscriber), PostgreSQL's CPU per event (emit included)
@@ -28,6 +35,7 @@ a real subprocess (`python -m pgoutbox.cli.main relay`), as in production.
     .venv/bin/python bench/relay_bench.py [--events 100000] [--rates 500,2000] [--notify-throttle 2ms]
     .venv/bin/python bench/relay_bench.py --parts e [--moderate 200,500,1000] [--before COMMIT] [--rounds 3]
     .venv/bin/python bench/relay_bench.py --parts e --tracing [--before COMMIT]   # traces off vs on
+    .venv/bin/python bench/relay_bench.py --parts af --before COMMIT [--events 50000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ import nats
 import psycopg
 from nats.js.api import DeliverPolicy, StreamConfig
 
+import figures
 import machine
 from pgoutbox.core import migrate, wire
 from pgoutbox.dev import releases
@@ -261,13 +270,28 @@ async def raw_publish_rate(ns_url: str, rows: list[dict], window: int) -> dict[s
     return rates
 
 
-def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, float, float]:
+def migrate_as(pythonpath: str, url: str) -> None:
+    """Migrates `url` with the migrations of the package on `pythonpath`, through its own command."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "PYTHON"))}
+    subprocess.run(
+        [sys.executable, "-m", "pgoutbox.cli.main", "migrate", "--database-url", url],
+        env=env | {"PYTHONPATH": pythonpath},
+        check=True,
+        capture_output=True,
+    )
+
+
+def drain(
+    root: Path, pg, ns, n: int, batch_size: int | None, *, pythonpath: str | None = None, name: str = "drain"
+) -> tuple[float, float, float, float]:
     """(events/s between the first and last published_at, wall seconds, peak RSS MB,
-    relay CPU microseconds per event)."""
+    relay CPU microseconds per event). batch_size None: the relay on its
+    defaults, as a login in pgoutbox_relay only."""
     pg_cpu, nats_cpu = postgres_cpu_seconds(pg), machine.cpu_seconds(ns.process.pid)
     with psycopg.connect(pg.url, autocommit=True) as conn:
         started = time.perf_counter()
-        with relay_process(root, pg, ns, "drain", batch_size=str(batch_size)) as proc:
+        settings = {} if batch_size is None else {"batch_size": str(batch_size)}
+        with relay_process(root, pg, ns, name, pythonpath=pythonpath, defaults=batch_size is None, **settings) as proc:
             while True:
                 left = conn.execute(
                     "SELECT coalesce(sum(unpublished), 0) FROM outbox.backlog(%s)", (CONTEXT,)
@@ -275,12 +299,12 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
                 if left == 0:
                     break
                 if proc.poll() is not None:
-                    raise RuntimeError(f"relay exited with {proc.returncode}; see {root}/drain.log")
+                    raise RuntimeError(f"relay exited with {proc.returncode}; see {root}/{name}.log")
                 time.sleep(0.05)
             wall = time.perf_counter() - started
             rss = peak_rss_mb(proc.pid)
             cpu = machine.cpu_seconds(proc.pid) / n * 1e6
-            print(f"    relay stages during the drain: {stage_times(relay_http_port(root, 'drain'))}")
+            print(f"    relay stages during the drain: {stage_times(relay_http_port(root, name))}")
         first, last, done = conn.execute(
             "SELECT min(published_at), max(published_at), count(*) FILTER (WHERE status = 'COMPLETED')"
             " FROM outbox.events WHERE context = %s",
@@ -289,11 +313,67 @@ def drain(root: Path, pg, ns, n: int, batch_size: int) -> tuple[float, float, fl
     if done != n:
         raise RuntimeError(f"only {done} of {n} events COMPLETED")
     time.sleep(0.5)  # the relay's backends exit and are reaped
+    pg_us = (postgres_cpu_seconds(pg) - pg_cpu) / n * 1e6
     print(
-        f"    CPU per event during the drain: PostgreSQL {(postgres_cpu_seconds(pg) - pg_cpu) / n * 1e6:.0f} us,"
+        f"    CPU per event during the drain: PostgreSQL {pg_us:.0f} us,"
         f" nats-server {(machine.cpu_seconds(ns.process.pid) - nats_cpu) / n * 1e6:.0f} us (and the relay, below)"
     )
+    drain.pg_us = pg_us  # type: ignore[attr-defined]
     return n / (last - first).total_seconds(), wall, rss, cpu
+
+
+def drain_side_by_side(root: Path, pg, ns, args, raw_rate: float) -> None:
+    """(f): this build's drain against --before's, in interleaved rounds."""
+    import types
+
+    from sql_bench import new_database
+
+    codes = {"before": export_package(root, args.before), "this": None}
+    templates = {}
+    for label in codes:
+        templates[label] = new_database(pg.url, f"drain_template_{label}")
+        path = codes[label]
+        if path is None:
+            with psycopg.connect(templates[label], autocommit=True) as conn:
+                migrate.migrate(conn)
+        else:
+            migrate_as(path, templates[label])
+    print(
+        f"(f) the relay's drain of {args.events:,} events, this build against {args.before}, {args.rounds}"
+        " interleaved round(s); each relay on its defaults, on a database its own migrations built"
+    )
+    got: dict[str, list[dict[str, float]]] = {label: [] for label in codes}
+    for r in range(args.rounds):
+        ticks = machine.cpu_ticks()
+        for label in list(codes)[r % 2 :] + list(codes)[: r % 2]:
+            url = new_database(pg.url, f"drain_{label}_{r}", template=f"drain_template_{label}")
+            emit_backlog(url, args.events)
+            asyncio.run(purge_stream(ns.url))
+            db = types.SimpleNamespace(url=url, datadir=pg.datadir)
+            rate, _, _, cpu = drain(root, db, ns, args.events, None, pythonpath=codes[label], name=f"drain-{label}-{r}")
+            got[label].append({"rate": rate, "relay_us": cpu, "pg_us": drain.pg_us})  # type: ignore[attr-defined]
+            print(f"    round {r + 1} {label:6s}: {rate:8,.0f} events/s, relay {cpu:4.0f} us/event", flush=True)
+        print(f"  round {r + 1}: {machine.steal_since(ticks)}; {machine.load()}", flush=True)
+    for label, runs in got.items():
+        rate = statistics.median(x["rate"] for x in runs)
+        relay_us = statistics.median(x["relay_us"] for x in runs)
+        pg_us = statistics.median(x["pg_us"] for x in runs)
+        print(
+            f"  median {label:6s}: {rate:8,.0f} events/s = {rate / raw_rate:.2f} x publish_async;"
+            f" relay {relay_us:.0f} us, PostgreSQL {pg_us:.0f} us CPU per event"
+        )
+        figures.record("relay drain", label, rate, "events/s", "higher")
+        figures.record("relay drain / publish_async", label, rate / raw_rate, "x", "higher")
+        figures.record("relay CPU per event (drain)", label, relay_us, "us", "lower")
+        figures.record("PostgreSQL CPU per event (drain)", label, pg_us, "us", "lower")
+
+
+async def purge_stream(ns_url: str) -> None:
+    nc = await nats.connect(ns_url)
+    try:
+        await nc.jetstream().purge_stream("BENCH_EVENTS")
+    finally:
+        await nc.close()
 
 
 async def emit_at_rate(pg_url: str, rate: int, seconds: float, emit_sync: bool, first: int) -> dict:
@@ -467,12 +547,14 @@ def main() -> int:
         help="synchronous_commit of the latency runs' emitting sessions",
     )
     ap.add_argument(
-        "--parts", default="abcde", help="a+b: publish and drain rates; c: latency; e: moderate rates; d always"
+        "--parts",
+        default="abcde",
+        help="a+b: publish and drain rates; c: latency; e: moderate rates; f: drain against --before; d always",
     )
     ap.add_argument("--notify-throttle", help="outbox.set_notify_throttle() for the run (default: the schema's, 5ms)")
     ap.add_argument("--moderate", default="200,500,1000", help="(e): emit rates")
-    ap.add_argument("--before", metavar="COMMIT", help="(e): also run this commit's relay, interleaved")
-    ap.add_argument("--rounds", type=int, default=3, help="(e): rounds")
+    ap.add_argument("--before", metavar="COMMIT", help="(e), (f): also run this commit's relay, interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="(e), (f): rounds")
     ap.add_argument(
         "--variant",
         action="append",
@@ -509,7 +591,7 @@ def main() -> int:
         asyncio.run(setup_stream())
 
         peak = rss = 0.0
-        if "ab" in args.parts:
+        if "a" in args.parts:
             took = emit_backlog(pg.url, args.events)
             print(f"backlog: {args.events} events emitted in {took:.1f}s")
             with psycopg.connect(pg.url, autocommit=True) as conn:
@@ -529,6 +611,7 @@ def main() -> int:
                 + f" (publish_async: {raw_cpu:.0f} us of client CPU per message; nats-server"
                 f" {nats_cpu:.0f} us per message over both runs)"
             )
+        if "b" in args.parts:
             rate, wall, rss, cpu = drain(root, pg, ns, args.events, args.batch_size)
             print(
                 f"(b) relay drain of {args.events}: {rate:,.0f} events/s (first to last published_at; "
@@ -537,6 +620,10 @@ def main() -> int:
                 "(PostgreSQL's claim/mark work runs beside it on the same 2 cores)"
             )
             peak = rss
+        if "f" in args.parts:
+            if not args.before or "a" not in args.parts:
+                ap.error("--parts f needs a (the publish_async reference) and --before COMMIT")
+            drain_side_by_side(root, pg, ns, args, raw["publish_async"])
         if "c" in args.parts:
             # Each event leaves dead entries in the claim index until a vacuum;
             # after the drain's churn a claim walks over them (see docs/relay.md).

@@ -322,7 +322,7 @@ $$;
 
 -- Every status move the trigger's WHEN clause (below) lets through: a no-op,
 -- an operator requeue (of a dead letter, or of a COMPLETED event whose
--- message the broker lost), or an illegal move.
+-- message the broker lost), a relay's hand-back, or an illegal move.
 CREATE OR REPLACE FUNCTION outbox.tg_events__guard_update()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -360,6 +360,19 @@ BEGIN
             OLD.event_id, current_setting('pgoutbox.dlq_action', true), session_user,
             current_setting('pgoutbox.dlq_reason', true), OLD.last_error
         );
+        RETURN NEW;
+    END IF;
+
+    -- PROCESSING -> PENDING only inside outbox.hand_back() (sql/30_outbox_api.sql),
+    -- which sets pgoutbox.hand_back to the claim's token: the broker did not
+    -- answer, so the event is due now with the claim's attempt undone. Its
+    -- claim (token, time, worker) stays as it was, for the record.
+    IF OLD.status = 'PROCESSING' AND NEW.status = 'PENDING'
+        AND OLD.claim_token::text = current_setting('pgoutbox.hand_back', true)
+        AND NEW.attempts = OLD.attempts - 1
+        AND NEW.available_at <= now()
+        AND (NEW.claimed_at, NEW.claimed_by, NEW.claim_token, NEW.published_at)
+        IS NOT DISTINCT FROM (OLD.claimed_at, OLD.claimed_by, OLD.claim_token, OLD.published_at) THEN
         RETURN NEW;
     END IF;
 
@@ -436,8 +449,8 @@ EXECUTE FUNCTION outbox.tg_events__forbid_content_change();
 --   PROCESSING -> PROCESSING         once the lease expired, under a new token
 --   PROCESSING -> COMPLETED | FAILED | DEAD_LETTER   under the same token
 -- Every other UPDATE goes to the function (DEAD_LETTER -> PENDING, and
--- COMPLETED -> PENDING through outbox.requeue_completed, with a reason, are
--- the other legal moves).
+-- COMPLETED -> PENDING through outbox.requeue_completed, with a reason, and
+-- PROCESSING -> PENDING through outbox.hand_back, are the other legal moves).
 CREATE OR REPLACE TRIGGER _100_guard_update
 BEFORE UPDATE ON outbox.events
 FOR EACH ROW

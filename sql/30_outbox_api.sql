@@ -326,6 +326,58 @@ $$;
 COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid[], text[], timestamptz[]) IS
 'PROCESSING -> FAILED (retry at retry_at[i]) or DEAD_LETTER (retry_at[i] NULL); returns the count.';
 
+-- Hands events back that the broker did not answer for (JetStream away: no
+-- ack in time, no responders, not connected, a 503 / no-leader / no-quorum
+-- API error; docs/relay.md, "JetStream away"): PROCESSING -> PENDING, due
+-- now, and the claim's attempt undone (attempts - 1), so that an outage of
+-- the broker never uses up an event's attempts. reason becomes last_error
+-- (it says why the event waits). Fenced by claim_token like mark_failed: rows
+-- no longer held by it are left alone; STALE_CLAIM when it held none. The
+-- update guard lets this move through only while pgoutbox.hand_back holds
+-- the claim's token, which this function sets for its own transaction.
+CREATE OR REPLACE FUNCTION outbox.hand_back(
+    claim_token uuid,
+    event_ids uuid[],
+    reason text
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
+AS $$
+DECLARE
+    marked integer;
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    IF nullif(btrim(reason), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a hand-back needs a reason' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM set_config('pgoutbox.hand_back', hand_back.claim_token::text, TRUE);
+    UPDATE outbox.events AS e
+    SET status = 'PENDING',
+        attempts = e.attempts - 1,
+        available_at = now(),
+        last_error = outbox._clip_error(hand_back.reason)
+    WHERE e.claim_token = hand_back.claim_token
+        AND e.status = 'PROCESSING'
+        AND e.event_id = ANY(hand_back.event_ids);
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    PERFORM set_config('pgoutbox.hand_back', '', TRUE);
+    IF marked = 0 THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013';
+    END IF;
+    RETURN marked;
+END;
+$$;
+COMMENT ON FUNCTION outbox.hand_back(uuid, uuid[], text) IS
+'PROCESSING -> PENDING, due now, with the claim''s attempt undone (the broker did not answer); returns the count.';
+
 -- Operator redrive: DEAD_LETTER -> PENDING with attempts reset, recorded in
 -- outbox.requeue_log by the update guard. All or nothing.
 CREATE OR REPLACE FUNCTION outbox.requeue(

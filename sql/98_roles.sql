@@ -39,6 +39,7 @@ GRANT EXECUTE ON FUNCTION
 outbox.claim(text, integer, interval),
 outbox.mark_published(uuid, uuid[]),
 outbox.mark_failed(uuid, uuid[], text[], timestamptz[]),
+outbox.hand_back(uuid, uuid[], text),
 outbox.notify_throttle()
 TO pgoutbox_relay;
 

@@ -44,6 +44,10 @@ _counter = itertools.count()
 #   install:       PGXS installs the extension into the one PostgreSQL installation;
 #   browser:       the console's tests: headless Chromium processes, and the
 #                  password-checking PostgreSQL they share (tests/console/conftest.py).
+#   jetstream-away, jetstream-away-cluster: a relay on the defaults through a
+#                  5-minute JetStream outage (a server without JetStream; a
+#                  cluster that lost 2 of 3 nodes): chains of about 6 minutes
+#                  each, mostly waiting, beside the rest of the suite.
 _GROUPS = {
     "tests/chaos/test_chaos.py": "chaos",
     "tests/chaos/test_cluster.py": "chaos-cluster",
@@ -56,6 +60,8 @@ _GROUPS = {
     "tests/archival/test_archive_operations.py": "spark-ops",
     "tests/install/": "install",
     "tests/console/": "browser",
+    "tests/outbox/test_jetstream_away.py": "jetstream-away",
+    "tests/outbox/test_jetstream_away_cluster.py": "jetstream-away-cluster",
 }
 
 

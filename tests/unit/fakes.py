@@ -119,6 +119,13 @@ class FakeOutboxStore:
                 held[event_id].update(status=status, claim_token=None, last_error=error, retry_at=at)
         return len(held)
 
+    async def hand_back(self, claim_token, event_ids: list, reason: str) -> int:
+        self._call("hand_back")
+        held = self._held(claim_token, event_ids)
+        for e in held:
+            e.update(status="PENDING", attempts=e["attempts"] - 1, last_error=reason)
+        return len(held)
+
     async def backlog(self) -> list[dict]:
         self._call("backlog")
         return []
@@ -139,8 +146,11 @@ class FakeOutboxStore:
 
 class FakePublisher:
     """Publisher's methods: outcomes per row, publishes recorded in order.
-    `failing` maps an event id to the code its publish fails with; `broken`
-    makes the next publish_batch raise; `connected` False is NATS away."""
+    `failing` maps an event id to the code its publish fails with (a
+    refusal); `broken` makes the next publish_batch raise; `connected` False
+    is NATS away. `away` (a reason) makes every publish go unanswered
+    (PUBLISH_TIMEOUT, away) and the $JS.API.INFO probe fail, unless
+    `info_answers` (a JetStream whose stream has no leader)."""
 
     def __init__(self) -> None:
         self.published: list[str] = []
@@ -148,7 +158,15 @@ class FakePublisher:
         self.broken: Exception | None = None
         self.connected = True
         self.batches = 0
+        self.batch_sizes: list[int] = []
         self.js = None
+        self.away: str | None = None
+        self.info_answers = False
+        self.probes = 0
+
+    async def jetstream_answers(self) -> str | None:
+        self.probes += 1
+        return None if self.away is None or self.info_answers else f"NATS_UNAVAILABLE: {self.away}"
 
     async def connect(self) -> None:
         pass
@@ -161,6 +179,11 @@ class FakePublisher:
         if self.broken is not None:
             exc, self.broken = self.broken, None
             raise exc
+        self.batch_sizes.append(len(rows))
+        if self.away is not None:
+            return [
+                Outcome(r["event_id"], code=PublishError.PUBLISH_TIMEOUT, detail=self.away, away=True) for r in rows
+            ]
         outcomes = []
         for row in rows:
             code = self.failing.get(row["event_id"])

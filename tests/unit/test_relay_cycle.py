@@ -90,12 +90,12 @@ async def test_claimed_events_are_published_in_order_then_marked_completed():
 async def test_a_transient_publish_failure_leaves_the_event_unmarked_and_due_later():
     store, publisher = FakeOutboxStore(), FakePublisher()
     ok, failing = store.add(2)
-    publisher.failing[failing] = PublishError.NATS_UNAVAILABLE
+    publisher.failing[failing] = PublishError.JETSTREAM_ERROR  # a refusal that may clear
     async with relay_on_fakes(store, publisher):
         await until(lambda: store.status(failing) == "FAILED", 5, "the failure recorded")
         assert store.status(ok) == "COMPLETED"
         event = store.events[failing]
-        assert event["last_error"].startswith("NATS_UNAVAILABLE: ")
+        assert event["last_error"].startswith("JETSTREAM_ERROR: ")
         assert event["retry_at"] > datetime.now(UTC) - timedelta(seconds=1)  # retried later, not dead
     assert failing not in publisher.published
 
@@ -114,7 +114,7 @@ async def test_a_permanent_code_dead_letters_at_once_and_the_rest_of_the_batch_i
 async def test_a_transient_failure_at_max_attempts_dead_letters_and_says_it_gave_up():
     store, publisher = FakeOutboxStore(), FakePublisher()
     (event,) = store.add(1, attempts=9)  # the claim makes it the 10th, the default max_attempts
-    publisher.failing[event] = PublishError.PUBLISH_TIMEOUT
+    publisher.failing[event] = PublishError.JETSTREAM_ERROR  # refused, not away: it counts
     async with relay_on_fakes(store, publisher):
         await until(lambda: store.status(event) != "PROCESSING" and store.status(event) != "PENDING", 5, "marked")
     assert store.status(event) == "DEAD_LETTER"

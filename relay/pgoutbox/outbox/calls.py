@@ -164,6 +164,12 @@ class OutboxCalls:
         )
         return int(row["n"])
 
+    async def hand_back(self, claim_token: Any, event_ids: list[Any], reason: str) -> int:
+        row = await self._run(
+            "SELECT outbox.hand_back(%s::uuid, %s::uuid[], %s) AS n", (claim_token, event_ids, reason)
+        )
+        return int(row["n"])
+
     async def backlog(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = await self._run("SELECT * FROM outbox.backlog()", rows=True)
         return rows

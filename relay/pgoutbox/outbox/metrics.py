@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any
 
@@ -45,6 +46,12 @@ class RelayMetrics:
         self.dead_lettered = Counter(
             "pgoutbox_relay_dead_lettered_events",
             "Events whose publish failed for the last time, marked DEAD_LETTER",
+            ["context", "code"],
+            registry=r,
+        )
+        self.handed_back = Counter(
+            "pgoutbox_relay_handed_back_events",
+            "Events JetStream did not answer for, handed back as due with no attempt counted",
             ["context", "code"],
             registry=r,
         )
@@ -86,14 +93,27 @@ class RelayMetrics:
             "pgoutbox_relay_database_up", "1 when the claim connection to PostgreSQL works", registry=r
         )
         self.nats_up = Gauge("pgoutbox_relay_nats_up", "1 when connected to NATS", registry=r)
+        self.jetstream_up = Gauge(
+            "pgoutbox_relay_jetstream_up",
+            "0 while JetStream does not answer publishes (claiming paused, events handed back), else 1",
+            registry=r,
+        )
+        self.jetstream_up.set(1)
         self.ready = Gauge("pgoutbox_relay_ready", "1 when /readyz answers 200", registry=r)
 
-    def count(self, contexts: dict[Any, str], outcomes: list[Outcome], dead: set[Any]) -> None:
+    def count(
+        self,
+        contexts: dict[Any, str],
+        outcomes: list[Outcome],
+        dead: set[Any],
+        handed_back: AbstractSet[Any] = frozenset(),
+    ) -> None:
         """Counts one batch's outcomes; contexts maps event_id -> context."""
         published: Tally[str] = Tally()
         duplicates: Tally[str] = Tally()
         failed: Tally[tuple[str, PublishError | None]] = Tally()
         dead_lettered: Tally[tuple[str, PublishError | None]] = Tally()
+        back: Tally[tuple[str, PublishError | None]] = Tally()
         for o in outcomes:
             ctx = contexts[o.event_id]
             if o.ok:
@@ -101,6 +121,8 @@ class RelayMetrics:
                 duplicates[ctx] += o.duplicate
             elif o.event_id in dead:
                 dead_lettered[(ctx, o.code)] += 1
+            elif o.event_id in handed_back:
+                back[(ctx, o.code)] += 1
             else:
                 failed[(ctx, o.code)] += 1
         for ctx, n in published.items():
@@ -111,6 +133,8 @@ class RelayMetrics:
             self.failed.labels(ctx, code).inc(n)
         for (ctx, code), n in dead_lettered.items():
             self.dead_lettered.labels(ctx, code).inc(n)
+        for (ctx, code), n in back.items():
+            self.handed_back.labels(ctx, code).inc(n)
 
     def ages(self, rows: Sequence[dict[str, Any]], outcomes: Sequence[Outcome], acked: float) -> None:
         """Observes the age of each published event of a batch at `acked`

@@ -10,6 +10,14 @@ permanent error into an endless series of timeouts.
 Outcomes carry a stable error code as the prefix of their text (it ends up in
 outbox.events.last_error); permanent ones are dead-lettered at once, the
 others are retried with backoff. docs/relay.md lists the codes.
+
+Each failed outcome is also either *away* (the broker did not answer: no ack
+in time, not connected, no responders that JetStream cannot confirm as "no
+stream", a JetStream API error that says JetStream itself cannot serve now)
+or *refused* (JetStream answered with an error about this message). Only a
+refusal is the event's own failure: the relay hands away outcomes back with no
+attempt counted and pauses claiming until JetStream answers again
+(docs/relay.md, "JetStream away").
 """
 
 from __future__ import annotations
@@ -39,6 +47,26 @@ log = logging.getLogger(__name__)
 # succeed on retry. Other JetStream errors (limits reached, leader moving...)
 # may clear, so they are retried.
 _JS_MESSAGE_TOO_LARGE = 10054
+# JetStream API errors that say JetStream itself cannot serve now, not that
+# this message is wrong (nats-server server/errors.json, error_code: HTTP
+# code, constant): a publish that gets one is "away", handed back with no
+# attempt counted. Every other API error (10054 too large, 10071 wrong last
+# sequence, 10070 wrong last msg id, 10097 header too large, ...) is a
+# refusal of the message and counts toward its attempts.
+JETSTREAM_AWAY_CODES = frozenset(
+    {
+        10008,  # 503 JSClusterNotAvailErr: "JetStream system temporarily unavailable" (no meta leader, no quorum)
+        10009,  # 500 JSClusterNotLeaderErr: "JetStream cluster can not handle request" (not leader)
+        10023,  # 503 JSInsufficientResourcesErr: "insufficient resources"
+        10028,  # 500 JSMemoryResourcesExceededErr: "insufficient memory resources available"
+        10039,  # 503 JSNotEnabledForAccountErr: "JetStream not enabled for account"
+        10047,  # 500 JSStorageResourcesExceededErr: "insufficient storage resources available"
+        10076,  # 503 JSNotEnabledErr: "JetStream not enabled"
+        10077,  # 503 JSStreamStoreFailedF: the stream's store failed
+        10118,  # 500 JSStreamOfflineErr: "stream is offline"
+        10194,  # 500 JSStreamOfflineReasonErrF: "stream is offline: {err}"
+    }
+)
 # last_error holds the code and a bounded detail (it quotes the event's own values).
 MAX_DETAIL = 500
 
@@ -49,6 +77,7 @@ class Outcome:
     duplicate: bool = False  # JetStream had it already (a re-publish): still a success
     code: PublishError | None = None
     detail: str = ""
+    away: bool = False  # the broker did not answer: handed back, no attempt counted
 
     @property
     def ok(self) -> bool:
@@ -167,7 +196,7 @@ class Publisher:
         future = self._waiting.pop(msg.subject.rpartition(".")[2], None)
         if future is None or future.done():
             return  # a late ack for a publish already given up on
-        if msg.headers and msg.headers.get("Status") == "503":
+        if msg.headers and msg.headers.get("Status") == "503":  # NATS's no-responders status, not an API error
             future.set_exception(_NoResponders())
             return
         try:
@@ -184,7 +213,10 @@ class Publisher:
     async def publish_batch(self, rows: Sequence[Mapping[str, Any]]) -> list[Outcome]:
         """Publishes every row (Nats-Msg-Id = event_id) and waits for all acks."""
         if not self.connected:
-            return [Outcome(r["event_id"], code=PublishError.NATS_UNAVAILABLE, detail="not connected") for r in rows]
+            return [
+                Outcome(r["event_id"], code=PublishError.NATS_UNAVAILABLE, detail="not connected", away=True)
+                for r in rows
+            ]
         outcomes: list[Outcome | None] = [None] * len(rows)
         sent: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         nc = self._client()
@@ -223,7 +255,10 @@ class Publisher:
                 self._waiting.pop(token, None)
                 future.cancel()
                 outcomes[i] = Outcome(
-                    event_id, code=PublishError.PUBLISH_TIMEOUT, detail=f"no JetStream ack within {self.timeout:g}s"
+                    event_id,
+                    code=PublishError.PUBLISH_TIMEOUT,
+                    detail=f"no JetStream ack within {self.timeout:g}s",
+                    away=True,
                 )
                 continue
             failure = future.exception()
@@ -233,12 +268,25 @@ class Publisher:
                 subject = rows[i]["subject"]
                 if subject not in no_stream:
                     no_stream[subject] = await self._confirm_no_stream(subject)
-                outcomes[i] = Outcome(event_id, code=no_stream[subject].code, detail=no_stream[subject].detail)
+                found = no_stream[subject]
+                outcomes[i] = Outcome(event_id, code=found.code, detail=found.detail, away=found.away)
             else:
-                err_code = getattr(failure, "err_code", None)  # a _Rejected: JetStream's error reply
-                code = PublishError.MAX_PAYLOAD if err_code == _JS_MESSAGE_TOO_LARGE else PublishError.JETSTREAM_ERROR
-                outcomes[i] = Outcome(event_id, code=code, detail=f"[{err_code}] {failure}")
+                outcomes[i] = rejected(event_id, getattr(failure, "err_code", None), str(failure))
         return outcomes  # type: ignore[return-value]
+
+    async def jetstream_answers(self) -> str | None:
+        """The probe of a JetStream away: None when JetStream answers an
+        account info request ($JS.API.INFO; a clustered JetStream answers it
+        only with a meta leader), else why not. It does not prove that a
+        stream has a leader: the relay's next small claim does."""
+        if not self.connected:
+            return "NATS_UNAVAILABLE: not connected"
+        try:
+            await self.js.account_info()
+        except Exception as exc:
+            answer = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            return f"{PublishError.NATS_UNAVAILABLE}: JetStream did not answer $JS.API.INFO: {answer}"
+        return None
 
     async def _confirm_no_stream(self, subject: str) -> Outcome:
         """A no-responders reply is permanent only if JetStream itself says no
@@ -254,10 +302,23 @@ class Publisher:
                 None,
                 code=PublishError.NATS_UNAVAILABLE,
                 detail=f"JetStream did not answer for {subject!r}: {type(exc).__name__}",
+                away=True,
             )
+        # The stream exists but nothing answered for it: no leader (yet).
         return Outcome(
-            None, code=PublishError.JETSTREAM_ERROR, detail=f"stream {stream} did not respond for {subject!r}"
+            None,
+            code=PublishError.JETSTREAM_ERROR,
+            detail=f"stream {stream} did not respond for {subject!r}",
+            away=True,
         )
+
+
+def rejected(event_id: Any, err_code: int | None, description: str) -> Outcome:
+    """The outcome of a JetStream API error reply to a publish: away when its
+    code says JetStream cannot serve now (JETSTREAM_AWAY_CODES), else a
+    refusal of this message (10054, too large, is MAX_PAYLOAD: permanent)."""
+    code = PublishError.MAX_PAYLOAD if err_code == _JS_MESSAGE_TOO_LARGE else PublishError.JETSTREAM_ERROR
+    return Outcome(event_id, code=code, detail=f"[{err_code}] {description}", away=err_code in JETSTREAM_AWAY_CODES)
 
 
 def _classify_send_error(event_id: Any, exc: Exception) -> Outcome:
@@ -269,4 +330,5 @@ def _classify_send_error(event_id: Any, exc: Exception) -> Outcome:
         return Outcome(event_id, code=PublishError.BAD_SUBJECT, detail="nats-py refused the subject")
     if isinstance(exc, (UnicodeError, TypeError, ValueError)):  # the message itself, not the connection
         return Outcome(event_id, code=PublishError.ENCODE_FAILED, detail=f"{type(exc).__name__}: {exc}")
-    return Outcome(event_id, code=PublishError.NATS_UNAVAILABLE, detail=f"{type(exc).__name__}: {exc}")
+    # The connection failed under the send (closed, reconnecting, flush timeout).
+    return Outcome(event_id, code=PublishError.NATS_UNAVAILABLE, detail=f"{type(exc).__name__}: {exc}", away=True)

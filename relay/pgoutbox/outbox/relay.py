@@ -33,7 +33,11 @@ event carries that cannot be published (a timestamp RFC 3339 cannot express,
 a header NATS cannot carry, an oversize message: publisher.PERMANENT) is
 dead-lettered at once with its code; other errors are retried with
 full-jitter backoff until max_attempts. While NATS is unreachable nothing is claimed (claiming would
-only burn attempts). When PostgreSQL goes away, calls are retried after a
+only burn attempts). A publish the broker did not answer (Outcome.away:
+timeout, no responders, JetStream 503 / no leader / no quorum) is not the
+event's failure: it is handed back (outbox.hand_back, no attempt counted),
+and claiming pauses until one probe with growing pauses finds JetStream
+answering again (away.py; docs/relay.md, "JetStream away"). When PostgreSQL goes away, calls are retried after a
 reconnection; a published batch keeps trying to mark until its lease ends.
 
 Shutdown (SIGTERM/SIGINT sets `stop`): stop claiming, publish and mark the
@@ -61,6 +65,7 @@ from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.core.wire import PublishError
 from pgoutbox.outbox import streams
+from pgoutbox.outbox.away import JetStreamAway
 from pgoutbox.outbox.calls import DatabaseUnavailable, OutboxCalls
 from pgoutbox.outbox.metrics import RelayMetrics
 from pgoutbox.outbox.publisher import Outcome, Publisher
@@ -69,6 +74,7 @@ from pgoutbox.outbox.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+HAND_BACK_SCHEMA = 18  # the schema version that brought outbox.hand_back
 
 
 @dataclass
@@ -77,6 +83,7 @@ class Batch:
     claimed_at: float  # monotonic
     outcomes: list[Outcome] = field(default_factory=list)
     handed_back: bool = False
+    probe: asyncio.Event | None = None  # set once a probe batch's outcomes are known
 
     @property
     def token(self) -> Any:
@@ -110,6 +117,11 @@ class OutboxRelay:
         self._last_progress = time.monotonic()
         self._due = 0
         self._in_flight = 0
+        self.away = JetStreamAway()
+        self._delays, self._lines = reconnect_delays(), Every()  # the claim's retry pacing (_claim)
+        # outbox.hand_back came with schema 18; on an older schema an away
+        # outcome counts an attempt, as it did before (until `pgoutbox migrate`).
+        self.can_hand_back = True
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -181,6 +193,15 @@ class OutboxRelay:
             db.supported_schemas(),
             extra={"action": "schema_checked", "schema_version": found},
         )
+        self.can_hand_back = found >= HAND_BACK_SCHEMA
+        if not self.can_hand_back:
+            log.warning(
+                "schema version %s has no outbox.hand_back: a publish JetStream does not answer counts an "
+                "attempt of its event until `pgoutbox migrate` brings the schema to %s",
+                found,
+                HAND_BACK_SCHEMA,
+                extra={"action": "startup_check"},
+            )
         self.wakeups.throttle = await self._retry_db(self.claims.notify_throttle, "start-up")
         specs = streams.load(cfg.streams_file) if cfg.streams_file else None
         if specs:
@@ -234,45 +255,20 @@ class OutboxRelay:
 
     async def _claim_loop(self, out: asyncio.Queue[Batch | None]) -> None:
         cfg = self.cfg
-        delays, lines = reconnect_delays(), Every()
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
                 await until_stopped(self.publisher.wait_connected(cfg.poll_interval), self.stopping)
                 continue
             self.metrics.nats_up.set(1)
+            if self.away.active:
+                await self._probe(out)
+                continue
             self.wakeups.arm()
             started = time.monotonic()
-            try:
-                rows = await self.claims.claim(cfg.relay_name, cfg.batch_size, cfg.lease)
-            except DatabaseUnavailable as exc:
-                self.metrics.database_up.set(0)
-                if lines():
-                    log.warning(
-                        "claim failed (attempt %d), PostgreSQL unavailable: %s",
-                        lines.attempts,
-                        exc,
-                        extra={"action": "db_retry"},
-                    )
-                await sleep(next(delays), self.stopping)
+            rows = await self._claim(cfg.batch_size, started)
+            if rows is None:
                 continue
-            except psycopg.Error as exc:
-                # Not expected (rows are read so that none can fail the fetch),
-                # but a worker retries rather than exits; claimed rows, if
-                # any, come back when their lease ends.
-                if lines():
-                    log.error(
-                        "claim failed (attempt %d): %s [%s]",
-                        lines.attempts,
-                        one_line(exc),
-                        exc.sqlstate,
-                        extra={"action": "claim_error", "sqlstate": exc.sqlstate},
-                    )
-                await sleep(next(delays), self.stopping)
-                continue
-            delays, lines = reconnect_delays(), Every()
-            self.metrics.database_up.set(1)
-            self.metrics.claim_seconds.observe(time.monotonic() - started)
             if rows:
                 self._in_flight += 1
                 self.metrics.batch_size.observe(len(rows))
@@ -291,6 +287,97 @@ class OutboxRelay:
             await self.wakeups.pause(started + cfg.claim_interval - time.monotonic())
             await self.wakeups.wait()
         await out.put(None)
+
+    async def _claim(self, batch_size: int, started: float) -> list[dict[str, Any]] | None:
+        """One claim; None when it failed (logged, and paced by a stop-aware pause)."""
+        try:
+            rows = await self.claims.claim(self.cfg.relay_name, batch_size, self.cfg.lease)
+        except DatabaseUnavailable as exc:
+            self.metrics.database_up.set(0)
+            if self._lines():
+                log.warning(
+                    "claim failed (attempt %d), PostgreSQL unavailable: %s",
+                    self._lines.attempts,
+                    exc,
+                    extra={"action": "db_retry"},
+                )
+            await sleep(next(self._delays), self.stopping)
+            return None
+        except psycopg.Error as exc:
+            # Not expected (rows are read so that none can fail the fetch),
+            # but a worker retries rather than exits; claimed rows, if
+            # any, come back when their lease ends.
+            if self._lines():
+                log.error(
+                    "claim failed (attempt %d): %s [%s]",
+                    self._lines.attempts,
+                    one_line(exc),
+                    exc.sqlstate,
+                    extra={"action": "claim_error", "sqlstate": exc.sqlstate},
+                )
+            await sleep(next(self._delays), self.stopping)
+            return None
+        self._delays, self._lines = reconnect_delays(), Every()
+        self.metrics.database_up.set(1)
+        self.metrics.claim_seconds.observe(time.monotonic() - started)
+        return rows
+
+    async def _probe(self, out: asyncio.Queue[Batch | None]) -> None:
+        """One probe of a JetStream that did not answer, after a growing pause.
+        First a $JS.API.INFO request (no database work, no event moved, so a
+        long outage costs one request per pause); once JetStream answers it,
+        a claim of one event, published as usual, is the real test (a stream
+        without a leader fails it while INFO answers). The episode ends when
+        that publish is answered, or when nothing is due to try it with."""
+        self.metrics.jetstream_up.set(0)
+        if not await sleep(self.away.next_pause(), self.stopping) or not self.publisher.connected:
+            return
+        reason = await self.publisher.jetstream_answers()
+        if reason is not None:
+            self.away.still(reason)
+            return
+        started = time.monotonic()
+        rows = await self._claim(1, started)
+        if rows is None:
+            return
+        if not rows:
+            self._jetstream_back()
+            return
+        batch = Batch(rows, started, probe=asyncio.Event())
+        self._in_flight += 1
+        await out.put(batch)
+        assert batch.probe is not None
+        if await until_stopped(batch.probe.wait(), self.stopping) and not any(o.away for o in batch.outcomes):
+            self._jetstream_back()
+
+    def _jetstream_away(self, outcome: Outcome) -> None:
+        """A publish the broker did not answer: starts an episode (one line, the
+        gauge at 0), or keeps the current one's reason up to date."""
+        reason = outcome.error
+        if self.away.begin(reason):
+            self.metrics.jetstream_up.set(0)
+            log.warning(
+                "JetStream not answering: %s; claiming paused, claimed events are handed back with no attempt "
+                "counted, probing with growing pauses",
+                reason,
+                extra={"action": "jetstream_away", "code": outcome.code},
+            )
+            self.wakeups.wake(urgent=True)  # an idle claim loop starts probing now
+
+    def _jetstream_back(self) -> None:
+        episode = self.away.end()
+        self.metrics.jetstream_up.set(1)
+        if episode is not None:
+            log.warning(
+                "JetStream answering again after %.1fs; %d event(s) were handed back meanwhile (no attempt counted)",
+                episode.seconds,
+                episode.handed_back,
+                extra={
+                    "action": "jetstream_back",
+                    "seconds": round(episode.seconds, 1),
+                    "handed_back": episode.handed_back,
+                },
+            )
 
     async def _publish_loop(self, inp: asyncio.Queue[Batch | None], out: asyncio.Queue[Batch | None]) -> None:
         """Publishes up to publish_batches claimed batches at once. They are
@@ -322,6 +409,7 @@ class OutboxRelay:
                         r["event_id"],
                         code=PublishError.NATS_UNAVAILABLE,
                         detail="relay stopped while NATS was unreachable; handed back",
+                        away=True,
                     )
                     for r in batch.rows
                 ]
@@ -333,6 +421,11 @@ class OutboxRelay:
                     span.end([o.code for o in batch.outcomes if o.code is not None])
             else:
                 await self._publish_timed(batch)
+            away = next((o for o in batch.outcomes if o.away), None)
+            if away is not None and not batch.handed_back:
+                self._jetstream_away(away)
+            if batch.probe is not None:
+                batch.probe.set()
             await out.put(batch)
         finally:
             slots.release()
@@ -376,11 +469,15 @@ class OutboxRelay:
         errors: list[str] = []
         retry_at: list[datetime | None] = []
         dead: set[Any] = set()
+        back: list[Any] = []  # away: handed back, no attempt counted
         keyed = False
         for row, outcome in zip(batch.rows, batch.outcomes):
             if outcome.ok:
                 done.append(outcome.event_id)
                 keyed = keyed or row["ordering_key"] is not None
+                continue
+            if outcome.away and self.can_hand_back:
+                back.append(outcome.event_id)
                 continue
             if batch.handed_back:
                 delay: float | None = 0.0
@@ -428,7 +525,11 @@ class OutboxRelay:
                     first,
                     extra={"action": "publish_failed", "count": retried},
                 )
-        self.metrics.count({r["event_id"]: r["context"] for r in batch.rows}, batch.outcomes, dead)
+        if back:
+            reason = next(o.error for o in batch.outcomes if o.away) + " (handed back, no attempt counted)"
+            handed = await self._mark_call(lambda: self.marks.hand_back(batch.token, back, reason), deadline, len(back))
+            self.away.counted(handed)
+        self.metrics.count({r["event_id"]: r["context"] for r in batch.rows}, batch.outcomes, dead, set(back))
         if keyed:
             self.wakeups.wake(urgent=True)  # their successors of the same key are now claimable
 
@@ -533,6 +634,8 @@ class OutboxRelay:
             problems.append("PostgreSQL unreachable")
         if not self.publisher.connected:
             problems.append("NATS unreachable")
+        elif self.away.active:
+            problems.append(self.away.describe())
         idle = time.monotonic() - self._last_progress
         if (self._due > 0 or self._in_flight > 0) and idle > self.cfg.stall_after:
             problems.append(f"no progress for {idle:.0f}s while {self._due} event(s) are due")
