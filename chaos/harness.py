@@ -91,6 +91,7 @@ from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from pgoutbox.dev.nats_cluster import NatsCluster
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as consumer_settings
+from pgoutbox.outbox import away
 from pgoutbox.outbox import settings as relay_settings
 
 from . import faults as fault_registry
@@ -293,9 +294,10 @@ class Pipeline:
         left counts as stuck: a redelivery after a consumer's death (twice
         ack_wait), the first automated replay, and an event a dead relay had
         claimed (its lease) whose publish then failed once more (the publish
-        timeout and the longest retry pause); all from the workers' defaults."""
+        timeout and the longest retry pause, or the longest pause of the
+        probe that finds JetStream back); all from the workers' defaults."""
         assert self.handler is not None and self.relay is not None
-        relay = self.relay.lease + self.relay.publish_timeout + self.relay.retry_cap
+        relay = self.relay.lease + self.relay.publish_timeout + max(self.relay.retry_cap, away.PAUSE_CAP)
         return max(2 * self.handler.ack_wait, self.replay_delay, relay) + 10
 
     def replay_late(self) -> float:
