@@ -594,6 +594,7 @@ def inject_faults(
             detail = f"FAULT FAILED: {exc!r}"
         done.append(Injected(kind, wall, time.time(), detail))
         log.append(f"{started - t0:6.1f}s {kind} {detail} ({time.monotonic() - started:.1f}s)")
+        print(f"fault {i + 1}/{len(kinds)}: {log[-1].strip()}", flush=True)  # a long run shows its progress
 
 
 async def read_stream(nats_url: str, stream: str, parallel: int = 64) -> list[tuple[int, str, bytes, dict]]:
