@@ -584,6 +584,7 @@ def inject_faults(
         left = len(kinds) - i
         slack = end - time.monotonic() - sum(expected[k] for k in kinds[i:])
         at = time.monotonic() + max(1.0, slack / (left + 1)) * rng.uniform(0.5, 1.5)
+        at = max(at, t0 + 4)  # the workers running and the load under way first
         while time.monotonic() < at:
             if stop.wait(0.1):
                 return
