@@ -146,12 +146,12 @@ def _kill_and_restart(processes: list, start: Callable[[int], None], rng: random
     return f"#{i}"
 
 
-@fault("kill_relay")
+@fault("kill_relay", estimate=lambda p: 2.0)
 def kill_relay(pipeline: Pipeline, rng: random.Random) -> str:
     return _kill_and_restart(pipeline.relays, pipeline.start_relay, rng)
 
 
-@fault("kill_consumer")
+@fault("kill_consumer", estimate=lambda p: 2.0)
 def kill_consumer(pipeline: Pipeline, rng: random.Random) -> str:
     return _kill_and_restart(pipeline.consumers, pipeline.start_consumer, rng)
 
@@ -168,7 +168,7 @@ def pause_relay(pipeline: Pipeline, rng: random.Random) -> str:
     return f"#{i}"
 
 
-@fault("kill_all_consumers")
+@fault("kill_all_consumers", estimate=lambda p: 2.0)
 def kill_all_consumers(pipeline: Pipeline, rng: random.Random) -> str:
     """kill -9 of every consumer process at once, then all restarted: what
     they had in flight comes back only after ack_wait."""
@@ -183,7 +183,7 @@ def kill_all_consumers(pipeline: Pipeline, rng: random.Random) -> str:
     return f"{len(killed)} consumers"
 
 
-@fault("restart_postgres")
+@fault("restart_postgres", estimate=lambda p: 2.0)
 def restart_postgres(pipeline: Pipeline, rng: random.Random) -> str:
     pipeline.pg.restart()
     return ""
@@ -312,7 +312,7 @@ def _draw_foreign(pipeline: Pipeline) -> None:
     pipeline.extras["foreign_next"] = 0
 
 
-@fault("foreign_messages", prepare=_draw_foreign)
+@fault("foreign_messages", prepare=_draw_foreign, estimate=lambda p: 2.0)
 def foreign_messages(pipeline: Pipeline, rng: random.Random) -> str:
     """A burst of hostile messages published straight to the stream, drawn
     from the poison strategies (chaos/poison.py), header values
@@ -327,7 +327,7 @@ def foreign_messages(pipeline: Pipeline, rng: random.Random) -> str:
 # -- one nats-server -------------------------------------------------------------------------------
 
 
-@fault("restart_nats", topologies=("single",))
+@fault("restart_nats", topologies=("single",), estimate=lambda p: 3.0)
 def restart_nats(pipeline: Pipeline, rng: random.Random) -> str:
     pipeline.nats.stop()
     time.sleep(rng.uniform(0.5, 2.0))

@@ -81,7 +81,7 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
         "--profile",
         "short",
         "--seconds",
-        "15",
+        "30",
         "--rate",
         "200",
         "--faults",
