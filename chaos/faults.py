@@ -59,6 +59,7 @@ FOREIGN_POOL = 200  # hostile foreign messages drawn per run (used in turn)
 FOREIGN_BURST = 20  # published by one foreign_messages fault
 OUTAGE_MESSAGES = 20  # well-formed messages published while PostgreSQL is down
 UPCAST_BURST = 30  # older-version events emitted by one upcaster_raises fault, a third of them failing
+FLOW_TIMEOUT = 30.0  # how long a consumer kill waits for deliveries under way
 DEFAULT_ESTIMATE = 5.0  # seconds a fault kind takes, injection and recovery, unless it says
 
 
@@ -135,6 +136,19 @@ def kinds_for(topology: str, only: tuple[str, ...] | None = None) -> list[FaultK
 # -- workers and PostgreSQL (both topologies) ----------------------------------------------------
 
 
+def await_deliveries(pipeline: Pipeline, timeout: float = FLOW_TIMEOUT) -> None:
+    """Until the handler is being called (two calls apart), at most
+    `timeout`: a consumer kill lands while messages are in flight, even on a
+    machine so loaded that deliveries start late."""
+    app = pipeline.app
+    if app is None:
+        return
+    deadline = time.monotonic() + timeout
+    seen = app.calls
+    while app.calls < seen + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _kill_and_restart(processes: list, start: Callable[[int], None], rng: random.Random) -> str:
     i = rng.randrange(len(processes))
     process = processes[i]
@@ -153,6 +167,7 @@ def kill_relay(pipeline: Pipeline, rng: random.Random) -> str:
 
 @fault("kill_consumer", estimate=lambda p: 2.0)
 def kill_consumer(pipeline: Pipeline, rng: random.Random) -> str:
+    await_deliveries(pipeline)
     return _kill_and_restart(pipeline.consumers, pipeline.start_consumer, rng)
 
 
@@ -172,6 +187,7 @@ def pause_relay(pipeline: Pipeline, rng: random.Random) -> str:
 def kill_all_consumers(pipeline: Pipeline, rng: random.Random) -> str:
     """kill -9 of every consumer process at once, then all restarted: what
     they had in flight comes back only after ack_wait."""
+    await_deliveries(pipeline)
     killed = [p for p in pipeline.consumers if p is not None]
     for process in killed:
         process.kill()

@@ -79,6 +79,7 @@ class LedgerApp:
             open=False,
         )
         self.failures: Counter[uuid.UUID] = Counter()  # 503 answers per message id
+        self.calls = 0  # requests received (faults.await_deliveries watches it)
         self._lock = threading.Lock()
         self.port = 0
         self.server: _QuietServer | None = None
@@ -164,6 +165,7 @@ class LedgerApp:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                app.calls += 1
                 if app._down.is_set():  # the server is down: no answer, the connection closed
                     self.close_connection = True
                     return
