@@ -172,7 +172,269 @@ GRANT EXECUTE ON FUNCTION outbox.hand_back(uuid, uuid[], text) TO pgoutbox_relay
 
 -- ---- upcasters: any error of an upcaster is that message's own outcome
 
+-- generated from sql/66_upcasters.sql: inbox._upcast_all
+-- The chains of several payloads (event_types[k] v versions[k] ->
+-- to_version, payloads[k]; ords[k] names them in the result), without
+-- raising: (ordinal, payload, NULL), or (ordinal, NULL, why) for a missing
+-- step, a step that raised or returned no JSON object, or an upcaster no
+-- longer valid. The why starts with the code's name and number: it becomes
+-- the dead letter's last_error. Step by step, each step applied to every
+-- payload that needs it in one statement (one subtransaction); when that
+-- statement raises, the step is applied one payload at a time, so that only
+-- the payloads it raises on fail.
+--
+-- Any error of an upcaster is caught, with its SQLSTATE and text: OTHERS
+-- leaves out assert_failure (P0004) and query_canceled (57014), so both are
+-- named. A query_canceled (statement_timeout, or a cancel) leaves the
+-- statement no time of its own to go on with: with a single payload it is
+-- that payload's failure; with several it is raised again, and the caller
+-- (the consumer) upcasts each message in a statement of its own.
+CREATE OR REPLACE FUNCTION inbox._upcast_all(
+    ords integer[],
+    event_types text[],
+    versions integer[],
+    to_version integer,
+    payloads jsonb[]
+)
+RETURNS TABLE (ordinal integer, result jsonb, error text)
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    cur integer[] := versions;
+    done jsonb[] := payloads;
+    errs text[] := array_fill(NULL::text, ARRAY[cardinality(ords)]);
+    step record;
+    fn regprocedure;
+    problem text;
+    idx integer[];
+    results jsonb[];
+    one jsonb;
+    j integer;
+    k integer;
+BEGIN
+    FOR k IN 1..coalesce(cardinality(ords), 0) LOOP
+        IF cur[k] IS NULL OR event_types[k] IS NULL THEN
+            errs[k] := 'UPCAST_MISSING [OB071]: the subject names no event type and version';
+        ELSIF cur[k] > to_version THEN
+            errs[k] := format('UPCAST_MISSING [OB071]: %s v%s is newer than v%s; upcasters only go up', event_types[k], cur[k], to_version);
+        END IF;
+    END LOOP;
+    LOOP
+        -- The lowest step still to take, and every payload waiting for it.
+        SELECT t.et, t.v INTO step
+        FROM unnest(event_types, cur, errs) AS t (et, v, e)
+        WHERE t.e IS NULL AND t.v < to_version
+        ORDER BY t.v, t.et
+        LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        SELECT array_agg(t.k ORDER BY t.k) INTO idx
+        FROM unnest(event_types, cur, errs) WITH ORDINALITY AS t (et, v, e, k)
+        WHERE t.e IS NULL AND t.et = step.et AND t.v = step.v;
+        SELECT u.upcaster, inbox._upcaster_problem(u.upcaster) INTO fn, problem
+        FROM inbox.upcasters AS u
+        WHERE u.event_type = step.et AND u.from_version = step.v;
+        IF NOT FOUND OR problem IS NOT NULL THEN
+            FOREACH k IN ARRAY idx LOOP
+                errs[k] := CASE WHEN problem IS NULL
+                    THEN format('UPCAST_MISSING [OB071]: no upcaster for %s v%s -> v%s (chain v%s -> v%s)', step.et, step.v, step.v + 1, versions[k], to_version)
+                    ELSE format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s cannot be used: %s', step.et, step.v, step.v + 1, fn, problem)
+                END;
+            END LOOP;
+            CONTINUE;
+        END IF;
+        BEGIN
+            EXECUTE format('SELECT array_agg(%s(t.p) ORDER BY t.i) FROM unnest($1) WITH ORDINALITY AS t (p, i)', fn::oid::regproc)
+            INTO results
+            USING (SELECT array_agg(done[i.k] ORDER BY i.n) FROM unnest(idx) WITH ORDINALITY AS i (k, n));
+        EXCEPTION
+            WHEN query_canceled THEN
+                IF cardinality(ords) > 1 THEN
+                    RAISE;
+                END IF;
+                errs[idx[1]] := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s raised [%s] %s', step.et, step.v, step.v + 1, fn, SQLSTATE, left(SQLERRM, 500));
+                CONTINUE;
+            WHEN OTHERS OR assert_failure THEN
+                results := NULL;
+        END;
+        IF results IS NULL THEN
+            results := '{}';
+            FOREACH k IN ARRAY idx LOOP
+                BEGIN
+                    EXECUTE format('SELECT %s($1)', fn::oid::regproc) INTO one USING done[k];
+                EXCEPTION WHEN OTHERS OR assert_failure OR query_canceled THEN
+                    IF SQLSTATE = '57014' AND cardinality(ords) > 1 THEN
+                        RAISE;
+                    END IF;
+                    one := NULL;
+                    errs[k] := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s raised [%s] %s', step.et, step.v, step.v + 1, fn, SQLSTATE, left(SQLERRM, 500));
+                END;
+                results := array_append(results, one);
+            END LOOP;
+        END IF;
+        FOR j IN 1..cardinality(idx) LOOP
+            k := idx[j];
+            CONTINUE WHEN errs[k] IS NOT NULL;
+            IF jsonb_typeof(results[j]) IS DISTINCT FROM 'object' THEN
+                errs[k] := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s returned %s, not a JSON object', step.et, step.v, step.v + 1, fn, coalesce(jsonb_typeof(results[j]), 'NULL'));
+            ELSE
+                done[k] := results[j];
+                cur[k] := cur[k] + 1;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN QUERY
+    SELECT ords[i.k], CASE WHEN errs[i.k] IS NULL THEN done[i.k] END, errs[i.k]
+    FROM generate_subscripts(ords, 1) AS i (k);
+END;
+$$;
+-- end generated
+
 -- ---- held snapshots: the hot path does not grow with the oldest snapshot
+
+-- ---- backfill: a handler that joins late replays the outbox's history
+
+-- generated from sql/68_backfill.sql: outbox.backfill_span
+-- What the outbox holds of a handler's subjects in [from_at, until_at): how
+-- many events, the first and last created_at among them, and the oldest
+-- created_at the outbox keeps at all (older days were archived and dropped:
+-- a range starting before it is not whole here). The plan the command prints
+-- first is made of it.
+CREATE OR REPLACE FUNCTION outbox.backfill_span(
+    subjects text[],
+    from_at timestamptz,
+    until_at timestamptz
+)
+RETURNS TABLE (events bigint, first_at timestamptz, last_at timestamptz, kept_from timestamptz)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_backfill(subjects, from_at, until_at, 1);
+    RETURN QUERY
+    SELECT count(*), min(e.created_at), max(e.created_at), (SELECT min(k.created_at) FROM outbox.events AS k)
+    FROM outbox.events AS e
+    WHERE e.subject = ANY(backfill_span.subjects)
+        AND e.created_at >= backfill_span.from_at AND e.created_at < backfill_span.until_at;
+END;
+$$;
+COMMENT ON FUNCTION outbox.backfill_span(text[], timestamptz, timestamptz) IS
+'For pgoutbox backfill: how many events of these subjects the outbox holds in a range, and since when it keeps any.';
+-- end generated
+
+-- generated from sql/68_backfill.sql: outbox.backfill_page
+-- One page of a backfill: the events of the handler's subjects created in
+-- [from_at, until_at) with an id above after_id, in id order, whatever their
+-- status. Id order is emit order within an ordering key (outbox.emit holds
+-- the key's lock until commit), so a backfill that delivers pages in order,
+-- one event after the other, keeps every key's order; after_id is the
+-- resume point. The columns are those the relay publishes (wire.to_nats).
+CREATE OR REPLACE FUNCTION outbox.backfill_page(
+    subjects text[],
+    from_at timestamptz,
+    until_at timestamptz,
+    after_id bigint,
+    page_size integer
+)
+RETURNS TABLE (
+    id bigint,
+    event_id uuid,
+    subject text,
+    context text,
+    aggregate_type text,
+    aggregate_id text,
+    event_type text,
+    event_version integer,
+    payload jsonb,
+    headers jsonb,
+    correlation_id uuid,
+    causation_id uuid,
+    tenant_id text,
+    ordering_key text,
+    occurred_at timestamptz,
+    created_at timestamptz
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_backfill(subjects, from_at, until_at, page_size);
+    IF after_id IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: after_id is required (0 for the start)'
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN QUERY
+    SELECT
+        e.id, e.event_id, e.subject, e.context, e.aggregate_type, e.aggregate_id, e.event_type,
+        e.event_version, e.payload, e.headers, e.correlation_id, e.causation_id, e.tenant_id,
+        e.ordering_key, e.occurred_at, e.created_at
+    FROM outbox.events AS e
+    WHERE e.id > backfill_page.after_id
+        AND e.subject = ANY(backfill_page.subjects)
+        AND e.created_at >= backfill_page.from_at AND e.created_at < backfill_page.until_at
+    ORDER BY e.id
+    LIMIT backfill_page.page_size;
+END;
+$$;
+COMMENT ON FUNCTION outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer) IS
+'For pgoutbox backfill: the next page of events of these subjects in a range, in id (emit) order.';
+-- end generated
+
+-- generated from sql/68_backfill.sql: outbox._check_backfill
+CREATE OR REPLACE FUNCTION outbox._check_backfill(
+    subjects text[],
+    from_at timestamptz,
+    until_at timestamptz,
+    page_size integer
+)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF subjects IS NULL OR cardinality(subjects) = 0 OR array_position(subjects, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: subjects must name at least one subject, and no NULL'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: page_size must be between 1 and 10000, got %', page_size
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+-- end generated
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_backfiller') THEN
+        CREATE ROLE pgoutbox_backfiller NOLOGIN;
+    END IF;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION
+outbox.backfill_span(text[], timestamptz, timestamptz),
+outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer),
+outbox._check_backfill(text[], timestamptz, timestamptz, integer)
+FROM public;
+GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_backfiller;
+GRANT EXECUTE ON FUNCTION
+outbox.schema_version(), outbox.serves_workers_from(),
+outbox.backfill_span(text[], timestamptz, timestamptz),
+outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer),
+inbox.receive(uuid, text, text, jsonb),
+inbox.mark_processed(uuid, text),
+inbox.record_error(uuid, text, text, boolean, interval)
+TO pgoutbox_backfiller;
 
 -- ---- the console
 

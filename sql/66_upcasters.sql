@@ -140,6 +140,13 @@ COMMENT ON FUNCTION inbox.unregister_upcaster(text, integer) IS
 -- payload that needs it in one statement (one subtransaction); when that
 -- statement raises, the step is applied one payload at a time, so that only
 -- the payloads it raises on fail.
+--
+-- Any error of an upcaster is caught, with its SQLSTATE and text: OTHERS
+-- leaves out assert_failure (P0004) and query_canceled (57014), so both are
+-- named. A query_canceled (statement_timeout, or a cancel) leaves the
+-- statement no time of its own to go on with: with a single payload it is
+-- that payload's failure; with several it is raised again, and the caller
+-- (the consumer) upcasts each message in a statement of its own.
 CREATE OR REPLACE FUNCTION inbox._upcast_all(
     ords integer[],
     event_types text[],
@@ -198,15 +205,25 @@ BEGIN
             EXECUTE format('SELECT array_agg(%s(t.p) ORDER BY t.i) FROM unnest($1) WITH ORDINALITY AS t (p, i)', fn::oid::regproc)
             INTO results
             USING (SELECT array_agg(done[i.k] ORDER BY i.n) FROM unnest(idx) WITH ORDINALITY AS i (k, n));
-        EXCEPTION WHEN OTHERS THEN
-            results := NULL;
+        EXCEPTION
+            WHEN query_canceled THEN
+                IF cardinality(ords) > 1 THEN
+                    RAISE;
+                END IF;
+                errs[idx[1]] := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s raised [%s] %s', step.et, step.v, step.v + 1, fn, SQLSTATE, left(SQLERRM, 500));
+                CONTINUE;
+            WHEN OTHERS OR assert_failure THEN
+                results := NULL;
         END;
         IF results IS NULL THEN
             results := '{}';
             FOREACH k IN ARRAY idx LOOP
                 BEGIN
                     EXECUTE format('SELECT %s($1)', fn::oid::regproc) INTO one USING done[k];
-                EXCEPTION WHEN OTHERS THEN
+                EXCEPTION WHEN OTHERS OR assert_failure OR query_canceled THEN
+                    IF SQLSTATE = '57014' AND cardinality(ords) > 1 THEN
+                        RAISE;
+                    END IF;
                     one := NULL;
                     errs[k] := format('UPCAST_FAILED [OB072]: %s v%s -> v%s: %s raised [%s] %s', step.et, step.v, step.v + 1, fn, SQLSTATE, left(SQLERRM, 500));
                 END;

@@ -171,3 +171,25 @@ outbox.dlq_discard(jsonb, text, integer),
 outbox.dlq_restore(jsonb, text, integer)
 TO pgoutbox_admin;
 GRANT SELECT ON outbox.discard_log, inbox.discard_log TO pgoutbox_admin;
+
+-- pgoutbox_backfiller: `pgoutbox backfill` (sql/68_backfill.sql). It reads
+-- the outbox through the two backfill functions only (no table) and records
+-- each delivery in the inbox as the consumer does: receive, then processed or
+-- an error. It holds no NATS durable and no other inbox call.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_backfiller') THEN
+        CREATE ROLE pgoutbox_backfiller NOLOGIN;
+    END IF;
+END;
+$$;
+
+GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_backfiller;
+GRANT EXECUTE ON FUNCTION
+outbox.schema_version(), outbox.serves_workers_from(),
+outbox.backfill_span(text[], timestamptz, timestamptz),
+outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer),
+inbox.receive(uuid, text, text, jsonb),
+inbox.mark_processed(uuid, text),
+inbox.record_error(uuid, text, text, boolean, interval)
+TO pgoutbox_backfiller;

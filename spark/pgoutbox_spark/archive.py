@@ -102,19 +102,31 @@ def plan(conn: psycopg.Connection, options: ArchiveOptions) -> list[db.Unit]:
     return found
 
 
+def split_archive(master: str, archive_uri: str, shared_storage: bool) -> str | None:
+    """Why a local archive folder cannot be used under `master`, or None: a
+    cluster master (anything but local[...]) runs executors on other hosts,
+    and each would write its share of a day to its own disk. Needs no Spark:
+    `pgoutbox archive` asks before it starts one (a master that does not
+    answer would cost its whole start timeout first), preflight() again with
+    the master spark-submit set."""
+    if master.startswith("local") or not storage.is_local(archive_uri) or shared_storage:
+        return None
+    return (
+        f"OUTBOX_ARCHIVE_URI={archive_uri} is a folder of one host's disk, and master {master} runs "
+        "executors on other hosts: each would write its share of a day to its own disk. Use a shared "
+        "file system (hdfs://, s3a://, gs://), or set OUTBOX_ARCHIVE_SHARED=true if this path is "
+        "the same shared mount on every host"
+    )
+
+
 def preflight(spark: SparkSession, store: storage.Storage, target: jdbc.JdbcTarget, options: ArchiveOptions) -> int:
     """What every day needs, checked before anything is sealed; returns the
     number of executors. Raises ConfigError (a local archive folder under a
     cluster master) or SparkUnavailable (no executor, no usable archive
     location)."""
-    master = spark.sparkContext.master
-    if not session.is_local(spark) and storage.is_local(options.archive_uri) and not options.shared_storage:
-        raise ConfigError(
-            f"OUTBOX_ARCHIVE_URI={options.archive_uri} is a folder of one host's disk, and master {master} runs "
-            "executors on other hosts: each would write its share of a day to its own disk. Use a shared "
-            "file system (hdfs://, s3a://, gs://), or set OUTBOX_ARCHIVE_SHARED=true if this path is "
-            "the same shared mount on every host"
-        )
+    problem = split_archive(spark.sparkContext.master or "", options.archive_uri, options.shared_storage)
+    if problem is not None:
+        raise ConfigError(problem)
     unconfigured = failures.hdfs_unconfigured(options.archive_uri, store.default_fs())
     if unconfigured is not None:
         raise failures.unavailable(unconfigured)

@@ -3,14 +3,20 @@ settings they add, and their refusals with stable codes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from pgoutbox.cli import main as cli
 from pgoutbox.core import migrate
 from pgoutbox.core.errors import ExitCode
+from pgoutbox.dev.embedded import free_port
 from support.archival import events, today
+from support.roles import login
 
 
 def test_dry_run_lists_each_old_day_and_what_blocks_it(conn, database_url, capsys):
@@ -84,3 +90,65 @@ def test_on_a_schema_without_command_archival_the_archiver_asks_for_migrate(conn
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("pgoutbox archive: SchemaMismatch: ") and "run `pgoutbox migrate`" in line, line
     assert cli.main(["archive", "--database-url", database_url, "--dry-run", "--sources", "outbox,inbox"]) == 0
+
+
+def _recording_java(tmp_path: Path) -> tuple[Path, Path]:
+    """A JAVA_HOME whose java records that it was started, then fails: Spark
+    starts its JVM through $JAVA_HOME/bin/java (spark-class)."""
+    home, started = tmp_path / "jdk", tmp_path / "java-started"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f'#!/bin/sh\necho "$@" >> {started}\nexit 1\n')
+    java.chmod(0o755)
+    return home, started
+
+
+def test_a_local_folder_under_a_cluster_master_is_refused_before_spark_starts(conn, database_url, tmp_path):
+    """A configuration mistake costs no cluster time: a standalone master (here
+    one that does not even answer, which would cost the whole Spark start) and
+    a local archive folder are refused in one line, exit 2, with no JVM started
+    and nothing sealed. The archiver's own login, on the defaults but those two."""
+    events(conn, today() - timedelta(days=10), 3)
+    home, started = _recording_java(tmp_path)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "SPARK_", "PYSPARK_"))}
+    env = {
+        **base,
+        "JAVA_HOME": str(home),
+        "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_archiver"),
+        "OUTBOX_SPARK_MASTER": f"spark://127.0.0.1:{free_port()}",  # what the test is about: a cluster master
+        "OUTBOX_ARCHIVE_URI": str(tmp_path / "archive"),  # ... and a folder of this host's disk
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pgoutbox.cli.main", "archive"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,  # Spark gives an unanswering master about 100 s before it fails
+    )
+    assert done.returncode == ExitCode.USAGE, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("pgoutbox archive: ConfigError: OUTBOX_ARCHIVE_URI=file://"), line
+    assert "OUTBOX_ARCHIVE_SHARED=true" in line, line
+    assert not started.exists(), f"a JVM was started: {started.read_text()}"
+    sealed = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = '_050_archived_read_only'").fetchone()[0]
+    assert sealed == 0
+
+
+def test_the_recording_java_sees_a_spark_start(tmp_path):
+    """The check above is not vacuous: a local Spark started with that
+    JAVA_HOME goes through the recording java (and fails, exit 5)."""
+    home, started = _recording_java(tmp_path)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG", "SPARK_", "PYSPARK_"))}
+    code = (
+        "from pgoutbox_spark import session\n"
+        "from pgoutbox.core.errors import SparkUnavailable\n"
+        "try:\n"
+        "    session.build('local[1]', None, 'probe')\n"
+        "except Exception as exc:\n"
+        "    raise SystemExit(type(exc).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**base, "JAVA_HOME": str(home)}, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0, done.stderr
+    assert started.exists()

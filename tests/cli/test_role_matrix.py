@@ -4,8 +4,8 @@ The table between the command-roles markers of docs/reference.md is the source
 of truth. Three checks read it:
 
   * it names every command (and the application's outbox.emit()), and a
-    command that connects to PostgreSQL names a pgoutbox role (migrate aside:
-    the owner of the schemas runs it);
+    command that connects to PostgreSQL names a pgoutbox role (migrate and
+    testing aside: the owner of the schemas runs them);
   * every SQL function a command's code calls (the SQL strings of the
     modules it imports, followed through its imports), and every table it
     reads, is granted to the roles the table names for it;
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference.md"
 PGOUTBOX = Path(sys.executable).parent / "pgoutbox"
 EMIT = "emit"  # the table's row for the application's outbox.emit()
-OWNER_RUNS = {"migrate"}  # the schemas' owner, not a pgoutbox role (the table says so)
+OWNER_RUNS = {"migrate", "testing"}  # the schemas' owner, not a pgoutbox role (the table says so)
 HANDLER = "billing"
 SUBJECT = "sea.event.order_created.v1"
 
@@ -518,7 +518,26 @@ def run_emit(run: Run) -> None:
     assert status_counts(run.owner_url) == {"PENDING": 1}
 
 
+def run_backfill(run: Run) -> None:
+    """Three events the outbox keeps reach a handler through its inbox."""
+    handler = FakeHandler()
+    try:
+        manifests = run.tmp / "handlers"
+        manifests.mkdir()
+        (manifests / "billing.toml").write_text(
+            f'[[handler]]\nname = "{HANDLER}"\nurl = "{handler.url}"\nsubjects = ["{SUBJECT}"]\n'
+        )
+        run.pgoutbox("registry", "generate")
+        emit(run.owner_url, 3)
+        out = run.pgoutbox("backfill", "--handler", HANDLER)
+        assert f"backfilled {HANDLER}: 3 delivered" in out, out
+        assert inbox_statuses(run.owner_url) == {"PROCESSED": 3}
+    finally:
+        handler.close()
+
+
 SCENARIOS: dict[str, Callable[[Run], None]] = {
+    "backfill": run_backfill,
     "relay": run_relay,
     "status": run_status,
     "requeue": run_requeue,

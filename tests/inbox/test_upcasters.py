@@ -237,3 +237,113 @@ async def test_a_handler_declaring_version_2_gets_only_v2_payloads_each_once(
             w.stop()
         billing.close()
         shipping.close()
+
+
+PICKY = """
+-- reading_taken v1 -> v2; fails on {"n": 3} with an ASSERT (P0004, which
+-- PL/pgSQL's OTHERS does not catch) and on {"n": 4} with a custom SQLSTATE.
+CREATE FUNCTION app.reading_v1_v2(p jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    ASSERT (p ->> 'n')::integer <> 3, 'three is not a reading';
+    IF (p ->> 'n')::integer = 4 THEN
+        RAISE EXCEPTION 'four is not a reading' USING ERRCODE = 'AB123';
+    END IF;
+    RETURN p || '{"schema_version": 2}';
+END
+$$;
+"""
+
+
+async def test_an_upcaster_assert_or_custom_raise_dead_letters_that_message_only(
+    tmp_path, database_url, logins, nats_server
+):
+    """One fetch of six v1 messages for a handler that wants v2: the upcaster
+    fails with an ASSERT on one and a RAISE with a custom SQLSTATE on another.
+    Each of those two is UPCAST_FAILED with the error's code and text, a dead
+    letter delivered once, with its DLQ notice; the four others are
+    PROCESSED, each handed to the handler once as v2. The consumer on its
+    defaults, as a login holding pgoutbox_consumer only."""
+    meter = FakeHandler()
+    workers: list[Worker] = []
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(PICKY)
+        with psycopg.connect(logins["admin"], autocommit=True) as conn:
+            conn.execute("SELECT inbox.register_upcaster('reading_taken', 1, 'app.reading_v1_v2(jsonb)')")
+        registry = write_registry(
+            tmp_path,
+            [{"name": "meter", "url": meter.url, "subjects": ["sea.event.reading_taken.v1"], "version": 2}],
+        )
+        # All six in the stream before the consumer starts: its first fetch takes them together.
+        ids = _emit(logins["writer"], [("reading_taken", 1, {"schema_version": 1, "n": n}) for n in range(1, 7)])
+        by_n = dict(zip(range(1, 7), ids, strict=True))
+        async with jetstream(nats_server.url) as js:
+            await add_stream(js)
+            common = {"OUTBOX_NATS_URL": nats_server.url}
+            relay = Worker(
+                "relay",
+                tmp_path / "relay.log",
+                {**common, "OUTBOX_DATABASE_URL": logins["relay"], "OUTBOX_RELAY_HTTP_PORT": "0"},
+                '"action": "started"',
+            )
+            workers.append(relay)
+            await relay.wait_ready()
+
+            async def in_stream() -> bool:
+                return (await js.stream_info("SEA_EVENTS")).state.messages >= len(ids)
+
+            await until(in_stream, 60, "the six events in the stream")
+            consumer = Worker(
+                "consume",
+                tmp_path / "consumer.log",
+                {
+                    **common,
+                    "OUTBOX_DATABASE_URL": logins["consumer"],
+                    "OUTBOX_REGISTRY_FILE": str(registry),
+                    "OUTBOX_CONSUMER_HTTP_PORT": "0",
+                },
+                "consumer started",
+            )
+            workers.append(consumer)
+            await consumer.wait_ready()
+
+            def settled() -> bool:
+                rows = _inbox(database_url)
+                return all(rows.get((i, "meter"), ("",))[0] in ("PROCESSED", "DEAD_LETTER") for i in ids)
+
+            async def noticed() -> bool:
+                return len(await dlq_messages(js)) >= 2
+
+            await until(settled, 60, "every message settled")
+            await until(noticed, 30, "the two DLQ notices")
+            dlq = await dlq_messages(js)
+
+        rows = _inbox(database_url)
+        assert rows[(by_n[3], "meter")] == (
+            "DEAD_LETTER",
+            "UPCAST_FAILED [OB072]: reading_taken v1 -> v2: app.reading_v1_v2(jsonb) raised [P0004] "
+            "three is not a reading",
+        )
+        assert rows[(by_n[4], "meter")] == (
+            "DEAD_LETTER",
+            "UPCAST_FAILED [OB072]: reading_taken v1 -> v2: app.reading_v1_v2(jsonb) raised [AB123] "
+            "four is not a reading",
+        )
+        good = {by_n[n] for n in (1, 2, 5, 6)}
+        assert {i for i in good if rows[(i, "meter")][0] == "PROCESSED"} == good
+        calls = collections.Counter(c.message_id for c in meter.calls)
+        assert dict(calls) == dict.fromkeys(good, 1)
+        assert all(c.body["event_version"] == 2 and c.body["payload"]["schema_version"] == 2 for c in meter.calls)
+        noticed_ids = collections.Counter(m.headers["Nats-Msg-Id"].split(":", 1)[0] for m in dlq if m.headers)
+        assert dict(noticed_ids) == {by_n[3]: 1, by_n[4]: 1}, "one DLQ notice for each dead letter, none else"
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            attempts = conn.execute(
+                "SELECT message_id::text, attempts FROM inbox.messages WHERE handler = 'meter'"
+            ).fetchall()
+        assert dict(attempts) == dict.fromkeys(ids, 1), "no fetch was handed back for redelivery"
+    finally:
+        for w in workers:
+            w.stop()
+        meter.close()

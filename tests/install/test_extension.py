@@ -112,9 +112,12 @@ def test_the_extension_files_are_what_the_migrations_generate(installed):
     assert f"default_version = '{LATEST}'" in files["pgoutbox.control"]
     ups = {"pgoutbox--1.sql"} | {f"pgoutbox--{v}--{v + 1}.sql" for v in range(1, LATEST)}
     downs = {f"pgoutbox--{v + 1}--{v}.sql" for v in range(OLDEST_DOWN, LATEST)}
-    assert set(files) == ups | downs | {"pgoutbox.control"}
+    tap = {"pgoutbox_tap.control", f"pgoutbox_tap--{gen_extension.TAP_VERSION}.sql"} | {
+        f"pgoutbox_tap--{v}--{gen_extension.TAP_VERSION}.sql" for v in range(1, gen_extension.TAP_VERSION)
+    }
+    assert set(files) == ups | downs | {"pgoutbox.control"} | tap
     for name, text in files.items():
-        if name.endswith(".sql"):
+        if name.endswith(".sql") and not name.startswith("pgoutbox_tap"):
             assert "\nBEGIN;\n" not in text and "\nCOMMIT;\n" not in text, name
             assert "pg_extension_config_dump" in text, name
 
@@ -232,6 +235,35 @@ def test_the_migrate_command_creates_the_extension_when_asked(installed, new_dat
     assert cli.main(["migrate", "--database-url", url, "--target", str(OLDEST_DOWN)]) == 0
     with psycopg.connect(url, autocommit=True) as conn:
         assert m.extension_version(conn) == OLDEST_DOWN
+
+
+@pytest.mark.parametrize("mode", ["extension", "migrate"])
+def test_the_testing_kit_extension_installs_beside_either_mode_and_drops_whole(installed, new_database, mode):
+    """CREATE EXTENSION pgoutbox_tap needs no pgoutbox extension (pgoutbox
+    made by `pgoutbox migrate` will do); its assertions run in a test's
+    transaction, which rolls their events back; DROP EXTENSION takes the
+    schema with it."""
+    url = new_database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        m.migrate(conn, extension=mode == "extension")
+        conn.execute("CREATE EXTENSION pgtap")
+        conn.execute("CREATE EXTENSION pgoutbox_tap")
+        assert conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'pgoutbox_tap'").fetchone() == (
+            str(gen_extension.TAP_VERSION),
+        )
+        with conn.transaction(force_rollback=True):
+            conn.execute("SELECT plan(2)")
+            emit = "SELECT outbox.emit('order', '1', 'order_created', '{\"schema_version\": 1}', context => 'sea')"
+            passed = conn.execute("SELECT pgoutbox_tap.emits(%s, 'order_created')", (emit,)).fetchone()
+            failed = conn.execute("SELECT pgoutbox_tap.emits_nothing(%s)", (emit,)).fetchone()
+        assert passed == ("ok 1 - emits order_created",)
+        assert failed == (
+            'not ok 2 - emits nothing\n# Failed test 2: "emits nothing"\n'
+            '# expected: no event\n# emitted:  1 event(s)\n#     order_created {"schema_version": 1}',
+        )
+        assert conn.execute("SELECT count(*) FROM outbox.events").fetchone() == (0,), "rolled back with the test"
+        conn.execute("DROP EXTENSION pgoutbox_tap")
+        assert conn.execute("SELECT to_regnamespace('pgoutbox_tap')").fetchone() == (None,)
 
 
 def test_a_down_path_that_fails_at_its_last_step_changes_nothing(installed, new_database):

@@ -19,7 +19,7 @@ import wheelhouse
 from pgxs import install_extension
 
 from pgoutbox import SCHEMA_VERSION, __version__
-from pgoutbox.core import migrate
+from pgoutbox.core import migrate, tap
 from support.inbox import FakeHandler
 from support.waiting import wait_for
 
@@ -93,12 +93,14 @@ def test_the_wheel_holds_the_code_the_sql_the_consoles_assets_and_py_typed(wheel
     sql = {f"pgoutbox/sql/{p.name}" for p in (ROOT / "sql").glob("*.sql")}
     found = migrate.discover(ROOT / "migrations")
     migrations = {f"pgoutbox/migrations/{p.name}" for m in found for p in (m.up, m.down)}
+    kit_files = {f"pgoutbox/tap/{p.name}" for p in (ROOT / "pgtap" / "helpers").glob("*.sql")}
+    assert kit_files >= {"pgoutbox/tap/events.sql", "pgoutbox/tap/upcasters.sql"}
     console = ROOT / "relay" / "pgoutbox" / "console"
     assets = {
         f"pgoutbox/console/{p.relative_to(console)}" for d in ("templates", "static") for p in (console / d).iterdir()
     }
     assert assets >= {"pgoutbox/console/templates/base.html", "pgoutbox/console/static/console.css"}
-    assert not (code | spark | sql | migrations | assets | {"pgoutbox/py.typed"}) - names
+    assert not (code | spark | sql | migrations | kit_files | assets | {"pgoutbox/py.typed"}) - names
     info = zipfile.ZipFile(wheel).read(f"pgoutbox-{__version__}.dist-info/METADATA").decode()
     assert f"\nVersion: {__version__}\n" in info
     assert "\nProvides-Extra: console\n" in info
@@ -121,6 +123,8 @@ def test_the_installed_package_runs_away_from_the_checkout(venv, work):
     assert where[0].startswith(str(venv / "lib")), where
     assert Path(where[1]) == Path(where[0]).parents[1] / "migrations", "migrations/ read from the package"
     assert int(where[2]) == len(migrate.discover()) == SCHEMA_VERSION
+    kit = run(venv / "bin" / "pgoutbox", "testing", "tap-sql", cwd=work, env=environment()).stdout
+    assert kit == tap.kit_sql() and "FUNCTION pgoutbox_tap.emits(" in kit, "the testing kit's SQL from the package"
 
 
 def running(proc: subprocess.Popen, log: Path, what: str):

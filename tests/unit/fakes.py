@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg.errors
 from nats.aio.msg import Msg
 from nats.js.api import PubAck
 
@@ -261,17 +262,25 @@ class FakeInbox:
 
     rows: dict[tuple[str, str], FakeInboxRow] = field(default_factory=dict)
     down: int = 0
+    # the next calls roll back for a clash with a concurrent transaction (40P01)
+    clashes: int = 0
     calls: list[str] = field(default_factory=list)
     counts_failures: bool = True
     settlers: dict[str, Settler] = field(default_factory=dict)
     # message_id -> the payload text the upcasters give a handler declaring a version
     upcasts: dict[str, str] = field(default_factory=dict)
+    # message_id -> the error its upcast raises out of the call (a schema before 18,
+    # or a statement_timeout): the call records nothing
+    upcast_raises: dict[str, Exception] = field(default_factory=dict)
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
         if self.down:
             self.down -= 1
             raise DatabaseUnavailable("PostgreSQL unavailable (fake)")
+        if self.clashes:
+            self.clashes -= 1
+            raise psycopg.errors.DeadlockDetected("deadlock detected (fake)")
 
     def failures(self, row: dict[str, Any]) -> int:
         return int(row["dlq_metadata"]["failures"])
@@ -284,6 +293,9 @@ class FakeInbox:
     ) -> list:
         """Payloads as they came, or as `upcasts` gives them to a handler declaring a version."""
         self._call("receive_batch")
+        raised = [self.upcast_raises[i] for i in ids if i in self.upcast_raises] if version is not None else []
+        if raised:
+            raise raised[0]
         out = []
         for ordinal, message_id in enumerate(ids, 1):
             row = self.rows.get((message_id, handler))

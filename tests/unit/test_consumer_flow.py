@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import psycopg
+import psycopg.errors
 import pytest
 from fakes import FakeHandlerClient, FakeInbox, FakeInboxRow, FakeJetStream, FakeNats, answers, delivery
 from opentelemetry.sdk.trace import TracerProvider
@@ -251,3 +253,56 @@ async def test_a_cloudevents_handler_declaring_a_version_gets_the_upcast_payload
     await f.flow.handle_fetch([old, new], consumer_settings.resolve(spec, CONFIG), lambda msg, outcome: None)
     assert [c["type"] for c in f.client.cloudevents] == ["sea.order_created.v2", "sea.order_created.v2"]
     assert json.loads(f.client.bodies[0]) == {"schema_version": 2}  # the payload alone, upcast
+
+
+def _server_error(cls: type[psycopg.Error], state: str, text: str) -> psycopg.Error:
+    exc = cls(text)
+    exc.sqlstate = state
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (psycopg.errors.AssertFailure("n must not be 3"), "[P0004] n must not be 3"),
+        (psycopg.errors.QueryCanceled("canceling statement due to statement timeout"), "[57014] canceling"),
+        (_server_error(psycopg.DatabaseError, "AB123", "custom"), "[AB123] custom"),
+    ],
+)
+async def test_an_upcast_that_raises_out_of_the_call_is_that_messages_own_dead_letter(error, shown):
+    """What a schema before 18 lets escape (an ASSERT), or any statement error
+    of one message's upcast: the fetch goes message by message, the one whose
+    upcast raises is received without it and dead-lettered UPCAST_FAILED with
+    the error's code and text; the other is processed; the gate stays open."""
+    spec = registry.HandlerSpec(
+        name="billing",
+        url="http://127.0.0.1:1/events",
+        context="sea",
+        stream="SEA_EVENTS",
+        subjects=("sea.event.order_created.v1",),
+        version=2,
+    )
+    f = Flow(FakeHandlerClient(200))
+    good, bad = delivery(f.nc, seq=1), delivery(f.nc, seq=2, event_id="0b0e9a8e-3c55-4c1f-9d3f-5f3c1a2b4c5d")
+    f.inbox.upcasts[f.message_id(good)] = '{"schema_version": 2}'
+    f.inbox.upcast_raises[f.message_id(bad)] = error
+    outcomes: dict[str, object] = {}
+    await f.flow.handle_fetch(
+        [good, bad], consumer_settings.resolve(spec, CONFIG), lambda msg, o: outcomes.__setitem__(msg.reply, o)
+    )
+    assert outcomes == {good.reply: "processed", bad.reply: "dead_lettered"}
+    row = f.inbox.row(f.message_id(bad), "billing")
+    assert row.status == "DEAD_LETTER"
+    assert row.last_error.startswith(f"UPCAST_FAILED [OB072]: order_created v1 -> v2: {shown}"), row.last_error
+    assert f.flow.gate.is_up
+    assert answers(f.nc, good) == [b""] and answers(f.nc, bad) == [b""]
+    assert len(f.js.published) == 1  # the dead letter's notice
+
+
+async def test_a_clash_with_a_concurrent_transaction_runs_the_call_again_with_the_gate_open():
+    inbox = FakeInbox(clashes=2)
+    f = Flow(FakeHandlerClient(200), inbox)
+    msg = delivery(f.nc)
+    await f.fetch(msg)
+    assert f.outcomes[msg.reply] == "processed" and f.flow.gate.is_up
+    assert inbox.calls.count("receive_batch") == 3, inbox.calls

@@ -253,6 +253,10 @@ def run(cfg: ArchiveConfig, args: argparse.Namespace) -> int:
         from pgoutbox_spark import archive, session
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(f"pgoutbox archive needs the spark extra (pip install 'pgoutbox[spark]'): {exc}") from exc
+    if not session.submitted():  # under spark-submit the master is spark-submit's: preflight() checks it
+        problem = archive.split_archive(cfg.spark_master, options(cfg).archive_uri, cfg.archive_shared)
+        if problem is not None:
+            raise ConfigError(problem)
     with db.connect(cfg.database_url, check_schema=True) as conn:
         check_sources(conn, cfg.sources)
         if cfg.dry_run:

@@ -11,7 +11,11 @@ connection. Anything else still shows its traceback: that is a bug to fix."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
@@ -25,6 +29,7 @@ from pgoutbox import __version__
 from pgoutbox.cli import (
     archive,
     audit,
+    backfill,
     console,
     consume,
     dead_letters,
@@ -40,6 +45,7 @@ from pgoutbox.cli import (
     restore_list,
     status,
     streams,
+    testing,
 )
 from pgoutbox.cli import settings as settings_command
 from pgoutbox.core import broker, db, settings
@@ -59,6 +65,7 @@ COMMANDS = (
     consume,
     replay,
     redrive,
+    backfill,
     replay_switch,
     dead_letters,
     registry,
@@ -66,6 +73,7 @@ COMMANDS = (
     report,
     restore_list,
     console,
+    testing,
     settings_command,
 )
 
@@ -165,5 +173,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(error.exit_code)
 
 
+def entry() -> NoReturn:  # pragma: no cover - the process itself ends here
+    """The `pgoutbox` command: main(), then the process ends at once.
+
+    By the time main() returns, a command has closed what it holds (a
+    worker's stop: its pools, NATS connection, health server, spans). What
+    Python would still do is tear down every module and object of the
+    interpreter, which the operator's stop waits for and which does nothing
+    for them: 0.05 s on an idle machine, 0.6-1.9 s measured with load average
+    16 on 2 cores, and more under `make test` next to other work (a relay
+    waiting for PostgreSQL took 6 s from SIGTERM to its exit, its "stopped"
+    line logged within 30 ms of the signal). So the exit does what Python's
+    own does first (wait for the non-daemon threads, run the atexit handlers,
+    flush the logs and the console) and skips the teardown. An exception
+    main() lets escape (a bug) ends the process the usual way, traceback
+    first."""
+    code = main()
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # logging.shutdown() among them: every handler flushed
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

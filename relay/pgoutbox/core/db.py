@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -38,13 +39,48 @@ SETTING = "OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset"
 CONNECT_TIMEOUT = 5  # seconds: an unreachable host fails a connect, it does not hang it
 POOL_TIMEOUT = 30.0  # seconds a call waits for a busy pool's connection before failing
 
-# SQLSTATEs of a server that refuses or drops the session rather than a statement
-# (libpq's own connection failures carry none).
-_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03", "53300", "28")
+# SQLSTATEs that mean PostgreSQL itself is away, not that a statement failed:
+# connection exceptions (class 08), the server shutting down or not yet up
+# (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now), and
+# insufficient resources (class 53: too many connections, out of memory, disk
+# full). libpq's own connection failures carry no SQLSTATE at all.
+AWAY_STATES = ("08", "57P01", "57P02", "57P03", "53")
 # A statement refused because the server does not take writes (a standby, a
 # fenced primary): the session is on the wrong server, which a new connection
 # (target_session_attrs=read-write) repairs.
 READ_ONLY = "25006"
+# The transaction was rolled back for a clash with a concurrent one
+# (serialization_failure, deadlock_detected): the same call may run again.
+CLASH_STATES = frozenset({"40001", "40P01"})
+
+
+class Failure(enum.Enum):
+    """What a database error means to a worker (failure_of())."""
+
+    AWAY = "away"  # PostgreSQL (or this session's server) is away: wait for it, call again
+    CLASH = "clash"  # rolled back by a concurrent transaction: call again now
+    STATEMENT = "statement"  # this statement's own failure (its values, its code, its time): not the server's
+
+
+def failure_of(exc: BaseException) -> Failure:
+    """The one classifier of database errors, for every worker: only an error
+    that means PostgreSQL itself is away is AWAY (a worker then waits for the
+    server; a relay or consumer closes its database gate). Everything else a
+    statement raises, whatever its SQLSTATE (an ASSERT, a RAISE with any
+    code, a statement_timeout or cancel (57014), a division by zero), is that
+    statement's own failure, and so the failure of the message it was for."""
+    if isinstance(exc, psycopg.InterfaceError):  # e.g. a call on a closed connection
+        return Failure.AWAY
+    if not isinstance(exc, psycopg.Error):
+        return Failure.STATEMENT
+    state = exc.sqlstate
+    if state is None:  # libpq's own failure: no server answered
+        return Failure.AWAY if isinstance(exc, psycopg.OperationalError) else Failure.STATEMENT
+    if state == READ_ONLY or state.startswith(AWAY_STATES):
+        return Failure.AWAY
+    if state in CLASH_STATES:
+        return Failure.CLASH
+    return Failure.STATEMENT
 
 
 def conninfo(database_url: str | None) -> str:
@@ -74,13 +110,10 @@ def is_read_only(exc: BaseException) -> bool:
 
 
 def is_connection_error(exc: BaseException) -> bool:
-    """A failure of the connection itself (unreachable, refused, dropped, or
-    on a server that does not take writes), not of a statement."""
-    if isinstance(exc, psycopg.InterfaceError) or is_read_only(exc):  # e.g. a call on a closed connection
-        return True
-    if not isinstance(exc, psycopg.OperationalError):
-        return False
-    return exc.sqlstate is None or exc.sqlstate.startswith(_CONNECTION_STATES)
+    """A failure of the connection itself (unreachable, refused, dropped, the
+    server out of resources, or on a server that does not take writes), not
+    of a statement: failure_of(exc) is AWAY."""
+    return failure_of(exc) is Failure.AWAY
 
 
 def _reason(exc: BaseException, database_url: str | None) -> str:

@@ -67,9 +67,9 @@ import nats.errors
 import psycopg
 from nats.aio.msg import Msg
 
-from pgoutbox.core import cloudevents, tracing
+from pgoutbox.core import cloudevents, db, tracing
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
-from pgoutbox.core.errors import DatabaseUnavailable, PolicyViolation, SqlState
+from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, PolicyViolation, SqlState, one_line
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
 from pgoutbox.inbox import dlq
@@ -240,6 +240,9 @@ async def _acked(msg: Any, outcome: Outcome) -> Outcome:
     return outcome
 
 
+# Times an inbox call runs again at once after a clash with a concurrent transaction.
+_CLASHES = 3
+
 # Prefix of last_error when no DLQ notice could be published for a dead letter.
 UNPUBLISHABLE = "DLQ_UNPUBLISHABLE"
 # Prefix of last_error of a message the consumer itself failed on (a defect,
@@ -254,10 +257,24 @@ def _origin(msg: Any) -> tuple[str | None, int | None]:
     return msg.stream, msg.seq
 
 
-def _refuses_data(exc: psycopg.Error) -> bool:
-    """PostgreSQL refused the values themselves (data exception, program limit):
-    every redelivery would be refused the same way."""
-    return (exc.sqlstate or "")[:2] in ("22", "54")
+def _own_failure(exc: BaseException) -> bool:
+    """An inbox call failed for the message it was for, not because
+    PostgreSQL is away (db.failure_of: whatever the SQLSTATE, an ASSERT, a
+    statement_timeout; DatabaseUnavailable, PostgreSQL away, is raised by the
+    pool before this is asked; a clash with a concurrent transaction runs
+    again, MessageFlow.database): that message's own outcome, never the fetch's."""
+    if isinstance(exc, PgOutboxError):  # an inbox function's refusal, by its code; not a schema mismatch
+        return isinstance(exc.code, SqlState) and not isinstance(exc, DatabaseUnavailable)
+    return isinstance(exc, psycopg.Error) and db.failure_of(exc) is db.Failure.STATEMENT
+
+
+def _described(exc: BaseException) -> str:
+    """An error's code and text, one line, for last_error."""
+    if isinstance(exc, PgOutboxError):
+        return f"[{exc.code}] {one_line(exc)}"
+    if isinstance(exc, psycopg.Error):
+        return f"[{exc.sqlstate}] {one_line(exc.diag.message_primary or exc)}"
+    return f"{type(exc).__name__}: {one_line(exc)}"
 
 
 def _consumed_by(envelope: dict[str, Any], h: HandlerRuntime) -> None:
@@ -329,6 +346,7 @@ class MessageFlow:
         """Runs an inbox call; while PostgreSQL is away, waits for it (the
         gate) and runs it again: the message waiting here stays in hand, kept
         alive by in-progress acks. Stopping when the consumer stops meanwhile."""
+        clashes = 0
         while True:
             if not await self.gate.wait(self.stopping):
                 raise Stopping()
@@ -338,6 +356,12 @@ class MessageFlow:
                 if not exc.retryable:
                     raise
                 self.gate.lost(exc)
+            except psycopg.Error as exc:
+                # A clash with a concurrent transaction rolled the call back:
+                # once more at once (any other failure is the message's own).
+                if db.failure_of(exc) is not db.Failure.CLASH or clashes >= _CLASHES:
+                    raise
+                clashes += 1
 
     async def _handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
@@ -419,10 +443,10 @@ class MessageFlow:
                 [a.stored() for a in admitted],
                 h.spec.version,
             )
-        except PolicyViolation:
-            pass
-        except psycopg.Error as exc:
-            if not _refuses_data(exc):
+        except Exception as exc:
+            # Whatever one message's values or upcast raised (any SQLSTATE):
+            # each message again on its own, so that only its own call fails.
+            if not _own_failure(exc):
                 raise
         if rows is not None:
             if [row["ordinal"] for row in rows] != list(range(1, len(admitted) + 1)):
@@ -438,22 +462,45 @@ class MessageFlow:
 
     async def _receive(self, h: HandlerRuntime, a: Admitted) -> dict[str, Any] | str:
         """inbox.receive() (a batch of one for a handler that declares a
-        version: it upcasts too), or why the inbox refused the message's values."""
+        version: it upcasts too), or why the inbox refused the message's values
+        (then it cannot enter the inbox: `.invalid`). A versioned call that
+        fails where the plain one does not failed on the upcast (a schema
+        before 18 lets an upcaster's ASSERT or statement_timeout escape, and
+        any schema a timeout of one message's upcasts): the row as received,
+        with that failure as its upcast_error, the message's own dead letter."""
         envelope = a.envelope
+        version = h.spec.version
         try:
-            if h.spec.version is not None:
-                rows = await self.inbox.receive_batch(
-                    h.name, [envelope["message_id"]], [envelope["subject"]], [a.stored()], h.spec.version
-                )
-                assert rows is not None and len(rows) == 1
-                return rows[0]
+            if version is not None:
+                try:
+                    return await self._receive_one(h, a, version)
+                except Exception as exc:
+                    if not _own_failure(exc):
+                        raise
+                    row = await self._receive_one(h, a, None)  # schema 15 or later: batches
+                    if row["status"] in ("RECEIVED", "FAILED"):
+                        row["upcast_error"] = (
+                            f"{SqlState.UPCAST_FAILED.name} [{SqlState.UPCAST_FAILED.value}]: "
+                            f"{envelope['event_type']} v{envelope['event_version']} -> v{version}: {_described(exc)}"
+                        )
+                    return row
             return await self.inbox.receive(envelope["message_id"], h.name, envelope["subject"], envelope)
-        except PolicyViolation as exc:
-            return f"the inbox refused it: [{exc.code}] {exc}"
-        except psycopg.Error as exc:
-            if not _refuses_data(exc):
+        except Exception as exc:
+            if not _own_failure(exc):
                 raise
-            return f"PostgreSQL cannot store it: [{exc.sqlstate}] {exc.diag.message_primary or exc}"
+            if isinstance(exc, PolicyViolation):
+                return f"the inbox refused it: [{exc.code}] {exc}"
+            return f"PostgreSQL cannot store it: {_described(exc)}"
+
+    async def _receive_one(self, h: HandlerRuntime, a: Admitted, version: int | None) -> dict[str, Any]:
+        """One message's inbox row (receive_batch of one), upcast to `version`
+        when it is not None."""
+        envelope = a.envelope
+        rows = await self.inbox.receive_batch(
+            h.name, [envelope["message_id"]], [envelope["subject"]], [a.stored()], version
+        )
+        assert rows is not None and len(rows) == 1
+        return dict(rows[0])
 
     async def _traced(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], fetched_ns: int) -> Outcome:
         """_process inside a "process {subject}" span (tracing on)."""

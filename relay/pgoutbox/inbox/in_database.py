@@ -37,6 +37,7 @@ from typing import Any
 
 import psycopg
 
+from pgoutbox.core import db
 from pgoutbox.core.errors import PolicyViolation, SqlState
 from pgoutbox.inbox import store as inbox_store
 
@@ -89,7 +90,7 @@ async def handle_in_transaction(
             await inbox_store.mark_processed(conn, message_id, handler)
         return "processed"
     except Exception as exc:
-        if conn.broken:
+        if conn.broken or db.failure_of(exc) is db.Failure.AWAY:
             raise  # nothing can be recorded; the redelivery will tell
         error = f"{type(exc).__name__}: {exc}"
         last_delivery = last_delivery or _dead_at_once(exc)
@@ -130,8 +131,8 @@ async def handle_batch_in_transaction(
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE and await _has_batches(conn):
         try:
             return await _batch(conn, handler, envelopes, apply, version)
-        except Exception:
-            if conn.broken:
+        except Exception as exc:
+            if conn.broken or db.failure_of(exc) is db.Failure.AWAY:
                 raise
     outcomes: list[str | Exception] = []
     for envelope, last in zip(envelopes, lasts, strict=True):
@@ -140,7 +141,7 @@ async def handle_batch_in_transaction(
                 await handle_in_transaction(conn, handler, envelope, apply, last_delivery=last, version=version)
             )
         except Exception as exc:
-            if conn.broken:
+            if conn.broken or db.failure_of(exc) is db.Failure.AWAY:
                 raise
             outcomes.append(exc)
     return outcomes

@@ -37,8 +37,9 @@ only burn attempts). A publish the broker did not answer (Outcome.away:
 timeout, no responders, JetStream 503 / no leader / no quorum) is not the
 event's failure: it is handed back (outbox.hand_back, no attempt counted),
 and claiming pauses until one probe with growing pauses finds JetStream
-answering again (away.py; docs/relay.md, "JetStream away"). When PostgreSQL goes away, calls are retried after a
-reconnection; a published batch keeps trying to mark until its lease ends.
+answering again (away.py; docs/relay.md, "JetStream away"). When
+PostgreSQL goes away, calls are retried after a reconnection; a published
+batch keeps trying to mark until its lease ends.
 
 Shutdown (SIGTERM/SIGINT sets `stop`): stop claiming, publish and mark the
 batches already claimed (handing them back as due-now when NATS is down),
@@ -343,11 +344,11 @@ class OutboxRelay:
         if not rows:
             self._jetstream_back()
             return
-        batch = Batch(rows, started, probe=asyncio.Event())
+        answered = asyncio.Event()
+        batch = Batch(rows, started, probe=answered)
         self._in_flight += 1
         await out.put(batch)
-        assert batch.probe is not None
-        if await until_stopped(batch.probe.wait(), self.stopping) and not any(o.away for o in batch.outcomes):
+        if await until_stopped(answered.wait(), self.stopping) and not any(o.away for o in batch.outcomes):
             self._jetstream_back()
 
     def _jetstream_away(self, outcome: Outcome) -> None:

@@ -1,0 +1,117 @@
+-- `pgoutbox backfill` (docs/backfill.md): a handler that joins late replays
+-- history from the outbox's own partitions, through its ordinary inbox path
+-- (inbox.receive dedups). These two functions are all it reads of the
+-- outbox; pgoutbox_backfiller holds them and the inbox calls, no table.
+
+-- What the outbox holds of a handler's subjects in [from_at, until_at): how
+-- many events, the first and last created_at among them, and the oldest
+-- created_at the outbox keeps at all (older days were archived and dropped:
+-- a range starting before it is not whole here). The plan the command prints
+-- first is made of it.
+CREATE OR REPLACE FUNCTION outbox.backfill_span(
+    subjects text[],
+    from_at timestamptz,
+    until_at timestamptz
+)
+RETURNS TABLE (events bigint, first_at timestamptz, last_at timestamptz, kept_from timestamptz)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_backfill(subjects, from_at, until_at, 1);
+    RETURN QUERY
+    SELECT count(*), min(e.created_at), max(e.created_at), (SELECT min(k.created_at) FROM outbox.events AS k)
+    FROM outbox.events AS e
+    WHERE e.subject = ANY(backfill_span.subjects)
+        AND e.created_at >= backfill_span.from_at AND e.created_at < backfill_span.until_at;
+END;
+$$;
+COMMENT ON FUNCTION outbox.backfill_span(text[], timestamptz, timestamptz) IS
+'For pgoutbox backfill: how many events of these subjects the outbox holds in a range, and since when it keeps any.';
+
+-- One page of a backfill: the events of the handler's subjects created in
+-- [from_at, until_at) with an id above after_id, in id order, whatever their
+-- status. Id order is emit order within an ordering key (outbox.emit holds
+-- the key's lock until commit), so a backfill that delivers pages in order,
+-- one event after the other, keeps every key's order; after_id is the
+-- resume point. The columns are those the relay publishes (wire.to_nats).
+CREATE OR REPLACE FUNCTION outbox.backfill_page(
+    subjects text[],
+    from_at timestamptz,
+    until_at timestamptz,
+    after_id bigint,
+    page_size integer
+)
+RETURNS TABLE (
+    id bigint,
+    event_id uuid,
+    subject text,
+    context text,
+    aggregate_type text,
+    aggregate_id text,
+    event_type text,
+    event_version integer,
+    payload jsonb,
+    headers jsonb,
+    correlation_id uuid,
+    causation_id uuid,
+    tenant_id text,
+    ordering_key text,
+    occurred_at timestamptz,
+    created_at timestamptz
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_backfill(subjects, from_at, until_at, page_size);
+    IF after_id IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: after_id is required (0 for the start)'
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN QUERY
+    SELECT
+        e.id, e.event_id, e.subject, e.context, e.aggregate_type, e.aggregate_id, e.event_type,
+        e.event_version, e.payload, e.headers, e.correlation_id, e.causation_id, e.tenant_id,
+        e.ordering_key, e.occurred_at, e.created_at
+    FROM outbox.events AS e
+    WHERE e.id > backfill_page.after_id
+        AND e.subject = ANY(backfill_page.subjects)
+        AND e.created_at >= backfill_page.from_at AND e.created_at < backfill_page.until_at
+    ORDER BY e.id
+    LIMIT backfill_page.page_size;
+END;
+$$;
+COMMENT ON FUNCTION outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer) IS
+'For pgoutbox backfill: the next page of events of these subjects in a range, in id (emit) order.';
+
+CREATE OR REPLACE FUNCTION outbox._check_backfill(
+    subjects text[],
+    from_at timestamptz,
+    until_at timestamptz,
+    page_size integer
+)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF subjects IS NULL OR cardinality(subjects) = 0 OR array_position(subjects, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: subjects must name at least one subject, and no NULL'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: page_size must be between 1 and 10000, got %', page_size
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
