@@ -785,8 +785,12 @@ def cause_of(last_error: str | None) -> str:
 
 
 def handler_unreachable(reasons: list[str]) -> bool:
-    """Every dead-letter notice of the message says the handler did not answer (it was down)."""
-    return bool(reasons) and all(cause_of(r) == "handler unreachable" for r in reasons)
+    """Every dead-letter notice of the message names the handler's own
+    failure as the last: no answer (it was down, its connections refused) or
+    a 503. The app counts its 503s, not the connections it refused, so a
+    message refused a few times and then answered 503 reaches max_deliver
+    with fewer 503s: still the handler's failures."""
+    return bool(reasons) and all(cause_of(r) in ("handler unreachable", "handler answered 503") for r in reasons)
 
 
 def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: bool = True) -> tuple[dict, list[str]]:
