@@ -1,5 +1,5 @@
 """python -m chaos [--profile short|long|cluster-short|cluster] [--seed N] [--seconds S] [--rate R]
-[--faults F] [--kinds K,K] [--poison-share P] [--poison-fraction P] [--quiesce-timeout S] [--root DIR]
+[--writers W] [--faults F] [--kinds K,K] [--poison-share P] [--poison-fraction P] [--quiesce-timeout S] [--root DIR]
 [--keep]"""
 
 import argparse
@@ -17,6 +17,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=20261122)
     ap.add_argument("--seconds", type=float, help="override the profile's load duration")
     ap.add_argument("--rate", type=float, help="override the profile's emits per second")
+    ap.add_argument("--writers", type=int, help="override the profile's writer threads")
     ap.add_argument("--faults", type=int, help="override the profile's fault count")
     ap.add_argument("--quiesce-timeout", type=float, help="override how long the run may take to settle after the load")
     ap.add_argument(
@@ -38,6 +39,7 @@ def main() -> int:
         for k, v in (
             ("seconds", args.seconds),
             ("rate", args.rate),
+            ("writers", args.writers),
             ("faults", args.faults),
             ("quiesce_timeout", args.quiesce_timeout),
         )

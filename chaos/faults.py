@@ -16,9 +16,16 @@ nats-server; "cluster": three nodes, streams at replicas 3):
 schema is migrated, before any writer, relay or consumer starts: it may
 start more processes and set `pipeline.database_url` (what every writer,
 worker and the ledger check connect with, e.g. a multi-host string) and
-keep its state in `pipeline.extras`. `stop(pipeline)` runs at the end, before
-PostgreSQL stops. `pipeline.pg` is the PostgreSQL that restart_postgres
+keep its state in `pipeline.extras`. `ready(pipeline)` runs once the workers'
+logins exist (`pipeline.url_as(who)`), before the workers start.
+`stop(pipeline)` runs at the end, before PostgreSQL stops. `pipeline.pg` is the PostgreSQL that restart_postgres
 restarts: a fault that moves the primary points it at the new one.
+
+A kind registered with `long=True` lasts what the profile's away_seconds say
+(minutes in the long profiles): it runs exactly long_repeats times a run,
+the other kinds fill up the profile's fault count. `estimate(pipeline)`
+tells the scheduler how long one takes (DEFAULT_ESTIMATE when not given), so
+that the faults fit in the load.
 
 Modules named in PLUGINS register more kinds when they exist (the harness
 runs without them otherwise): chaos.pg_failover adds PostgreSQL failover.
@@ -30,10 +37,15 @@ import asyncio
 import importlib
 import random
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import psycopg
+
+from pgoutbox.dev.embedded import nats_server_binary
 
 from . import foreign
 
@@ -46,6 +58,9 @@ RECOVERY_TIMEOUT = 90.0  # a NATS node back and healthy
 FOREIGN_POOL = 200  # hostile foreign messages drawn per run (used in turn)
 FOREIGN_BURST = 20  # published by one foreign_messages fault
 OUTAGE_MESSAGES = 20  # well-formed messages published while PostgreSQL is down
+UPCAST_BURST = 30  # older-version events emitted by one upcaster_raises fault, a third of them failing
+FLOW_TIMEOUT = 30.0  # how long a consumer kill waits for deliveries under way
+DEFAULT_ESTIMATE = 5.0  # seconds a fault kind takes, injection and recovery, unless it says
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,12 @@ class FaultKind:
     topologies: frozenset[str]
     prepare: Callable[[Pipeline], None] | None = None
     stop: Callable[[Pipeline], None] | None = None
+    ready: Callable[[Pipeline], None] | None = None
+    long: bool = False
+    estimate: Callable[[Pipeline], float] | None = None
+
+    def seconds(self, pipeline: Pipeline) -> float:
+        return self.estimate(pipeline) if self.estimate else DEFAULT_ESTIMATE
 
 
 REGISTRY: dict[str, FaultKind] = {}
@@ -66,6 +87,9 @@ def fault(
     topologies: tuple[str, ...] = TOPOLOGIES,
     prepare: Callable[[Pipeline], None] | None = None,
     stop: Callable[[Pipeline], None] | None = None,
+    ready: Callable[[Pipeline], None] | None = None,
+    long: bool = False,
+    estimate: Callable[[Pipeline], float] | None = None,
 ):
     """Registers the decorated function as the fault kind `name`."""
     unknown = set(topologies) - set(TOPOLOGIES)
@@ -75,7 +99,7 @@ def fault(
     def register(inject: Callable[[Pipeline, random.Random], str]):
         if name in REGISTRY:
             raise ValueError(f"fault kind {name} registered twice")
-        REGISTRY[name] = FaultKind(name, inject, frozenset(topologies), prepare, stop)
+        REGISTRY[name] = FaultKind(name, inject, frozenset(topologies), prepare, stop, ready, long, estimate)
         return inject
 
     return register
@@ -112,6 +136,19 @@ def kinds_for(topology: str, only: tuple[str, ...] | None = None) -> list[FaultK
 # -- workers and PostgreSQL (both topologies) ----------------------------------------------------
 
 
+def await_deliveries(pipeline: Pipeline, timeout: float = FLOW_TIMEOUT) -> None:
+    """Until the handler is being called (two calls apart), at most
+    `timeout`: a consumer kill lands while messages are in flight, even on a
+    machine so loaded that deliveries start late."""
+    app = pipeline.app
+    if app is None:
+        return
+    deadline = time.monotonic() + timeout
+    seen = app.calls
+    while app.calls < seen + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _kill_and_restart(processes: list, start: Callable[[int], None], rng: random.Random) -> str:
     i = rng.randrange(len(processes))
     process = processes[i]
@@ -123,17 +160,18 @@ def _kill_and_restart(processes: list, start: Callable[[int], None], rng: random
     return f"#{i}"
 
 
-@fault("kill_relay")
+@fault("kill_relay", estimate=lambda p: 2.0)
 def kill_relay(pipeline: Pipeline, rng: random.Random) -> str:
     return _kill_and_restart(pipeline.relays, pipeline.start_relay, rng)
 
 
-@fault("kill_consumer")
+@fault("kill_consumer", estimate=lambda p: 2.0)
 def kill_consumer(pipeline: Pipeline, rng: random.Random) -> str:
+    await_deliveries(pipeline)
     return _kill_and_restart(pipeline.consumers, pipeline.start_consumer, rng)
 
 
-@fault("pause_relay")
+@fault("pause_relay", estimate=lambda p: p.lease_seconds + 2)
 def pause_relay(pipeline: Pipeline, rng: random.Random) -> str:
     """SIGSTOP for longer than the lease: another relay re-claims its batch."""
     i = rng.randrange(len(pipeline.relays))
@@ -145,10 +183,11 @@ def pause_relay(pipeline: Pipeline, rng: random.Random) -> str:
     return f"#{i}"
 
 
-@fault("kill_all_consumers")
+@fault("kill_all_consumers", estimate=lambda p: 2.0)
 def kill_all_consumers(pipeline: Pipeline, rng: random.Random) -> str:
     """kill -9 of every consumer process at once, then all restarted: what
     they had in flight comes back only after ack_wait."""
+    await_deliveries(pipeline)
     killed = [p for p in pipeline.consumers if p is not None]
     for process in killed:
         process.kill()
@@ -160,13 +199,13 @@ def kill_all_consumers(pipeline: Pipeline, rng: random.Random) -> str:
     return f"{len(killed)} consumers"
 
 
-@fault("restart_postgres")
+@fault("restart_postgres", estimate=lambda p: 2.0)
 def restart_postgres(pipeline: Pipeline, rng: random.Random) -> str:
     pipeline.pg.restart()
     return ""
 
 
-@fault("postgres_outage")
+@fault("postgres_outage", estimate=lambda p: sum(p.outage_seconds()) / 2 + 3)
 def postgres_outage(pipeline: Pipeline, rng: random.Random) -> str:
     """PostgreSQL (the primary, under a standby pair) stopped, cleanly or as a
     crash, for longer than a message's redeliveries take with the handler's
@@ -191,12 +230,105 @@ def postgres_outage(pipeline: Pipeline, rng: random.Random) -> str:
     return f"{seconds:.0f}s ({mode}), well-formed messages published meanwhile: {sent}"
 
 
+def _pg_away_seconds(pipeline: Pipeline) -> tuple[float, float]:
+    return pipeline.profile.pg_away_seconds or pipeline.outage_seconds()
+
+
+@fault("postgres_outage_long", long=True, estimate=lambda p: sum(_pg_away_seconds(p)) / 2 + 3)
+def postgres_outage_long(pipeline: Pipeline, rng: random.Random) -> str:
+    """PostgreSQL (the primary) stopped for a minute or more in the long
+    profiles (the profile's pg_away_seconds; the short ones: as long as
+    postgres_outage, the mechanism the same): past the relay's and the
+    consumer's reconnect pauses, the lease and every redelivery delay."""
+    seconds = rng.uniform(*_pg_away_seconds(pipeline))
+    pair = getattr(pipeline.pg, "pair", None)
+    node = pair.primary if pair is not None else pipeline.pg
+    mode = rng.choice(("fast", "immediate"))
+    node.stop(mode)
+    try:
+        time.sleep(seconds)
+    finally:
+        node.start()
+    return f"{seconds:.0f}s ({mode})"
+
+
+def _away(pipeline: Pipeline) -> float:
+    return sum(pipeline.profile.away_seconds) / 2
+
+
+@fault("handler_down", long=True, estimate=lambda p: _away(p) + 2)
+def handler_down(pipeline: Pipeline, rng: random.Random) -> str:
+    """The handler's HTTP server closed for the profile's away_seconds (five
+    minutes in the long profiles): connections refused, requests on open
+    ones unanswered. The consumer counts failures, dead-letters after
+    max_deliver, and its automated replays bring the messages back."""
+    assert pipeline.app is not None
+    seconds = rng.uniform(*pipeline.profile.away_seconds)
+    pipeline.app.down()
+    try:
+        time.sleep(seconds)
+    finally:
+        pipeline.app.up()
+    return f"{seconds:.0f}s"
+
+
+UPCASTER = """
+CREATE OR REPLACE FUNCTION chaos.ledger_entry_v1_v2(p jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    -- A payload with "upcast_fail" cannot be upcast: the upcaster raises, in three ways.
+    IF jsonb_typeof(p) = 'object' AND p ? 'upcast_fail' THEN
+        IF p ->> 'upcast_fail' = 'assert' THEN
+            ASSERT false, 'chaos: this v1 payload cannot be upcast';
+        ELSIF p ->> 'upcast_fail' = 'divide' THEN
+            RETURN jsonb_build_object('ratio', length(p::text) / 0);
+        END IF;
+        RAISE EXCEPTION 'chaos: this v1 payload cannot be upcast' USING ERRCODE = 'CH001';
+    END IF;
+    IF jsonb_typeof(p) <> 'object' THEN
+        RETURN p;
+    END IF;
+    RETURN p || jsonb_build_object('schema_version', 2);
+END
+$$;
+"""
+UPCAST_FAILURES = ("assert", "raise", "divide")
+
+
+def _register_upcaster(pipeline: Pipeline) -> None:
+    """The upcaster v1 -> v2 of the ledger's event type: created by the
+    schema owner, registered through the SQL API by a pgoutbox_admin login
+    (docs/consumer.md, "Payload versions")."""
+    from .harness import EVENT_TYPE, VERSION
+
+    with psycopg.connect(pipeline.database_url, autocommit=True) as conn:
+        conn.execute(UPCASTER)
+    with psycopg.connect(pipeline.url_as("admin"), autocommit=True) as conn:
+        conn.execute(
+            "SELECT inbox.register_upcaster(%s, %s, 'chaos.ledger_entry_v1_v2(jsonb)')", (EVENT_TYPE, VERSION - 1)
+        )
+
+
+@fault("upcaster_raises", ready=_register_upcaster)
+def upcaster_raises(pipeline: Pipeline, rng: random.Random) -> str:
+    """A burst of events of the older payload version, which the consumer
+    upcasts for the handler; for a third of them (a marker field) the
+    upcaster raises (ASSERT, RAISE with a custom SQLSTATE, division by
+    zero): each of those must end UPCAST_FAILED, dead-lettered with its
+    notice, the others processed."""
+    from .harness import emit_old_version
+
+    failing = [rng.choice(UPCAST_FAILURES) if k % 3 == 0 else None for k in range(UPCAST_BURST)]
+    ok, bad = emit_old_version(pipeline, failing)
+    return f"{ok} upcast, {bad} with a raising upcaster"
+
+
 def _draw_foreign(pipeline: Pipeline) -> None:
     pipeline.extras["foreign_cases"] = foreign.draw_cases(pipeline.seed, FOREIGN_POOL, pipeline.subject)
     pipeline.extras["foreign_next"] = 0
 
 
-@fault("foreign_messages", prepare=_draw_foreign)
+@fault("foreign_messages", prepare=_draw_foreign, estimate=lambda p: 2.0)
 def foreign_messages(pipeline: Pipeline, rng: random.Random) -> str:
     """A burst of hostile messages published straight to the stream, drawn
     from the poison strategies (chaos/poison.py), header values
@@ -211,12 +343,39 @@ def foreign_messages(pipeline: Pipeline, rng: random.Random) -> str:
 # -- one nats-server -------------------------------------------------------------------------------
 
 
-@fault("restart_nats", topologies=("single",))
+@fault("restart_nats", topologies=("single",), estimate=lambda p: 3.0)
 def restart_nats(pipeline: Pipeline, rng: random.Random) -> str:
     pipeline.nats.stop()
     time.sleep(rng.uniform(0.5, 2.0))
     pipeline.nats.start()
     return ""
+
+
+@fault("jetstream_away", topologies=("single",), long=True, estimate=lambda p: _away(p) + 5)
+def jetstream_away(pipeline: Pipeline, rng: random.Random) -> str:
+    """nats-server restarted on the same port WITHOUT JetStream for the
+    profile's away_seconds (five minutes and more in the long profile), then
+    back with JetStream and its old store: clients connect, no stream
+    answers (what they see while a cluster has lost its quorum)."""
+    seconds = rng.uniform(*pipeline.profile.away_seconds)
+    nats = pipeline.nats
+    nats.stop()
+    bare = subprocess.Popen(
+        [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(nats.port), "-l", str(nats.root / "nats-nojs.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(seconds)
+    finally:
+        bare.terminate()
+        try:
+            bare.wait(10)
+        except subprocess.TimeoutExpired:
+            bare.kill()
+            bare.wait()
+        nats.start()
+    return f"{seconds:.0f}s"
 
 
 # -- three clustered nodes -------------------------------------------------------------------------
@@ -232,7 +391,7 @@ def _recovered(pipeline: Pipeline, node: int) -> str:
     return f"healthy after {time.monotonic() - t0:.1f}s" if ok else "NOT healthy"
 
 
-@fault("kill_nats_leader", topologies=("cluster",))
+@fault("kill_nats_leader", topologies=("cluster",), estimate=lambda p: 15.0)
 def kill_nats_leader(pipeline: Pipeline, rng: random.Random) -> str:
     """kill -9 of the node that leads the stream, found through the JetStream API."""
     leader = asyncio.run(pipeline.nats.stream_leader(pipeline.stream))
@@ -245,7 +404,7 @@ def kill_nats_leader(pipeline: Pipeline, rng: random.Random) -> str:
     return f"n{leader + 1} (new leader n{new + 1} in {elected:.1f}s), {_recovered(pipeline, leader)}"
 
 
-@fault("kill_nats_node", topologies=("cluster",))
+@fault("kill_nats_node", topologies=("cluster",), estimate=lambda p: 10.0)
 def kill_nats_node(pipeline: Pipeline, rng: random.Random) -> str:
     """kill -9 of a node that does not lead the stream."""
     leader = asyncio.run(pipeline.nats.stream_leader(pipeline.stream))
@@ -256,7 +415,7 @@ def kill_nats_node(pipeline: Pipeline, rng: random.Random) -> str:
     return f"n{i + 1}, {_recovered(pipeline, i)}"
 
 
-@fault("rolling_restart_nats", topologies=("cluster",))
+@fault("rolling_restart_nats", topologies=("cluster",), estimate=lambda p: 30.0)
 def rolling_restart_nats(pipeline: Pipeline, rng: random.Random) -> str:
     """Every node in turn: SIGTERM, start, wait until its replica is current."""
     notes = []
@@ -266,7 +425,7 @@ def rolling_restart_nats(pipeline: Pipeline, rng: random.Random) -> str:
     return "; ".join(notes)
 
 
-@fault("partition_nats_node", topologies=("cluster",))
+@fault("partition_nats_node", topologies=("cluster",), estimate=lambda p: 15.0)
 def partition_nats_node(pipeline: Pipeline, rng: random.Random) -> str:
     """Cuts one node's routes (the leader half the time) for a few seconds; its clients stay connected to it."""
     leader = asyncio.run(pipeline.nats.stream_leader(pipeline.stream))
@@ -275,3 +434,23 @@ def partition_nats_node(pipeline: Pipeline, rng: random.Random) -> str:
     time.sleep(rng.uniform(3.0, 10.0))
     pipeline.nats.heal(i)
     return f"n{i + 1}{' (leader)' if i == leader else ''}, {_recovered(pipeline, i)}"
+
+
+@fault("jetstream_quorum_lost", topologies=("cluster",), long=True, estimate=lambda p: _away(p) + 20)
+def jetstream_quorum_lost(pipeline: Pipeline, rng: random.Random) -> str:
+    """Two of the three nodes stopped (SIGTERM) for the profile's
+    away_seconds (five minutes and more in the cluster profile): the third
+    keeps its clients connected, but no stream has a quorum. Then both back,
+    with their stores."""
+    seconds = rng.uniform(*pipeline.profile.away_seconds)
+    keep = rng.randrange(pipeline.nats.size)
+    stopped = [i for i in range(pipeline.nats.size) if i != keep]
+    for i in stopped:
+        pipeline.nats.nodes[i].stop()
+    try:
+        time.sleep(seconds)
+    finally:
+        for i in stopped:
+            pipeline.nats.start_node(i)
+    notes = [f"n{i + 1}: {_recovered(pipeline, i)}" for i in stopped]
+    return f"{seconds:.0f}s, n{keep + 1} kept; " + "; ".join(notes)

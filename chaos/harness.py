@@ -4,14 +4,18 @@ then a ledger check. Seeded, bounded in time and count, loopback only.
     emit (writers, some rolled back) -> outbox -> 2 relays -> JetStream
         -> 2 consumers -> HTTP ledger app (side effect + inbox marker, one txn)
 
-The handler runs on the product's defaults: its manifest is the README's
-(MANIFEST), the consumers get no OUTBOX_* setting but the registry file and
-an HTTP port, so max_deliver is 5, dead letters are replayed automatically
-(3 times, the first after 30-60 s), redeliveries wait 1 s doubling, ack_wait
-is 30 s. The ledger's expectations follow from what the consumer makes of
-them (Pipeline.handler), not from numbers written here. (The relays keep
-the settings they had: a 3 s lease, so that a pause past it fits in a run,
-and no dead-lettering of events NATS was away for.)
+Every worker runs on the settings a user gets. The relays are given only
+their streams file and an HTTP port (two share this host); the consumers
+(the replayer runs inside them) only the registry file and an HTTP port;
+all of them only the database and NATS addresses and a log level besides.
+The handler's manifest is the README's (MANIFEST) plus the payload version
+it is written for: max_deliver 5, dead letters replayed automatically
+(3 times, the first after 30-60 s), redeliveries 1 s doubling to 1 min,
+ack_wait 30 s; the relays: a 30 s lease, 10 publish attempts, 1 s doubling
+to 60 s. The ledger's expectations and waits follow from what the
+workers make of those defaults (Pipeline.handler, Pipeline.relay), not from
+numbers written here. Each worker connects as a login that holds only the
+pgoutbox role docs/reference.md gives it (Pipeline.logins).
 
 Two topologies: "single" (one nats-server) and "cluster" (three clustered
 nats-server nodes on loopback, relays and consumers given every node's URL,
@@ -20,27 +24,35 @@ time, from the kinds registered in chaos/faults.py for the topology: kill -9
 of a relay or a consumer (restarted), kill -9 of every consumer at once, a
 PostgreSQL restart, a PostgreSQL outage longer than every redelivery
 max_deliver allows (with well-formed messages published straight to the
-stream as it starts), SIGSTOP of a relay for longer than its lease (then
-SIGCONT), a burst of hostile foreign messages (chaos/foreign.py); a NATS
-restart (single); kill -9 of the stream leader or of another node, a rolling
-restart of all three nodes, a network partition of one node (cluster).
+stream as it starts), a PostgreSQL outage of a minute or more, SIGSTOP of a
+relay for longer than its lease (then SIGCONT), a burst of hostile foreign
+messages (chaos/foreign.py), the handler down (its HTTP server closed),
+events of an older payload version whose upcaster raises for some of them;
+a NATS restart, and JetStream away with the NATS connection up (single);
+kill -9 of the stream leader or of another node, a rolling restart of all
+three nodes, a network partition of one node, two of three nodes stopped
+(quorum lost), a PostgreSQL failover (cluster). The long faults (JetStream
+away, the handler down, the long PostgreSQL outage) last what the profile
+says: minutes in the long profiles, tens of seconds in the short ones.
 
-When the load stops the harness waits for the run to settle (nothing
-unpublished, unprocessed, unacked or being replayed, every dead letter
-replayed once; or nothing left that could move) and checks, for every
+When the faults are done the load stops and the harness waits for the run
+to settle (nothing unpublished, unprocessed, unacked or being replayed, every
+dead letter replayed once and every one the handler did not ask for replayed
+until it stops; or nothing left that could move) and checks, for every
 committed emit: COMPLETED and in the stream exactly once; then PROCESSED with
-exactly one side effect, or, for a poison event (the app answers 422),
-DEAD_LETTER with 1 to 1 + replay_max_attempts DLQ notices and no side
-effect. It reports an event with no outcome anywhere as lost, one with two
-side effects as duplicated, one left RECEIVED/FAILED (or DEAD_LETTER without
-its notice) as stuck, and one dead-lettered although the app answered
-fewer than max_deliver failures for it (503, its database away) as
-dead-lettered for a fault. Also: no rolled-back emit anywhere, nothing
-PROCESSING or due in the outbox, no replay overdue, events of one ordering
-key in the stream in emit order. Every foreign message that reached the
-stream ends as a `.invalid` notice naming its sequence, PROCESSED, or
-DEAD_LETTER with a notice (the well-formed ones PROCESSED with one side
-effect). It prints the figures and exits 1 on any violation.
+exactly one side effect, or, for a poison event (the app answers 422) or one
+whose upcaster raises, DEAD_LETTER with 1 to 1 + replay_max_attempts DLQ
+notices and no side effect. It reports an event with no outcome anywhere as
+lost, one with two side effects as duplicated, one left RECEIVED/FAILED (or
+DEAD_LETTER without its notice, or unpublished) as stuck, and every dead
+letter, in the outbox or the inbox, that neither the handler's own answer
+(422) nor an upcaster caused (dead_letters_not_own: a broker or database
+outage, the handler unreachable, the relay giving up). Also: no rolled-back
+emit anywhere, nothing PROCESSING or due in the outbox, no replay overdue,
+events of one ordering key in the stream in emit order. Every foreign message
+that reached the stream ends as a `.invalid` notice naming its sequence,
+PROCESSED, or DEAD_LETTER with a notice (the well-formed ones PROCESSED with
+one side effect). It prints the figures and exits 1 on any violation.
 
 A share of the emits (hostile_share, --poison-share) is hostile input drawn
 from the poison pipeline test's strategies (chaos/poison_writer.py): each
@@ -69,6 +81,7 @@ from typing import Any
 
 import nats
 import psycopg
+import psycopg.sql
 
 from pgoutbox.core import migrate
 from pgoutbox.core import settings as core_settings
@@ -78,25 +91,33 @@ from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from pgoutbox.dev.nats_cluster import NatsCluster
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as consumer_settings
+from pgoutbox.outbox import away
+from pgoutbox.outbox import settings as relay_settings
 
 from . import faults as fault_registry
 from . import foreign, poison_writer
-from .ledger_app import SCHEMA, LedgerApp
+from .ledger_app import LOGIN_GRANTS, SCHEMA, LedgerApp
 
 CONTEXT = "chaos"
 HANDLER = "ledger"
 STREAM = "CHAOS_EVENTS"
 DLQ_STREAM = f"{CONTEXT.upper()}_DLQ"
-SUBJECT = f"{CONTEXT}.event.ledger_entry.v1"
-LEASE_SECONDS = 3.0
+EVENT_TYPE = "ledger_entry"
+VERSION = 2  # what the writers emit and the handler is written for
+SUBJECT = f"{CONTEXT}.event.{EVENT_TYPE}.v{VERSION}"
+OLD_SUBJECT = f"{CONTEXT}.event.{EVENT_TYPE}.v{VERSION - 1}"  # upcast to VERSION (faults.upcaster_raises)
+SUBJECTS = (OLD_SUBJECT, SUBJECT)
+DUPLICATE_WINDOW = 120.0  # the streams' duplicate_window: longer than the relay's lease (checked at start)
 # The handler's manifest: the README's, every value it leaves out the
 # consumer's default (max_deliver 5 here, automated replay on, the default
-# retry delays, ack_wait and concurrency). Pipeline.handler is what the
+# retry delays, ack_wait and concurrency), plus the payload version it is
+# written for (older payloads reach it upcast). Pipeline.handler is what the
 # consumer makes of it; the ledger's expectations follow from that.
 MANIFEST = """[[handler]]
 name = "{name}"
 url = "{url}"
-subjects = ["{subject}"]
+subjects = [{subjects}]
+version = {version}
 timeout = "10s"
 max_deliver = 5
 """
@@ -112,22 +133,52 @@ class Profile:
     poison_fraction: float = 0.005  # events the ledger app answers with 422
     hostile_share: float = 0.01  # emits drawn from tests/poison.py (the poison writer)
     keys: int = 50  # ordering keys used by half of the events
-    quiesce_timeout: float = 180.0
+    quiesce_timeout: float = 300.0
     topology: str = "single"  # or "cluster"
     kinds: tuple[str, ...] | None = None  # fault kinds drawn from; None: all of the topology
+    # How long the long faults last (faults.LONG): JetStream away or without
+    # quorum, the handler down; and the long PostgreSQL outage (None: as long
+    # as postgres_outage, Pipeline.outage_seconds). Each long kind runs
+    # long_repeats times, the other kinds fill up `faults`.
+    away_seconds: tuple[float, float] = (25.0, 35.0)
+    pg_away_seconds: tuple[float, float] | None = None
+    long_repeats: int = 1
 
 
 PROFILES = {
-    # About two minutes when the ledger holds (the outage alone takes 20-30 s).
-    "short": Profile(seconds=40, rate=75, writers=3, faults=8),
-    # >= 100,000 committed events and >= 50 faults in about 22 minutes here: the
-    # rate makes up for the emits refused while PostgreSQL is down (about 3 of
-    # the 20 minutes, over 7 or 8 outages).
-    "long": Profile(seconds=1200, rate=130, writers=4, faults=60, quiesce_timeout=600),
-    "cluster-short": Profile(seconds=45, rate=60, writers=3, faults=8, topology="cluster"),
-    # >= 100,000 committed events and >= 50 faults in about 20 minutes here
-    # (the rate as for "long": outages; not run since the new fault kinds).
-    "cluster": Profile(seconds=1080, rate=125, writers=4, faults=56, topology="cluster", quiesce_timeout=600),
+    # The suite's: every kind once, the long faults tens of seconds (the
+    # mechanisms are those of the long runs: the relay paused by JetStream
+    # away, the consumer's database gate, the handler's failures and the
+    # automated replay; only the minutes differ). About five minutes here.
+    "short": Profile(seconds=150, rate=60, writers=3, faults=12),
+    # >= 100,000 committed events and >= 50 faults of every single-node kind
+    # in about 35 minutes: JetStream away and the handler down 5 minutes
+    # each, PostgreSQL away 60-90 s twice, the rest short faults; the writers
+    # go on until the last fault has recovered.
+    "long": Profile(
+        seconds=1000,
+        rate=140,
+        writers=4,
+        faults=54,
+        quiesce_timeout=900,
+        away_seconds=(300.0, 330.0),
+        pg_away_seconds=(60.0, 90.0),
+        long_repeats=1,
+    ),
+    "cluster-short": Profile(seconds=150, rate=60, writers=3, faults=16, topology="cluster"),
+    # As "long", on three nodes: two of them stopped for 5 minutes (quorum
+    # lost) instead of JetStream restarted without its store.
+    "cluster": Profile(
+        seconds=1000,
+        rate=140,
+        writers=4,
+        faults=54,
+        topology="cluster",
+        quiesce_timeout=900,
+        away_seconds=(300.0, 330.0),
+        pg_away_seconds=(60.0, 90.0),
+        long_repeats=1,
+    ),
 }
 
 
@@ -137,6 +188,8 @@ class Ledger:
     rolled_back: set[uuid.UUID] = field(default_factory=set)
     uncertain: set[uuid.UUID] = field(default_factory=set)  # connection lost during COMMIT
     poison: set[uuid.UUID] = field(default_factory=set)
+    upcast_fail: set[uuid.UUID] = field(default_factory=set)  # older version, its upcaster raises
+    upcast_ok: set[uuid.UUID] = field(default_factory=set)  # older version, upcast
     keyed: dict[uuid.UUID, str] = field(default_factory=dict)
     writer_errors: int = 0
     hostile: poison_writer.HostileLedger = field(default_factory=poison_writer.HostileLedger)
@@ -148,11 +201,18 @@ class Pipeline:
 
     stream = STREAM
     subject = SUBJECT
-    lease_seconds = LEASE_SECONDS
 
-    def __init__(self, root: Path, seed: int, topology: str = "single", kinds: list | None = None):
+    def __init__(
+        self,
+        root: Path,
+        seed: int,
+        topology: str = "single",
+        kinds: list | None = None,
+        profile: Profile | None = None,
+    ):
         self.root = root
         self.topology = topology
+        self.profile = profile or PROFILES["cluster-short" if topology == "cluster" else "short"]
         self.pg = EmbeddedPostgres(root / "postgres")
         self.nats: Any = NatsCluster(root / "nats") if topology == "cluster" else EmbeddedNats(root / "nats")
         self.database_url = ""  # set at start; a fault's prepare() may replace it
@@ -169,57 +229,76 @@ class Pipeline:
         self.retry: Backoff | None = None
         self.replay_poll_interval = 0.0
         self.replay_delay = 0.0  # the first automated replay's, at most
+        # What the relays run with (set at start, from their environment: the defaults).
+        self.relay: relay_settings.RelayConfig | None = None
+        # A login per worker, each in the one pgoutbox role docs/reference.md gives it (set at start).
+        self.logins: dict[str, str] = {}
+        self.ledger: Ledger | None = None  # the run's (set by run(); faults that emit record there)
 
-    def env(self, extra: dict[str, str]) -> dict[str, str]:
+    @property
+    def lease_seconds(self) -> float:
+        assert self.relay is not None
+        return self.relay.lease
+
+    def url_as(self, who: str) -> str:
+        """The database URL as `who`'s login (the superuser's until start made them)."""
+        name = self.logins.get(who)
+        return self.database_url.replace("postgres@", f"{name}@", 1) if name else self.database_url
+
+    def env(self, extra: dict[str, str], login: str | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
         env.update(
             {
-                "OUTBOX_DATABASE_URL": self.database_url,
+                "OUTBOX_DATABASE_URL": self.url_as(login) if login else self.database_url,
                 "OUTBOX_NATS_URL": self.nats.url,
-                "OUTBOX_LOG_LEVEL": "WARNING",
+                "OUTBOX_LOG_LEVEL": "WARNING",  # the run's logs stay readable: warnings and errors only
             }
         )
         env.update(extra)
         return env
 
-    def _spawn(self, command: str, name: str, extra: dict[str, str]) -> subprocess.Popen:
+    def _spawn(self, command: str, name: str, extra: dict[str, str], login: str) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = (self.logs / f"{name}.log").open("ab")
         return subprocess.Popen(
             [sys.executable, "-m", "pgoutbox.cli.main", command],
-            env=self.env(extra),
+            env=self.env(extra, login),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
 
+    def relay_env(self) -> dict[str, str]:
+        """Every relay setting at its default but the streams file and the
+        HTTP port."""
+        return {
+            "OUTBOX_STREAMS_FILE": str(self.root / "streams.toml"),  # the run's streams
+            "OUTBOX_RELAY_HTTP_PORT": "0",  # any free port: two relays share this host
+        }
+
     def start_relay(self, i: int) -> None:
-        self.relays[i] = self._spawn(
-            "relay",
-            f"relay-{i}",
-            {
-                "OUTBOX_RELAY_NAME": f"relay-{i}",
-                "OUTBOX_STREAMS_FILE": str(self.root / "streams.toml"),
-                "OUTBOX_RELAY_LEASE": f"{LEASE_SECONDS}s",
-                "OUTBOX_RELAY_PUBLISH_TIMEOUT": "2s",
-                "OUTBOX_RELAY_POLL_INTERVAL": "500ms",
-                "OUTBOX_RELAY_BATCH_SIZE": "100",
-                "OUTBOX_RELAY_RETRY_BASE": "200ms",
-                "OUTBOX_RELAY_RETRY_CAP": "2s",
-                "OUTBOX_RELAY_MAX_ATTEMPTS": "100000",  # outages must not dead-letter events
-                "OUTBOX_RELAY_HTTP_PORT": "0",  # any free port: two relays share this host
-            },
-        )
+        self.relays[i] = self._spawn("relay", f"relay-{i}", self.relay_env(), "relay")
 
     def consumer_env(self) -> dict[str, str]:
         """Every consumer setting at its default but the registry file and the
-        HTTP port (two processes share this host)."""
+        HTTP port."""
         return {
-            "OUTBOX_REGISTRY_FILE": str(self.root / "handlers.registry.json"),
-            "OUTBOX_CONSUMER_HTTP_PORT": "0",
+            "OUTBOX_REGISTRY_FILE": str(self.root / "handlers.registry.json"),  # the run's handler
+            "OUTBOX_CONSUMER_HTTP_PORT": "0",  # any free port: two consumers share this host
         }
 
     def start_consumer(self, i: int) -> None:
-        self.consumers[i] = self._spawn("consume", f"consumer-{i}", self.consumer_env())
+        self.consumers[i] = self._spawn("consume", f"consumer-{i}", self.consumer_env(), "consumer")
+
+    def settle_seconds(self) -> float:
+        """How long the run may stand still after a fault before what is
+        left counts as stuck: a redelivery after a consumer's death (twice
+        ack_wait), the first automated replay, and an event a dead relay had
+        claimed (its lease) whose publish then failed once more (the publish
+        timeout and the longest retry pause, or the longest pause of the
+        probe that finds JetStream back); all from the workers' defaults."""
+        assert self.handler is not None and self.relay is not None
+        relay = self.relay.lease + self.relay.publish_timeout + max(self.relay.retry_cap, away.PAUSE_CAP)
+        return max(2 * self.handler.ack_wait, self.replay_delay, relay) + 10
 
     def replay_late(self) -> float:
         """How long past its due time a replay may still be waiting for the
@@ -235,6 +314,28 @@ class Pipeline:
         low = max(20.0, span + 5, self.handler.max_deliver * self.retry.base + 5)
         return low, low + 10
 
+    def make_logins(self) -> None:
+        """One login per worker, in the pgoutbox role docs/reference.md gives
+        it; the ledger app's also writes its side effects, the writers' their
+        business rows (the tables of the application, not pgoutbox's)."""
+        roles = {
+            "relay": "pgoutbox_relay",
+            "consumer": "pgoutbox_consumer",
+            "writer": "pgoutbox_writer",
+            "app": "pgoutbox_consumer",
+            "admin": "pgoutbox_admin",
+        }
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            for who, role in roles.items():
+                name = f"chaos_{who}"
+                conn.execute(
+                    psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                        psycopg.sql.Identifier(name), psycopg.sql.Identifier(role)
+                    )
+                )
+                self.logins[who] = name
+            conn.execute(LOGIN_GRANTS)
+
     def start(self, app_url_holder: list[str]) -> None:
         self.pg.start()
         self.nats.start()
@@ -245,12 +346,22 @@ class Pipeline:
         for kind in self.kinds:
             if kind.prepare:
                 kind.prepare(self)
-        self.app = LedgerApp(self.database_url)
+        self.make_logins()
+        self.relay = core_settings.build(relay_settings.RelayConfig, self.env(self.relay_env(), "relay"))
+        if DUPLICATE_WINDOW <= self.relay.lease:
+            raise RuntimeError(
+                f"the streams' duplicate_window ({DUPLICATE_WINDOW:g}s) must be longer than the relay's lease"
+                f" ({self.relay.lease:g}s): a batch re-claimed after the lease would be stored twice"
+            )
+        for kind in self.kinds:
+            if kind.ready:
+                kind.ready(self)
+        self.app = LedgerApp(self.url_as("app"))
         self.app.start()
         app_url_holder.append(self.app.url)
         streams = (
             f"[defaults]\nreplicas = {self.nats.size if self.topology == 'cluster' else 1}\n"
-            'duplicate_window = "2m"\nmax_age = "1d"\n'
+            f'duplicate_window = "{DUPLICATE_WINDOW:g}s"\nmax_age = "1d"\n'
             f'[streams.{CONTEXT}]\nname = "{STREAM}"\n'
         )
         if self.topology == "cluster":  # else the consumer creates it, with one replica
@@ -258,7 +369,11 @@ class Pipeline:
         (self.root / "streams.toml").write_text(streams)
         manifests = self.root / "handlers"
         manifests.mkdir(exist_ok=True)
-        (manifests / "ledger.toml").write_text(MANIFEST.format(name=HANDLER, url=self.app.url, subject=SUBJECT))
+        (manifests / "ledger.toml").write_text(
+            MANIFEST.format(
+                name=HANDLER, url=self.app.url, subjects=", ".join(f'"{s}"' for s in SUBJECTS), version=VERSION
+            )
+        )
         env = self.env({})
         for argv in (
             ["streams", "--streams-file", str(self.root / "streams.toml")],
@@ -283,7 +398,9 @@ class Pipeline:
             f"timeout {self.handler.timeout:g}s, concurrency {self.handler.concurrency}, "
             f"replay_max_attempts {self.handler.replay_max_attempts}, retry delay {self.retry.base:g}s "
             f"doubling to {self.retry.max_delay:g}s, replays after {cfg.replay_base_delay:g}s doubling "
-            f"to {cfg.replay_max_delay:g}s",
+            f"to {cfg.replay_max_delay:g}s; relays: lease {self.relay.lease:g}s, publish timeout "
+            f"{self.relay.publish_timeout:g}s, max_attempts {self.relay.max_attempts}, retry {self.relay.retry_base:g}s "
+            f"doubling to {self.relay.retry_cap:g}s; settled after {self.settle_seconds():g}s standing still",
             flush=True,
         )
         for i in range(2):
@@ -343,7 +460,7 @@ def write_load(
         if hostile and rng.random() < profile.hostile_share:
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(pipeline.database_url, connect_timeout=3)
+                    conn = psycopg.connect(pipeline.url_as("writer"), connect_timeout=3)
                 conn = poison_writer.emit(conn, hostile[rng.randrange(len(hostile))], ledger.hostile)
             except psycopg.Error:
                 conn = None
@@ -357,10 +474,18 @@ def write_load(
         event_id = None
         try:
             if conn is None or conn.closed:
-                conn = psycopg.connect(pipeline.database_url, connect_timeout=3)
+                conn = psycopg.connect(pipeline.url_as("writer"), connect_timeout=3)
             event_id = conn.execute(
-                "SELECT outbox.emit('account', %s, 'ledger_entry', %s::jsonb, context => %s, ordering_key => %s)",
-                (str(rng.randrange(10_000)), json.dumps({"schema_version": 1, "poison": poison}), CONTEXT, key),
+                "SELECT outbox.emit('account', %s, %s, %s::jsonb, context => %s, event_version => %s,"
+                " ordering_key => %s)",
+                (
+                    str(rng.randrange(10_000)),
+                    EVENT_TYPE,
+                    json.dumps({"schema_version": VERSION, "poison": poison}),
+                    CONTEXT,
+                    VERSION,
+                    key,
+                ),
             ).fetchone()[0]
         except psycopg.Error:
             with ledger.lock:
@@ -391,6 +516,42 @@ def write_load(
                 ledger.keyed[event_id] = key
 
 
+def emit_old_version(pipeline: Pipeline, failing: list[str | None]) -> tuple[int, int]:
+    """Emits one event of the older payload version per item of `failing`
+    (a value: the upcaster raises for it, that way), each in its own
+    transaction, as the writers' login; records them in the run's ledger
+    (pipeline.ledger). Returns (upcast, raising) of those committed."""
+    ledger = pipeline.ledger
+    assert ledger is not None
+    ok = bad = 0
+    try:
+        with psycopg.connect(pipeline.url_as("writer"), connect_timeout=3, autocommit=True) as conn:
+            for how in failing:
+                payload: dict[str, Any] = {"schema_version": VERSION - 1}
+                if how:
+                    payload["upcast_fail"] = how
+                try:
+                    event_id = conn.execute(
+                        "SELECT outbox.emit('account', 'old', %s, %s::jsonb, context => %s, event_version => %s)",
+                        (EVENT_TYPE, json.dumps(payload), CONTEXT, VERSION - 1),
+                    ).fetchone()[0]
+                except psycopg.Error:
+                    with ledger.lock:
+                        ledger.writer_errors += 1
+                    return ok, bad  # the connection is gone: the burst ends here, what committed counts
+                with ledger.lock:
+                    ledger.committed[event_id] = time.time()
+                    (ledger.upcast_fail if how else ledger.upcast_ok).add(event_id)
+                if how:
+                    bad += 1
+                else:
+                    ok += 1
+    except psycopg.Error:
+        with ledger.lock:
+            ledger.writer_errors += 1
+    return ok, bad
+
+
 @dataclass(frozen=True)
 class Injected:
     kind: str
@@ -407,16 +568,24 @@ def inject_faults(
     done: list[Injected],
     log: list[str],
 ) -> None:
-    """Every kind at least once, the rest drawn at random; one at a time, each
-    with its recovery, at moments drawn from the seed."""
-    names = [k.name for k in pipeline.kinds]
-    kinds = names + [rng.choice(names) for _ in range(max(0, profile.faults - len(names)))]
+    """Every kind at least once (a long one exactly long_repeats times), the
+    rest drawn at random from the short kinds; one at a time, each with its
+    recovery, the pauses between them drawn from the seed so that what the
+    faults are expected to take (FaultKind.seconds) fits in the load."""
+    long = [k.name for k in pipeline.kinds if k.long]
+    short = [k.name for k in pipeline.kinds if not k.long] or long
+    kinds = long * max(1, profile.long_repeats) + [k.name for k in pipeline.kinds if not k.long]
+    kinds += [rng.choice(short) for _ in range(max(0, profile.faults - len(kinds)))]
     rng.shuffle(kinds)
-    span = profile.seconds - 8
-    moments = sorted(4 + rng.random() * span for _ in kinds)
+    expected = {k.name: k.seconds(pipeline) for k in pipeline.kinds}
     t0 = time.monotonic()
-    for at, kind in zip(moments, kinds):
-        while time.monotonic() - t0 < at:
+    end = t0 + profile.seconds - 4
+    for i, kind in enumerate(kinds):
+        left = len(kinds) - i
+        slack = end - time.monotonic() - sum(expected[k] for k in kinds[i:])
+        at = time.monotonic() + max(1.0, slack / (left + 1)) * rng.uniform(0.5, 1.5)
+        at = max(at, t0 + 4)  # the workers running and the load under way first
+        while time.monotonic() < at:
             if stop.wait(0.1):
                 return
         started, wall = time.monotonic(), time.time()
@@ -426,6 +595,7 @@ def inject_faults(
             detail = f"FAULT FAILED: {exc!r}"
         done.append(Injected(kind, wall, time.time(), detail))
         log.append(f"{started - t0:6.1f}s {kind} {detail} ({time.monotonic() - started:.1f}s)")
+        print(f"fault {i + 1}/{len(kinds)}: {log[-1].strip()}", flush=True)  # a long run shows its progress
 
 
 async def read_stream(nats_url: str, stream: str, parallel: int = 64) -> list[tuple[int, str, bytes, dict]]:
@@ -467,10 +637,12 @@ async def consumer_state(nats_url: str) -> tuple[int, int, int, int]:
     try:
         js = nc.jetstream()
         info = await js.consumer_info(STREAM, HANDLER)
-        try:
-            last = (await js.get_last_msg(STREAM, SUBJECT)).seq or 0
-        except nats.js.errors.NotFoundError:
-            last = 0
+        last = 0
+        for subject in SUBJECTS:
+            try:
+                last = max(last, (await js.get_last_msg(STREAM, subject)).seq or 0)
+            except nats.js.errors.NotFoundError:
+                pass
         try:
             replays = await js.consumer_info(DLQ_STREAM, HANDLER)
             replaying = (replays.num_pending or 0) + (replays.num_ack_pending or 0)
@@ -482,17 +654,32 @@ async def consumer_state(nats_url: str) -> tuple[int, int, int, int]:
         await nc.close()
 
 
-# Dead letters whose first automated replay is still to come: how many, and
-# how many of them are not yet due (or only just: the replayer looks every
-# replay_poll_interval). The settle period waits for them (at most the first
-# replay delay, a minute by default): a replayer that cannot replay them then
-# shows, as dead letters that never leave this count.
-FIRST_REPLAY_DUE = (
+async def ack_floor(nats_url: str) -> int:
+    """The stream sequence of the handler's durable's ack floor."""
+    nc = await nats_cluster.connect(nats_url)
+    try:
+        info = await nc.jetstream().consumer_info(STREAM, HANDLER)
+        return (info.ack_floor.stream_seq if info.ack_floor else 0) or 0
+    finally:
+        await nc.close()
+
+
+# Dead letters with an automated replay still to come that the settle period
+# waits for: every one's first replay, and every replay of one that the
+# handler's own answer (422) or an upcaster did not cause (the handler was
+# down: its replays are what brings it back). How many, how many of them are
+# not yet due (or only just: the replayer looks every replay_poll_interval),
+# and how long until the next is due. The settle period waits for them (a
+# replayer that cannot replay them shows as dead letters that never leave
+# this count).
+REPLAY_DUE = (
     "SELECT count(*), count(*) FILTER (WHERE (dlq_metadata ->> 'next_replay_at')::timestamptz"
-    " > now() - make_interval(secs => %s))"
+    " > now() - make_interval(secs => %s)),"
+    " extract(epoch FROM min((dlq_metadata ->> 'next_replay_at')::timestamptz) - now())"
     " FROM inbox.messages WHERE handler = %s AND status = 'DEAD_LETTER'"
     " AND dlq_metadata ->> 'next_replay_at' IS NOT NULL"
-    " AND coalesce((dlq_metadata ->> 'replay_attempts')::integer, 0) = 0"
+    " AND (coalesce((dlq_metadata ->> 'replay_attempts')::integer, 0) = 0"
+    "      OR NOT (last_error LIKE 'HTTP 422%%' OR last_error LIKE 'UPCAST\\_%%'))"
 )
 IDLE_SETTLE = 10.0  # nothing in flight anywhere: what is left is final after this long
 
@@ -505,11 +692,10 @@ def wait_for_quiescence(
     Gives up at the timeout, or once the state has not changed for a while:
     IDLE_SETTLE seconds when nothing is in flight (no message pending or
     unacknowledged in JetStream, no replay due soon: nothing can move what
-    is left), else stuck_after (default: twice the handler's ack_wait, or the
-    first replay delay, plus 10 s: longer than a redelivery after a
-    consumer's death, every retry delay up to max_deliver, and a replay)."""
+    is left), else stuck_after (default: Pipeline.settle_seconds, from the
+    workers' defaults), or until the next replay the run waits for is due."""
     assert pipeline.handler is not None
-    stuck_after = stuck_after or max(2 * pipeline.handler.ack_wait, pipeline.replay_delay) + 10
+    stuck_after = stuck_after or pipeline.settle_seconds()
     deadline = time.monotonic() + timeout
     state, since, idle = "not checked", time.monotonic(), False
     while time.monotonic() < deadline and time.monotonic() - since < (IDLE_SETTLE if idle else stuck_after):
@@ -519,15 +705,15 @@ def wait_for_quiescence(
                     "SELECT coalesce(sum(unpublished), 0), coalesce(sum(dead_letter), 0) FROM outbox.backlog()"
                 ).fetchone()
                 inbox = c.execute("SELECT coalesce(sum(unprocessed), 0) FROM inbox.backlog()").fetchone()[0]
-                unreplayed, upcoming = c.execute(FIRST_REPLAY_DUE, (pipeline.replay_late(), HANDLER)).fetchone()
+                unreplayed, upcoming, next_due = c.execute(REPLAY_DUE, (pipeline.replay_late(), HANDLER)).fetchone()
             pending, ack_pending, unacked, replaying = asyncio.run(consumer_state(pipeline.nats.url))
             new_state = (
                 f"outbox unpublished={outbox[0]} dead={outbox[1]}, inbox unprocessed={inbox}, "
                 f"jetstream pending={pending} ack_pending={ack_pending} past_ack_floor={unacked} "
-                f"replays_in_flight={replaying}, dead letters awaiting their first replay={unreplayed}"
+                f"replays_in_flight={replaying}, dead letters awaiting a replay={unreplayed}"
             )
-            if new_state != state:
-                state, since = new_state, time.monotonic()
+            if new_state != state or (next_due is not None and next_due > -pipeline.replay_late()):
+                state, since = new_state, time.monotonic()  # moving, or a replay to come
             if outbox[0] == inbox == unreplayed == 0 and pending == ack_pending == unacked == replaying == 0:
                 return True, state
             idle = outbox[0] == upcoming == pending == ack_pending == replaying == 0
@@ -538,6 +724,7 @@ def wait_for_quiescence(
 
 
 SETTLED = ("PROCESSED", "DEAD_LETTER")
+UNPUBLISHED = ("PENDING", "FAILED", "PROCESSING")  # outbox statuses of an event not yet in the stream
 
 
 def settled_inbox(database_url: str, grace: float) -> dict[uuid.UUID, tuple[str, str | None]]:
@@ -561,6 +748,7 @@ def settled_inbox(database_url: str, grace: float) -> dict[uuid.UUID, tuple[str,
 @dataclass
 class Notices:
     dead: Counter = field(default_factory=Counter)  # message id (text) -> MessageDeadLettered notices
+    reasons: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # message id -> their reasons
     invalid: set[tuple[str | None, int | None]] = field(default_factory=set)  # (stream, sequence) of .invalid ones
 
 
@@ -574,7 +762,35 @@ def read_notices(nats_url: str) -> Notices:
             notices.invalid.add((body.get("stream"), body.get("stream_sequence")))
         else:
             notices.dead[body["message_id"]] += 1
+            notices.reasons[body["message_id"]].append(str(body.get("reason") or ""))
     return notices
+
+
+# Outbox last_error codes that say the broker was away, not that it refused the event.
+BROKER_AWAY = ("NATS_UNAVAILABLE", "PUBLISH_TIMEOUT", "JETSTREAM_ERROR", "NO_STREAM")
+
+
+def cause_of(last_error: str | None) -> str:
+    """What an inbox dead letter's last_error says caused it."""
+    text = last_error or ""
+    if text.startswith("HTTP 422"):
+        return "handler answered 422"
+    if text.startswith("UPCAST_"):
+        return "upcaster"
+    if "connection error" in text or "timeout after" in text:
+        return "handler unreachable"
+    if "HTTP 503" in text:
+        return "handler answered 503"
+    return text[:60] or "no last_error"
+
+
+def handler_unreachable(reasons: list[str]) -> bool:
+    """Every dead-letter notice of the message names the handler's own
+    failure as the last: no answer (it was down, its connections refused) or
+    a 503. The app counts its 503s, not the connections it refused, so a
+    message refused a few times and then answered 503 reaches max_deliver
+    with fewer 503s: still the handler's failures."""
+    return bool(reasons) and all(cause_of(r) in ("handler unreachable", "handler answered 503") for r in reasons)
 
 
 def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: bool = True) -> tuple[dict, list[str]]:
@@ -592,6 +808,10 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
     failures = pipeline.app.failed()
     with psycopg.connect(pipeline.database_url, autocommit=True) as c:
         rows = c.execute("SELECT event_id, status FROM outbox.events").fetchall()
+        outbox_dead = c.execute(
+            "SELECT event_id, split_part(coalesce(last_error, ''), ':', 1), last_error FROM outbox.events"
+            " WHERE status = 'DEAD_LETTER'"
+        ).fetchall()
         effects = c.execute(
             "SELECT event_id, count(*), max(handled_at) FROM chaos.side_effects GROUP BY event_id"
         ).fetchall()
@@ -607,16 +827,31 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
     for event_id in ledger.uncertain:
         if event_id in status:
             committed[event_id] = float("nan")
-    poison = {e for e in ledger.poison if e in committed}
+    upcast_fail = {e for e in ledger.upcast_fail if e in committed}
+    # Poison: dead letters the handler asks for (422) or whose upcaster raises.
+    poison = {e for e in ledger.poison if e in committed} | upcast_fail
     expected_effects = set(committed) - poison
     hostile_ids = set(ledger.hostile.accepted) | set(ledger.hostile.uncertain)
     foreign_ids = {s.uid for s in pipeline.foreign.sent if s.uid is not None}
 
-    not_completed = [e for e in committed if status.get(e) != "COMPLETED"]
+    # Dead-lettered by the relay: a committed event of the ledger is always
+    # publishable, so it never is its own fault; a hostile one only when the
+    # code says the broker was away.
+    relay_dead = [(e, code, err) for e, code, err in outbox_dead if e in committed]
+    relay_dead += [
+        (e, code, err)
+        for e, code, err in outbox_dead
+        if e in set(ledger.hostile.accepted) | set(ledger.hostile.uncertain) and code in BROKER_AWAY
+    ]
+    not_completed = [e for e in committed if status.get(e) not in ("COMPLETED", "DEAD_LETTER")]
     ghosts = [e for e in ledger.rolled_back if e in status]
     stream = asyncio.run(read_stream(pipeline.nats.url, STREAM))
     copies = Counter(h.get("Nats-Msg-Id") for _, _, _, h in stream)
-    missing = [e for e in committed if copies[str(e)] == 0]
+    # Not in the stream although the outbox says COMPLETED, or not in the
+    # outbox at all: lost. One the relay has not published yet (PENDING,
+    # FAILED, PROCESSING) is stuck (not_completed), one it dead-lettered counts
+    # in dead_letters_not_own.
+    missing = [e for e in committed if copies[str(e)] == 0 and status.get(e) not in ("DEAD_LETTER", *UNPUBLISHED)]
     doubled = [e for e in committed if copies[str(e)] > 1]
     ghost_msgs = [e for e in ledger.rolled_back if copies[str(e)]]
     effect_count = {r[0]: r[1] for r in effects}
@@ -625,13 +860,22 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
     wrong_effects = [e for e in effect_count if e not in allowed_effects]
     notices = read_notices(pipeline.nats.url)
 
-    # Each committed event that reached the stream, by where it ended.
+    # Each committed event that reached the stream, by where it ended. One
+    # with no inbox row that the handler's durable has not acknowledged (past
+    # its ack floor) is still being redelivered: stuck, not lost.
+    floor = asyncio.run(ack_floor(pipeline.nats.url))
+    seq_of: dict[str, int] = {}
+    for seq, _, _, h in stream:
+        seq_of.setdefault(h.get("Nats-Msg-Id") or "", seq)
     lost, stuck, no_notice, too_many_notices, poison_applied = [], [], [], [], []
     dead_by_handler, dead_for_faults, awaiting_replay = [], [], []
     for e in committed:
         if copies[str(e)] == 0:
             continue  # counted as missing from the stream
         row_status = inbox.get(e, (None, None))[0]
+        if row_status is None and seq_of.get(str(e), 0) > floor:
+            stuck.append(e)
+            continue
         dead = notices.dead.get(str(e), 0)
         applied = effect_count.get(e, 0)
         if row_status in ("RECEIVED", "FAILED"):
@@ -647,12 +891,38 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
                 lost.append(e)
             continue
         if dead:
-            (dead_by_handler if failures.get(e, 0) >= max_deliver else dead_for_faults).append(e)
+            by_handler = failures.get(e, 0) >= max_deliver or handler_unreachable(notices.reasons.get(str(e), []))
+            (dead_by_handler if by_handler else dead_for_faults).append(e)
         if not applied and row_status == "DEAD_LETTER" and dead:
             awaiting_replay.append(e)  # dead-lettered with its notice: the next replay may still process it
         elif not applied and row_status not in ("RECEIVED", "FAILED", "DEAD_LETTER"):
             lost.append(e)  # no side effect, and no outcome in the inbox
     poison_dead = {e for e in poison if inbox.get(e, (None, None))[0] == "DEAD_LETTER" and notices.dead.get(str(e))}
+    upcast_wrong = [e for e in upcast_fail if e in poison_dead and cause_of(inbox[e][1]) != "upcaster"]
+    # Dead letters at the end that neither the handler's own answer (422) nor
+    # an upcaster caused: the relay's, and the inbox's of an event that was
+    # to be processed (a well-formed foreign message's included).
+    well_formed = {s.uid for s in pipeline.foreign.sent if s.uid is not None and s.expect == "processed"}
+    # (A hostile emit's own dead letters, its data refused, are its own: of
+    # those only the ones a fault caused count.)
+    faulted = ("handler unreachable", "handler answered 503")
+    inbox_dead_not_own = [
+        m
+        for m, (st, err) in inbox.items()
+        if st == "DEAD_LETTER"
+        and (
+            (m in expected_effects and cause_of(err) not in ("handler answered 422", "upcaster"))
+            or ((m in well_formed or m in hostile_ids) and cause_of(err) in faulted)
+        )
+    ]
+    dead_causes = Counter(f"relay {code or 'no code'}" for _, code, _ in relay_dead)
+    dead_causes.update(cause_of(inbox[m][1]) for m in inbox_dead_not_own)
+    dead_causes_all = Counter(cause_of(err) for st, err in inbox.values() if st == "DEAD_LETTER")
+    recovered = Counter(
+        cause_of(notices.reasons[str(e)][0])
+        for e in committed
+        if notices.dead.get(str(e)) and e not in poison and effect_count.get(e, 0) == 1
+    )
     known = set(committed) | hostile_ids | foreign_ids
     strange_dead = [m for m, (st, _) in inbox.items() if st == "DEAD_LETTER" and m not in known]
     # .invalid notices of messages the pipeline published itself: emitted
@@ -672,7 +942,7 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
     dead_inbox = {m for m, (st, _) in inbox.items() if st == "DEAD_LETTER"}
     with psycopg.connect(pipeline.database_url, autocommit=True) as c:
         hostile_figures, hostile_problems = poison_writer.check(
-            c, ledger.hostile, copies, effect_count, dead_inbox, SUBJECT
+            c, ledger.hostile, copies, effect_count, dead_inbox, SUBJECTS
         )
     problems += hostile_problems
     foreign_figures, foreign_problems, foreign_outcomes = foreign.check(
@@ -711,13 +981,18 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
         out_of_order += sum(1 for a, b in zip(seqs, seqs[1:]) if b < a)
 
     for name, items in (
-        ("committed but not COMPLETED", not_completed),
+        ("committed but neither COMPLETED nor DEAD_LETTER in the outbox (stuck)", not_completed),
+        (
+            f"dead letters neither the handler's answer (422) nor an upcaster caused, by cause {dict(dead_causes)}",
+            [e for e, _, _ in relay_dead] + inbox_dead_not_own,
+        ),
+        ("whose upcaster raised but dead-lettered for another reason", upcast_wrong),
         ("rolled back but stored", ghosts),
-        ("committed but not in the stream", missing),
+        ("committed and COMPLETED (or gone from the outbox) but not in the stream (lost)", missing),
         ("in the stream twice", doubled),
         ("rolled back but in the stream", ghost_msgs),
         ("without its side effect and without an outcome in the inbox (lost)", lost),
-        ("left RECEIVED or FAILED in the inbox (stuck)", stuck),
+        ("left RECEIVED or FAILED in the inbox, or unacknowledged without an inbox row (stuck)", stuck),
         ("DEAD_LETTER in the inbox without a DLQ notice", no_notice),
         (
             f"dead-lettered though the handler failed them fewer than max_deliver ({max_deliver}) times",
@@ -757,6 +1032,13 @@ def check(pipeline: Pipeline, ledger: Ledger, injected: list[Injected], quiet: b
         "lost": len(missing) + len(lost),
         "duplicated_side_effects": len(dup_effects),
         "stuck": len(not_completed) + len(stuck) + len(no_notice),
+        "dead_letters_not_own": len(relay_dead) + len(inbox_dead_not_own),
+        "dead_letters_not_own_by_cause": dict(dead_causes),
+        "dead_letters_by_cause": dict(dead_causes_all),
+        "dead_lettered_then_processed_by_cause": dict(recovered),
+        "relay_dead_letters": len(relay_dead),
+        "upcast_events": len(upcast_fail) + len(ledger.upcast_ok & set(committed)),
+        "upcast_failed_dead_lettered": len(upcast_fail & poison_dead),
         "dead_lettered_for_faults": len(dead_for_faults),
         "dead_lettered_by_handler_failures": len(dead_by_handler),
         "dead_letters_awaiting_replay": len(awaiting_replay),
@@ -808,14 +1090,24 @@ def by_fault_kind(injected: list[Injected], committed: dict[uuid.UUID, float], l
     return out
 
 
+def ledger_line(figures: dict) -> str:
+    """The five columns of the soak's ledger (docs/benchmarks.md)."""
+    return (
+        f"ledger: events {figures['committed']}, lost {figures['lost']}, duplicated "
+        f"{figures['duplicated_side_effects']}, stuck {figures['stuck']}, dead letters not caused by the "
+        f"handler's answer or an upcaster {figures['dead_letters_not_own']}"
+    )
+
+
 def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = False) -> int:
     root = root or Path(tempfile.mkdtemp(prefix="pgoutbox-chaos-"))
     root.chmod(0o755)  # PostgreSQL runs as the postgres user below it
     rng = random.Random(seed)
     kinds = fault_registry.kinds_for(profile.topology, profile.kinds)
     print(f"fault kinds: {', '.join(k.name for k in kinds)}", flush=True)
-    pipeline = Pipeline(root, seed, profile.topology, kinds)
+    pipeline = Pipeline(root, seed, profile.topology, kinds, profile)
     ledger = Ledger()
+    pipeline.ledger = ledger
     stop_writers, stop_faults = threading.Event(), threading.Event()
     injected: list[Injected] = []
     fault_log: list[str] = []
@@ -824,7 +1116,7 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         hostile = None
         if profile.hostile_share > 0:
             expected = profile.seconds * profile.rate * profile.hostile_share
-            hostile = poison_writer.draw_cases(seed, min(400, int(2 * expected) + 20), CONTEXT, "ledger_entry")
+            hostile = poison_writer.draw_cases(seed, min(400, int(2 * expected) + 20), CONTEXT, EVENT_TYPE)
             print(f"poison writer: {len(hostile)} hostile cases drawn, share {profile.hostile_share}", flush=True)
         pipeline.start([])
         started = round(time.monotonic() - t_start, 1)
@@ -841,10 +1133,10 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         for t in (*writers, injector):
             t.start()
         time.sleep(profile.seconds)
+        injector.join()  # the load goes on until the last fault has recovered
         stop_writers.set()
         for t in writers:
             t.join()
-        injector.join()  # lets a fault in progress finish (restarts included)
         phases = {"started": started, "faults_done": round(time.monotonic() - t_start, 1)}
         print(f"faults done at {phases['faults_done']}s; waiting for quiescence", flush=True)
         quiet, state = wait_for_quiescence(pipeline, ledger, profile.quiesce_timeout)
@@ -868,6 +1160,7 @@ def run(profile: Profile, seed: int, root: Path | None = None, keep: bool = Fals
         )
         print("fault log:\n  " + "\n  ".join(fault_log))
         print("figures: " + json.dumps(figures, sort_keys=True))
+        print(ledger_line(figures))
         missing_kinds = [k.name for k in kinds if k.name not in figures["faults"]]
         if missing_kinds:
             problems.append(f"fault kinds never injected: {missing_kinds}")

@@ -9,6 +9,9 @@ already applied, 200 once applied, 503 when its database is unreachable. It
 never fails otherwise: its 503s, counted per message id (`failures`), are the
 only failures a consumer may count against max_deliver.
 
+down() closes its HTTP server (and every keep-alive connection): connections
+are refused until up() opens it again on the same port (faults.handler_down).
+
 Its connections come from a bounded pool: the consumers' default concurrency
 (64 calls in flight per process) must not open a PostgreSQL connection per
 HTTP connection.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +44,13 @@ CREATE TABLE IF NOT EXISTS chaos.business (
     marker uuid PRIMARY KEY,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+"""
+
+# The application's own tables, for the logins the harness makes (Pipeline.make_logins).
+LOGIN_GRANTS = """
+GRANT USAGE ON SCHEMA chaos TO chaos_app, chaos_writer, chaos_admin;
+GRANT INSERT ON chaos.side_effects TO chaos_app;
+GRANT INSERT ON chaos.business TO chaos_writer;
 """
 
 
@@ -68,22 +79,57 @@ class LedgerApp:
             open=False,
         )
         self.failures: Counter[uuid.UUID] = Counter()  # 503 answers per message id
+        self.calls = 0  # requests received (faults.await_deliveries watches it)
         self._lock = threading.Lock()
-        self.server = _QuietServer(("127.0.0.1", 0), self._handler_class())
+        self.port = 0
+        self.server: _QuietServer | None = None
+        self.thread: threading.Thread | None = None
+        self._down = threading.Event()  # requests on connections still open get no answer
+        self._listen()
+
+    def _listen(self) -> None:
+        self.server = _QuietServer(("127.0.0.1", self.port), self._handler_class())
         self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/events"
+        return f"http://127.0.0.1:{self.port}/events"
 
     def start(self) -> None:
         self.pool.open()
+        assert self.thread is not None
+        self.thread.start()
+
+    def down(self) -> None:
+        """Stops answering: the listening socket closed (connections refused)
+        and each request on a keep-alive connection answered by closing it."""
+        self._down.set()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def up(self) -> None:
+        """Listens again on the same port."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._listen()
+                break
+            except OSError:  # the port not free yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        self._down.clear()
+        assert self.thread is not None
         self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
         self.pool.close()
 
     def failed(self) -> dict[uuid.UUID, int]:
@@ -119,6 +165,10 @@ class LedgerApp:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                app.calls += 1
+                if app._down.is_set():  # the server is down: no answer, the connection closed
+                    self.close_connection = True
+                    return
                 code = app.apply(json.loads(body))
                 self.send_response(code)
                 self.send_header("Content-Length", "0")

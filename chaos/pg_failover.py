@@ -116,6 +116,8 @@ def write_business(
     """One writer: `rate` business transactions per second, each an emit and
     its business row, until `stop`; reconnects (through the multi-host URL)
     after any error."""
+    from chaos.harness import EVENT_TYPE, VERSION  # here, not on top: the harness may import this module
+
     rng = random.Random(seed)
     conn: psycopg.Connection | None = None
     next_at = time.monotonic()
@@ -127,8 +129,15 @@ def write_business(
             if conn is None or conn.closed:
                 conn = psycopg.connect(url, connect_timeout=3)
             event_id = conn.execute(
-                "SELECT outbox.emit(%s, %s, 'ledger_entry', %s::jsonb, context => %s)",
-                (AGGREGATE, str(rng.randrange(10_000)), json.dumps({"schema_version": 1}), context),
+                "SELECT outbox.emit(%s, %s, %s, %s::jsonb, context => %s, event_version => %s)",
+                (
+                    AGGREGATE,
+                    str(rng.randrange(10_000)),
+                    EVENT_TYPE,
+                    json.dumps({"schema_version": VERSION}),
+                    context,
+                    VERSION,
+                ),
             ).fetchone()[0]
             conn.execute("INSERT INTO chaos.business (marker) VALUES (%s)", (event_id,))
         except psycopg.Error as exc:
@@ -282,7 +291,7 @@ def _prepare(pipeline) -> None:
 def _register() -> None:
     from chaos.faults import fault
 
-    @fault(KIND, topologies=("cluster",), prepare=_prepare)
+    @fault(KIND, topologies=("cluster",), prepare=_prepare, estimate=lambda p: 20.0)
     def promote_standby(pipeline, rng: random.Random) -> str:
         return pipeline.pg.fault(rng)
 

@@ -100,11 +100,16 @@ def emit(conn: psycopg.Connection, case: poison.EmitCase, ledger: HostileLedger)
 
 
 def check(
-    conn: psycopg.Connection, ledger: HostileLedger, copies, effect_count: dict, dead_inbox: set, ledger_subject: str
+    conn: psycopg.Connection,
+    ledger: HostileLedger,
+    copies,
+    effect_count: dict,
+    dead_inbox: set,
+    ledger_subjects: tuple[str, ...],
 ) -> tuple[dict, list[str]]:
     """The poison writer's part of the ledger check. copies: Nats-Msg-Id ->
     stream copies; effect_count: event id -> side effects; dead_inbox: the
-    ledger handler's inbox dead letters."""
+    ledger handler's inbox dead letters; ledger_subjects: the handler's subjects."""
     problems: list[str] = []
     rows = {
         r[0]: r[1:]
@@ -138,7 +143,7 @@ def check(
             completed += 1
             if copies[str(event_id)] != 1:
                 doubled.append(f"{event_id} x{copies[str(event_id)]}")
-            if subject == ledger_subject and effect_count.get(event_id, 0) != 1 and event_id not in dead_inbox:
+            if subject in ledger_subjects and effect_count.get(event_id, 0) != 1 and event_id not in dead_inbox:
                 no_outcome.append(f"{event_id}: {effect_count.get(event_id, 0)} side effects")
         else:
             not_ended.append(f"{event_id} {status} {(last_error or '')[:120]!r}")

@@ -52,6 +52,7 @@ _counter = itertools.count()
 _GROUPS = {
     "tests/chaos/test_chaos.py": "chaos",
     "tests/chaos/test_cluster.py": "chaos-cluster",
+    "tests/chaos/test_cluster_faults.py": "chaos-cluster-faults",
     "tests/chaos/test_failover.py": "outage",
     "tests/inbox/test_consumer_outages.py": "outage",
     "tests/inbox/test_consumer_crash.py": "outage",

@@ -1,12 +1,16 @@
 """The chaos harness, short profile: the whole pipeline (2 relays, 2
-consumers, an in-database ledger app) under load with every fault kind, the
-handler on the product's default settings, then the ledger check. The fault
-kinds include a PostgreSQL outage longer than max_deliver x the retry delay
-(with well-formed messages published straight to the stream meanwhile), a
-kill -9 of every consumer at once, and hostile foreign messages drawn from
-the poison strategies (header values included). And proof that the check has
-teeth: the same run against a deliberately broken consumer (acks each
-message before anything is recorded) must fail."""
+consumers, an in-database ledger app) under load with every single-node fault
+kind, every worker on the product's default settings, each as its
+least-privileged login, then the ledger check. The fault kinds include a
+PostgreSQL outage longer than max_deliver x the retry delay (with well-formed
+messages published straight to the stream meanwhile), a kill -9 of every
+consumer at once, hostile foreign messages drawn from the poison strategies
+(header values included), JetStream away with the NATS connection up, the
+handler down, and older-version events whose upcaster raises for some. The
+long faults last tens of seconds here (minutes in `make chaos PROFILE=long`):
+the mechanisms are the same. And proof that the check has teeth: the same run
+against a deliberately broken consumer (acks each message before anything is
+recorded) must fail."""
 
 from __future__ import annotations
 
@@ -19,7 +23,15 @@ import pytest
 from support.chaos_run import run_chaos
 
 ROOT = Path(__file__).resolve().parents[2]
-NEW_KINDS = ("postgres_outage", "kill_all_consumers", "foreign_messages")
+NEW_KINDS = (
+    "postgres_outage",
+    "kill_all_consumers",
+    "foreign_messages",
+    "jetstream_away",
+    "postgres_outage_long",
+    "handler_down",
+    "upcaster_raises",
+)
 
 
 def figures_of(stdout: str) -> dict:
@@ -41,10 +53,17 @@ def test_short_chaos_run_keeps_the_ledger():
     assert result.returncode == 0, "the ledger check failed: see VIOLATIONS above"
     assert "ledger OK" in result.stdout
     assert figures["lost"] == figures["duplicated_side_effects"] == figures["stuck"] == 0
+    assert figures["dead_letters_not_own"] == 0, figures["dead_letters_not_own_by_cause"]
     assert figures["foreign_vanished"] == 0
+    # The upcaster raised for some older-version events: each is an UPCAST_FAILED dead letter, the others processed.
+    assert (
+        figures["upcast_failed_dead_lettered"] > 0 and figures["upcast_events"] > figures["upcast_failed_dead_lettered"]
+    )
+    assert figures["dead_letters_by_cause"].get("upcaster", 0) >= figures["upcast_failed_dead_lettered"]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("chaos-check")  # not behind the short soak: a chain of its own
 def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
     broken = tmp_path / "pgoutbox"
     shutil.copytree(ROOT / "relay" / "pgoutbox", broken)  # the links to sql/ and migrations/ copied as folders
@@ -62,7 +81,7 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
         "--profile",
         "short",
         "--seconds",
-        "15",
+        "30",
         "--rate",
         "200",
         "--faults",

@@ -19,7 +19,7 @@ def run_chaos(*args: str, pythonpath: Path | None = None) -> subprocess.Complete
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,  # the short profiles take about five minutes alone; more under load
     )
     print(result.stdout[-3000:])
     print(result.stderr[-3000:], file=sys.stderr)
