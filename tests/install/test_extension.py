@@ -161,6 +161,9 @@ def test_the_generator_follows_a_migration_added_later(tmp_path):
     (tmp_path / "migrations").mkdir()
     for path in (ROOT / "migrations").glob("*.sql"):
         (tmp_path / "migrations" / path.name).write_text(path.read_text())
+    (tmp_path / "pgtap" / "helpers").mkdir(parents=True)  # the testing kit's extension is built beside it
+    for path in (ROOT / "pgtap" / "helpers").glob("*.sql"):
+        (tmp_path / "pgtap" / "helpers" / path.name).write_text(path.read_text())
     nxt = f"{LATEST + 1:04d}_later"
     (tmp_path / "migrations" / f"{nxt}.up.sql").write_text(
         "BEGIN;\nCREATE TABLE IF NOT EXISTS outbox.later (x int);\n"
@@ -380,6 +383,8 @@ def fill_every_table(url: str) -> None:
         )
         conn.execute("""SELECT outbox.dlq_discard('{"side": "inbox", "owner": "billing"}', 'obsolete')""")
         conn.execute("""SELECT outbox.dlq_restore('{"side": "inbox", "owner": "billing"}', 'needed after all')""")
+        # A console bulk action prepared on its fixed set of targets (outbox.dlq_actions, dlq_action_targets).
+        conn.execute("""SELECT action_id FROM outbox.dlq_prepare('{"side": "inbox", "owner": "billing"}', 'replay')""")
         conn.execute(
             "INSERT INTO inbox.messages (message_id, handler, subject, status, received_at, processed_at)"
             " VALUES (gen_random_uuid(), 'h', 'sea.event.x.v1', 'PROCESSED',"

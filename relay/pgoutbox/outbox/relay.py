@@ -135,7 +135,10 @@ class OutboxRelay:
             await asyncio.wait({start, stop_task}, return_when=asyncio.FIRST_COMPLETED)
             if not start.done():
                 start.cancel()
-                await asyncio.wait({start}, timeout=5)  # e.g. a connection attempt being abandoned
+                # A connection attempt being abandoned may not end at once; the pools'
+                # close (below, 1 s each) ends it. Waiting longer here made a stop while
+                # PostgreSQL was down take over 5 s under load.
+                await asyncio.wait({start}, timeout=1)
                 log.info("stopped before start-up completed", extra={"action": "stopped"})
                 return
             start.result()
