@@ -870,6 +870,9 @@ BEGIN
     END IF;
     cls := outbox._dlq_error_class(e.last_error);
     pattern := outbox._dlq_error_pattern(e.last_error);
+    -- A row written around emit may have no subject (the relay dead-letters it
+    -- BAD_SUBJECT): its entry says '' rather than fail the relay's mark.
+    e.subject := coalesce(e.subject, '');
     SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
     INSERT INTO outbox.dlq_entries AS x (
         side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,

@@ -145,6 +145,16 @@ def settled(url: str, n: int):
     return check
 
 
+def unsettled(url: str) -> str:
+    """The events not yet COMPLETED or DEAD_LETTER, for a failure's message."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT id, status, attempts, left(last_error, 200) FROM outbox.events"
+            " WHERE status NOT IN ('COMPLETED', 'DEAD_LETTER', 'FAILED') ORDER BY id"
+        ).fetchall()
+    return f"{len(rows)} unsettled: {rows[:10]}"
+
+
 @pytest.mark.slow
 def test_poison_rows_dead_letter_and_the_relay_process_keeps_publishing(database_url, nats_server, tmp_path):
     """The issue's case, with a real `pgoutbox relay`: poison rows among
@@ -164,7 +174,12 @@ def test_poison_rows_dead_letter_and_the_relay_process_keeps_publishing(database
     )
     try:
         relay.start().wait_started()
-        wait_for(settled(database_url, total), 30, "every event COMPLETED or DEAD_LETTER")
+        wait_for(
+            settled(database_url, total),
+            30,
+            "every event COMPLETED or DEAD_LETTER",
+            detail=lambda: unsettled(database_url) + "\n" + relay.output()[-3000:],
+        )
         assert relay.proc.poll() is None, relay.output()
         assert_settled(database_url, poison, before + fine)
         # Ordinary events emitted after the poison ones: published promptly.
