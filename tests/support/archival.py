@@ -80,6 +80,8 @@ def events(
     step = timedelta(hours=22) / max(n, 1)
     if day >= today():  # the policies refuse events from the future
         start, step = datetime.now(UTC) - timedelta(minutes=30), timedelta(seconds=1)
+        if day == today():  # just after midnight, today's events stay on today
+            start = max(start, utc(day))
     with conn.transaction():
         rows = conn.execute(
             """
