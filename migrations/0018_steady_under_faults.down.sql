@@ -218,6 +218,12 @@ BEGIN
 END;
 $$;
 
+-- ---- source rules: five statuses, retry-safe emit, flows
+
+-- ---- fairness and schedules: fair claims across tenants, delayed events
+
+-- ---- cost per event
+
 -- ---- the console
 
 -- The dead-letter reads and outbox.drop_archived as 0017 defined them, then

@@ -436,6 +436,12 @@ inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval)
 TO pgoutbox_backfiller;
 
+-- ---- source rules: five statuses, retry-safe emit, flows
+
+-- ---- fairness and schedules: fair claims across tenants, delayed events
+
+-- ---- cost per event
+
 -- ---- the console
 
 -- Dead letters classified once, when recorded: outbox.dlq_entries, kept by
