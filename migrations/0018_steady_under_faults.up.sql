@@ -436,11 +436,11 @@ inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval)
 TO pgoutbox_backfiller;
 
--- ---- source rules: five statuses, retry-safe emit, flows
+-- ---- source rules: five statuses, flows, small gaps
 
--- ---- fairness and schedules: fair claims across tenants, delayed events
+-- ---- fairness: fair claims across tenants
 
--- ---- cost per event
+-- ---- emit: a caller's id, a delivery time, a cheap common case
 
 -- ---- the console
 
