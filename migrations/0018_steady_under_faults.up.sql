@@ -924,7 +924,7 @@ COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
 CREATE INDEX IF NOT EXISTS events_correlation_idx ON outbox.events (correlation_id, id)
 WHERE correlation_id IS NOT NULL;
 
--- generated from sql/69_flows.sql: outbox.flow
+-- generated from sql/70_flows.sql: outbox.flow
 -- One row per event and handler (handler NULL: no handler has received the
 -- event yet, or none consumes it). Events come in id order (emit order, which
 -- is commit order per ordering key), their handlers in name order; at most

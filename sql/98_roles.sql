@@ -200,5 +200,5 @@ inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval)
 TO pgoutbox_backfiller;
 
--- A business flow by its correlation id (sql/69_flows.sql): read-only, no payload.
+-- A business flow by its correlation id (sql/70_flows.sql): read-only, no payload.
 GRANT EXECUTE ON FUNCTION outbox.flow(uuid, integer) TO pgoutbox_viewer, pgoutbox_admin;
