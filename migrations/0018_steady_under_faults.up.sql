@@ -919,8 +919,8 @@ COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
 -- end generated
 
 -- A business flow by its correlation id. Built while emit waits (a
--- partitioned table's index cannot be built CONCURRENTLY): about a second
--- per million events with a correlation id.
+-- partitioned table's index cannot be built CONCURRENTLY); partitions
+-- indexed beforehand (docs/upgrading.md) are attached, not built again.
 CREATE INDEX IF NOT EXISTS events_correlation_idx ON outbox.events (correlation_id, id)
 WHERE correlation_id IS NOT NULL;
 
