@@ -49,6 +49,8 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
         if r["event_id"] != last:
             last = r["event_id"]
             state = r["status"] + (f" at {r['published_at']:%Y-%m-%d %H:%M:%S%z}" if r["published_at"] else "")
+            if r["status"] == "DEAD_LETTER" and r["discarded"] and r["handler"] is None:
+                state += " (discarded)"
             caused = f" caused by {r['causation_id']}" if r["causation_id"] else ""
             out.append(
                 f"{r['created_at']:%Y-%m-%d %H:%M:%S%z}  {r['event_id']}  {r['subject']}"
