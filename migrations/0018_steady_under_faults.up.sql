@@ -446,7 +446,11 @@ CREATE INDEX IF NOT EXISTS discarded_events_row_idx ON outbox.discarded_events (
 -- update guard is off for this one statement: no operator's move is
 -- being made, and the guard refuses every move of a discarded event.
 INSERT INTO outbox.discarded_events (event_id, row_id, created_at, discarded_at)
-SELECT e.event_id, e.id, e.created_at, coalesce(l.acted_at, now())
+SELECT
+    e.event_id,
+    e.id,
+    e.created_at,
+    coalesce(l.acted_at, now()) AS discarded_at
 FROM outbox.events AS e
 LEFT JOIN LATERAL (
     SELECT max(g.acted_at) AS acted_at
@@ -456,7 +460,8 @@ LEFT JOIN LATERAL (
 WHERE e.status = 'DISCARDED'
 ON CONFLICT (event_id) DO NOTHING;
 ALTER TABLE outbox.events DISABLE TRIGGER _100_guard_update;
-UPDATE outbox.events SET status = 'DEAD_LETTER' WHERE status = 'DISCARDED';
+UPDATE outbox.events SET status = 'DEAD_LETTER'
+WHERE status = 'DISCARDED';
 ALTER TABLE outbox.events ENABLE TRIGGER _100_guard_update;
 DROP INDEX IF EXISTS outbox.events_discarded_idx;
 

@@ -12,7 +12,7 @@ BEGIN;
 SELECT plan(12);
 \ir fixtures/events.sql
 
-CREATE FUNCTION pg_temp.checked_statuses() RETURNS text [] LANGUAGE sql STABLE AS $$
+CREATE FUNCTION pg_temp.checked_statuses() RETURNS text[] LANGUAGE sql STABLE AS $$
     SELECT array_agg(m[1] ORDER BY m[1])
     FROM pg_trigger AS t,
         regexp_matches(
@@ -23,9 +23,9 @@ $$;
 
 -- Tries every value but the five from a row in each of the five; returns the
 -- SQLSTATEs seen, one per try (a try that passes returns 'passed').
-CREATE FUNCTION pg_temp.other_values_refused() RETURNS text [] LANGUAGE plpgsql AS $$
+CREATE FUNCTION pg_temp.other_values_refused() RETURNS text[] LANGUAGE plpgsql AS $$
 DECLARE
-    codes text [] := '{}';
+    codes text[] := '{}';
     here text;
     other text;
     row_id uuid;
@@ -70,7 +70,10 @@ SELECT is(
     'a dead letter is discarded'
 );
 SELECT is(
-    (SELECT format('%s|%s', fixture.status(:'dead'), count(*)) FROM outbox.discarded_events WHERE event_id = :'dead'),
+    (
+        SELECT format('%s|%s', fixture.status(:'dead'), count(*)) FROM outbox.discarded_events
+        WHERE event_id = :'dead'
+    ),
     'DEAD_LETTER|1', 'discarded: still DEAD_LETTER, with its mark'
 );
 SELECT is(
@@ -78,7 +81,10 @@ SELECT is(
     'and restored'
 );
 SELECT is(
-    (SELECT format('%s|%s', fixture.status(:'dead'), count(*)) FROM outbox.discarded_events WHERE event_id = :'dead'),
+    (
+        SELECT format('%s|%s', fixture.status(:'dead'), count(*)) FROM outbox.discarded_events
+        WHERE event_id = :'dead'
+    ),
     'DEAD_LETTER|0', 'restored: DEAD_LETTER, no mark'
 );
 

@@ -145,7 +145,10 @@ SELECT throws_ok(
 SELECT is(inbox.upcast('order_created', 1, 2, '{"a": 1}'), '{"a": 1}'::jsonb, 'consumer: may run a chain');
 RESET ROLE;
 SET LOCAL ROLE t_writer;
-SELECT is(inbox.upcast('order_created', 1, 2, '{"a": 1}'), '{"a": 1}'::jsonb, 'writer: may run a chain (in its own transaction)');
+SELECT is(
+    inbox.upcast('order_created', 1, 2, '{"a": 1}'), '{"a": 1}'::jsonb,
+    'writer: may run a chain (in its own transaction)'
+);
 RESET ROLE;
 -- The walk-through's GRANT USAGE (docs/consumer.md): without it the admin cannot name the function.
 CREATE SCHEMA t_hidden;

@@ -11,12 +11,8 @@ import pytest
 
 from pgoutbox.core import migrate as m
 
-DISCARD = (
-    "SELECT outbox.dlq_discard(jsonb_build_object('side', 'outbox', 'ids', jsonb_build_array(%s::uuid)), %s)"
-)
-RESTORE = (
-    "SELECT outbox.dlq_restore(jsonb_build_object('side', 'outbox', 'ids', jsonb_build_array(%s::uuid)), %s)"
-)
+DISCARD = "SELECT outbox.dlq_discard(jsonb_build_object('side', 'outbox', 'ids', jsonb_build_array(%s::uuid)), %s)"
+RESTORE = "SELECT outbox.dlq_restore(jsonb_build_object('side', 'outbox', 'ids', jsonb_build_array(%s::uuid)), %s)"
 
 
 def as_role(conn: psycopg.Connection, role: str, sql: str, params: tuple = ()) -> list[tuple]:
@@ -30,7 +26,9 @@ def as_role(conn: psycopg.Connection, role: str, sql: str, params: tuple = ()) -
 
 def dead_letter(conn: psycopg.Connection) -> str:
     (event_id,) = as_role(
-        conn, "pgoutbox_writer", "SELECT outbox.emit('order', '1', 'created', '{\"schema_version\": 1}', context => 'sea')"
+        conn,
+        "pgoutbox_writer",
+        "SELECT outbox.emit('order', '1', 'created', '{\"schema_version\": 1}', context => 'sea')",
     )[0]
     (token,) = as_role(conn, "pgoutbox_relay", "SELECT claim_token FROM outbox.claim('w', 1, '1 minute')")[0]
     as_role(

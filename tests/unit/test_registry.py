@@ -255,4 +255,3 @@ def test_a_versioned_handler_may_take_every_version_of_its_event_type(tmp_path):
     text = '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.*"]\nversion = 2'
     [spec] = registry.read_manifests(_manifests(tmp_path / "m", {"x.toml": text}))
     assert (spec.version, spec.event_type, spec.takes("sea.event.a.v3")) == (2, "a", True)
-
