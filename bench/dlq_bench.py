@@ -75,6 +75,7 @@ def bare_loop(conn: psycopg.Connection, to_outbox: str, to_inbox: str, batch: in
     """The reference: the same status moves with no audit and no guard check."""
     conn.execute("ALTER TABLE outbox.events DISABLE TRIGGER USER")
     conn.execute("ALTER TABLE inbox.messages DISABLE TRIGGER USER")
+    conn.execute("ALTER TABLE outbox.discarded_events DISABLE TRIGGER USER")
     try:
         total = 0
         for sql in (to_outbox, to_inbox):
@@ -84,18 +85,21 @@ def bare_loop(conn: psycopg.Connection, to_outbox: str, to_inbox: str, batch: in
     finally:
         conn.execute("ALTER TABLE outbox.events ENABLE TRIGGER USER")
         conn.execute("ALTER TABLE inbox.messages ENABLE TRIGGER USER")
+        conn.execute("ALTER TABLE outbox.discarded_events ENABLE TRIGGER USER")
 
 
 BARE_OUT = [
-    """UPDATE outbox.events SET status = 'DISCARDED' WHERE id IN (
-        SELECT id FROM outbox.events WHERE status = 'DEAD_LETTER' LIMIT %s)""",
+    # an outbox event stays DEAD_LETTER: its discard is a mark of its own
+    """INSERT INTO outbox.discarded_events (event_id, row_id, created_at)
+        SELECT e.event_id, e.id, e.created_at FROM outbox.events AS e WHERE e.status = 'DEAD_LETTER'
+            AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id) LIMIT %s""",
     """UPDATE inbox.messages SET dlq_metadata = dlq_metadata || '{"discarded": {}}' WHERE (message_id, handler) IN (
         SELECT message_id, handler FROM inbox.messages
         WHERE status = 'DEAD_LETTER' AND NOT dlq_metadata ? 'discarded' LIMIT %s)""",
 ]
 BARE_BACK = [
-    """UPDATE outbox.events SET status = 'DEAD_LETTER' WHERE id IN (
-        SELECT id FROM outbox.events WHERE status = 'DISCARDED' LIMIT %s)""",
+    """DELETE FROM outbox.discarded_events WHERE event_id IN (
+        SELECT event_id FROM outbox.discarded_events LIMIT %s)""",
     """UPDATE inbox.messages SET dlq_metadata = dlq_metadata - 'discarded' WHERE (message_id, handler) IN (
         SELECT message_id, handler FROM inbox.messages WHERE dlq_metadata ? 'discarded' LIMIT %s)""",
 ]

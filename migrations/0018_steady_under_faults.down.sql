@@ -220,6 +220,415 @@ $$;
 
 -- ---- source rules: five statuses, flows, small gaps
 
+REVOKE EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) FROM pgoutbox_writer;
+-- The command a call is about: a handler name like the message inbox's, and
+-- a key of 1-256 characters that is not blank.
+CREATE OR REPLACE FUNCTION inbox._check_command(handler text, command_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: handler % is not a name of 1-128 letters, digits, _ . -', quote_literal(left(coalesce(handler, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+    IF nullif(btrim(command_key), '') IS NULL OR length(command_key) > 256 THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: command_key % is not a key of 1-256 characters', quote_literal(left(coalesce(command_key, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+END;
+$$;
+
+DROP FUNCTION IF EXISTS outbox.flow(uuid, integer);
+DROP INDEX IF EXISTS outbox.events_correlation_idx;
+
+-- Backlog per context (QRY-050). "due" is what a relay could take right now;
+-- oldest_due_age growing while due > 0 means no relay is making progress,
+-- whereas a large unpublished count with nothing due is just parked retries.
+CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
+RETURNS TABLE (
+    context text,
+    unpublished bigint,
+    oldest_unpublished_at timestamptz,
+    due bigint,
+    oldest_due_age interval,
+    processing bigint,
+    failed bigint,
+    dead_letter bigint
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_context(backlog.context);
+    -- Two branches so that each is served by its own partial index.
+    WITH unfinished AS (
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+        UNION ALL
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
+        WHERE e.status = 'DEAD_LETTER'
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+    ),
+    contexts AS (
+        SELECT DISTINCT u.context FROM unfinished AS u
+        UNION
+        SELECT backlog.context WHERE backlog.context IS NOT NULL
+    )
+    SELECT
+        c.context,
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+        -- greatest(): a row stored by an older version with available_at
+        -- -infinity is due and very old, not an error (interval has no infinity).
+        now() - greatest(
+            min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+            timestamptz '0001-01-01 00:00:00+00'
+        ),
+        count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
+        count(u.status) FILTER (WHERE u.status = 'FAILED'),
+        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')
+    FROM contexts AS c
+    LEFT JOIN unfinished AS u ON u.context = c.context
+    GROUP BY c.context
+    ORDER BY c.context;
+$$;
+COMMENT ON FUNCTION outbox.backlog(text) IS
+'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
+
+-- Dead-lettered events, newest first, for operators deciding what to requeue.
+CREATE OR REPLACE FUNCTION outbox.dead_letters(
+    context text DEFAULT NULL,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    event_id uuid,
+    context text,
+    subject text,
+    ordering_key text,
+    attempts integer,
+    last_error text,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_context(dead_letters.context), outbox._check_max_rows(dead_letters.max_rows);
+    SELECT e.event_id, e.context, e.subject, e.ordering_key, e.attempts, e.last_error, e.created_at
+    FROM outbox.events AS e
+    WHERE e.status = 'DEAD_LETTER'
+        AND (dead_letters.context IS NULL OR e.context = dead_letters.context)
+    ORDER BY e.id DESC
+    LIMIT dead_letters.max_rows;
+$$;
+COMMENT ON FUNCTION outbox.dead_letters(text, integer) IS
+'Dead-lettered events (newest first) with their last error; requeue them with outbox.requeue().';
+
+-- One dead letter (live or discarded) as a JSON document: its envelope,
+-- headers, payload (only for a session_user that may read the table, i.e.
+-- not pgoutbox_viewer), recorded attempts and replay state, and its history
+-- (requeues, redrives, discards and restores, newest first; seq is the
+-- audit row's id in its own log, which orders entries of one transaction).
+CREATE OR REPLACE FUNCTION outbox.dlq_show(
+    side text,
+    id uuid,
+    handler text DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+    doc jsonb;
+    visible boolean;
+    history jsonb;
+BEGIN
+    IF side IS NULL OR side NOT IN ('outbox', 'inbox') OR id IS NULL THEN
+        RAISE EXCEPTION 'INVALID_FILTER: side (outbox or inbox) and id are required'
+            USING ERRCODE = 'OB100';
+    END IF;
+    IF side = 'inbox' AND (handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$') THEN
+        RAISE EXCEPTION 'INVALID_FILTER: an inbox dead letter is named by its message id and handler'
+            USING ERRCODE = 'OB100';
+    END IF;
+    SELECT x.* INTO r
+    FROM outbox._dlq_rows(
+        jsonb_build_object(
+            'side', dlq_show.side, 'ids', jsonb_build_array(dlq_show.id), 'discarded', NULL, 'owner', dlq_show.handler
+        )
+    ) AS x;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'DEAD_LETTER_NOT_FOUND: no % dead letter % %', dlq_show.side, dlq_show.id, coalesce('for handler ' || dlq_show.handler, '')
+            USING ERRCODE = 'OB105';
+    END IF;
+    doc := jsonb_build_object(
+        'side', r.side, 'owner', r.owner, 'id', r.id, 'handler', r.handler, 'subject', r.subject,
+        'status', CASE WHEN r.discarded THEN 'DISCARDED' ELSE 'DEAD_LETTER' END, 'discarded', r.discarded,
+        'tenant', r.tenant, 'attempts', r.attempts, 'last_error', r.last_error,
+        'error_class', r.error_class, 'error_pattern', r.error_pattern, 'group_id', r.group_id,
+        'seen_at', r.seen_at, 'created_at', r.created_at, 'refailed', r.refailed, 'replays', r.replays,
+        'redrive_pending', r.redrive_pending
+    );
+    IF side = 'outbox' THEN
+        visible := has_table_privilege(session_user, 'outbox.events', 'SELECT');
+        SELECT doc || jsonb_build_object(
+            'envelope', to_jsonb(e) - 'payload' - 'headers',
+            'headers', e.headers,
+            'payload', CASE WHEN visible THEN e.payload END,
+            'dlq_metadata', NULL, 'replay_enabled', NULL, 'dlq_stream', NULL, 'dlq_stream_sequence', NULL
+        ) INTO doc
+        FROM outbox.events AS e
+        WHERE e.id = r.row_id AND e.created_at = r.created_at;
+        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.seq DESC), '[]') INTO history
+        FROM (
+            SELECT q.id AS seq, q.requeued_at AS at, 'requeue' AS action, q.requeued_by AS by, q.reason,
+                jsonb_build_object('from_status', q.from_status, 'attempts_before', q.attempts_before,
+                    'last_error', q.last_error) AS detail
+            FROM outbox.requeue_log AS q WHERE q.event_id = r.id
+            UNION ALL
+            SELECT d.id, d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
+            FROM outbox.discard_log AS d WHERE d.event_id = r.id
+        ) AS h;
+    ELSE
+        visible := has_table_privilege(session_user, 'inbox.messages', 'SELECT');
+        SELECT doc || jsonb_build_object(
+            'envelope', m.envelope - 'payload',
+            'headers', m.envelope -> 'headers',
+            'payload', CASE WHEN visible THEN m.envelope -> 'payload' END,
+            'dlq_metadata', m.dlq_metadata,
+            'replay_enabled', coalesce(s.enabled, TRUE),
+            -- the notice's place in the DLQ stream (inbox.record_dlq_notice)
+            'dlq_stream', m.dlq_metadata -> 'dlq_stream',
+            'dlq_stream_sequence', m.dlq_metadata -> 'dlq_stream_sequence'
+        ) INTO doc
+        FROM inbox.messages AS m
+        LEFT JOIN inbox.replay_switches AS s ON s.handler = m.handler
+        WHERE m.message_id = r.id AND m.handler = r.handler;
+        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.seq DESC), '[]') INTO history
+        FROM (
+            SELECT q.id AS seq, q.redriven_at AS at, 'redrive' AS action, q.redriven_by AS by, q.reason,
+                jsonb_build_object('replay_attempts_before', q.replay_attempts_before,
+                    'last_error', q.last_error) AS detail
+            FROM inbox.redrive_log AS q WHERE q.message_id = r.id AND q.handler = r.handler
+            UNION ALL
+            SELECT d.id, d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
+            FROM inbox.discard_log AS d WHERE d.message_id = r.id AND d.handler = r.handler
+        ) AS h;
+    END IF;
+    RETURN doc || jsonb_build_object('payload_visible', visible, 'history', history);
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
+'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
+
+-- Day partitions of outbox.events whose day ended more than `retention` ago,
+-- each with what holds it back, if anything. The default partition is never
+-- listed: it is not a day, and sealing it would make the rows it exists to
+-- catch fail instead.
+CREATE OR REPLACE FUNCTION outbox.archivable_partitions(
+    retention interval DEFAULT interval '7 days',
+    dead_letter_retention interval DEFAULT interval '30 days'
+)
+RETURNS TABLE (
+    partition_name text,
+    day date,
+    row_count bigint,
+    open_rows bigint,
+    dead_letters bigint,
+    sealed boolean,
+    eligible boolean,
+    blocked_by text,
+    audit_id bigint
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part text;
+BEGIN
+    PERFORM outbox._check_retention(retention, 'retention');
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
+    FOR part IN
+        SELECT c.relname::text
+        FROM pg_inherits AS i
+        INNER JOIN pg_class AS c ON i.inhrelid = c.oid
+        WHERE i.inhparent = 'outbox.events'::regclass AND c.relname ~ '^events_p[0-9]{8}$'
+        ORDER BY c.relname
+    LOOP
+        day := outbox._partition_day(part);
+        CONTINUE WHEN outbox._day_from(day + 1) > now() - retention;
+        partition_name := part;
+        EXECUTE format(
+            'SELECT count(*),'
+            ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
+            -- discarded events count as dead letters: kept, and restorable
+            ' count(*) FILTER (WHERE status IN (''DEAD_LETTER'', ''DISCARDED'')) FROM outbox.%I', part
+        ) INTO row_count, open_rows, dead_letters;
+        sealed := outbox._is_sealed(part);
+        blocked_by := CASE
+            WHEN open_rows > 0 THEN 'open rows (PENDING, PROCESSING or FAILED)'
+            WHEN dead_letters > 0 AND outbox._day_from(day + 1) > now() - dead_letter_retention
+                THEN 'dead letters younger than dead_letter_retention'
+        END;
+        eligible := blocked_by IS NULL;
+        SELECT a.id INTO audit_id FROM outbox.archive_audit AS a
+        WHERE a.source = 'outbox.events' AND a.day = archivable_partitions.day AND a.voided_at IS NULL;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION outbox.archivable_partitions(interval, interval) IS
+'Day partitions old enough to archive, with row, open and dead-letter counts and what blocks each.';
+
+-- Seals an eligible partition: checks it under a lock that keeps writers
+-- out, then installs read-only triggers on it, so nothing can change between
+-- the export and the drop (a requeue of one of its dead letters now fails
+-- with ARCHIVED_READ_ONLY instead of being lost with the partition), and
+-- lets pgoutbox_archiver read it. Idempotent. Returns what the export needs.
+CREATE OR REPLACE FUNCTION outbox.seal_partition(
+    partition_name text,
+    retention interval DEFAULT interval '7 days',
+    dead_letter_retention interval DEFAULT interval '30 days',
+    lock_timeout interval DEFAULT interval '5 seconds'
+)
+RETURNS TABLE (
+    day date,
+    range_from timestamptz,
+    range_to timestamptz,
+    min_id bigint,
+    max_id bigint
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    has_open boolean;
+    has_dead boolean;
+BEGIN
+    day := outbox._partition_day(partition_name);
+    PERFORM outbox._check_retention(retention, 'retention');
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
+    PERFORM outbox._check_lock_timeout(lock_timeout);
+    range_from := outbox._day_from(day);
+    range_to := outbox._day_from(day + 1);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', day));
+    IF NOT outbox._is_partition(partition_name) THEN
+        RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', partition_name
+            USING ERRCODE = 'OB050';
+    END IF;
+    IF range_to > now() - retention THEN
+        RAISE EXCEPTION 'RETENTION_NOT_REACHED: partition % (day %) is younger than the retention %', partition_name, day, retention
+            USING ERRCODE = 'OB052';
+    END IF;
+    IF NOT outbox._is_sealed(partition_name) THEN
+        -- SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes anyway) keeps writers
+        -- out from the check to the commit of the triggers.
+        PERFORM outbox._with_lock_timeout(
+            format('LOCK TABLE outbox.%I IN SHARE ROW EXCLUSIVE MODE', partition_name), lock_timeout
+        );
+    END IF;
+    -- Index lookups only (events_claimable_idx, events_dead_letter_idx,
+    -- events_discarded_idx, the primary key): claims and marks lock every partition, so they wait for
+    -- as long as this transaction holds the lock. No count here.
+    EXECUTE format(
+        'SELECT EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''PENDING'', ''FAILED'', ''PROCESSING'')),'
+        ' EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''DEAD_LETTER'', ''DISCARDED'')),'
+        ' (SELECT min(id) FROM outbox.%1$I), (SELECT max(id) FROM outbox.%1$I)',
+        partition_name
+    ) INTO has_open, has_dead, min_id, max_id;
+    IF has_open THEN
+        RAISE EXCEPTION 'NOT_CLOSED: partition % has rows still PENDING, PROCESSING or FAILED', partition_name
+            USING ERRCODE = 'OB051', HINT = 'Only partitions whose rows are all terminal are archived.';
+    END IF;
+    IF has_dead AND range_to > now() - dead_letter_retention THEN
+        RAISE EXCEPTION 'RETENTION_NOT_REACHED: partition % holds dead letters younger than %', partition_name, dead_letter_retention
+            USING ERRCODE = 'OB052', HINT = 'Requeue them (outbox.requeue) or wait for dead_letter_retention.';
+    END IF;
+    IF NOT outbox._is_sealed(partition_name) THEN
+        EXECUTE format(
+            'CREATE TRIGGER _050_archived_read_only BEFORE INSERT OR UPDATE OR DELETE ON outbox.%I'
+            ' FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__archived_read_only()', partition_name
+        );
+        EXECUTE format(
+            'CREATE TRIGGER _050_archived_no_truncate BEFORE TRUNCATE ON outbox.%I'
+            ' FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__archived_read_only()', partition_name
+        );
+        -- The archiver exports the partition itself, the very relation that
+        -- is verified and dropped; it may read no other partition directly.
+        EXECUTE format('GRANT SELECT ON outbox.%I TO pgoutbox_archiver', partition_name);
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
+'Checks a day partition is archivable and makes it read-only; returns its range and id bounds.';
+
+-- The lifecycle invariants, at every UPDATE (a row is born in a state that
+-- holds them: _100_check_policies): a known status, attempts >= 0,
+-- published_at set exactly when COMPLETED, a claim (token, time, worker)
+-- while PROCESSING, an error text when FAILED or DEAD_LETTER. They were
+-- CHECK constraints until version 8; PostgreSQL compiles those at every
+-- INSERT statement too, which cost emit about 8 µs (10_outbox_events.sql).
+-- A trigger's WHEN clause holds the same test, runs on UPDATE only, and
+-- costs claim and mark what the CHECKs cost them; only a row that breaks
+-- an invariant enters the function. A NULL test passes, as in a CHECK.
+CREATE OR REPLACE FUNCTION outbox.tg_events__refuse_bad_state()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'ILLEGAL_TRANSITION: event % would be left % with attempts %, published_at %, claim % (% at %) and error %',
+        OLD.event_id, NEW.status, NEW.attempts, coalesce(NEW.published_at::text, 'NULL'),
+        coalesce(NEW.claim_token::text, 'NULL'), coalesce(NEW.claimed_by, 'NULL'),
+        coalesce(NEW.claimed_at::text, 'NULL'), coalesce(left(NEW.last_error, 100), 'NULL')
+        USING ERRCODE = 'OB010',
+              HINT = 'PROCESSING needs a claim, COMPLETED exactly a published_at, FAILED, DEAD_LETTER and DISCARDED an error.';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _500_check_state
+BEFORE UPDATE ON outbox.events
+FOR EACH ROW
+WHEN (
+    NOT (
+        new.status IN ('PENDING', 'PROCESSING', 'COMPLETED', 'FAILED', 'DEAD_LETTER', 'DISCARDED')
+        AND new.attempts >= 0
+        AND (new.status = 'COMPLETED') = (new.published_at IS NOT NULL)
+        AND (
+            new.status <> 'PROCESSING'
+            OR (new.claim_token IS NOT NULL AND new.claimed_at IS NOT NULL AND new.claimed_by IS NOT NULL)
+        )
+        AND (new.status NOT IN ('FAILED', 'DEAD_LETTER', 'DISCARDED') OR new.last_error IS NOT NULL)
+    )
+)
+EXECUTE FUNCTION outbox.tg_events__refuse_bad_state();
+
+-- Back to version 17's status DISCARDED: each marked dead letter, with the
+-- update guard off for this one statement (the audit has the discard).
+ALTER TABLE outbox.events DISABLE TRIGGER _100_guard_update;
+UPDATE outbox.events AS e SET status = 'DISCARDED'
+FROM outbox.discarded_events AS d
+WHERE e.id = d.row_id AND e.created_at = d.created_at AND e.status = 'DEAD_LETTER';
+ALTER TABLE outbox.events ENABLE TRIGGER _100_guard_update;
+-- Discarded events, as events_dead_letter_idx serves the dead letters.
+CREATE INDEX IF NOT EXISTS events_discarded_idx ON outbox.events (context)
+WHERE status = 'DISCARDED';
+DROP TABLE IF EXISTS outbox.discarded_events;
+DROP FUNCTION IF EXISTS outbox.tg_discarded_events__guard();
+DROP FUNCTION IF EXISTS outbox.tg_discarded_events__audit();
+
+
 -- ---- fairness: fair claims across tenants
 
 -- ---- emit: a caller's id, a delivery time, a cheap common case

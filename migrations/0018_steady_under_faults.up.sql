@@ -50,27 +50,14 @@ BEGIN
         RETURN NEW;
     END IF;
 
-    -- DEAD_LETTER <-> DISCARDED only inside outbox.dlq_discard() and
-    -- outbox.dlq_restore() (sql/67_dead_letters.sql), which set
-    -- pgoutbox.dlq_action and pgoutbox.dlq_reason; written to
-    -- outbox.discard_log here, so that no path around them escapes the audit.
-    -- A discarded event moves nowhere else: it is never requeued until restored.
-    IF 'DISCARDED' IN (OLD.status, NEW.status)
-        OR coalesce(current_setting('pgoutbox.dlq_action', true), '') <> '' THEN
-        PERFORM outbox._check_discard_move(
-            OLD.event_id, OLD.status, NEW.status,
-            (NEW.attempts, NEW.last_error, NEW.available_at, NEW.claimed_at, NEW.claimed_by,
-                NEW.claim_token, NEW.published_at)
-            IS NOT DISTINCT FROM
-            (OLD.attempts, OLD.last_error, OLD.available_at, OLD.claimed_at, OLD.claimed_by,
-                OLD.claim_token, OLD.published_at)
-        );
-        INSERT INTO outbox.discard_log (event_id, action, acted_by, reason, last_error)
-        VALUES (
-            OLD.event_id, current_setting('pgoutbox.dlq_action', true), session_user,
-            current_setting('pgoutbox.dlq_reason', true), OLD.last_error
-        );
-        RETURN NEW;
+    -- A discarded dead letter (a row in outbox.discarded_events, written by
+    -- outbox.dlq_discard and audited there; sql/67_dead_letters.sql) moves
+    -- nowhere: it is never requeued until outbox.dlq_restore takes the mark
+    -- away. Its status stays DEAD_LETTER, so only such a row pays the lookup.
+    IF OLD.status = 'DEAD_LETTER'
+        AND EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = OLD.event_id) THEN
+        RAISE EXCEPTION 'DISCARDED: % is discarded; it moves nowhere until restored', OLD.event_id
+            USING ERRCODE = 'OB101', HINT = 'Restore it first (outbox.dlq_restore).';
     END IF;
 
     -- PROCESSING -> PENDING only inside outbox.hand_back() (sql/30_outbox_api.sql),
@@ -438,6 +425,597 @@ TO pgoutbox_backfiller;
 
 -- ---- source rules: five statuses, flows, small gaps
 
+-- Five outbox statuses, no more (PENDING, PROCESSING, COMPLETED, FAILED,
+-- DEAD_LETTER): a discarded dead letter stays DEAD_LETTER and carries a mark,
+-- a row of outbox.discarded_events, as an inbox one carries
+-- dlq_metadata.discarded. A table of its own, not a column of outbox.events,
+-- whose row type outbox.claim returns (tests/upgrade/test_expand_only.py).
+CREATE TABLE IF NOT EXISTS outbox.discarded_events (
+    event_id uuid PRIMARY KEY,
+    row_id bigint NOT NULL,
+    created_at timestamptz NOT NULL,
+    discarded_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE outbox.discarded_events IS
+'Discarded dead letters of outbox.events (status stays DEAD_LETTER): outbox.dlq_discard adds, dlq_restore removes.';
+CREATE INDEX IF NOT EXISTS discarded_events_row_idx ON outbox.discarded_events (row_id, created_at);
+
+-- The events version 17 left DISCARDED become marked dead letters, discarded
+-- when their last discard says (outbox.discard_log has the discard already:
+-- no audit row is added). Only an unreleased build wrote DISCARDED. The
+-- update guard is off for this one statement: no operator's move is
+-- being made, and the guard refuses every move of a discarded event.
+INSERT INTO outbox.discarded_events (event_id, row_id, created_at, discarded_at)
+SELECT
+    e.event_id,
+    e.id,
+    e.created_at,
+    coalesce(l.acted_at, now()) AS discarded_at
+FROM outbox.events AS e
+LEFT JOIN LATERAL (
+    SELECT max(g.acted_at) AS acted_at
+    FROM outbox.discard_log AS g
+    WHERE g.event_id = e.event_id AND g.action = 'discard'
+) AS l ON TRUE
+WHERE e.status = 'DISCARDED'
+ON CONFLICT (event_id) DO NOTHING;
+ALTER TABLE outbox.events DISABLE TRIGGER _100_guard_update;
+UPDATE outbox.events SET status = 'DEAD_LETTER'
+WHERE status = 'DISCARDED';
+ALTER TABLE outbox.events ENABLE TRIGGER _100_guard_update;
+DROP INDEX IF EXISTS outbox.events_discarded_idx;
+
+-- generated from sql/67_dead_letters.sql: outbox.tg_discarded_events__guard
+-- A mark is written or removed only as a discard or restore of a dead
+-- letter (_check_discard_move, with the event's status read under a share
+-- lock: a requeue of the same event waits, then sees the mark and is
+-- refused, DISCARDED OB101); nothing else changes it.
+CREATE OR REPLACE FUNCTION outbox.tg_discarded_events__guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    mark outbox.discarded_events := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    event_status text;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'UNAUDITED_DISCARD: a discard mark is added by outbox.dlq_discard and removed by outbox.dlq_restore, never changed'
+            USING ERRCODE = 'OB102';
+    END IF;
+    SELECT e.status INTO event_status
+    FROM outbox.events AS e
+    WHERE e.id = mark.row_id AND e.created_at = mark.created_at AND e.event_id = mark.event_id
+    FOR SHARE;
+    IF TG_OP = 'INSERT' THEN
+        PERFORM outbox._check_discard_move(mark.event_id, coalesce(event_status, 'UNKNOWN'), 'DISCARDED', TRUE);
+        NEW.discarded_at := now();
+        RETURN NEW;
+    END IF;
+    PERFORM outbox._check_discard_move(mark.event_id, 'DISCARDED', coalesce(event_status, 'UNKNOWN'), TRUE);
+    RETURN OLD;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.tg_discarded_events__audit
+-- After the mark is written (an insert that ON CONFLICT passes by fires
+-- nothing here): the audit row and the dead letter's entry.
+CREATE OR REPLACE FUNCTION outbox.tg_discarded_events__audit()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    mark outbox.discarded_events := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+BEGIN
+    INSERT INTO outbox.discard_log (event_id, action, acted_by, reason, last_error)
+    SELECT
+        mark.event_id, current_setting('pgoutbox.dlq_action', true), session_user,
+        current_setting('pgoutbox.dlq_reason', true), e.last_error
+    FROM outbox.events AS e
+    WHERE e.id = mark.row_id AND e.created_at = mark.created_at;
+    UPDATE outbox.dlq_entries AS x
+    SET discarded = TG_OP = 'INSERT', replayable = TG_OP = 'DELETE'
+    WHERE x.side = 'outbox' AND x.id = mark.event_id AND x.handler = '';
+    RETURN NULL;
+END;
+$$;
+-- end generated
+
+CREATE OR REPLACE TRIGGER _100_guard
+BEFORE INSERT OR UPDATE OR DELETE ON outbox.discarded_events
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_discarded_events__guard();
+CREATE OR REPLACE TRIGGER _100_guard_truncate
+BEFORE TRUNCATE ON outbox.discarded_events
+FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_discard_log__append_only();
+CREATE OR REPLACE TRIGGER _600_audit
+AFTER INSERT OR DELETE ON outbox.discarded_events
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_discarded_events__audit();
+REVOKE ALL ON FUNCTION outbox.tg_discarded_events__guard(), outbox.tg_discarded_events__audit() FROM public;
+GRANT SELECT ON outbox.discarded_events TO pgoutbox_admin;
+
+-- generated from sql/20_outbox_guards.sql: outbox.tg_events__refuse_bad_state
+-- The lifecycle invariants, at every UPDATE (a row is born in a state that
+-- holds them: _100_check_policies): a known status, attempts >= 0,
+-- published_at set exactly when COMPLETED, a claim (token, time, worker)
+-- while PROCESSING, an error text when FAILED or DEAD_LETTER. They were
+-- CHECK constraints until version 8; PostgreSQL compiles those at every
+-- INSERT statement too, which cost emit about 8 µs (10_outbox_events.sql).
+-- A trigger's WHEN clause holds the same test, runs on UPDATE only, and
+-- costs claim and mark what the CHECKs cost them; only a row that breaks
+-- an invariant enters the function. A NULL test passes, as in a CHECK.
+CREATE OR REPLACE FUNCTION outbox.tg_events__refuse_bad_state()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'ILLEGAL_TRANSITION: event % would be left % with attempts %, published_at %, claim % (% at %) and error %',
+        OLD.event_id, NEW.status, NEW.attempts, coalesce(NEW.published_at::text, 'NULL'),
+        coalesce(NEW.claim_token::text, 'NULL'), coalesce(NEW.claimed_by, 'NULL'),
+        coalesce(NEW.claimed_at::text, 'NULL'), coalesce(left(NEW.last_error, 100), 'NULL')
+        USING ERRCODE = 'OB010',
+              HINT = 'PROCESSING needs a claim, COMPLETED exactly a published_at, FAILED and DEAD_LETTER an error.';
+END;
+$$;
+-- end generated
+
+CREATE OR REPLACE TRIGGER _500_check_state
+BEFORE UPDATE ON outbox.events
+FOR EACH ROW
+WHEN (
+    NOT (
+        new.status IN ('PENDING', 'PROCESSING', 'COMPLETED', 'FAILED', 'DEAD_LETTER')
+        AND new.attempts >= 0
+        AND (new.status = 'COMPLETED') = (new.published_at IS NOT NULL)
+        AND (
+            new.status <> 'PROCESSING'
+            OR (new.claim_token IS NOT NULL AND new.claimed_at IS NOT NULL AND new.claimed_by IS NOT NULL)
+        )
+        AND (new.status NOT IN ('FAILED', 'DEAD_LETTER') OR new.last_error IS NOT NULL)
+    )
+)
+EXECUTE FUNCTION outbox.tg_events__refuse_bad_state();
+
+-- generated from sql/30_outbox_api.sql: outbox.backlog
+-- Backlog per context (QRY-050). "due" is what a relay could take right now;
+-- oldest_due_age growing while due > 0 means no relay is making progress,
+-- whereas a large unpublished count with nothing due is just parked retries.
+CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
+RETURNS TABLE (
+    context text,
+    unpublished bigint,
+    oldest_unpublished_at timestamptz,
+    due bigint,
+    oldest_due_age interval,
+    processing bigint,
+    failed bigint,
+    dead_letter bigint
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_context(backlog.context);
+    -- Two branches so that each is served by its own partial index.
+    -- A discarded dead letter (outbox.discarded_events) is parked for good:
+    -- counted nowhere here.
+    WITH unfinished AS (
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+        UNION ALL
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
+        WHERE e.status = 'DEAD_LETTER'
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+            AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id)
+    ),
+    contexts AS (
+        SELECT DISTINCT u.context FROM unfinished AS u
+        UNION
+        SELECT backlog.context WHERE backlog.context IS NOT NULL
+    )
+    SELECT
+        c.context,
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+        -- greatest(): a row stored by an older version with available_at
+        -- -infinity is due and very old, not an error (interval has no infinity).
+        now() - greatest(
+            min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+            timestamptz '0001-01-01 00:00:00+00'
+        ),
+        count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
+        count(u.status) FILTER (WHERE u.status = 'FAILED'),
+        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')
+    FROM contexts AS c
+    LEFT JOIN unfinished AS u ON u.context = c.context
+    GROUP BY c.context
+    ORDER BY c.context;
+$$;
+COMMENT ON FUNCTION outbox.backlog(text) IS
+'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
+-- end generated
+
+-- generated from sql/30_outbox_api.sql: outbox.dead_letters
+-- Dead-lettered events, newest first, for operators deciding what to requeue.
+CREATE OR REPLACE FUNCTION outbox.dead_letters(
+    context text DEFAULT NULL,
+    max_rows integer DEFAULT 100
+)
+RETURNS TABLE (
+    event_id uuid,
+    context text,
+    subject text,
+    ordering_key text,
+    attempts integer,
+    last_error text,
+    created_at timestamptz
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_context(dead_letters.context), outbox._check_max_rows(dead_letters.max_rows);
+    SELECT e.event_id, e.context, e.subject, e.ordering_key, e.attempts, e.last_error, e.created_at
+    FROM outbox.events AS e
+    WHERE e.status = 'DEAD_LETTER'
+        AND (dead_letters.context IS NULL OR e.context = dead_letters.context)
+        -- discarded ones are parked for good (outbox.dlq_list shows them)
+        AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id)
+    ORDER BY e.id DESC
+    LIMIT dead_letters.max_rows;
+$$;
+COMMENT ON FUNCTION outbox.dead_letters(text, integer) IS
+'Dead-lettered events (newest first) with their last error; requeue them with outbox.requeue().';
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_show
+-- One dead letter (live or discarded) as a JSON document: its envelope,
+-- headers, payload (only for a session_user that may read the table, i.e.
+-- not pgoutbox_viewer), recorded attempts and replay state, and its history
+-- (requeues, redrives, discards and restores, newest first; seq is the
+-- audit row's id in its own log, which orders entries of one transaction).
+CREATE OR REPLACE FUNCTION outbox.dlq_show(
+    side text,
+    id uuid,
+    handler text DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+    doc jsonb;
+    visible boolean;
+    history jsonb;
+BEGIN
+    IF side IS NULL OR side NOT IN ('outbox', 'inbox') OR id IS NULL THEN
+        RAISE EXCEPTION 'INVALID_FILTER: side (outbox or inbox) and id are required'
+            USING ERRCODE = 'OB100';
+    END IF;
+    IF side = 'inbox' AND (handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$') THEN
+        RAISE EXCEPTION 'INVALID_FILTER: an inbox dead letter is named by its message id and handler'
+            USING ERRCODE = 'OB100';
+    END IF;
+    SELECT x.* INTO r
+    FROM outbox._dlq_rows(
+        jsonb_build_object(
+            'side', dlq_show.side, 'ids', jsonb_build_array(dlq_show.id), 'discarded', NULL, 'owner', dlq_show.handler
+        )
+    ) AS x;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'DEAD_LETTER_NOT_FOUND: no % dead letter % %', dlq_show.side, dlq_show.id, coalesce('for handler ' || dlq_show.handler, '')
+            USING ERRCODE = 'OB105';
+    END IF;
+    doc := jsonb_build_object(
+        'side', r.side, 'owner', r.owner, 'id', r.id, 'handler', r.handler, 'subject', r.subject,
+        'status', 'DEAD_LETTER', 'discarded', r.discarded,
+        'tenant', r.tenant, 'attempts', r.attempts, 'last_error', r.last_error,
+        'error_class', r.error_class, 'error_pattern', r.error_pattern, 'group_id', r.group_id,
+        'seen_at', r.seen_at, 'created_at', r.created_at, 'refailed', r.refailed, 'replays', r.replays,
+        'redrive_pending', r.redrive_pending
+    );
+    IF side = 'outbox' THEN
+        visible := has_table_privilege(session_user, 'outbox.events', 'SELECT');
+        SELECT doc || jsonb_build_object(
+            'envelope', to_jsonb(e) - 'payload' - 'headers',
+            'headers', e.headers,
+            'payload', CASE WHEN visible THEN e.payload END,
+            'dlq_metadata', NULL, 'replay_enabled', NULL, 'dlq_stream', NULL, 'dlq_stream_sequence', NULL
+        ) INTO doc
+        FROM outbox.events AS e
+        WHERE e.id = r.row_id AND e.created_at = r.created_at;
+        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.seq DESC), '[]') INTO history
+        FROM (
+            SELECT q.id AS seq, q.requeued_at AS at, 'requeue' AS action, q.requeued_by AS by, q.reason,
+                jsonb_build_object('from_status', q.from_status, 'attempts_before', q.attempts_before,
+                    'last_error', q.last_error) AS detail
+            FROM outbox.requeue_log AS q WHERE q.event_id = r.id
+            UNION ALL
+            SELECT d.id, d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
+            FROM outbox.discard_log AS d WHERE d.event_id = r.id
+        ) AS h;
+    ELSE
+        visible := has_table_privilege(session_user, 'inbox.messages', 'SELECT');
+        SELECT doc || jsonb_build_object(
+            'envelope', m.envelope - 'payload',
+            'headers', m.envelope -> 'headers',
+            'payload', CASE WHEN visible THEN m.envelope -> 'payload' END,
+            'dlq_metadata', m.dlq_metadata,
+            'replay_enabled', coalesce(s.enabled, TRUE),
+            -- the notice's place in the DLQ stream (inbox.record_dlq_notice)
+            'dlq_stream', m.dlq_metadata -> 'dlq_stream',
+            'dlq_stream_sequence', m.dlq_metadata -> 'dlq_stream_sequence'
+        ) INTO doc
+        FROM inbox.messages AS m
+        LEFT JOIN inbox.replay_switches AS s ON s.handler = m.handler
+        WHERE m.message_id = r.id AND m.handler = r.handler;
+        SELECT coalesce(jsonb_agg(h ORDER BY h.at DESC, h.seq DESC), '[]') INTO history
+        FROM (
+            SELECT q.id AS seq, q.redriven_at AS at, 'redrive' AS action, q.redriven_by AS by, q.reason,
+                jsonb_build_object('replay_attempts_before', q.replay_attempts_before,
+                    'last_error', q.last_error) AS detail
+            FROM inbox.redrive_log AS q WHERE q.message_id = r.id AND q.handler = r.handler
+            UNION ALL
+            SELECT d.id, d.acted_at, d.action, d.acted_by, d.reason, jsonb_build_object('last_error', d.last_error)
+            FROM inbox.discard_log AS d WHERE d.message_id = r.id AND d.handler = r.handler
+        ) AS h;
+    END IF;
+    RETURN doc || jsonb_build_object('payload_visible', visible, 'history', history);
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_show(text, uuid, text) IS
+'One dead letter: envelope, headers, payload (for roles that may read the table), attempts, replay state, history.';
+-- end generated
+
+-- generated from sql/94_archival_listing.sql: outbox.archivable_partitions
+-- Day partitions of outbox.events whose day ended more than `retention` ago,
+-- each with what holds it back, if anything. The default partition is never
+-- listed: it is not a day, and sealing it would make the rows it exists to
+-- catch fail instead.
+CREATE OR REPLACE FUNCTION outbox.archivable_partitions(
+    retention interval DEFAULT interval '7 days',
+    dead_letter_retention interval DEFAULT interval '30 days'
+)
+RETURNS TABLE (
+    partition_name text,
+    day date,
+    row_count bigint,
+    open_rows bigint,
+    dead_letters bigint,
+    sealed boolean,
+    eligible boolean,
+    blocked_by text,
+    audit_id bigint
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part text;
+BEGIN
+    PERFORM outbox._check_retention(retention, 'retention');
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
+    FOR part IN
+        SELECT c.relname::text
+        FROM pg_inherits AS i
+        INNER JOIN pg_class AS c ON i.inhrelid = c.oid
+        WHERE i.inhparent = 'outbox.events'::regclass AND c.relname ~ '^events_p[0-9]{8}$'
+        ORDER BY c.relname
+    LOOP
+        day := outbox._partition_day(part);
+        CONTINUE WHEN outbox._day_from(day + 1) > now() - retention;
+        partition_name := part;
+        EXECUTE format(
+            'SELECT count(*),'
+            ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
+            -- discarded events are dead letters too (kept, and restorable)
+            ' count(*) FILTER (WHERE status = ''DEAD_LETTER'') FROM outbox.%I', part
+        ) INTO row_count, open_rows, dead_letters;
+        sealed := outbox._is_sealed(part);
+        blocked_by := CASE
+            WHEN open_rows > 0 THEN 'open rows (PENDING, PROCESSING or FAILED)'
+            WHEN dead_letters > 0 AND outbox._day_from(day + 1) > now() - dead_letter_retention
+                THEN 'dead letters younger than dead_letter_retention'
+        END;
+        eligible := blocked_by IS NULL;
+        SELECT a.id INTO audit_id FROM outbox.archive_audit AS a
+        WHERE a.source = 'outbox.events' AND a.day = archivable_partitions.day AND a.voided_at IS NULL;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION outbox.archivable_partitions(interval, interval) IS
+'Day partitions old enough to archive, with row, open and dead-letter counts and what blocks each.';
+-- end generated
+
+-- generated from sql/95_archival_steps.sql: outbox.seal_partition
+-- Seals an eligible partition: checks it under a lock that keeps writers
+-- out, then installs read-only triggers on it, so nothing can change between
+-- the export and the drop (a requeue of one of its dead letters now fails
+-- with ARCHIVED_READ_ONLY instead of being lost with the partition), and
+-- lets pgoutbox_archiver read it. Idempotent. Returns what the export needs.
+CREATE OR REPLACE FUNCTION outbox.seal_partition(
+    partition_name text,
+    retention interval DEFAULT interval '7 days',
+    dead_letter_retention interval DEFAULT interval '30 days',
+    lock_timeout interval DEFAULT interval '5 seconds'
+)
+RETURNS TABLE (
+    day date,
+    range_from timestamptz,
+    range_to timestamptz,
+    min_id bigint,
+    max_id bigint
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    has_open boolean;
+    has_dead boolean;
+BEGIN
+    day := outbox._partition_day(partition_name);
+    PERFORM outbox._check_retention(retention, 'retention');
+    PERFORM outbox._check_retention(dead_letter_retention, 'dead_letter_retention');
+    PERFORM outbox._check_lock_timeout(lock_timeout);
+    range_from := outbox._day_from(day);
+    range_to := outbox._day_from(day + 1);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('outbox.events', day));
+    IF NOT outbox._is_partition(partition_name) THEN
+        RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', partition_name
+            USING ERRCODE = 'OB050';
+    END IF;
+    IF range_to > now() - retention THEN
+        RAISE EXCEPTION 'RETENTION_NOT_REACHED: partition % (day %) is younger than the retention %', partition_name, day, retention
+            USING ERRCODE = 'OB052';
+    END IF;
+    IF NOT outbox._is_sealed(partition_name) THEN
+        -- SHARE ROW EXCLUSIVE (what CREATE TRIGGER takes anyway) keeps writers
+        -- out from the check to the commit of the triggers.
+        PERFORM outbox._with_lock_timeout(
+            format('LOCK TABLE outbox.%I IN SHARE ROW EXCLUSIVE MODE', partition_name), lock_timeout
+        );
+    END IF;
+    -- Index lookups only (events_claimable_idx, events_dead_letter_idx, which
+    -- holds the discarded ones too, the primary key): claims and marks lock every partition, so they wait for
+    -- as long as this transaction holds the lock. No count here.
+    EXECUTE format(
+        'SELECT EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''PENDING'', ''FAILED'', ''PROCESSING'')),'
+        ' EXISTS (SELECT 1 FROM outbox.%1$I WHERE status = ''DEAD_LETTER''),'
+        ' (SELECT min(id) FROM outbox.%1$I), (SELECT max(id) FROM outbox.%1$I)',
+        partition_name
+    ) INTO has_open, has_dead, min_id, max_id;
+    IF has_open THEN
+        RAISE EXCEPTION 'NOT_CLOSED: partition % has rows still PENDING, PROCESSING or FAILED', partition_name
+            USING ERRCODE = 'OB051', HINT = 'Only partitions whose rows are all terminal are archived.';
+    END IF;
+    IF has_dead AND range_to > now() - dead_letter_retention THEN
+        RAISE EXCEPTION 'RETENTION_NOT_REACHED: partition % holds dead letters younger than %', partition_name, dead_letter_retention
+            USING ERRCODE = 'OB052', HINT = 'Requeue them (outbox.requeue) or wait for dead_letter_retention.';
+    END IF;
+    IF NOT outbox._is_sealed(partition_name) THEN
+        EXECUTE format(
+            'CREATE TRIGGER _050_archived_read_only BEFORE INSERT OR UPDATE OR DELETE ON outbox.%I'
+            ' FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__archived_read_only()', partition_name
+        );
+        EXECUTE format(
+            'CREATE TRIGGER _050_archived_no_truncate BEFORE TRUNCATE ON outbox.%I'
+            ' FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__archived_read_only()', partition_name
+        );
+        -- The archiver exports the partition itself, the very relation that
+        -- is verified and dropped; it may read no other partition directly.
+        EXECUTE format('GRANT SELECT ON outbox.%I TO pgoutbox_archiver', partition_name);
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION outbox.seal_partition(text, interval, interval, interval) IS
+'Checks a day partition is archivable and makes it read-only; returns its range and id bounds.';
+-- end generated
+
+-- A business flow by its correlation id. Built while emit waits (a
+-- partitioned table's index cannot be built CONCURRENTLY); partitions
+-- indexed beforehand (docs/upgrading.md) are attached, not built again.
+CREATE INDEX IF NOT EXISTS events_correlation_idx ON outbox.events (correlation_id, id)
+WHERE correlation_id IS NOT NULL;
+
+-- generated from sql/70_flows.sql: outbox.flow
+-- One row per event and handler (handler NULL: no handler has received the
+-- event yet, or none consumes it). Events come in id order (emit order, which
+-- is commit order per ordering key), their handlers in name order; at most
+-- max_rows events (the first ones of the flow), served by
+-- events_correlation_idx. A discarded dead letter shows as DEAD_LETTER with
+-- discarded true, on either side (outbox: a row in outbox.discarded_events).
+CREATE OR REPLACE FUNCTION outbox.flow(correlation_id uuid, max_rows integer DEFAULT 1000)
+RETURNS TABLE (
+    id bigint,
+    event_id uuid,
+    created_at timestamptz,
+    subject text,
+    aggregate_type text,
+    aggregate_id text,
+    causation_id uuid,
+    status text,
+    attempts integer,
+    published_at timestamptz,
+    last_error text,
+    handler text,
+    inbox_status text,
+    inbox_attempts integer,
+    processed_at timestamptz,
+    inbox_last_error text,
+    discarded boolean
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF flow.correlation_id IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: correlation_id is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_max_rows(max_rows);
+    RETURN QUERY
+    SELECT
+        e.id, e.event_id, e.created_at, e.subject, e.aggregate_type, e.aggregate_id, e.causation_id,
+        e.status, e.attempts, e.published_at, e.last_error,
+        m.handler, m.status, m.attempts, m.processed_at, m.last_error,
+        EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id)
+        OR coalesce(m.dlq_metadata ? 'discarded', FALSE)
+    FROM (
+        SELECT ev.*
+        FROM outbox.events AS ev
+        WHERE ev.correlation_id = flow.correlation_id
+        ORDER BY ev.id
+        LIMIT max_rows
+    ) AS e
+    LEFT JOIN inbox.messages AS m ON m.message_id = e.event_id
+    ORDER BY e.id, m.handler;
+END;
+$$;
+COMMENT ON FUNCTION outbox.flow(uuid, integer) IS
+'The events of one correlation id in emit order, their publish state and each handler''s inbox outcome.';
+-- end generated
+
+REVOKE ALL ON FUNCTION outbox.flow(uuid, integer) FROM public;
+GRANT EXECUTE ON FUNCTION outbox.flow(uuid, integer) TO pgoutbox_viewer, pgoutbox_admin;
+
+-- A command key of white space only (a tab, a line break) is blank too.
+-- generated from sql/65_inbox_commands.sql: inbox._check_command
+-- The command a call is about: a handler name like the message inbox's, and
+-- a key of 1-256 characters that is not blank: not white space only, tabs
+-- and line breaks included (btrim takes only spaces away).
+CREATE OR REPLACE FUNCTION inbox._check_command(handler text, command_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: handler % is not a name of 1-128 letters, digits, _ . -', quote_literal(left(coalesce(handler, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+    IF command_key IS NULL OR command_key !~ '[^[:space:]]' OR length(command_key) > 256 THEN
+        RAISE EXCEPTION 'INVALID_COMMAND: command_key % is not a key of 1-256 characters', quote_literal(left(coalesce(command_key, 'NULL'), 150))
+            USING ERRCODE = 'OB080';
+    END IF;
+END;
+$$;
+-- end generated
+
+-- An application upcasts in its own transaction too (docs/consumer.md).
+GRANT EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) TO pgoutbox_writer;
+
 -- ---- fairness: fair claims across tenants
 
 -- ---- emit: a caller's id, a delivery time, a cheap common case
@@ -516,8 +1094,9 @@ DECLARE
     cls text;
     pattern text;
     n integer;
+    discarded boolean;
 BEGIN
-    IF e.status NOT IN ('DEAD_LETTER', 'DISCARDED') THEN
+    IF e.status <> 'DEAD_LETTER' THEN
         DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'outbox' AND x.id = e.event_id AND x.handler = '';
         RETURN;
     END IF;
@@ -527,13 +1106,14 @@ BEGIN
     -- BAD_SUBJECT): its entry says '' rather than fail the relay's mark.
     e.subject := coalesce(e.subject, '');
     SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
+    discarded := EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
     INSERT INTO outbox.dlq_entries AS x (
         side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
         seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
     ) VALUES (
         'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
         md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
-        coalesce(e.claimed_at, e.created_at), e.status = 'DISCARDED', n > 0, n, FALSE, e.status = 'DEAD_LETTER',
+        coalesce(e.claimed_at, e.created_at), discarded, n > 0, n, FALSE, NOT discarded,
         e.id, e.created_at
     )
     ON CONFLICT (side, id, handler) DO UPDATE
@@ -632,7 +1212,7 @@ $$;
 CREATE OR REPLACE TRIGGER _600_dlq_entry
 AFTER UPDATE ON outbox.events
 FOR EACH ROW
-WHEN (old.status IN ('DEAD_LETTER', 'DISCARDED') OR new.status IN ('DEAD_LETTER', 'DISCARDED'))
+WHEN (old.status = 'DEAD_LETTER' OR new.status = 'DEAD_LETTER')
 EXECUTE FUNCTION outbox.tg_events__dlq_entry();
 CREATE OR REPLACE TRIGGER _600_dlq_entry
 AFTER UPDATE ON inbox.messages
@@ -652,7 +1232,7 @@ EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
 
 DO $$
 BEGIN
-    PERFORM outbox._dlq_enter_event(e) FROM outbox.events AS e WHERE e.status IN ('DEAD_LETTER', 'DISCARDED');
+    PERFORM outbox._dlq_enter_event(e) FROM outbox.events AS e WHERE e.status = 'DEAD_LETTER';
     PERFORM outbox._dlq_enter_message(m) FROM inbox.messages AS m WHERE m.status = 'DEAD_LETTER';
 END;
 $$;
@@ -940,7 +1520,8 @@ BEGIN
         UPDATE outbox.events AS e
         SET status = 'PENDING', attempts = 0, available_at = now()
         FROM unnest(row_ids, created) AS p (row_id, created_at)
-        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER'
+            AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         PERFORM set_config('pgoutbox.requeue_reason', '', true);
         WITH marked AS (
@@ -967,10 +1548,14 @@ BEGIN
     PERFORM set_config('pgoutbox.dlq_action', action, true);
     PERFORM set_config('pgoutbox.dlq_reason', reason, true);
     IF action = 'discard' THEN
-        UPDATE outbox.events AS e
-        SET status = 'DISCARDED'
-        FROM unnest(row_ids, created) AS p (row_id, created_at)
-        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+        -- The mark's triggers check the move and write the audit row.
+        INSERT INTO outbox.discarded_events (event_id, row_id, created_at)
+        SELECT e.event_id, e.id, e.created_at
+        FROM outbox.events AS e
+        INNER JOIN unnest(row_ids, created) AS p (row_id, created_at)
+            ON e.id = p.row_id AND e.created_at = p.created_at
+        WHERE e.status = 'DEAD_LETTER'
+        ON CONFLICT (event_id) DO NOTHING;
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         UPDATE inbox.messages AS m
         SET dlq_metadata = m.dlq_metadata || jsonb_build_object(
@@ -983,10 +1568,9 @@ BEGIN
             AND m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded';
         GET DIAGNOSTICS inbox_moved = ROW_COUNT;
     ELSE
-        UPDATE outbox.events AS e
-        SET status = 'DEAD_LETTER'
-        FROM unnest(row_ids, created) AS p (row_id, created_at)
-        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DISCARDED';
+        DELETE FROM outbox.discarded_events AS d
+        USING unnest(row_ids, created) AS p (row_id, created_at)
+        WHERE d.row_id = p.row_id AND d.created_at = p.created_at;
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         UPDATE inbox.messages AS m
         SET dlq_metadata = m.dlq_metadata - 'discarded'

@@ -8,14 +8,15 @@
 --   * every other move raises ILLEGAL_TRANSITION (OB010), through the API or a
 --     direct UPDATE; the key and first claim are immutable (OB011)
 --   * DELETE and TRUNCATE raise DELETE_FORBIDDEN (OB012)
---   * unknown keys raise UNKNOWN_COMMAND (OB081); bad names or keys INVALID_COMMAND
+--   * unknown keys raise UNKNOWN_COMMAND (OB081); bad names or keys (a blank
+--     key: white space only, tabs and line breaks too) INVALID_COMMAND
 --     (OB080); a missing result or error INVALID_ARGUMENT (OB006); a result over
 --     1 MiB VALUE_TOO_LARGE (OB009)
 --   * lookup_command returns the row, or none for a key never claimed
 --   * the table's CHECKs hold for a row written around the API
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(33);
+SELECT plan(37);
 
 SELECT is(
     (SELECT claimed::text || '|' || status || '|' || attempts FROM inbox.claim_command('start_run', 'k1')),
@@ -110,6 +111,15 @@ SELECT throws_ok(
 SELECT throws_ok($$SELECT * FROM inbox.claim_command('bad name', 'k')$$, 'OB080', NULL, 'a handler with a space');
 SELECT throws_ok($$SELECT * FROM inbox.claim_command(NULL, 'k')$$, 'OB080', NULL, 'no handler');
 SELECT throws_ok($$SELECT * FROM inbox.claim_command('start_run', '  ')$$, 'OB080', NULL, 'a blank key');
+SELECT throws_ok($$SELECT * FROM inbox.claim_command('start_run', E'\t')$$, 'OB080', NULL, 'a key of one tab is blank');
+SELECT throws_ok(
+    $$SELECT * FROM inbox.claim_command('start_run', E'\n')$$, 'OB080', NULL, 'a key of one line break is blank'
+);
+SELECT throws_ok(
+    $$SELECT * FROM inbox.claim_command('start_run', E' \t\r\n\f\x0b ')$$, 'OB080', NULL,
+    'a key of white space only is blank'
+);
+SELECT lives_ok($$SELECT * FROM inbox.claim_command('start_run', E'a\tb')$$, 'a key with a tab inside is a key');
 SELECT throws_ok($$SELECT * FROM inbox.claim_command('start_run', NULL)$$, 'OB080', NULL, 'no key');
 SELECT throws_ok(
     $$SELECT * FROM inbox.claim_command('start_run', repeat('k', 257))$$, 'OB080', NULL, 'a key of 257 characters'

@@ -19,7 +19,9 @@
 --     dlq_summary counts the discarded apart; direct UPDATEs around
 --     the functions are refused (OB101, OB102), a restore of a row that is
 --     not discarded (OB104) and a discard of one that is not a dead letter
---     (OB103) too; discard_log is append-only (OB060)
+--     (OB103) too; discard_log is append-only (OB060); an outbox event
+--     stays DEAD_LETTER, its mark (outbox.discarded_events) one per event
+--     and never changed
 --   * an event of a sealed partition is listed, but no action counts or
 --     takes it (it would refuse the whole batch)
 --   * detail: envelope, payload only for a session user that may read the
@@ -31,7 +33,7 @@
 --     only the role that prepared it (OB110)
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(95);
+SELECT plan(98);
 \ir fixtures/events.sql
 
 -- An inbox dead letter of handler with error err and tenant t1.
@@ -244,7 +246,13 @@ SELECT is(
 SELECT fixture.event('DEAD_LETTER') AS ev3 \gset
 SELECT is(outbox.dlq_count('{"side": "outbox"}', 'discard'), 1::bigint, 'count: what a discard touches');
 SELECT is(outbox.dlq_discard('{"side": "outbox"}', 'obsolete event'), 1, 'discard: an outbox dead letter');
-SELECT is(fixture.status(:'ev3'), 'DISCARDED', 'discard: the event is DISCARDED');
+SELECT is(
+    (
+        SELECT format('%s|%s', fixture.status(:'ev3'), count(*)) FROM outbox.discarded_events
+        WHERE event_id = :'ev3'
+    ),
+    'DEAD_LETTER|1', 'discard: the event stays DEAD_LETTER, marked in outbox.discarded_events'
+);
 SELECT is(
     (
         SELECT format('%s|%s|%s', action, acted_by = session_user, reason) FROM outbox.discard_log
@@ -253,20 +261,44 @@ SELECT is(
     'discard|t|obsolete event', 'discard: audited with who and why'
 );
 SELECT throws_ok(
-    format($$SELECT outbox.requeue(ARRAY[%L]::uuid[], 'x')$$, :'ev3'), 'OB015', NULL,
-    'a discarded event is not requeued'
+    format($$SELECT outbox.requeue(ARRAY[%L]::uuid[], 'x')$$, :'ev3'), 'OB101', NULL,
+    'a discarded event named to requeue is refused'
 );
 SELECT throws_ok(
     format($$UPDATE outbox.events SET status = 'PENDING' WHERE event_id = %L$$, :'ev3'), 'OB101', NULL,
     'a direct move of a discarded event is refused'
 );
 SELECT throws_ok(
-    format($$UPDATE outbox.events SET status = 'DEAD_LETTER' WHERE event_id = %L$$, :'ev3'), 'OB102', NULL,
+    format($$DELETE FROM outbox.discarded_events WHERE event_id = %L$$, :'ev3'), 'OB102', NULL,
     'a restore around dlq_restore is refused'
 );
 SELECT throws_ok(
-    format($$UPDATE outbox.events SET status = 'DISCARDED' WHERE event_id = %L$$, :'ev_failed'), 'OB103', NULL,
-    'only a dead letter can be discarded'
+    format($$UPDATE outbox.discarded_events SET discarded_at = now() WHERE event_id = %L$$, :'ev3'), 'OB102', NULL,
+    'a mark is never changed'
+);
+SELECT throws_ok(
+    format(
+        $$INSERT INTO outbox.discarded_events (event_id, row_id, created_at)
+        SELECT event_id, id, created_at FROM outbox.events WHERE event_id = %L$$, :'ev_failed'
+    ),
+    'OB103', NULL, 'only a dead letter can be discarded'
+);
+SELECT
+    set_config('pgoutbox.dlq_action', 'discard', TRUE) AS action,
+    set_config('pgoutbox.dlq_reason', 'r', TRUE) AS reason;
+SELECT throws_ok(
+    format(
+        $$INSERT INTO outbox.discarded_events (event_id, row_id, created_at)
+        SELECT event_id, id, created_at FROM outbox.events WHERE event_id = %L$$, :'ev_failed'
+    ),
+    'OB103', NULL, 'only a dead letter can be discarded, inside a discard too'
+);
+SELECT throws_ok(
+    format(
+        $$INSERT INTO outbox.discarded_events (event_id, row_id, created_at)
+        SELECT event_id, id, created_at FROM outbox.events WHERE event_id = %L$$, :'ev3'
+    ),
+    '23505', NULL, 'one mark per event'
 );
 SELECT
     set_config('pgoutbox.dlq_action', 'restore', TRUE) AS action,

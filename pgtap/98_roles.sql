@@ -19,7 +19,7 @@
 --   * nobody may DELETE from outbox.events
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(47);
+SELECT plan(49);
 
 CREATE ROLE t_writer IN ROLE pgoutbox_writer;
 CREATE ROLE t_relay IN ROLE pgoutbox_relay;
@@ -143,6 +143,21 @@ SELECT throws_ok(
     $$SELECT inbox.unregister_upcaster('order_created', 1)$$, '42501', NULL, 'consumer: may not unregister one'
 );
 SELECT is(inbox.upcast('order_created', 1, 2, '{"a": 1}'), '{"a": 1}'::jsonb, 'consumer: may run a chain');
+RESET ROLE;
+SET LOCAL ROLE t_writer;
+SELECT is(
+    inbox.upcast('order_created', 1, 2, '{"a": 1}'), '{"a": 1}'::jsonb,
+    'writer: may run a chain (in its own transaction)'
+);
+RESET ROLE;
+-- The walk-through's GRANT USAGE (docs/consumer.md): without it the admin cannot name the function.
+CREATE SCHEMA t_hidden;
+CREATE FUNCTION t_hidden.same(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT p $$;
+SET LOCAL ROLE t_admin;
+SELECT throws_ok(
+    $$SELECT inbox.register_upcaster('order_created', 1, 't_hidden.same(jsonb)')$$, '42501', NULL,
+    'admin: may not register an upcaster in a schema it has no USAGE on'
+);
 RESET ROLE;
 
 SET LOCAL ROLE t_archiver;

@@ -10,8 +10,11 @@
 --   COMPLETED    acked by JetStream                     -> PENDING (outbox.requeue_completed,
 --                                                         audited: the broker lost it)
 --   DEAD_LETTER  gave up; needs an operator             -> PENDING (outbox.requeue, audited)
---                                                         | DISCARDED (outbox.dlq_discard, audited)
---   DISCARDED    parked for good by an operator, kept   -> DEAD_LETTER (outbox.dlq_restore, audited)
+--
+-- These five and no other. An operator's discard parks a dead letter for
+-- good: it stays DEAD_LETTER with a mark (outbox.discarded_events, written by
+-- outbox.dlq_discard, removed by outbox.dlq_restore), and moves nowhere
+-- while marked.
 --
 -- available_at is "when may a relay take this row next": emit time for
 -- PENDING, retry time for FAILED, lease expiry for PROCESSING. One column
@@ -97,6 +100,31 @@ WHERE status = 'DEAD_LETTER';
 -- which cost a third of the claim + mark throughput when measured. Marks find
 -- rows by claim token, requeue by the DEAD_LETTER index; an operator's lookup
 -- by event_id scans (add a created_at range to prune partitions).
+
+-- A business flow by its correlation id (outbox.flow): partial, so an event
+-- emitted without one costs its INSERT nothing here. An event with one pays
+-- an entry per row version (emit, claim, mark: each changes status, so no
+-- update is HOT), as every index of this table does.
+CREATE INDEX IF NOT EXISTS events_correlation_idx ON outbox.events (correlation_id, id)
+WHERE correlation_id IS NOT NULL;
+
+-- The outbox's discarded mark: one row per discarded dead letter, written
+-- by outbox.dlq_discard and deleted by outbox.dlq_restore (nothing else
+-- may: its triggers in sql/67_dead_letters.sql). A table of its own rather
+-- than a column of outbox.events, whose row type outbox.claim returns: a
+-- column added there fails the calls of running relays once (42804) when
+-- the migration commits. Kept when the event's day is archived, like
+-- outbox.discard_log; granted to no one but pgoutbox_admin (SELECT).
+CREATE TABLE IF NOT EXISTS outbox.discarded_events (
+    event_id uuid PRIMARY KEY,
+    row_id bigint NOT NULL,
+    created_at timestamptz NOT NULL,
+    discarded_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE outbox.discarded_events IS
+'Discarded dead letters of outbox.events (status stays DEAD_LETTER): outbox.dlq_discard adds, dlq_restore removes.';
+-- dlq_restore finds the marks by the events' keys.
+CREATE INDEX IF NOT EXISTS discarded_events_row_idx ON outbox.discarded_events (row_id, created_at);
 
 -- DEAD_LETTER -> PENDING audit trail, written by the update guard itself so
 -- that no path around outbox.requeue() escapes it.

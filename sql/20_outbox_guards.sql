@@ -340,27 +340,14 @@ BEGIN
         RETURN NEW;
     END IF;
 
-    -- DEAD_LETTER <-> DISCARDED only inside outbox.dlq_discard() and
-    -- outbox.dlq_restore() (sql/67_dead_letters.sql), which set
-    -- pgoutbox.dlq_action and pgoutbox.dlq_reason; written to
-    -- outbox.discard_log here, so that no path around them escapes the audit.
-    -- A discarded event moves nowhere else: it is never requeued until restored.
-    IF 'DISCARDED' IN (OLD.status, NEW.status)
-        OR coalesce(current_setting('pgoutbox.dlq_action', true), '') <> '' THEN
-        PERFORM outbox._check_discard_move(
-            OLD.event_id, OLD.status, NEW.status,
-            (NEW.attempts, NEW.last_error, NEW.available_at, NEW.claimed_at, NEW.claimed_by,
-                NEW.claim_token, NEW.published_at)
-            IS NOT DISTINCT FROM
-            (OLD.attempts, OLD.last_error, OLD.available_at, OLD.claimed_at, OLD.claimed_by,
-                OLD.claim_token, OLD.published_at)
-        );
-        INSERT INTO outbox.discard_log (event_id, action, acted_by, reason, last_error)
-        VALUES (
-            OLD.event_id, current_setting('pgoutbox.dlq_action', true), session_user,
-            current_setting('pgoutbox.dlq_reason', true), OLD.last_error
-        );
-        RETURN NEW;
+    -- A discarded dead letter (a row in outbox.discarded_events, written by
+    -- outbox.dlq_discard and audited there; sql/67_dead_letters.sql) moves
+    -- nowhere: it is never requeued until outbox.dlq_restore takes the mark
+    -- away. Its status stays DEAD_LETTER, so only such a row pays the lookup.
+    IF OLD.status = 'DEAD_LETTER'
+        AND EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = OLD.event_id) THEN
+        RAISE EXCEPTION 'DISCARDED: % is discarded; it moves nowhere until restored', OLD.event_id
+            USING ERRCODE = 'OB101', HINT = 'Restore it first (outbox.dlq_restore).';
     END IF;
 
     -- PROCESSING -> PENDING only inside outbox.hand_back() (sql/30_outbox_api.sql),
@@ -569,7 +556,7 @@ BEGIN
         coalesce(NEW.claim_token::text, 'NULL'), coalesce(NEW.claimed_by, 'NULL'),
         coalesce(NEW.claimed_at::text, 'NULL'), coalesce(left(NEW.last_error, 100), 'NULL')
         USING ERRCODE = 'OB010',
-              HINT = 'PROCESSING needs a claim, COMPLETED exactly a published_at, FAILED, DEAD_LETTER and DISCARDED an error.';
+              HINT = 'PROCESSING needs a claim, COMPLETED exactly a published_at, FAILED and DEAD_LETTER an error.';
 END;
 $$;
 
@@ -578,14 +565,14 @@ BEFORE UPDATE ON outbox.events
 FOR EACH ROW
 WHEN (
     NOT (
-        new.status IN ('PENDING', 'PROCESSING', 'COMPLETED', 'FAILED', 'DEAD_LETTER', 'DISCARDED')
+        new.status IN ('PENDING', 'PROCESSING', 'COMPLETED', 'FAILED', 'DEAD_LETTER')
         AND new.attempts >= 0
         AND (new.status = 'COMPLETED') = (new.published_at IS NOT NULL)
         AND (
             new.status <> 'PROCESSING'
             OR (new.claim_token IS NOT NULL AND new.claimed_at IS NOT NULL AND new.claimed_by IS NOT NULL)
         )
-        AND (new.status NOT IN ('FAILED', 'DEAD_LETTER', 'DISCARDED') OR new.last_error IS NOT NULL)
+        AND (new.status NOT IN ('FAILED', 'DEAD_LETTER') OR new.last_error IS NOT NULL)
     )
 )
 EXECUTE FUNCTION outbox.tg_events__refuse_bad_state();

@@ -437,6 +437,8 @@ SET search_path TO pg_catalog, pg_temp
 AS $$
     SELECT outbox._check_context(backlog.context);
     -- Two branches so that each is served by its own partial index.
+    -- A discarded dead letter (outbox.discarded_events) is parked for good:
+    -- counted nowhere here.
     WITH unfinished AS (
         SELECT e.context, e.status, e.created_at, e.available_at
         FROM outbox.events AS e
@@ -447,6 +449,7 @@ AS $$
         FROM outbox.events AS e
         WHERE e.status = 'DEAD_LETTER'
             AND (backlog.context IS NULL OR e.context = backlog.context)
+            AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id)
     ),
     contexts AS (
         SELECT DISTINCT u.context FROM unfinished AS u
@@ -498,6 +501,8 @@ AS $$
     FROM outbox.events AS e
     WHERE e.status = 'DEAD_LETTER'
         AND (dead_letters.context IS NULL OR e.context = dead_letters.context)
+        -- discarded ones are parked for good (outbox.dlq_list shows them)
+        AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id)
     ORDER BY e.id DESC
     LIMIT dead_letters.max_rows;
 $$;

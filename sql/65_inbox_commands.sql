@@ -108,7 +108,8 @@ BEFORE TRUNCATE ON inbox.commands
 FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
 
 -- The command a call is about: a handler name like the message inbox's, and
--- a key of 1-256 characters that is not blank.
+-- a key of 1-256 characters that is not blank: not white space only, tabs
+-- and line breaks included (btrim takes only spaces away).
 CREATE OR REPLACE FUNCTION inbox._check_command(handler text, command_key text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
@@ -119,7 +120,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_COMMAND: handler % is not a name of 1-128 letters, digits, _ . -', quote_literal(left(coalesce(handler, 'NULL'), 150))
             USING ERRCODE = 'OB080';
     END IF;
-    IF nullif(btrim(command_key), '') IS NULL OR length(command_key) > 256 THEN
+    IF command_key IS NULL OR command_key !~ '[^[:space:]]' OR length(command_key) > 256 THEN
         RAISE EXCEPTION 'INVALID_COMMAND: command_key % is not a key of 1-256 characters', quote_literal(left(coalesce(command_key, 'NULL'), 150))
             USING ERRCODE = 'OB080';
     END IF;

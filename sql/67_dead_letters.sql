@@ -5,16 +5,18 @@
 -- A dead letter is an outbox event in DEAD_LETTER (by context) or an inbox
 -- row in DEAD_LETTER (by handler). Discarded = parked for good by an
 -- operator, kept, reversible:
---   outbox   status DISCARDED (DEAD_LETTER <-> DISCARDED; the relay's claim
---            never looks at it; it still holds back later events of its
---            ordering key, as the dead letter did)
+--   outbox   status stays DEAD_LETTER (one of the five statuses, nothing
+--            else) with a row in outbox.discarded_events, its mark: the
+--            relay's claim never looks at a dead letter, requeue and replay
+--            refuse or pass by a marked one, and it still holds back later
+--            events of its ordering key, as the dead letter did
 --   inbox    status stays DEAD_LETTER with dlq_metadata.discarded =
 --            {at, by, reason}: every worker version treats it as parked,
 --            claim_replays and redrive pass it by, and the named status
 --            CHECK is unchanged
 -- Both moves happen only inside dlq_discard/dlq_restore, which set
--- pgoutbox.dlq_action and pgoutbox.dlq_reason for their UPDATE; the update
--- guards (sql/20_outbox_guards.sql, sql/50_inbox.sql) refuse any other way
+-- pgoutbox.dlq_action and pgoutbox.dlq_reason for their writes; the guards
+-- (the mark's triggers below, sql/50_inbox.sql) refuse any other way
 -- (_check_discard_move) and write the audit rows below. Archival counts a
 -- discarded row as a dead letter (sql/91_archival_audit.sql).
 --
@@ -75,9 +77,6 @@ CREATE INDEX IF NOT EXISTS discard_log_message_idx ON inbox.discard_log (message
 -- A dead letter's history (dlq_show) and its re-failures (dlq_groups).
 CREATE INDEX IF NOT EXISTS requeue_log_event_idx ON outbox.requeue_log (event_id);
 CREATE INDEX IF NOT EXISTS redrive_log_message_idx ON inbox.redrive_log (message_id, handler);
--- Discarded events, as events_dead_letter_idx serves the dead letters.
-CREATE INDEX IF NOT EXISTS events_discarded_idx ON outbox.events (context)
-WHERE status = 'DISCARDED';
 
 CREATE OR REPLACE FUNCTION outbox.tg_discard_log__append_only()
 RETURNS trigger
@@ -149,6 +148,70 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- A mark is written or removed only as a discard or restore of a dead
+-- letter (_check_discard_move, with the event's status read under a share
+-- lock: a requeue of the same event waits, then sees the mark and is
+-- refused, DISCARDED OB101); nothing else changes it.
+CREATE OR REPLACE FUNCTION outbox.tg_discarded_events__guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    mark outbox.discarded_events := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    event_status text;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'UNAUDITED_DISCARD: a discard mark is added by outbox.dlq_discard and removed by outbox.dlq_restore, never changed'
+            USING ERRCODE = 'OB102';
+    END IF;
+    SELECT e.status INTO event_status
+    FROM outbox.events AS e
+    WHERE e.id = mark.row_id AND e.created_at = mark.created_at AND e.event_id = mark.event_id
+    FOR SHARE;
+    IF TG_OP = 'INSERT' THEN
+        PERFORM outbox._check_discard_move(mark.event_id, coalesce(event_status, 'UNKNOWN'), 'DISCARDED', TRUE);
+        NEW.discarded_at := now();
+        RETURN NEW;
+    END IF;
+    PERFORM outbox._check_discard_move(mark.event_id, 'DISCARDED', coalesce(event_status, 'UNKNOWN'), TRUE);
+    RETURN OLD;
+END;
+$$;
+
+-- After the mark is written (an insert that ON CONFLICT passes by fires
+-- nothing here): the audit row and the dead letter's entry.
+CREATE OR REPLACE FUNCTION outbox.tg_discarded_events__audit()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    mark outbox.discarded_events := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+BEGIN
+    INSERT INTO outbox.discard_log (event_id, action, acted_by, reason, last_error)
+    SELECT
+        mark.event_id, current_setting('pgoutbox.dlq_action', true), session_user,
+        current_setting('pgoutbox.dlq_reason', true), e.last_error
+    FROM outbox.events AS e
+    WHERE e.id = mark.row_id AND e.created_at = mark.created_at;
+    UPDATE outbox.dlq_entries AS x
+    SET discarded = TG_OP = 'INSERT', replayable = TG_OP = 'DELETE'
+    WHERE x.side = 'outbox' AND x.id = mark.event_id AND x.handler = '';
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_guard
+BEFORE INSERT OR UPDATE OR DELETE ON outbox.discarded_events
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_discarded_events__guard();
+CREATE OR REPLACE TRIGGER _100_guard_truncate
+BEFORE TRUNCATE ON outbox.discarded_events
+FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_discard_log__append_only();
+CREATE OR REPLACE TRIGGER _600_audit
+AFTER INSERT OR DELETE ON outbox.discarded_events
+FOR EACH ROW EXECUTE FUNCTION outbox.tg_discarded_events__audit();
 
 -- The class of an error text: the status class of `HTTP nnn` (4xx, 5xx),
 -- the code of `CODE: ...` (BAD_PAYLOAD, UPCAST_MISSING, REPLAY_UNPUBLISHABLE),
@@ -346,8 +409,9 @@ DECLARE
     cls text;
     pattern text;
     n integer;
+    discarded boolean;
 BEGIN
-    IF e.status NOT IN ('DEAD_LETTER', 'DISCARDED') THEN
+    IF e.status <> 'DEAD_LETTER' THEN
         DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'outbox' AND x.id = e.event_id AND x.handler = '';
         RETURN;
     END IF;
@@ -357,13 +421,14 @@ BEGIN
     -- BAD_SUBJECT): its entry says '' rather than fail the relay's mark.
     e.subject := coalesce(e.subject, '');
     SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
+    discarded := EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
     INSERT INTO outbox.dlq_entries AS x (
         side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
         seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
     ) VALUES (
         'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
         md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
-        coalesce(e.claimed_at, e.created_at), e.status = 'DISCARDED', n > 0, n, FALSE, e.status = 'DEAD_LETTER',
+        coalesce(e.claimed_at, e.created_at), discarded, n > 0, n, FALSE, NOT discarded,
         e.id, e.created_at
     )
     ON CONFLICT (side, id, handler) DO UPDATE
@@ -455,7 +520,7 @@ $$;
 CREATE OR REPLACE TRIGGER _600_dlq_entry
 AFTER UPDATE ON outbox.events
 FOR EACH ROW
-WHEN (old.status IN ('DEAD_LETTER', 'DISCARDED') OR new.status IN ('DEAD_LETTER', 'DISCARDED'))
+WHEN (old.status = 'DEAD_LETTER' OR new.status = 'DEAD_LETTER')
 EXECUTE FUNCTION outbox.tg_events__dlq_entry();
 CREATE OR REPLACE TRIGGER _600_dlq_entry
 AFTER UPDATE ON inbox.messages
@@ -724,7 +789,7 @@ BEGIN
     END IF;
     doc := jsonb_build_object(
         'side', r.side, 'owner', r.owner, 'id', r.id, 'handler', r.handler, 'subject', r.subject,
-        'status', CASE WHEN r.discarded THEN 'DISCARDED' ELSE 'DEAD_LETTER' END, 'discarded', r.discarded,
+        'status', 'DEAD_LETTER', 'discarded', r.discarded,
         'tenant', r.tenant, 'attempts', r.attempts, 'last_error', r.last_error,
         'error_class', r.error_class, 'error_pattern', r.error_pattern, 'group_id', r.group_id,
         'seen_at', r.seen_at, 'created_at', r.created_at, 'refailed', r.refailed, 'replays', r.replays,
@@ -887,7 +952,8 @@ BEGIN
         UPDATE outbox.events AS e
         SET status = 'PENDING', attempts = 0, available_at = now()
         FROM unnest(row_ids, created) AS p (row_id, created_at)
-        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER'
+            AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         PERFORM set_config('pgoutbox.requeue_reason', '', true);
         WITH marked AS (
@@ -914,10 +980,14 @@ BEGIN
     PERFORM set_config('pgoutbox.dlq_action', action, true);
     PERFORM set_config('pgoutbox.dlq_reason', reason, true);
     IF action = 'discard' THEN
-        UPDATE outbox.events AS e
-        SET status = 'DISCARDED'
-        FROM unnest(row_ids, created) AS p (row_id, created_at)
-        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DEAD_LETTER';
+        -- The mark's triggers check the move and write the audit row.
+        INSERT INTO outbox.discarded_events (event_id, row_id, created_at)
+        SELECT e.event_id, e.id, e.created_at
+        FROM outbox.events AS e
+        INNER JOIN unnest(row_ids, created) AS p (row_id, created_at)
+            ON e.id = p.row_id AND e.created_at = p.created_at
+        WHERE e.status = 'DEAD_LETTER'
+        ON CONFLICT (event_id) DO NOTHING;
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         UPDATE inbox.messages AS m
         SET dlq_metadata = m.dlq_metadata || jsonb_build_object(
@@ -930,10 +1000,9 @@ BEGIN
             AND m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded';
         GET DIAGNOSTICS inbox_moved = ROW_COUNT;
     ELSE
-        UPDATE outbox.events AS e
-        SET status = 'DEAD_LETTER'
-        FROM unnest(row_ids, created) AS p (row_id, created_at)
-        WHERE e.id = p.row_id AND e.created_at = p.created_at AND e.status = 'DISCARDED';
+        DELETE FROM outbox.discarded_events AS d
+        USING unnest(row_ids, created) AS p (row_id, created_at)
+        WHERE d.row_id = p.row_id AND d.created_at = p.created_at;
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         UPDATE inbox.messages AS m
         SET dlq_metadata = m.dlq_metadata - 'discarded'

@@ -31,8 +31,9 @@
 -- operator's window to requeue or replay it); until then it holds its whole
 -- day back. Archived dead letters keep their status and last_error in the
 -- archive, and the delivery report counts them. A discarded dead letter
--- (outbox status DISCARDED; inbox dlq_metadata.discarded) is restorable, so
--- it is a dead letter here too.
+-- (still DEAD_LETTER: outbox with a row in outbox.discarded_events, inbox
+-- with dlq_metadata.discarded) is restorable, so it is a dead letter here
+-- too; the outbox's marks are kept when its day leaves, like discard_log.
 --
 -- Inbox retention: never below the streams' max_age (inbox.retention_policy,
 -- default 7 days): a message the stream may still redeliver must

@@ -42,8 +42,8 @@ BEGIN
         EXECUTE format(
             'SELECT count(*),'
             ' count(*) FILTER (WHERE status IN (''PENDING'', ''PROCESSING'', ''FAILED'')),'
-            -- discarded events count as dead letters: kept, and restorable
-            ' count(*) FILTER (WHERE status IN (''DEAD_LETTER'', ''DISCARDED'')) FROM outbox.%I', part
+            -- discarded events are dead letters too (kept, and restorable)
+            ' count(*) FILTER (WHERE status = ''DEAD_LETTER'') FROM outbox.%I', part
         ) INTO row_count, open_rows, dead_letters;
         sealed := outbox._is_sealed(part);
         blocked_by := CASE

@@ -50,12 +50,12 @@ BEGIN
             format('LOCK TABLE outbox.%I IN SHARE ROW EXCLUSIVE MODE', partition_name), lock_timeout
         );
     END IF;
-    -- Index lookups only (events_claimable_idx, events_dead_letter_idx,
-    -- events_discarded_idx, the primary key): claims and marks lock every partition, so they wait for
+    -- Index lookups only (events_claimable_idx, events_dead_letter_idx, which
+    -- holds the discarded ones too, the primary key): claims and marks lock every partition, so they wait for
     -- as long as this transaction holds the lock. No count here.
     EXECUTE format(
         'SELECT EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''PENDING'', ''FAILED'', ''PROCESSING'')),'
-        ' EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''DEAD_LETTER'', ''DISCARDED'')),'
+        ' EXISTS (SELECT 1 FROM outbox.%1$I WHERE status = ''DEAD_LETTER''),'
         ' (SELECT min(id) FROM outbox.%1$I), (SELECT max(id) FROM outbox.%1$I)',
         partition_name
     ) INTO has_open, has_dead, min_id, max_id;

@@ -66,6 +66,8 @@ GRANT EXECUTE ON FUNCTION
 inbox.upcast(text, integer, integer, jsonb),
 inbox.upcast_gaps(text, integer)
 TO pgoutbox_consumer, pgoutbox_admin;
+-- An application upcasts in its own transaction too (docs/consumer.md).
+GRANT EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) TO pgoutbox_writer;
 
 GRANT EXECUTE ON FUNCTION
 outbox.requeue(uuid[], text),
@@ -174,7 +176,7 @@ outbox.dlq_act(bigint, text, integer),
 outbox.dlq_stop(bigint),
 outbox.dlq_action_progress(bigint)
 TO pgoutbox_admin;
-GRANT SELECT ON outbox.discard_log, inbox.discard_log TO pgoutbox_admin;
+GRANT SELECT ON outbox.discard_log, inbox.discard_log, outbox.discarded_events TO pgoutbox_admin;
 
 -- pgoutbox_backfiller: `pgoutbox backfill` (sql/68_backfill.sql). It reads
 -- the outbox through the two backfill functions only (no table) and records
@@ -197,3 +199,6 @@ inbox.receive(uuid, text, text, jsonb),
 inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval)
 TO pgoutbox_backfiller;
+
+-- A business flow by its correlation id (sql/70_flows.sql): read-only, no payload.
+GRANT EXECUTE ON FUNCTION outbox.flow(uuid, integer) TO pgoutbox_viewer, pgoutbox_admin;

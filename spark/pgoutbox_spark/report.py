@@ -14,7 +14,7 @@ own received_at. context and event_type of an inbox row come from its subject
 
 Metrics (the delivery targets; docs/archival.md has the reasoning):
   delivery_rate              published (COMPLETED) / events
-  outbox_dead_letter_rate    outbox DEAD_LETTER (or DISCARDED) / events
+  outbox_dead_letter_rate    outbox DEAD_LETTER (discarded ones too) / events
   dlq_rate                   inbox DEAD_LETTER / inbox messages
   inbox_conflict_rate        redeliveries the inbox caught (attempts - 1) / messages
   duplicate_processing_rate  processings beyond the first of a (message, handler),
@@ -160,7 +160,8 @@ def outbox_metrics(events: DataFrame) -> DataFrame:
         lambda grouped: grouped.agg(
             F.count(F.lit(1)).alias("events"),
             F.count(F.when(completed, 1)).alias("published"),
-            # DISCARDED: a dead letter an operator parked for good (inbox ones stay DEAD_LETTER)
+            # A discarded dead letter stays DEAD_LETTER on both sides. DISCARDED: the
+            # status a pre-release build (schema 16 and 17) gave one, in its archives.
             F.count(F.when(F.col("status").isin("DEAD_LETTER", "DISCARDED"), 1)).alias("outbox_dead_letters"),
             *_percentiles(F.col("publish_micros"), "publish"),
         ),

@@ -41,7 +41,7 @@ o AS (
     SELECT day, context, event_type,
         count(*) AS events,
         count(*) FILTER (WHERE status = 'COMPLETED') AS published,
-        count(*) FILTER (WHERE status IN ('DEAD_LETTER', 'DISCARDED')) AS outbox_dead_letters,
+        count(*) FILTER (WHERE status = 'DEAD_LETTER') AS outbox_dead_letters,
         percentile_cont(0.5) WITHIN GROUP (ORDER BY pub) / 1000 AS publish_p50_ms,
         percentile_cont(0.95) WITHIN GROUP (ORDER BY pub) / 1000 AS publish_p95_ms,
         percentile_cont(0.99) WITHIN GROUP (ORDER BY pub) / 1000 AS publish_p99_ms

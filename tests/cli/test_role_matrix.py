@@ -387,6 +387,24 @@ def run_status(run: Run) -> None:
     assert [(r["context"], r["unpublished"]) for r in report["outbox"]] == [("sea", 2)]
 
 
+def run_flow(run: Run) -> None:
+    """A flow of two events: both shown in emit order, with their publish state."""
+    flow = uuid.uuid4()
+    with run.owner() as conn:
+        ids = [
+            conn.execute(
+                "SELECT outbox.emit('order', '1', %s, '{\"schema_version\": 1}', context => 'sea', correlation_id => %s)",
+                (kind, flow),
+            ).fetchone()[0]
+            for kind in ("placed", "paid")
+        ]
+        conn.execute("SELECT outbox.emit('order', '2', 'placed', '{\"schema_version\": 1}', context => 'sea')")
+    out = run.pgoutbox("flow", str(flow)).splitlines()
+    events = [line for line in out if not line.startswith(" ")]
+    assert [str(i) in line for i, line in zip(ids, events)] == [True, True] and len(events) == 2, out
+    assert "sea.event.placed.v1" in events[0] and "PENDING" in events[0], out
+
+
 def run_requeue(run: Run) -> None:
     with run.owner() as conn:
         [dead] = archival.events(conn, archival.today(), 1, dead=1)
@@ -541,6 +559,7 @@ SCENARIOS: dict[str, Callable[[Run], None]] = {
     "relay": run_relay,
     "status": run_status,
     "requeue": run_requeue,
+    "flow": run_flow,
     "audit": run_audit,
     "partitions": run_partitions,
     "consume": run_consume,

@@ -255,3 +255,34 @@ async def test_what_operators_noticed_in_issue_32(console_db):
         assert answer.status_code == 404 and "no handler named" in answer.text and "nobody" in answer.text
         overview = await client.get("/")
         assert "every 1s" in overview.text  # the tests sample every second (support.console.serving)
+
+
+async def test_a_viewer_finds_a_business_flow_by_its_correlation_id(console_db):
+    """The search box of /flows (outbox.flow): the flow's events in emit order, each
+    with its publish state and each handler's inbox outcome; none of another flow."""
+    su, url = console_db
+    flow, other = str(uuid.uuid4()), str(uuid.uuid4())
+    emit = "SELECT outbox.emit('order', %s, %s, '{\"schema_version\": 1}', context => 'sea', correlation_id => %s)"
+    with psycopg.connect(worker_url(su, "pgoutbox_writer"), autocommit=True) as c:
+        placed = str(c.execute(emit, ("1", "order_placed", flow)).fetchone()[0])
+        paid = str(c.execute(emit, ("1", "order_paid", flow)).fetchone()[0])
+        elsewhere = str(c.execute(emit, ("2", "order_placed", other)).fetchone()[0])
+    with psycopg.connect(worker_url(su, "pgoutbox_relay"), autocommit=True) as c:
+        token = c.execute("SELECT claim_token FROM outbox.claim('w', 1, '1m')").fetchone()[0]
+        c.execute("SELECT outbox.mark_published(%s, %s::uuid[])", (token, [placed]))
+    with psycopg.connect(worker_url(su, "pgoutbox_consumer"), autocommit=True) as c:
+        c.execute("SELECT inbox.receive(%s, 'billing', 'sea.event.order_placed.v1')", (placed,))
+        c.execute("SELECT inbox.mark_processed(%s, 'billing')", (placed,))
+    viewer, password = person(su, "pgoutbox_viewer")
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        assert (await _login(client, viewer, password)).status_code == 303
+        empty = await client.get("/flows")
+        assert empty.status_code == 200 and 'role="search"' in empty.text
+        page = await client.get("/flows", params={"correlation_id": flow.upper()})
+        assert page.status_code == 200, page.text
+        assert re.findall(r'data-event="([^"]+)"', page.text) == [placed, paid], "emit order, none of another flow"
+        assert elsewhere not in page.text
+        assert 'data-handler="billing">billing: PROCESSED' in page.text
+        assert "none has received it" in page.text and "PENDING" in page.text
+        bad = await client.get("/flows", params={"correlation_id": "order-17"})
+        assert bad.status_code == 400 and "not a correlation id" in bad.text

@@ -376,7 +376,7 @@ def fill_every_table(url: str) -> None:
         conn.execute("SELECT inbox.record_error(%s, 'billing', 'poison', true)", (messages[1],))
         conn.execute("SELECT inbox.set_replay('billing', false, 'incident 7')")
         conn.execute("SELECT inbox.redrive('billing', %s::uuid[], 'fixed')", ([messages[1]],))
-        # Discards (an outbox event stays DISCARDED) and a restore, in both discard logs.
+        # Discards (an outbox event stays DEAD_LETTER, marked in outbox.discarded_events) and a restore, in both discard logs.
         conn.execute(
             "SELECT outbox.dlq_discard(jsonb_build_object('side', 'outbox', 'ids', jsonb_build_array(%s::uuid)), 'dup')",
             (ids[2],),

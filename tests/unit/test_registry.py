@@ -136,8 +136,23 @@ def test_a_subset_of_handlers_can_be_run(tmp_path):
 @pytest.mark.parametrize(
     "manifest, message",
     [
-        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.created"]', "explicit versions"),
-        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.>"]', "no wildcards"),
+        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.created"]', "{context}.event.>"),
+        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.*.v1"]', "{context}.event.>"),
+        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.>"]', "{context}.event.>"),
+        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["*.event.>"]', "{context}.event.>"),
+        (
+            '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.>", "sea.event.a.v1"]',
+            "sea.event.a.v1 covered by another",
+        ),
+        (
+            '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.*", "sea.event.a.v2"]',
+            "sea.event.a.v2 covered by another",
+        ),
+        (
+            '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.>", "vibespro.event.>"]',
+            "one handler per context",
+        ),
+        ('[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.>"]\nversion = 2', "one event type"),
         (
             '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.v1", "vibespro.event.a.v1"]',
             "one handler per context",
@@ -192,3 +207,51 @@ def test_a_declared_version_is_recorded_and_a_registry_without_one_reads_as_befo
     assert specs["audit"].version is None
     entries = {h["name"]: h for h in json.loads(target.read_text())["handlers"]}
     assert entries["x"]["version"] == 2 and "version" not in entries["audit"]
+
+
+# The source documents' consumer (000, "SEA consuming from VIBESPRO_EVENTS"), as they write it.
+SOURCE_CONSUMER = """
+[[handler]]
+name = "sea__from_vibespro"
+url = "http://sea:8080/events"
+stream = "VIBESPRO_EVENTS"
+subjects = ["vibespro.event.>"]
+ack_wait = "120s"
+max_deliver = 20
+max_ack_pending = 50
+"""
+
+
+def test_the_sources_consumer_is_accepted_as_written(tmp_path):
+    [spec] = registry.read_manifests(_manifests(tmp_path / "m", {"sea.toml": SOURCE_CONSUMER}))
+    assert (spec.name, spec.stream, spec.context, spec.subjects) == (
+        "sea__from_vibespro",
+        "VIBESPRO_EVENTS",
+        "vibespro",
+        ("vibespro.event.>",),
+    )
+    assert (spec.ack_wait, spec.max_deliver, spec.max_ack_pending) == (120.0, 20, 50)
+
+
+@pytest.mark.parametrize(
+    "subjects, subject, taken",
+    [
+        (["sea.event.>"], "sea.event.order_created.v1", True),
+        (["sea.event.>"], "sea.event.order_shipped.v7", True),
+        (["sea.event.>"], "land.event.order_created.v1", False),
+        (["sea.event.order_created.*"], "sea.event.order_created.v2", True),
+        (["sea.event.order_created.*"], "sea.event.order_shipped.v2", False),
+        (["sea.event.order_created.v1"], "sea.event.order_created.v2", False),
+        (["sea.event.a.v1", "sea.event.b.*"], "sea.event.b.v3", True),
+    ],
+)
+def test_a_handler_takes_the_subjects_its_wildcards_cover_and_no_other(tmp_path, subjects, subject, taken):
+    text = f'[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = {json.dumps(subjects)}'
+    [spec] = registry.read_manifests(_manifests(tmp_path / "m", {"x.toml": text}))
+    assert spec.takes(subject) is taken
+
+
+def test_a_versioned_handler_may_take_every_version_of_its_event_type(tmp_path):
+    text = '[[handler]]\nname = "x"\nurl = "http://h/"\nsubjects = ["sea.event.a.*"]\nversion = 2'
+    [spec] = registry.read_manifests(_manifests(tmp_path / "m", {"x.toml": text}))
+    assert (spec.version, spec.event_type, spec.takes("sea.event.a.v3")) == (2, "a", True)

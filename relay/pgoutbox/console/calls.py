@@ -150,6 +150,10 @@ async def show(conn: Conn, side: str, id: str, handler: str | None) -> dict[str,
     return detail
 
 
+async def flow(conn: Conn, correlation_id: str, max_rows: int) -> list[Row]:
+    return await rows(conn, "SELECT * FROM outbox.flow(%s::uuid, %s)", (correlation_id, max_rows))
+
+
 async def count(conn: Conn, flt: dict[str, Any], action: str) -> int:
     row = await one(conn, "SELECT outbox.dlq_count(%s::jsonb, %s) AS n", (_filter(flt), action))
     return int(row["n"]) if row else 0

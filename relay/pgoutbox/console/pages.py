@@ -34,6 +34,7 @@ SHOWN = ("live", "discarded", "all")  # the `discarded` key: false, true, null
 PAGE_ROWS = 50
 _LOCAL_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d+)?)?$")
 GROUP_ROWS = 200
+FLOW_EVENTS = 1000  # a flow's first events on its page (outbox.flow's max_rows)
 
 VERBS = {
     "replay": ("Replay", "re-published to their handler (inbox) or requeued for the relay (outbox)"),
@@ -124,6 +125,7 @@ class Pages:
             Route("/dead-letters", self.groups, methods=["GET"]),
             Route("/dead-letters/groups/{group_id}", self.group, methods=["GET"]),
             Route("/dead-letters/{side}/{id}", self.detail, methods=["GET"]),
+            Route("/flows", self.flows, methods=["GET"]),
             Route("/actions/prepare", self.prepare, methods=["POST"]),
             Route("/actions/run", self.run, methods=["POST"]),
             Route("/actions/{action_id}", self.progress, methods=["GET"]),
@@ -206,6 +208,34 @@ class Pages:
             return {"d": detail, "here": str(request.url.path) + "?" + request.url.query}
 
         return await self.c.page(request, "detail.html", build)
+
+    async def flows(self, request: Request) -> Response:
+        """The search by correlation id: a business flow's events in emit order,
+        their publish state and each handler's inbox outcome (outbox.flow, which
+        shows no payload: pgoutbox_viewer may run it)."""
+        text = (request.query_params.get("correlation_id") or "").strip()
+
+        async def build(conn: calls.Conn, me: calls.Row) -> dict[str, Any]:
+            if not text:
+                return {"correlation_id": "", "events": None}
+            try:
+                correlation_id = str(uuid.UUID(text))
+            except ValueError:
+                return {
+                    "correlation_id": text,
+                    "events": None,
+                    "problem": "not a correlation id (a UUID)",
+                    "status": 400,
+                }
+            events: list[dict[str, Any]] = []
+            for row in await calls.flow(conn, correlation_id, FLOW_EVENTS):
+                if not events or events[-1]["event_id"] != row["event_id"]:
+                    events.append({**row, "handlers": []})
+                if row["handler"] is not None:
+                    events[-1]["handlers"].append(row)
+            return {"correlation_id": correlation_id, "events": events, "limit": FLOW_EVENTS}
+
+        return await self.c.page(request, "flow.html", build)
 
     # -- actions ------------------------------------------------------------------
 

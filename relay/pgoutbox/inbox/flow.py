@@ -280,7 +280,7 @@ def _described(exc: BaseException) -> str:
 def _consumed_by(envelope: dict[str, Any], h: HandlerRuntime) -> None:
     """A replay names its original subject in a header: only this handler's
     subjects are taken (the event durable's filter guarantees it for the rest)."""
-    if envelope["subject"] not in h.spec.subjects:
+    if not h.spec.takes(envelope["subject"]):
         raise InvalidMessage(f"subject {envelope['subject']!r} is not one handler {h.name} consumes")
 
 

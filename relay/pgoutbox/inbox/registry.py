@@ -10,7 +10,7 @@ with one or more [[handler]] tables):
     [[handler]]
     name = "sea__from_vibespro"        # durable consumer and inbox handler name
     url = "http://billing:8080/events"  # where the envelope is POSTed
-    subjects = ["vibespro.event.vibe_created.v1", "vibespro.event.vibe_created.v2"]
+    subjects = ["vibespro.event.>"]     # or explicit: ["vibespro.event.vibe_created.v1", ...]
     timeout = "10s"                     # optional, like every line below
     stream = "VIBESPRO_EVENTS"          # default: {CONTEXT}_EVENTS
     ack_wait = "30s"
@@ -22,11 +22,24 @@ with one or more [[handler]] tables):
     version = 2                         # the payload version the handler is given
     format = "cloudevents"              # default "pgoutbox" (the envelope)
 
+`subjects`: within one context, each one of
+    {context}.event.{event_type}.v{n}   one version of one event type
+    {context}.event.{event_type}.*      every version of one event type
+    {context}.event.>                   every event of the context
+(NATS wildcards, as the durable's filter takes them). They may not overlap:
+JetStream refuses a consumer whose filters do, so a `>` stands alone and a
+`{event_type}.*` goes with no explicit version of its type.
+
 `version`: the handler gets every payload as this version of its event
-type (all its subjects name one event type, none newer than `version`): the
-consumer upcasts older ones through the upcasters registered in the
-database (inbox.upcasters), in the call that records the fetch. Left out,
-each payload goes as it came, as before.
+type (all its subjects name one event type: explicit versions none newer
+than `version`, or `{event_type}.*`): the consumer upcasts older ones
+through the upcasters registered in the database (inbox.upcasters), in the
+call that records the fetch. A message it cannot bring to `version` (no
+chain of upcasters from its version, or a version newer than `version`,
+which `{event_type}.*` lets through) is that message's dead letter
+(UPCAST_MISSING), replayed like any other once an upcaster is registered or
+the handler declares the newer version. Left out, each payload goes as it
+came, as before.
 
 `format`: "pgoutbox" (the default) POSTs the envelope; "cloudevents" POSTs
 a CloudEvents HTTP request in binary mode (ce-* headers, the payload as the
@@ -57,6 +70,10 @@ GENERATED_BY = "pgoutbox registry generate"
 # replay subject carries it), so no dots, unlike the inbox's handler column.
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SUBJECT = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.([A-Za-z0-9_-]{1,128})\.v([1-9][0-9]{0,8})$")
+# The wildcards a handler may take, within one context: every version of one
+# event type, or every event of the context.
+_ALL_VERSIONS = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.([A-Za-z0-9_-]{1,128})\.\*$")
+_ALL_EVENTS = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.>$")
 _STREAM = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 # What a handler is sent; the first is the default, left out of the registry.
 FORMATS = ("pgoutbox", "cloudevents")
@@ -103,6 +120,11 @@ class HandlerSpec:
         """The one event type of a handler that declares a version."""
         return _subject_key(self.subjects[0])[1]
 
+    def takes(self, subject: str) -> bool:
+        """Whether a message of this subject is one the handler consumes
+        (its subjects, wildcards included, as JetStream filters them)."""
+        return any(_matches(pattern, subject) for pattern in self.subjects)
+
 
 _OPTIONAL: dict[str, Any] = {
     "timeout": settings.duration,
@@ -118,9 +140,37 @@ _MAX_VERSION = 999_999_999  # a subject's version: at most 9 digits
 
 
 def _subject_key(subject: str) -> tuple[str, str, int]:
-    m = _SUBJECT.match(subject)
+    """(context, event type, version) of a handler's subject; a wildcard's
+    missing parts are "" and 0 (so it sorts before the subjects it covers)."""
+    if m := _SUBJECT.match(subject):
+        return m.group(1), m.group(2), int(m.group(3))
+    if m := _ALL_VERSIONS.match(subject):
+        return m.group(1), m.group(2), 0
+    m = _ALL_EVENTS.match(subject)
     assert m is not None
-    return m.group(1), m.group(2), int(m.group(3))
+    return m.group(1), "", 0
+
+
+def _is_subject(subject: Any) -> bool:
+    return isinstance(subject, str) and any(p.match(subject) for p in (_SUBJECT, _ALL_VERSIONS, _ALL_EVENTS))
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a last `>` one or more."""
+    want, got = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(got) > i
+        if i >= len(got) or (token != "*" and token != got[i]):
+            return False
+    return len(got) == len(want)
+
+
+def _overlaps(subjects: list[str]) -> list[str]:
+    """The subjects another of the list covers (JetStream refuses a consumer
+    whose filters overlap)."""
+    wildcards = [o for o in subjects if o.endswith((".*", ".>"))]
+    return [s for s in subjects if any(o != s and _matches(o, s.replace("*", "v1")) for o in wildcards)]
 
 
 def _handler(raw: Any, where: str) -> HandlerSpec:
@@ -140,13 +190,19 @@ def _handler(raw: Any, where: str) -> HandlerSpec:
     if not isinstance(subjects, list) or not subjects:
         raise RegistryError(f"{where}: subjects must be a non-empty list")
     for subject in subjects:
-        if not isinstance(subject, str) or not _SUBJECT.match(subject):
+        if not _is_subject(subject):
             raise RegistryError(
-                f"{where}: subject {subject!r} is not {{context}}.event.{{event_type}}.v{{version}} "
-                "(explicit versions, no wildcards)"
+                f"{where}: subject {subject!r} is not {{context}}.event.{{event_type}}.v{{version}}, "
+                "{context}.event.{event_type}.* or {context}.event.>"
             )
     if len(set(subjects)) != len(subjects):
         raise RegistryError(f"{where}: a subject is listed twice")
+    covered = _overlaps(subjects)
+    if covered:
+        raise RegistryError(
+            f"{where}: subject(s) {', '.join(covered)} covered by another of its subjects; JetStream refuses"
+            " overlapping filters"
+        )
     contexts = sorted({_subject_key(s)[0] for s in subjects})
     if len(contexts) != 1:
         raise RegistryError(f"{where}: subjects span contexts {contexts}; declare one handler per context")
@@ -188,7 +244,7 @@ def _version(value: Any, subjects: list[str], where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_VERSION:
         raise RegistryError(f"{where}: version must be a whole number from 1 to {_MAX_VERSION}, got {value!r}")
     event_types = sorted({_subject_key(s)[1] for s in subjects})
-    if len(event_types) != 1:
+    if len(event_types) != 1 or not event_types[0]:
         raise RegistryError(f"{where}: version needs subjects of one event type, got {event_types}")
     newer = [s for s in subjects if _subject_key(s)[2] > value]
     if newer:
