@@ -197,3 +197,17 @@ inbox.receive(uuid, text, text, jsonb),
 inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval)
 TO pgoutbox_backfiller;
+
+-- emit's options, cancelling, and schedules (sql/36_outbox_schedules.sql).
+GRANT EXECUTE ON FUNCTION
+outbox.emit(
+    character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz,
+    uuid, timestamptz, interval
+),
+outbox.cancel(uuid, text)
+TO pgoutbox_writer;
+GRANT EXECUTE ON FUNCTION outbox.cancel(uuid, text) TO pgoutbox_admin;
+GRANT EXECUTE ON FUNCTION outbox.next_scheduled() TO pgoutbox_relay;
+GRANT EXECUTE ON FUNCTION outbox.scheduled(text)
+TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin, pgoutbox_viewer;
+GRANT SELECT ON outbox.event_keys, outbox.schedules, outbox.cancel_log TO pgoutbox_admin;
