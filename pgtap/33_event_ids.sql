@@ -1,0 +1,157 @@
+-- emit with the caller's own event id (outbox.emit(event_id => ...)): a retry
+-- is safe, and every path that writes rows keeps event ids unique.
+-- Scenarios:
+--   * a given id is the event's id and is registered in outbox.event_keys
+--   * the same id with the same content: the same id back, one row; headers
+--     and occurred_at are not content, key order in the payload is not either
+--   * the same id with other content (payload, type, correlation): refused,
+--     EVENT_ID_CONFLICT (OB018), whichever path writes it
+--   * a version-4 id is refused: INVALID_EVENT_ID (OB019)
+--   * an owner's INSERT of a given id is registered too: emit meets it
+--   * emit without an id draws a version-4 id and registers nothing
+--   * two sessions emitting one id at once (dblink, committed): one row
+--   * a rolled-back emit frees its id
+--   * event_keys is read by nobody but the owner and pgoutbox_admin
+-- emit runs as pgoutbox_writer; the owner's INSERTs and the dblink sessions
+-- as the owner (dblink needs it).
+\set ON_ERROR_STOP true
+BEGIN;
+SELECT plan(18);
+
+CREATE TEMP TABLE given (name text PRIMARY KEY, id uuid);
+INSERT INTO given VALUES
+    ('a', '5df6e0e2-7611-5b06-9a4c-0a7c0d3f6a01'),
+    ('b', '5df6e0e2-7611-5b06-9a4c-0a7c0d3f6a02'),
+    ('c', '0195d3a0-7c2e-7000-8000-00000000000c'),
+    ('v4', '9c5b94b1-35ad-49bb-b118-8e8fc24abf80');
+GRANT SELECT ON given TO pgoutbox_writer;
+SET LOCAL ROLE pgoutbox_writer;
+
+SELECT is(
+    outbox.emit('order', '1', 'created', '{"schema_version": 1, "n": 1}', context => 'sea',
+        event_id => (SELECT id FROM given WHERE name = 'a')),
+    (SELECT id FROM given WHERE name = 'a'),
+    'emit returns the given id'
+);
+RESET ROLE;
+SELECT is(
+    (SELECT count(*) FROM outbox.events WHERE event_id = (SELECT id FROM given WHERE name = 'a')),
+    1::bigint, 'the event carries the given id'
+);
+SELECT is(
+    (SELECT count(*) FROM outbox.event_keys WHERE event_id = (SELECT id FROM given WHERE name = 'a')),
+    1::bigint, 'the given id is registered'
+);
+SET LOCAL ROLE pgoutbox_writer;
+SELECT is(
+    outbox.emit('order', '1', 'created', '{"n": 1, "schema_version": 1}', context => 'sea',
+        headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}',
+        occurred_at => now() - interval '1 second',
+        event_id => (SELECT id FROM given WHERE name = 'a')),
+    (SELECT id FROM given WHERE name = 'a'),
+    'the same id and content again (other headers, occurred_at, key order): the same id back'
+);
+RESET ROLE;
+SELECT is(
+    (SELECT count(*) FROM outbox.events WHERE event_id = (SELECT id FROM given WHERE name = 'a')),
+    1::bigint, 'and nothing is written: still one row'
+);
+SET LOCAL ROLE pgoutbox_writer;
+SELECT throws_ok(
+    $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1, "n": 2}', context => 'sea',
+        event_id => (SELECT id FROM given WHERE name = 'a'))$$,
+    'OB018', NULL, 'the same id with another payload is refused (EVENT_ID_CONFLICT)'
+);
+SELECT throws_ok(
+    $$SELECT outbox.emit('order', '1', 'shipped', '{"schema_version": 1, "n": 1}', context => 'sea',
+        event_id => (SELECT id FROM given WHERE name = 'a'))$$,
+    'OB018', NULL, 'the same id with another event type is refused'
+);
+SELECT throws_ok(
+    $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1, "n": 1}', context => 'sea',
+        correlation_id => gen_random_uuid(), event_id => (SELECT id FROM given WHERE name = 'a'))$$,
+    'OB018', NULL, 'the same id with another correlation id is refused'
+);
+SELECT throws_ok(
+    $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', context => 'sea',
+        event_id => (SELECT id FROM given WHERE name = 'v4'))$$,
+    'OB019', NULL, 'a version-4 id (the kind emit draws) is refused (INVALID_EVENT_ID)'
+);
+
+-- An owner's INSERT: held to the same register.
+RESET ROLE;
+SELECT throws_ok(
+    $$INSERT INTO outbox.events (event_id, context, aggregate_type, aggregate_id, event_type, payload)
+      VALUES ((SELECT id FROM given WHERE name = 'a'), 'sea', 'order', '1', 'created', '{"schema_version": 1, "n": 9}')$$,
+    'OB018', NULL, 'an owner''s INSERT of a held id with other content is refused'
+);
+INSERT INTO outbox.events (event_id, context, aggregate_type, aggregate_id, event_type, payload)
+VALUES ((SELECT id FROM given WHERE name = 'b'), 'sea', 'order', '2', 'created', '{"schema_version": 1}');
+SELECT is(
+    (SELECT count(*) FROM outbox.event_keys WHERE event_id = (SELECT id FROM given WHERE name = 'b')),
+    1::bigint, 'an owner''s INSERT of a given (non-version-4) id registers it'
+);
+SET LOCAL ROLE pgoutbox_writer;
+SELECT is(
+    outbox.emit('order', '2', 'created', '{"schema_version": 1}', context => 'sea',
+        event_id => (SELECT id FROM given WHERE name = 'b')),
+    (SELECT id FROM given WHERE name = 'b'),
+    'emit of the same event after an owner''s INSERT returns its id'
+);
+RESET ROLE;
+SELECT is(
+    (SELECT count(*) FROM outbox.events WHERE event_id = (SELECT id FROM given WHERE name = 'b')),
+    1::bigint, 'and writes no second row'
+);
+SET LOCAL ROLE pgoutbox_writer;
+
+-- Drawn ids.
+SELECT is(
+    (SELECT substr(outbox.emit('order', '3', 'created', '{"schema_version": 1}', context => 'sea')::text, 15, 1)),
+    '4', 'emit without an id draws a version-4 id'
+);
+RESET ROLE;
+SELECT is((SELECT count(*) FROM outbox.event_keys), 2::bigint, 'drawn ids are not registered');
+SELECT ok(
+    NOT has_table_privilege('pgoutbox_writer', 'outbox.event_keys', 'SELECT')
+    AND has_table_privilege('pgoutbox_admin', 'outbox.event_keys', 'SELECT'),
+    'outbox.event_keys: read by pgoutbox_admin, not by the writer'
+);
+SET LOCAL ROLE pgoutbox_writer;
+
+-- A rolled-back emit frees its id.
+SAVEPOINT before_c;
+SELECT outbox.emit('order', '4', 'created', '{"schema_version": 1, "n": 1}', context => 'sea',
+    event_id => (SELECT id FROM given WHERE name = 'c'));
+ROLLBACK TO SAVEPOINT before_c;
+SELECT lives_ok(
+    $$SELECT outbox.emit('order', '4', 'created', '{"schema_version": 1, "n": 2}', context => 'sea',
+        event_id => (SELECT id FROM given WHERE name = 'c'))$$,
+    'a rolled-back emit frees its id for other content'
+);
+
+RESET ROLE;
+-- Two sessions at once, each committing (dblink): the second waits for the
+-- first's key, then finds the same event and writes nothing.
+CREATE EXTENSION IF NOT EXISTS dblink;
+SELECT dblink_connect('one', format('host=%s dbname=%s port=%s user=%s', coalesce(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)), current_database(), current_setting('port'), current_user));
+SELECT dblink_connect('two', format('host=%s dbname=%s port=%s user=%s', coalesce(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)), current_database(), current_setting('port'), current_user));
+SELECT dblink_exec('one', 'BEGIN');
+SELECT * FROM dblink('one', $$SELECT outbox.emit('order', '5', 'created', '{"schema_version": 1}',
+    context => 'twosessions', event_id => '5df6e0e2-7611-5b06-9a4c-0a7c0d3f6a05')::text$$) AS t (id text);
+SELECT dblink_send_query('two', $$SELECT outbox.emit('order', '5', 'created', '{"schema_version": 1}',
+    context => 'twosessions', event_id => '5df6e0e2-7611-5b06-9a4c-0a7c0d3f6a05')::text$$);
+SELECT dblink_exec('one', 'COMMIT');
+SELECT * FROM dblink_get_result('two') AS t (id text);
+SELECT * FROM dblink_get_result('two') AS t (id text);
+SELECT * FROM dblink('two', $$SELECT count(*) FROM outbox.events WHERE context = 'twosessions'$$) AS t (n bigint);
+SELECT is(
+    (SELECT n FROM dblink('two', $$SELECT count(*) FROM outbox.events WHERE context = 'twosessions'$$) AS t (n bigint)),
+    1::bigint,
+    'two sessions emitting one id at once write one row'
+);
+SELECT dblink_disconnect('one');
+SELECT dblink_disconnect('two');
+
+SELECT * FROM finish();
+ROLLBACK;
