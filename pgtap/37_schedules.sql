@@ -32,28 +32,52 @@ CREATE ROLE t_other IN ROLE pgoutbox_writer;
 CREATE ROLE t_admin IN ROLE pgoutbox_admin;
 CREATE TEMP TABLE ids (name text PRIMARY KEY, id uuid);
 GRANT ALL ON ids TO public;
+CREATE FUNCTION pg_temp.remember(name text, id uuid) RETURNS uuid LANGUAGE sql AS $$
+    INSERT INTO ids VALUES (name, id) RETURNING id
+$$;
+CREATE FUNCTION pg_temp.id_of(given text) RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT ids.id FROM ids WHERE ids.name = given
+$$;
 
 SET SESSION AUTHORIZATION t_emitter;
-INSERT INTO ids VALUES
-    ('later', outbox.emit('order', '1', 'remind', '{"schema_version": 1}', context => 'sea',
-        deliver_after => interval '1 hour')),
-    ('at', outbox.emit('order', '2', 'remind', '{"schema_version": 1}', context => 'sea',
-        deliver_at => now() + interval '2 days')),
-    ('skewed', outbox.emit('order', '3', 'remind', '{"schema_version": 1}', context => 'sea',
-        deliver_at => now() - interval '30 seconds')),
-    ('plain', outbox.emit('order', '4', 'created', '{"schema_version": 1}', context => 'sea'));
+SELECT pg_temp.remember(
+    'later',
+    outbox.emit('order', '1', 'remind', '{"schema_version": 1}', context => 'sea', deliver_after => interval '1 hour')
+);
+SELECT pg_temp.remember(
+    'at',
+    outbox.emit(
+        'order', '2', 'remind', '{"schema_version": 1}', context => 'sea', deliver_at => now() + interval '2 days'
+    )
+);
+SELECT pg_temp.remember(
+    'skewed',
+    outbox.emit(
+        'order', '3', 'remind', '{"schema_version": 1}', context => 'sea', deliver_at => now() - interval '30 seconds'
+    )
+);
+SELECT pg_temp.remember('plain', outbox.emit('order', '4', 'created', '{"schema_version": 1}', context => 'sea'));
 RESET SESSION AUTHORIZATION;
 
 SELECT is(
-    (SELECT available_at FROM outbox.events WHERE event_id = (SELECT id FROM ids WHERE name = 'later')),
+    (
+        SELECT e.available_at FROM outbox.events AS e
+        WHERE e.event_id = pg_temp.id_of('later')
+    ),
     now() + interval '1 hour', 'deliver_after: available_at is now + the interval'
 );
 SELECT is(
-    (SELECT available_at FROM outbox.events WHERE event_id = (SELECT id FROM ids WHERE name = 'at')),
+    (
+        SELECT e.available_at FROM outbox.events AS e
+        WHERE e.event_id = pg_temp.id_of('at')
+    ),
     now() + interval '2 days', 'deliver_at: available_at is that time'
 );
 SELECT is(
-    (SELECT available_at FROM outbox.events WHERE event_id = (SELECT id FROM ids WHERE name = 'skewed')),
+    (
+        SELECT e.available_at FROM outbox.events AS e
+        WHERE e.event_id = pg_temp.id_of('skewed')
+    ),
     now(), 'a delivery time less than a minute past is due now'
 );
 SELECT results_eq(
@@ -65,7 +89,7 @@ SELECT results_eq(
 SET LOCAL ROLE pgoutbox_relay;
 SELECT set_eq(
     $$SELECT event_id FROM outbox.claim('relay-1', 100, interval '1 minute')$$,
-    $$SELECT id FROM ids WHERE name IN ('skewed', 'plain')$$,
+    $$VALUES (pg_temp.id_of('skewed')), (pg_temp.id_of('plain'))$$,
     'a claim takes what is due, and passes the scheduled events by'
 );
 RESET ROLE;
@@ -138,36 +162,36 @@ SELECT ok(
 -- Cancel.
 SET SESSION AUTHORIZATION t_other;
 SELECT throws_ok(
-    $$SELECT outbox.cancel((SELECT id FROM ids WHERE name = 'later'), 'not mine')$$,
+    $$SELECT outbox.cancel(pg_temp.id_of('later'), 'not mine')$$,
     'OB025', NULL, 'another writer may not cancel it: CANCEL_NOT_ALLOWED'
 );
 RESET SESSION AUTHORIZATION;
 SET SESSION AUTHORIZATION t_emitter;
 SELECT throws_ok(
-    $$SELECT outbox.cancel((SELECT id FROM ids WHERE name = 'later'), ' ')$$,
+    $$SELECT outbox.cancel(pg_temp.id_of('later'), ' ')$$,
     'OB014', NULL, 'a cancel needs a reason: REASON_REQUIRED'
 );
 SELECT is(
-    outbox.cancel((SELECT id FROM ids WHERE name = 'later'), 'order paid before the reminder'),
+    outbox.cancel(pg_temp.id_of('later'), 'order paid before the reminder'),
     now() + interval '1 hour', 'the emitter cancels it: cancel returns the delivery time it had'
 );
 SELECT throws_ok(
-    $$SELECT outbox.cancel((SELECT id FROM ids WHERE name = 'later'), 'again')$$,
+    $$SELECT outbox.cancel(pg_temp.id_of('later'), 'again')$$,
     'OB024', NULL, 'cancelled twice: NOT_CANCELLABLE'
 );
 SELECT throws_ok(
-    $$SELECT outbox.cancel((SELECT id FROM ids WHERE name = 'plain'), 'no schedule')$$,
+    $$SELECT outbox.cancel(pg_temp.id_of('plain'), 'no schedule')$$,
     'OB024', NULL, 'an event emitted without a delivery time: NOT_CANCELLABLE'
 );
 RESET SESSION AUTHORIZATION;
 SELECT results_eq(
-    $$SELECT status, last_error FROM outbox.events WHERE event_id = (SELECT id FROM ids WHERE name = 'later')$$,
+    $$SELECT status, last_error FROM outbox.events WHERE event_id = pg_temp.id_of('later')$$,
     $$VALUES ('DEAD_LETTER', 'CANCELLED: order paid before the reminder')$$,
     'a cancelled event is a DEAD_LETTER whose error says why'
 );
 SELECT results_eq(
     $$SELECT cancelled_by, reason, deliver_at FROM outbox.cancel_log
-      WHERE event_id = (SELECT id FROM ids WHERE name = 'later')$$,
+      WHERE event_id = pg_temp.id_of('later')$$,
     $$VALUES ('t_emitter', 'order paid before the reminder', now() + interval '1 hour')$$,
     'and outbox.cancel_log says who cancelled it, why, and when it was due'
 );
@@ -176,7 +200,7 @@ SELECT is(
 );
 SET SESSION AUTHORIZATION t_admin;
 SELECT lives_ok(
-    $$SELECT outbox.cancel((SELECT id FROM ids WHERE name = 'at'), 'the admin cleans up')$$,
+    $$SELECT outbox.cancel(pg_temp.id_of('at'), 'the admin cleans up')$$,
     'a member of pgoutbox_admin cancels another login''s event'
 );
 RESET SESSION AUTHORIZATION;
@@ -188,37 +212,48 @@ SELECT throws_ok(
     $$UPDATE outbox.events SET status = 'DEAD_LETTER', last_error = 'by hand' WHERE context = 'due'$$,
     'OB024', NULL, 'PENDING -> DEAD_LETTER of a due event by hand is refused: NOT_CANCELLABLE'
 );
-SELECT outbox.emit('order', '6', 'remind', '{"schema_version": 1}', context => 'hand',
-    deliver_after => interval '1 hour');
+SELECT outbox.emit(
+    'order', '6', 'remind', '{"schema_version": 1}', context => 'hand',
+    deliver_after => interval '1 hour'
+);
 SELECT throws_ok(
     $$UPDATE outbox.events SET status = 'DEAD_LETTER', last_error = 'by hand' WHERE context = 'hand'$$,
     'OB024', NULL, 'an UPDATE around outbox.cancel() is refused (no reason given to the guard)'
 );
 SET LOCAL ROLE pgoutbox_admin;
 SELECT is(
-    outbox.requeue(ARRAY[(SELECT id FROM ids WHERE name = 'later')], 'the customer wants it after all'),
+    outbox.requeue(ARRAY[pg_temp.id_of('later')], 'the customer wants it after all'),
     1, 'outbox.requeue sends a cancelled event after all'
 );
 RESET ROLE;
 
 -- Time passing, committed: two sessions through dblink.
 CREATE EXTENSION IF NOT EXISTS dblink;
-SELECT dblink_connect('one', format('host=%s dbname=%s port=%s user=%s', coalesce(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)), current_database(), current_setting('port'), current_user));
-SELECT * FROM dblink('one', $$SELECT outbox.emit('order', '8', 'remind', '{"schema_version": 1}',
-    context => 'soon', deliver_after => interval '1 second')::text$$) AS t (id text);
-SELECT is(
-    (SELECT n FROM dblink('one', $$SET ROLE pgoutbox_relay; SELECT count(*) FROM outbox.claim('relay-2', 100, interval '1 minute') WHERE context = 'soon'$$) AS t (n bigint)),
-    0::bigint, 'committed, an event scheduled a second ahead is not claimable at once'
-);
+CREATE FUNCTION pg_temp.here() RETURNS text LANGUAGE sql AS $$
+    SELECT format(
+        'host=%s dbname=%s port=%s user=%s',
+        coalesce(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)),
+        current_database(), current_setting('port'), current_user
+    )
+$$;
+-- How many events of context 'soon' a claim in session one takes, as the relay.
+CREATE FUNCTION pg_temp.claimed_soon() RETURNS bigint LANGUAGE sql AS $$
+    SELECT t.n FROM dblink(
+        'one',
+        'SET ROLE pgoutbox_relay; SELECT count(*) FROM outbox.claim(''relay-2'', 100, ''1 minute'') AS c'
+        || ' WHERE c.context = ''soon'''
+    ) AS t (n bigint)
+$$;
+SELECT dblink_connect('one', pg_temp.here());
+SELECT t.id
+FROM dblink(
+    'one', $$SELECT outbox.emit('order', '8', 'remind', '{"schema_version": 1}',
+    context => 'soon', deliver_after => interval '1 second')::text$$
+) AS t (id text);
+SELECT is(pg_temp.claimed_soon(), 0::bigint, 'committed, an event scheduled a second ahead is not claimable at once');
 SELECT pg_sleep(1.2);
-SELECT is(
-    (SELECT n FROM dblink('one', $$SET ROLE pgoutbox_relay; SELECT count(*) FROM outbox.claim('relay-2', 100, interval '1 minute') WHERE context = 'soon'$$) AS t (n bigint)),
-    1::bigint, 'once due, it is claimable'
-);
-SELECT is(
-    (SELECT n FROM dblink('one', $$SET ROLE pgoutbox_relay; SELECT count(*) FROM outbox.claim('relay-2', 100, interval '1 minute') WHERE context = 'soon'$$) AS t (n bigint)),
-    0::bigint, 'and taken once'
-);
+SELECT is(pg_temp.claimed_soon(), 1::bigint, 'once due, it is claimable');
+SELECT is(pg_temp.claimed_soon(), 0::bigint, 'and taken once');
 SELECT dblink_disconnect('one');
 
 

@@ -16,8 +16,8 @@
 BEGIN;
 SELECT plan(18);
 
-SET LOCAL track_functions = 'all';
-SET LOCAL pgoutbox.context = 'sea';
+SELECT set_config('track_functions', 'all', TRUE);
+SELECT set_config('pgoutbox.context', 'sea', TRUE);
 
 -- Which signature a call ran: 'first', 'second' (or 'none', 'both').
 CREATE FUNCTION pg_temp.ran(call text) RETURNS text LANGUAGE plpgsql AS $$
@@ -38,43 +38,69 @@ END;
 $$;
 
 SET LOCAL ROLE pgoutbox_writer;
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}')$$),
-    'first', 'by position, four literals: the first signature');
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', 'sea', 1, '{}',
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}')$$),
+    'first', 'by position, four literals: the first signature'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', 'sea', 1, '{}',
     NULL, NULL, 't', 'k', now())$$),
-    'first', 'by position, all twelve');
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', NULL)$$),
-    'first', 'by position, a NULL context');
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order'::text, '1'::text, 'created'::text,
+    'first', 'by position, all twelve'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', NULL)$$),
+    'first', 'by position, a NULL context'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order'::text, '1'::text, 'created'::text,
     '{"schema_version": 1}'::jsonb, 'sea'::text)$$),
-    'first', 'by position, typed text values');
-SELECT is(pg_temp.ran($$SELECT outbox.emit(aggregate_type => 'order', aggregate_id => '1',
+    'first', 'by position, typed text values'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit(aggregate_type => 'order', aggregate_id => '1',
     event_type => 'created', payload => '{"schema_version": 1}', context => 'sea', tenant_id => 't')$$),
-    'first', 'all by name');
-SELECT is(pg_temp.ran($$SELECT outbox.emit(payload => '{"schema_version": 1}', event_type => 'created',
+    'first', 'all by name'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit(payload => '{"schema_version": 1}', event_type => 'created',
     aggregate_id => '1', aggregate_type => 'order')$$),
-    'first', 'by name, in another order');
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
+    'first', 'by name, in another order'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
     context => 'sea', ordering_key => 'k', occurred_at => now())$$),
-    'first', 'by position then by name');
+    'first', 'by position then by name'
+);
 PREPARE untyped AS SELECT outbox.emit($1, $2, $3, $4, context => $5);
-SELECT is(pg_temp.ran($$EXECUTE untyped('order', '1', 'created', '{"schema_version": 1}', 'sea')$$),
-    'first', 'prepared with untyped parameters (as a driver binds them)');
+SELECT is(
+    pg_temp.ran($$EXECUTE untyped('order', '1', 'created', '{"schema_version": 1}', 'sea')$$),
+    'first', 'prepared with untyped parameters (as a driver binds them)'
+);
 
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
     event_id => '6ba7b810-9dad-51d1-80b4-00c04fd43801')$$),
-    'second', 'event_id alone, by name: the second signature');
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
+    'second', 'event_id alone, by name: the second signature'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
     deliver_at => now() + interval '1 minute')$$),
-    'second', 'deliver_at alone');
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
+    'second', 'deliver_at alone'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
     deliver_after => interval '1 minute')$$),
-    'second', 'deliver_after alone');
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', 'sea', 1, '{}',
+    'second', 'deliver_after alone'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', 'sea', 1, '{}',
     NULL, NULL, NULL, NULL, NULL, '6ba7b810-9dad-51d1-80b4-00c04fd43802', NULL, interval '1 minute')$$),
-    'second', 'all fifteen by position');
-SELECT is(pg_temp.ran($$SELECT outbox.emit('order'::varchar, '1', 'created', '{"schema_version": 1}', context => 'vc')$$),
-    'second', 'a varchar aggregate_type: the second signature');
+    'second', 'all fifteen by position'
+);
+SELECT is(
+    pg_temp.ran($$SELECT outbox.emit('order'::varchar, '1', 'created', '{"schema_version": 1}', context => 'vc')$$),
+    'second', 'a varchar aggregate_type: the second signature'
+);
 RESET ROLE;
 
 SELECT results_eq(
@@ -92,17 +118,29 @@ SELECT is(
     'only the calls with an event id registered it'
 );
 SELECT ok(
-    has_function_privilege('pgoutbox_writer',
-        'outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz)', 'EXECUTE')
-    AND has_function_privilege('pgoutbox_writer',
-        'outbox.emit(character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid, timestamptz, interval)',
-        'EXECUTE'),
+    has_function_privilege(
+        'pgoutbox_writer',
+        'outbox.emit(text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz)', 'EXECUTE'
+    )
+    AND has_function_privilege(
+        'pgoutbox_writer',
+        'outbox.emit(character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz,'
+        || ' uuid, timestamptz, interval)',
+        'EXECUTE'
+    ),
     'both signatures are granted to pgoutbox_writer'
 );
 SELECT is(
-    (SELECT count(*) FROM pg_proc AS p, aclexplode(p.proacl) AS a
-     WHERE p.oid = 'outbox.emit(character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz, uuid, timestamptz, interval)'::regprocedure
-         AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner),
+    (
+        SELECT count(*) FROM pg_proc AS p, aclexplode(p.proacl) AS a
+        WHERE
+            p.oid
+            = (
+                'outbox.emit(character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text,'
+                || ' timestamptz, uuid, timestamptz, interval)'
+            )::regprocedure
+            AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+    ),
     1::bigint, 'the second signature to pgoutbox_writer only (not PUBLIC)'
 );
 
