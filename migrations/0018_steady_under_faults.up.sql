@@ -88,14 +88,15 @@ BEGIN
 
     -- PENDING -> DEAD_LETTER only inside outbox.cancel() (sql/36_outbox_schedules.sql),
     -- which sets pgoutbox.cancel_reason: a scheduled event cancelled before
-    -- it fell due, written to outbox.cancel_log here.
-    IF OLD.status = 'PENDING' AND NEW.status = 'DEAD_LETTER' THEN
-        reason := nullif(btrim(current_setting('pgoutbox.cancel_reason', true)), '');
-        IF reason IS NULL OR OLD.available_at <= now()
+    -- it fell due, written to outbox.cancel_log here. Without the setting, the
+    -- move is illegal like any other (below).
+    reason := nullif(btrim(current_setting('pgoutbox.cancel_reason', true)), '');
+    IF OLD.status = 'PENDING' AND NEW.status = 'DEAD_LETTER' AND reason IS NOT NULL THEN
+        IF OLD.available_at <= now()
             OR (NEW.attempts, NEW.available_at, NEW.claimed_at, NEW.claimed_by, NEW.claim_token, NEW.published_at)
             IS DISTINCT FROM
             (OLD.attempts, OLD.available_at, OLD.claimed_at, OLD.claimed_by, OLD.claim_token, OLD.published_at) THEN
-            RAISE EXCEPTION 'NOT_CANCELLABLE: event % is cancelled only by outbox.cancel(), with a reason, before it falls due', OLD.event_id
+            RAISE EXCEPTION 'NOT_CANCELLABLE: event % is cancelled only before it falls due, with nothing else changed', OLD.event_id
                 USING ERRCODE = 'OB024';
         END IF;
         INSERT INTO outbox.cancel_log (event_id, cancelled_by, reason, deliver_at)

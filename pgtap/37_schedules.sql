@@ -210,7 +210,7 @@ SELECT is(
 SELECT outbox.emit('order', '6', 'created', '{"schema_version": 1}', context => 'due');
 SELECT throws_ok(
     $$UPDATE outbox.events SET status = 'DEAD_LETTER', last_error = 'by hand' WHERE context = 'due'$$,
-    'OB024', NULL, 'PENDING -> DEAD_LETTER of a due event by hand is refused: NOT_CANCELLABLE'
+    'OB010', NULL, 'PENDING -> DEAD_LETTER of a due event by hand is refused: ILLEGAL_TRANSITION'
 );
 SELECT outbox.emit(
     'order', '6', 'remind', '{"schema_version": 1}', context => 'hand',
@@ -218,7 +218,7 @@ SELECT outbox.emit(
 );
 SELECT throws_ok(
     $$UPDATE outbox.events SET status = 'DEAD_LETTER', last_error = 'by hand' WHERE context = 'hand'$$,
-    'OB024', NULL, 'an UPDATE around outbox.cancel() is refused (no reason given to the guard)'
+    'OB010', NULL, 'an UPDATE around outbox.cancel() is refused: ILLEGAL_TRANSITION'
 );
 SET LOCAL ROLE pgoutbox_admin;
 SELECT is(
