@@ -15,7 +15,7 @@
 -- dblink sessions as the owner (dblink needs it).
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(18);
+SELECT plan(19);
 
 -- Given ids: ...6a01 and ...6a02 (version 5), ...000c (version 7), and a version-4 one.
 CREATE FUNCTION pg_temp.emit_as(id uuid, payload jsonb, event_type text DEFAULT 'created')
@@ -78,6 +78,14 @@ SELECT throws_ok(
     $$SELECT pg_temp.emit_as('9c5b94b1-35ad-49bb-b118-8e8fc24abf80', '{"schema_version": 1}')$$,
     'OB019', NULL, 'a version-4 id (the kind emit draws) is refused (INVALID_EVENT_ID)'
 );
+
+SET LOCAL ROLE pgoutbox_writer;
+SELECT throws_ok(
+    $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}',
+        event_id => '5df6e0e2-7611-5b06-9a4c-0a7c0d3f6a09')$$,
+    'OB001', NULL, 'a given id with a required part missing (no context): INVALID_OUTBOX, as without one'
+);
+RESET ROLE;
 
 -- An owner's INSERT: held to the same register.
 SELECT throws_ok(

@@ -93,6 +93,7 @@ DECLARE
     new_id uuid := coalesce(emit.event_id, gen_random_uuid());
     ctx text := coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), ''));
     due timestamptz := now();
+    fingerprint uuid;
 BEGIN
     IF emit.deliver_at IS NOT NULL OR emit.deliver_after IS NOT NULL THEN
         due := outbox._delivery_time(emit.deliver_at, emit.deliver_after);
@@ -108,15 +109,20 @@ BEGIN
                 USING ERRCODE = 'OB019',
                       HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
         END IF;
-        IF NOT outbox._register_event_id(new_id, outbox._event_fingerprint(
+        fingerprint := outbox._event_fingerprint(
             ctx, emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
             emit.payload, emit.correlation_id, emit.causation_id, emit.tenant_id, emit.ordering_key
-        )) THEN
-            RETURN new_id;  -- the same event again: it exists, nothing is written
+        );
+        -- NULL when a required part is missing: the INSERT's policies then
+        -- refuse the event with that part's code, before any registering.
+        IF fingerprint IS NOT NULL THEN
+            IF NOT outbox._register_event_id(new_id, fingerprint) THEN
+                RETURN new_id;  -- the same event again: it exists, nothing is written
+            END IF;
+            -- For this statement only: a later INSERT of the same transaction
+            -- (an owner's) has another statement_timestamp, and is checked.
+            PERFORM set_config('pgoutbox.registered_event_id', new_id::text || '@' || statement_timestamp()::text, true);
         END IF;
-        -- For this statement only: a later INSERT of the same transaction
-        -- (an owner's) has another statement_timestamp, and is checked.
-        PERFORM set_config('pgoutbox.registered_event_id', new_id::text || '@' || statement_timestamp()::text, true);
     END IF;
     INSERT INTO outbox.events (
         event_id, context, aggregate_type, aggregate_id, event_type, event_version,
