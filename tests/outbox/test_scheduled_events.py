@@ -63,3 +63,26 @@ def test_an_event_scheduled_3s_ahead_is_published_3s_later_within_1s(database_ur
     waited = published_after(database_url, event_id)
     assert timedelta(seconds=3) <= waited < timedelta(seconds=4), waited
     assert msg_ids(asyncio.run(stream_messages(nats_server.url))) == [event_id]
+
+
+def test_events_scheduled_a_second_apart_are_each_published_on_time(database_url, nats_server, relay):
+    """The second falls due after the relay claimed the first: the claim that
+    took the first asks again, rather than leaving it to the 30 s poll."""
+    asyncio.run(apply_streams(nats_server.url))
+    process = relay(login(database_url, "pgoutbox_relay"), nats_server.url, relay_poll_interval="30s")
+    process.wait_started()
+    with psycopg.connect(login(database_url, "pgoutbox_writer"), autocommit=True) as writer, writer.transaction():
+        first, second = (
+            str(
+                writer.execute(
+                    "SELECT outbox.emit('order', '42', 'reminder_due', '{\"schema_version\": 1}',"
+                    " context => 'sea', deliver_after => %s)",
+                    (timedelta(seconds=delay),),
+                ).fetchone()[0]
+            )
+            for delay in (2, 3)
+        )
+    for event_id, delay in ((first, 2), (second, 3)):
+        wait_for(lambda e=event_id: published_after(database_url, e) is not None, 20, f"the event due in {delay} s")
+        waited = published_after(database_url, event_id)
+        assert timedelta(seconds=delay) <= waited < timedelta(seconds=delay + 1), (delay, waited)

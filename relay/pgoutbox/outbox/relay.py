@@ -127,6 +127,7 @@ class OutboxRelay:
         # outbox.next_scheduled likewise (schema 18): without it, scheduled
         # events go out at the fallback poll after they fall due.
         self._asks_schedules = True
+        self._schedules_near = False  # the last answer fell before the next poll
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -283,6 +284,8 @@ class OutboxRelay:
                 await out.put(Batch(rows, started))
                 if len(rows) == cfg.batch_size:
                     continue  # a full batch: more may be due, claim again without waiting
+                if self._schedules_near:  # the next of several scheduled events, on time too
+                    await self._next_scheduled()
             else:
                 self._progress()  # nothing claimable is not "stuck"
                 await self._next_scheduled()
@@ -335,9 +338,11 @@ class OutboxRelay:
         """After a claim that found nothing due: when does the next scheduled
         event (emit's deliver_at / deliver_after) fall due? If before the next
         poll, the wait ends then, so that it is published on time without
-        polling faster. Asked only after an empty claim (one index probe, at
-        most once a poll while idle); a busy relay claims often enough anyway.
-        No notification can announce it: NOTIFY is sent at commit, not later."""
+        polling faster. Asked after an empty claim (one index probe, at most
+        once a poll while idle), and after a short one while the last answer
+        fell before the next poll (several scheduled events close together);
+        a busy relay claims often enough anyway. No notification can
+        announce it: NOTIFY is sent at commit, not later."""
         if not self._asks_schedules:
             return
         try:
@@ -355,7 +360,8 @@ class OutboxRelay:
                 extra={"action": "next_scheduled_error", "sqlstate": exc.sqlstate},
             )
             return
-        if seconds is not None and seconds < self.cfg.poll_interval:
+        self._schedules_near = seconds is not None and seconds < self.cfg.poll_interval
+        if seconds is not None and self._schedules_near:
             self.wakeups.wake_at(time.monotonic() + max(seconds, 0.0))
 
     async def _probe(self, out: asyncio.Queue[Batch | None]) -> None:
