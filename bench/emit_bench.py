@@ -8,6 +8,11 @@ transaction (BEGIN; statement; COMMIT) as fast as it can. Sides:
   emit     outbox.emit(...) on the schema of this checkout;
   plain    INSERT INTO a minimal outbox table: uuid primary key, subject,
            jsonb payload, status, created_at, and an index on pending rows;
+  keyed    outbox.emit(..., event_id => ...): the caller's own id (a UUIDv5
+           drawn by the writer, new for every event), registered in
+           outbox.event_keys: what a retry-safe emit costs;
+  scheduled  outbox.emit(..., deliver_after => '1 hour'): a delayed event,
+           entered in outbox.schedules;
   before   outbox.emit(...) on the previous schema version (a database
            migrated one version short), to show what the newest migration
            changed; with --before COMMIT, on the schema that commit's own
@@ -29,7 +34,8 @@ synchronous_commit off in that session): backend CPU per transaction, what
 emit itself costs. Last, the hypervisor's steal over the run.
 
     .venv/bin/python bench/emit_bench.py [--writers 1,4] [--rounds 5] [--seconds 2]
-        [--synchronous-commit on|off] [--sides emit,plain,before] [--headers] [--before COMMIT]
+        [--synchronous-commit on|off] [--sides emit,plain,before,keyed,scheduled] [--headers]
+        [--before COMMIT]
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -73,6 +80,11 @@ EMIT_HEADERS = (
     "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea',"
     " headers => %(headers)s::jsonb)"
 )
+KEYED = "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea', event_id => %(id)s)"
+SCHEDULED = (
+    "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea',"
+    " deliver_after => interval '1 hour')"
+)
 PLAIN = "INSERT INTO public.outbox_plain (subject, payload) VALUES ('sea.event.order_created.v1', %(payload)s::jsonb)"
 
 
@@ -81,7 +93,9 @@ def _writer(url: str, statement: str, headers: str, start_at: float, seconds: fl
     (transactions, own CPU s, its backend's CPU s)."""
     with psycopg.connect(url) as conn:
         backend = conn.info.backend_pid
-        params = {"n": "0", "payload": PAYLOAD, "headers": headers}
+        params = {"n": "0", "payload": PAYLOAD, "headers": headers, "id": uuid.uuid5(uuid.NAMESPACE_URL, "0")}
+        keyed = "%(id)s" in statement
+        run = f"{backend}:{time.time_ns()}"
         for _ in range(10):  # psycopg prepares a statement on its 5th run: out of the window
             conn.execute(statement, params)
             conn.rollback()
@@ -92,6 +106,8 @@ def _writer(url: str, statement: str, headers: str, start_at: float, seconds: fl
         n = 0
         while time.time() < deadline:
             params["n"] = str(n)
+            if keyed:  # a new event each time: the business key of a new order
+                params["id"] = uuid.uuid5(uuid.NAMESPACE_URL, f"{run}:{n}")
             conn.execute(statement, params)
             conn.commit()
             n += 1
@@ -146,6 +162,12 @@ $$;
 """
 PAYLOAD_SQL = "'" + PAYLOAD.replace("'", "''") + "'::jsonb"
 LOOP_EMIT = f"PERFORM outbox.emit('order', i::text, 'order_created', {PAYLOAD_SQL}, context => 'sea'{{headers}})"
+# The writer's UUIDv5 drawn in SQL: md5 with the version digit set (so a
+# keyed transaction here also pays an md5 of a short text, about 1 µs).
+LOOP_KEYED = LOOP_EMIT.replace(
+    "{headers}", ", event_id => overlay(md5(i::text || clock_timestamp()::text) placing '5' from 13 for 1)::uuid"
+)
+LOOP_SCHEDULED = LOOP_EMIT.replace("{headers}", ", deliver_after => interval '1 hour'")
 LOOP_PLAIN = f"INSERT INTO public.outbox_plain (subject, payload) VALUES ('sea.event.order_created.v1', {PAYLOAD_SQL})"
 
 
@@ -171,7 +193,8 @@ def setup(server_url: str, sides: list[str], headers: str, before: str | None, r
             elif side != "before" or not before:
                 migrate.migrate(c, target=SCHEMA_VERSION - 1 if side == "before" else None)
             emit = LOOP_EMIT.replace("{headers}", "" if headers == "{}" else f", headers => '{headers}'::jsonb")
-            c.execute(LOOP.replace("{statement}", LOOP_PLAIN if side == "plain" else emit))
+            loop = {"plain": LOOP_PLAIN, "keyed": LOOP_KEYED, "scheduled": LOOP_SCHEDULED}.get(side, emit)
+            c.execute(LOOP.replace("{statement}", loop))
         urls[side] = url
     return urls
 
@@ -182,7 +205,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0, help="per side and round")
     ap.add_argument("--synchronous-commit", default="on", choices=("on", "off"))
-    ap.add_argument("--sides", default="emit,plain,before", help="comma-separated: emit, plain, before")
+    ap.add_argument(
+        "--sides", default="emit,plain,before", help="comma-separated: emit, plain, before, keyed, scheduled"
+    )
     ap.add_argument("--headers", action="store_true", help="emit with a W3C traceparent header (plain: none)")
     ap.add_argument("--before", metavar="COMMIT", help="the before side: this commit's schema, not one version short")
     args = ap.parse_args()
@@ -202,7 +227,7 @@ def main() -> None:
         headers = TRACEPARENT if args.headers else "{}"
         urls = setup(pg.start(), sides, headers, args.before, root)
         emit_sql = EMIT_HEADERS if args.headers else EMIT
-        statements = {"emit": emit_sql, "before": emit_sql, "plain": PLAIN}
+        statements = {"emit": emit_sql, "before": emit_sql, "plain": PLAIN, "keyed": KEYED, "scheduled": SCHEDULED}
         print(
             f"emit bench: PostgreSQL 15, fsync on, synchronous_commit={args.synchronous_commit}; one event per"
             f" transaction; {args.rounds} interleaved rounds of {args.seconds:g} s per side;"
@@ -229,8 +254,11 @@ def main() -> None:
                 if "plain" in got and side != "plain":
                     ratios = [a["tps"] / b["tps"] for a, b in zip(rows, got["plain"])]
                     ratio = f"{statistics.median(ratios):.2f}"
-                    code = {"emit": "this", "before": "before"}[side]
-                    figures.record(f"emit / INSERT, {writers} writers", code, statistics.median(ratios), "x", "higher")
+                    code = {"emit": "this", "before": "before"}.get(side)
+                    if code:
+                        figures.record(
+                            f"emit / INSERT, {writers} writers", code, statistics.median(ratios), "x", "higher"
+                        )
                 rounds = "/".join(f"{x['tps']:,.0f}" for x in rows)
                 print(
                     f"{'':12}{side:<8}{statistics.median(x['tps'] for x in rows):>8,.0f}{ratio:>10}"

@@ -73,6 +73,24 @@ BEGIN
         RETURN NEW;
     END IF;
 
+    -- PENDING -> DEAD_LETTER only inside outbox.cancel() (sql/36_outbox_schedules.sql),
+    -- which sets pgoutbox.cancel_reason: a scheduled event cancelled before
+    -- it fell due, written to outbox.cancel_log here. Without the setting, the
+    -- move is illegal like any other (below).
+    reason := nullif(btrim(current_setting('pgoutbox.cancel_reason', true)), '');
+    IF OLD.status = 'PENDING' AND NEW.status = 'DEAD_LETTER' AND reason IS NOT NULL THEN
+        IF OLD.available_at <= now()
+            OR (NEW.attempts, NEW.available_at, NEW.claimed_at, NEW.claimed_by, NEW.claim_token, NEW.published_at)
+            IS DISTINCT FROM
+            (OLD.attempts, OLD.available_at, OLD.claimed_at, OLD.claimed_by, OLD.claim_token, OLD.published_at) THEN
+            RAISE EXCEPTION 'NOT_CANCELLABLE: event % is cancelled only before it falls due, with nothing else changed', OLD.event_id
+                USING ERRCODE = 'OB024';
+        END IF;
+        INSERT INTO outbox.cancel_log (event_id, cancelled_by, reason, deliver_at)
+        VALUES (OLD.event_id, session_user, reason, OLD.available_at);
+        RETURN NEW;
+    END IF;
+
     -- COMPLETED -> PENDING only inside outbox.requeue_completed(), which sets
     -- pgoutbox.requeue_from (sql/35_outbox_repair.sql): the broker lost it.
     IF NEW.status = 'PENDING' AND (
@@ -1019,6 +1037,544 @@ GRANT EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) TO pgoutbo
 -- ---- fairness: fair claims across tenants
 
 -- ---- emit: a caller's id, a delivery time, a cheap common case
+
+-- The event ids callers gave emit (event_id => ...), one row each, kept for
+-- good (a retry after its event was archived is still the same event).
+-- Drawn ids (version-4 UUIDs, 122 random bits) are never registered: that
+-- every event id is unique then rests on the primary key here for given ids,
+-- on chance for drawn ones, and on a given id never being of version 4 (emit
+-- refuses one). The INSERT policy trigger registers the id of any other
+-- INSERT (an owner's); a dump restores this table with the events, so a
+-- restored database keeps the rule. content_md5: what a second emit with the
+-- same id must match (outbox._event_fingerprint).
+CREATE TABLE IF NOT EXISTS outbox.event_keys (
+    event_id uuid PRIMARY KEY,
+    content_md5 uuid NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE outbox.event_keys IS
+'Event ids given by callers (outbox.emit(event_id => ...)): one event per id, kept for good.';
+
+-- Events emitted with a delivery time (deliver_at, deliver_after), one row
+-- each, written by emit only for them: the common case pays nothing. It
+-- answers what outbox.events could answer only by a scan or by an index
+-- every emit would pay for: when the next one falls due (the relay sleeps
+-- until then), how many wait per context (pgoutbox status), and who emitted
+-- one (outbox.cancel). A cancelled event's row is deleted.
+CREATE TABLE IF NOT EXISTS outbox.schedules (
+    event_id uuid PRIMARY KEY,
+    created_at timestamptz NOT NULL,
+    context text NOT NULL,
+    deliver_at timestamptz NOT NULL,
+    emitted_by text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS schedules_deliver_at_idx ON outbox.schedules (deliver_at);
+COMMENT ON TABLE outbox.schedules IS
+'Events emitted with a delivery time: when each falls due, its context, who emitted it.';
+
+-- Scheduled events cancelled before they fell due (PENDING -> DEAD_LETTER),
+-- written by the update guard itself so that no path around outbox.cancel()
+-- escapes it.
+CREATE TABLE IF NOT EXISTS outbox.cancel_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id uuid NOT NULL,
+    cancelled_at timestamptz NOT NULL DEFAULT now(),
+    cancelled_by text NOT NULL,
+    reason text NOT NULL,
+    deliver_at timestamptz NOT NULL,
+    CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
+);
+COMMENT ON TABLE outbox.cancel_log IS
+'Who cancelled which scheduled event, when and why (outbox.cancel).';
+
+-- generated from sql/20_outbox_guards.sql: outbox._event_fingerprint
+-- What makes two events with one given id the same event: everything the
+-- caller states about it, but not its headers (a retry carries a new trace),
+-- its occurred_at (a retry that leaves it to the default gets a new one) nor
+-- its delivery time (deliver_after counts from each retry). jsonb's text is
+-- canonical: key order and white space do not count; the line breaks between
+-- the parts cannot occur in any of them (the policies refuse them, and JSON
+-- text escapes them), nor can '' (refused where a value is optional). No SET
+-- clause, so that a caller's expression inlines it.
+CREATE OR REPLACE FUNCTION outbox._event_fingerprint(
+    context text,
+    aggregate_type text,
+    aggregate_id text,
+    event_type text,
+    event_version integer,
+    payload jsonb,
+    correlation_id uuid,
+    causation_id uuid,
+    tenant_id text,
+    ordering_key text
+)
+RETURNS uuid
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT pg_catalog.md5(
+        context || E'\n' || aggregate_type || E'\n' || aggregate_id || E'\n' || event_type
+        || E'\n' || event_version::text || E'\n' || payload::text
+        || E'\n' || coalesce(correlation_id::text, '') || E'\n' || coalesce(causation_id::text, '')
+        || E'\n' || coalesce(tenant_id, '') || E'\n' || coalesce(ordering_key, '')
+    )::uuid;
+$$;
+-- end generated
+
+-- generated from sql/20_outbox_guards.sql: outbox._register_event_id
+-- Registers a given event id (outbox.event_keys): true when it is new (the
+-- row is to be written), false when the same event holds it already (the
+-- row is not written), EVENT_ID_CONFLICT when another event holds it. A
+-- second session with the same id waits here for the first to end (ON
+-- CONFLICT waits on the uncommitted key), so two at once write one row.
+CREATE OR REPLACE FUNCTION outbox._register_event_id(event_id uuid, content_md5 uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    held uuid;
+BEGIN
+    INSERT INTO outbox.event_keys (event_id, content_md5)
+    VALUES (_register_event_id.event_id, _register_event_id.content_md5)
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        RETURN TRUE;
+    END IF;
+    SELECT k.content_md5 INTO held FROM outbox.event_keys AS k WHERE k.event_id = _register_event_id.event_id;
+    IF held = _register_event_id.content_md5 THEN
+        RETURN FALSE;
+    END IF;
+    RAISE EXCEPTION 'EVENT_ID_CONFLICT: event id % belongs to an event with other content', _register_event_id.event_id
+        USING ERRCODE = 'OB018',
+              HINT = 'An event id names one event: derive it from the business key of that one event.';
+END;
+$$;
+-- end generated
+
+-- generated from sql/20_outbox_guards.sql: outbox.tg_events__check_policies
+-- Policies, checked once per row at INSERT whoever inserts, and raised with
+-- the codes of the error table (docs/reference.md); then the subject is
+-- derived from the parts just checked, and the relays are woken when due.
+-- Besides the content rules, they refuse what no relay could deliver
+-- (docs/reference.md, "Limits"): times the wire format cannot express, values
+-- a NATS header cannot carry, sizes over the maximums, which keep the payload
+-- and every header together well under NATS's default max_payload (1 MiB).
+-- Limits live here, not in CHECK constraints: rows written before them must
+-- stay valid, and CHECKs would run at every UPDATE.
+--
+-- Shaped for emit, which every business transaction pays (docs/relay.md,
+-- "What emit costs"). plpgsql prepares each expression of a function anew
+-- in every transaction, and with one IF per rule that cost more than the
+-- tests themselves. So a row is first tested by one small expression that is
+-- true only when it breaks no rule (most of the string rules as one regular
+-- expression over the parts joined by line breaks, which no valid part
+-- holds); only a row it does not pass goes through the CASE below, whose
+-- first broken rule names the error, in the order of the error table.
+CREATE OR REPLACE FUNCTION outbox.tg_events__check_policies()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    broken text;
+BEGIN
+    IF (
+        (
+            NEW.event_id IS NOT NULL
+            AND (
+                NEW.context || E'\n' || NEW.event_type || E'\n' || NEW.event_version::text || E'\n'
+                || NEW.aggregate_type || E'\n' || NEW.aggregate_id || E'\n' || coalesce(NEW.tenant_id, '-')
+                || E'\n' || coalesce(NEW.ordering_key, '-') || E'\n' || (NEW.payload -> 'schema_version')::text
+            ) ~ '^[A-Za-z0-9_-]+\n[A-Za-z0-9_-]+\n[1-9][0-9]*\n\S([^\r\n]*\S)?\n\S([^\r\n]*\S)?\n\S([^\r\n]*\S)?\n\S([^\r\n]*\S)?\n[1-9][0-9]{0,8}$'
+            AND length(NEW.context) <= 64 AND length(NEW.event_type) <= 128
+            AND length(NEW.aggregate_type) <= 255 AND length(NEW.aggregate_id) <= 1024
+            AND length(coalesce(NEW.tenant_id, '')) <= 255 AND length(coalesce(NEW.ordering_key, '')) <= 512
+            AND least(NEW.occurred_at, NEW.created_at, NEW.available_at) >= '1900-01-01 00:00:00+00'
+            AND greatest(NEW.occurred_at, NEW.created_at, NEW.available_at) < '10000-01-01 00:00:00+00'
+            AND NEW.occurred_at <= now() + interval '1 minute'
+            AND octet_length(NEW.payload::text) <= 524288
+        ) IS TRUE
+        -- only once every rule before it holds: _headers_pass raises a header's error
+        AND (NEW.headers = '{}'::jsonb OR (jsonb_typeof(NEW.headers) = 'object' AND outbox._headers_pass(NEW.headers)))
+        AND NEW.status = 'PENDING' AND NEW.attempts = 0 AND NEW.claim_token IS NULL AND NEW.published_at IS NULL
+        -- a drawn id (version 4), or one emit has just registered; any other
+        -- was given to an INSERT, and is registered below
+        AND (
+            substr(NEW.event_id::text, 15, 1) = '4'
+            OR NEW.event_id::text || '@' || statement_timestamp()::text = current_setting('pgoutbox.registered_event_id', true)
+        )
+    ) IS NOT TRUE THEN
+        broken := CASE
+            WHEN nullif(btrim(NEW.context), '') IS NULL
+                OR nullif(btrim(NEW.aggregate_type), '') IS NULL
+                OR nullif(btrim(NEW.aggregate_id), '') IS NULL
+                OR nullif(btrim(NEW.event_type), '') IS NULL
+                OR NEW.event_id IS NULL THEN 'required'
+            -- Finite and within what ISO 8601 and every client's date type carry.
+            WHEN NOT (NEW.occurred_at >= '1900-01-01 00:00:00+00' AND NEW.occurred_at < '10000-01-01 00:00:00+00'
+                AND NEW.created_at >= '1900-01-01 00:00:00+00' AND NEW.created_at < '10000-01-01 00:00:00+00'
+                AND NEW.available_at >= '1900-01-01 00:00:00+00' AND NEW.available_at < '10000-01-01 00:00:00+00')
+                THEN 'time range'
+            WHEN NEW.occurred_at > now() + interval '1 minute' THEN 'future'
+            -- A bounded repetition ({1,128}) costs PostgreSQL's regex engine up
+            -- to 5 µs a match here; a + and a length test, a tenth of it.
+            WHEN NEW.context !~ '^[A-Za-z0-9_-]+$' OR length(NEW.context) > 64 THEN 'context'
+            WHEN NEW.event_type !~ '^[A-Za-z0-9_-]+$' OR length(NEW.event_type) > 128 THEN 'event_type'
+            WHEN NEW.event_version IS NULL OR NEW.event_version < 1 THEN 'event_version'
+            WHEN length(NEW.aggregate_type) > 255 THEN 'aggregate_type (255)'
+            WHEN length(NEW.aggregate_id) > 1024 THEN 'aggregate_id (1024)'
+            WHEN length(NEW.tenant_id) > 255 THEN 'tenant_id (255)'
+            WHEN length(NEW.ordering_key) > 512 THEN 'ordering_key (512)'
+            -- The metadata travels as NATS header values (Pgoutbox-*): no line
+            -- breaks, and no leading or trailing white space (clients trim it).
+            WHEN NEW.aggregate_type ~ '[\r\n]|^\s|\s$' THEN 'aggregate_type'
+            WHEN NEW.aggregate_id ~ '[\r\n]|^\s|\s$' THEN 'aggregate_id'
+            WHEN NEW.tenant_id ~ '[\r\n]|^\s|\s$|^$' THEN 'tenant_id'
+            WHEN NEW.ordering_key ~ '[\r\n]|^\s|\s$|^$' THEN 'ordering_key'
+            WHEN NEW.payload IS NULL OR jsonb_typeof(NEW.payload) <> 'object' THEN 'payload'
+            -- Its digits, not its value: 1.0 or 1e0 would reach consumers as a float.
+            WHEN jsonb_typeof(NEW.payload -> 'schema_version') IS DISTINCT FROM 'number'
+                OR (NEW.payload -> 'schema_version')::text !~ '^[1-9][0-9]{0,9}$'
+                OR (NEW.payload -> 'schema_version')::text::bigint > 2147483647 THEN 'schema_version'
+            -- The payload is the message body, as this very text.
+            WHEN octet_length(NEW.payload::text) > 524288 THEN 'payload size'
+            WHEN NEW.headers IS NULL OR jsonb_typeof(NEW.headers) <> 'object' THEN 'headers'
+            -- _headers_pass raises a header's error itself, or says true.
+            WHEN NEW.headers <> '{}'::jsonb AND NOT outbox._headers_pass(NEW.headers) THEN 'headers'
+            WHEN NEW.status <> 'PENDING' OR NEW.attempts <> 0 OR NEW.claim_token IS NOT NULL
+                OR NEW.published_at IS NOT NULL THEN 'state'
+            -- Not a rule broken: an id given to an INSERT, held to one event per id.
+            WHEN substr(NEW.event_id::text, 15, 1) <> '4'
+                AND NEW.event_id::text || '@' || statement_timestamp()::text
+                IS DISTINCT FROM current_setting('pgoutbox.registered_event_id', true)
+                THEN 'given id'
+        END;
+        -- NULL: what the first test could not tell, such as a schema_version of
+        -- ten digits, or a NULL that a NOT NULL constraint refuses next.
+        IF broken = 'required' THEN
+            RAISE EXCEPTION 'INVALID_OUTBOX: context, aggregate_type, aggregate_id, event_type and event_id are required'
+                USING ERRCODE = 'OB001',
+                      HINT = 'Pass context => ... or set pgoutbox.context for the database or role.';
+        ELSIF broken = 'time range' THEN
+            RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: occurred_at, created_at and available_at must be finite times from 1900 to 9999 (UTC)'
+                USING ERRCODE = 'OB008',
+                      DETAIL = format('occurred_at=%s, created_at=%s, available_at=%s',
+                          NEW.occurred_at, NEW.created_at, NEW.available_at);
+        ELSIF broken = 'future' THEN
+            RAISE EXCEPTION 'FUTURE_EVENT: occurred_at % is more than a minute ahead of the database clock', NEW.occurred_at
+                USING ERRCODE = 'OB002';
+        ELSIF broken = 'context' THEN
+            RAISE EXCEPTION 'INVALID_SUBJECT_PART: context % is not a subject token ([A-Za-z0-9_-], 1-64 chars)', quote_literal(left(NEW.context, 100))
+                USING ERRCODE = 'OB003';
+        ELSIF broken = 'event_type' THEN
+            RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_type % is not a subject token ([A-Za-z0-9_-], 1-128 chars)', quote_literal(left(NEW.event_type, 150))
+                USING ERRCODE = 'OB003';
+        ELSIF broken = 'event_version' THEN
+            RAISE EXCEPTION 'INVALID_SUBJECT_PART: event_version must be a positive integer, got %', NEW.event_version
+                USING ERRCODE = 'OB003';
+        ELSIF broken LIKE '%)' THEN
+            RAISE EXCEPTION 'VALUE_TOO_LARGE: % is longer than its maximum (characters)', broken
+                USING ERRCODE = 'OB009';
+        ELSIF broken IN ('aggregate_type', 'aggregate_id', 'tenant_id', 'ordering_key') THEN
+            RAISE EXCEPTION 'INVALID_ARGUMENT: % is empty, has a line break, or starts or ends with white space', broken
+                USING ERRCODE = 'OB006', HINT = 'It travels as a NATS header value, which cannot carry these.';
+        ELSIF broken = 'payload' THEN
+            RAISE EXCEPTION 'INVALID_PAYLOAD: payload must be a JSON object, got %', coalesce(jsonb_typeof(NEW.payload), 'NULL')
+                USING ERRCODE = 'OB004';
+        ELSIF broken = 'schema_version' THEN
+            RAISE EXCEPTION 'INVALID_SCHEMA_VERSION: payload.schema_version must be an integer from 1 to 2147483647, got %', left(coalesce(NEW.payload -> 'schema_version', 'null'::jsonb)::text, 100)
+                USING ERRCODE = 'OB005';
+        ELSIF broken = 'payload size' THEN
+            RAISE EXCEPTION 'VALUE_TOO_LARGE: payload is % bytes of JSON, more than 524288 (512 KiB)', octet_length(NEW.payload::text)
+                USING ERRCODE = 'OB009';
+        ELSIF broken = 'headers' THEN
+            RAISE EXCEPTION 'INVALID_ARGUMENT: headers must be a JSON object'
+                USING ERRCODE = 'OB006';
+        ELSIF broken = 'state' THEN
+            RAISE EXCEPTION 'ILLEGAL_TRANSITION: an event is born PENDING with no attempts and no claim'
+                USING ERRCODE = 'OB010';
+        ELSIF broken = 'given id' AND NOT outbox._register_event_id(
+            NEW.event_id,
+            outbox._event_fingerprint(
+                NEW.context, NEW.aggregate_type, NEW.aggregate_id, NEW.event_type, NEW.event_version,
+                NEW.payload, NEW.correlation_id, NEW.causation_id, NEW.tenant_id, NEW.ordering_key
+            )
+        ) THEN
+            -- The same event again (a retry whose commit was not seen): it
+            -- exists already, and nothing is written.
+            RETURN NULL;
+        END IF;
+    END IF;
+    NEW.subject := NEW.context || '.event.' || NEW.event_type || '.v' || NEW.event_version::text;
+    -- The row passed: wake the relays if a wake-up is due (40_outbox_wakeup.sql).
+    IF outbox._wakeup_is_due() THEN
+        PERFORM outbox._wake_relays(NEW.context);
+    END IF;
+    RETURN NEW;
+END;
+$$;
+-- end generated
+
+-- generated from sql/36_outbox_schedules.sql: outbox._delivery_time
+-- When an event emitted with deliver_at or deliver_after falls due, checked:
+-- one of the two, finite, not more than a minute in the past (a clock a
+-- little behind the database's: due now), and at most 366 days ahead (a
+-- year of reminders; further is a parked event nobody sees, and it keeps its
+-- day's partition from archival meanwhile).
+CREATE OR REPLACE FUNCTION outbox._delivery_time(deliver_at timestamptz, deliver_after interval)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    due timestamptz;
+BEGIN
+    IF deliver_at IS NOT NULL AND deliver_after IS NOT NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: give deliver_at or deliver_after, not both'
+            USING ERRCODE = 'OB006';
+    END IF;
+    due := coalesce(deliver_at, now() + deliver_after);
+    IF NOT isfinite(due) AND due > now() OR due > now() + interval '366 days' THEN
+        RAISE EXCEPTION 'DELIVERY_TOO_FAR: delivery time % is more than 366 days ahead', due
+            USING ERRCODE = 'OB023';
+    END IF;
+    IF NOT isfinite(due) OR due < now() - interval '1 minute' THEN
+        RAISE EXCEPTION 'DELIVERY_IN_PAST: delivery time % is more than a minute in the past', due
+            USING ERRCODE = 'OB022',
+                  HINT = 'Leave deliver_at and deliver_after out to deliver at once.';
+    END IF;
+    RETURN greatest(due, now());
+END;
+$$;
+-- end generated
+
+-- generated from sql/36_outbox_schedules.sql: outbox.emit
+-- outbox.emit with three options more (30_outbox_api.sql has the common
+-- case): returns the event id.
+--
+-- event_id: the caller's own id for the event, to retry safely (e.g. a
+-- UUIDv5 of its business key, after a commit whose acknowledgement was
+-- lost). Emitted again with the same content (outbox._event_fingerprint), it
+-- returns the id and writes nothing; with other content, EVENT_ID_CONFLICT.
+-- A version-4 id is refused (INVALID_EVENT_ID): those are the ids emit draws,
+-- which are not registered (outbox.event_keys). emit registers a given id
+-- itself and tells the INSERT policy trigger so (pgoutbox.registered_event_id),
+-- which registers the id of any other INSERT: an owner's is held to the same
+-- rule.
+--
+-- deliver_at / deliver_after: the event commits with the business change and
+-- is published when due (outbox._delivery_time says which times are taken),
+-- not before; it is entered in outbox.schedules, which tells relays when to
+-- wake (outbox.next_scheduled) and operators what waits (outbox.scheduled).
+-- A scheduled event with an ordering_key holds its key's later events back
+-- until it is published, as every unfinished event of a key does.
+--
+-- Why aggregate_type is character varying here: PostgreSQL refuses a call
+-- that two functions with the same types at the given positions could take
+-- with their defaults ("is not unique"), and every call of the first
+-- signature would match this one too. With one type differing, it chooses:
+-- a text or untyped (literal) argument goes to the first signature, whose
+-- text is the preferred type of strings; a varchar one comes here, which
+-- does the same with the three options left out. Calls that name an option
+-- can only come here.
+CREATE OR REPLACE FUNCTION outbox.emit(
+    aggregate_type character varying,
+    aggregate_id text,
+    event_type text,
+    payload jsonb,
+    context text DEFAULT NULL,
+    event_version integer DEFAULT 1,
+    headers jsonb DEFAULT '{}'::jsonb,
+    correlation_id uuid DEFAULT NULL,
+    causation_id uuid DEFAULT NULL,
+    tenant_id text DEFAULT NULL,
+    ordering_key text DEFAULT NULL,
+    occurred_at timestamptz DEFAULT NULL,
+    event_id uuid DEFAULT NULL,
+    deliver_at timestamptz DEFAULT NULL,
+    deliver_after interval DEFAULT NULL
+)
+RETURNS uuid
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_id uuid := coalesce(emit.event_id, gen_random_uuid());
+    ctx text := coalesce(emit.context, nullif(current_setting('pgoutbox.context', true), ''));
+    due timestamptz := now();
+    fingerprint uuid;
+BEGIN
+    IF emit.deliver_at IS NOT NULL OR emit.deliver_after IS NOT NULL THEN
+        due := outbox._delivery_time(emit.deliver_at, emit.deliver_after);
+    END IF;
+    -- Per-key order is id order; holding a per-key lock until commit makes id
+    -- order equal commit order (30_outbox_api.sql).
+    IF emit.ordering_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.key:' || emit.ordering_key, 0));
+    END IF;
+    IF emit.event_id IS NOT NULL THEN
+        IF substr(emit.event_id::text, 15, 1) = '4' THEN
+            RAISE EXCEPTION 'INVALID_EVENT_ID: % is a version-4 (random) UUID, the kind emit draws itself', emit.event_id
+                USING ERRCODE = 'OB019',
+                      HINT = 'Derive the id from your business key, e.g. a UUIDv5 (uuid_generate_v5, Python''s uuid.uuid5).';
+        END IF;
+        fingerprint := outbox._event_fingerprint(
+            ctx, emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
+            emit.payload, emit.correlation_id, emit.causation_id, emit.tenant_id, emit.ordering_key
+        );
+        -- NULL when a required part is missing: the INSERT's policies then
+        -- refuse the event with that part's code, before any registering.
+        IF fingerprint IS NOT NULL THEN
+            IF NOT outbox._register_event_id(new_id, fingerprint) THEN
+                RETURN new_id;  -- the same event again: it exists, nothing is written
+            END IF;
+            -- For this statement only: a later INSERT of the same transaction
+            -- (an owner's) has another statement_timestamp, and is checked.
+            PERFORM set_config('pgoutbox.registered_event_id', new_id::text || '@' || statement_timestamp()::text, true);
+        END IF;
+    END IF;
+    INSERT INTO outbox.events (
+        event_id, context, aggregate_type, aggregate_id, event_type, event_version,
+        payload, headers, correlation_id, causation_id, tenant_id, ordering_key,
+        occurred_at, available_at
+    ) VALUES (
+        new_id, ctx, emit.aggregate_type, emit.aggregate_id, emit.event_type, emit.event_version,
+        emit.payload, emit.headers, emit.correlation_id, emit.causation_id,
+        emit.tenant_id, emit.ordering_key, coalesce(emit.occurred_at, now()), due
+    );
+    IF due > now() THEN
+        INSERT INTO outbox.schedules (event_id, created_at, context, deliver_at, emitted_by)
+        VALUES (new_id, now(), ctx, due, session_user);
+    END IF;
+    RETURN new_id;
+END;
+$$;
+COMMENT ON FUNCTION outbox.emit(
+    character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz,
+    uuid, timestamptz, interval
+) IS 'emit with a caller''s event id (safe to retry) and a delivery time (deliver_at or deliver_after).';
+-- end generated
+
+-- generated from sql/36_outbox_schedules.sql: outbox.cancel
+-- Cancels a scheduled event before it falls due: PENDING -> DEAD_LETTER with
+-- last_error 'CANCELLED: reason', written to outbox.cancel_log by the update
+-- guard (20_outbox_guards.sql). Only the login that emitted it, or a member
+-- of pgoutbox_admin, may. An event that is due already is not cancelled (a
+-- relay may be publishing it): NOT_CANCELLABLE, as for an event emitted
+-- without a delivery time, unknown, or cancelled already. A cancelled event
+-- is a dead letter: outbox.requeue() sends it after all. Returns the
+-- delivery time it had.
+CREATE OR REPLACE FUNCTION outbox.cancel(event_id uuid, reason text)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    s outbox.schedules;
+    moved integer;
+BEGIN
+    PERFORM outbox._check_text(reason, 'a cancel''s reason', 1000, TRUE);
+    IF cancel.event_id IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: event_id is required' USING ERRCODE = 'OB006';
+    END IF;
+    SELECT * INTO s FROM outbox.schedules AS x WHERE x.event_id = cancel.event_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'NOT_CANCELLABLE: % is not a scheduled event (unknown, emitted without a delivery time, or cancelled already)', cancel.event_id
+            USING ERRCODE = 'OB024';
+    END IF;
+    IF s.emitted_by <> session_user AND NOT pg_has_role(session_user, 'pgoutbox_admin', 'MEMBER') THEN
+        RAISE EXCEPTION 'CANCEL_NOT_ALLOWED: event % was emitted by another login; only it or pgoutbox_admin may cancel it', cancel.event_id
+            USING ERRCODE = 'OB025';
+    END IF;
+    PERFORM set_config('pgoutbox.cancel_reason', reason, true);
+    UPDATE outbox.events AS e
+    SET status = 'DEAD_LETTER', last_error = outbox._clip_error('CANCELLED: ' || reason)
+    WHERE e.event_id = cancel.event_id AND e.created_at = s.created_at
+        AND e.status = 'PENDING' AND e.available_at > now();
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    PERFORM set_config('pgoutbox.cancel_reason', '', true);
+    IF moved = 0 THEN
+        RAISE EXCEPTION 'NOT_CANCELLABLE: event % is due already (or published, or dead-lettered)', cancel.event_id
+            USING ERRCODE = 'OB024';
+    END IF;
+    DELETE FROM outbox.schedules AS x WHERE x.event_id = cancel.event_id;
+    RETURN s.deliver_at;
+END;
+$$;
+COMMENT ON FUNCTION outbox.cancel(uuid, text) IS
+'Cancels a scheduled event before it falls due (its emitter or pgoutbox_admin), audited in outbox.cancel_log.';
+-- end generated
+
+-- generated from sql/36_outbox_schedules.sql: outbox.scheduled
+-- Scheduled events per context: how many wait for their delivery time, and
+-- the first and last of those times. Apart from outbox.backlog(), whose
+-- unpublished count holds them too: a year of reminders is not an outage.
+CREATE OR REPLACE FUNCTION outbox.scheduled(context text DEFAULT NULL)
+RETURNS TABLE (
+    context text,
+    scheduled bigint,
+    next_due_at timestamptz,
+    last_due_at timestamptz
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_context(scheduled.context);
+    SELECT s.context, count(*), min(s.deliver_at), max(s.deliver_at)
+    FROM outbox.schedules AS s
+    WHERE s.deliver_at > now()
+        AND (scheduled.context IS NULL OR s.context = scheduled.context)
+    GROUP BY s.context
+    ORDER BY s.context;
+$$;
+COMMENT ON FUNCTION outbox.scheduled(text) IS
+'Per context: events waiting for their delivery time, the next and the last of those times.';
+-- end generated
+
+-- generated from sql/36_outbox_schedules.sql: outbox.next_scheduled
+-- When the next scheduled event falls due (NULL: none is waiting). The relay
+-- asks after a claim that found nothing, and sleeps until then rather than
+-- until its next poll: one probe of schedules_deliver_at_idx.
+CREATE OR REPLACE FUNCTION outbox.next_scheduled()
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT min(s.deliver_at) FROM outbox.schedules AS s WHERE s.deliver_at > now();
+$$;
+COMMENT ON FUNCTION outbox.next_scheduled() IS
+'When the next scheduled event falls due, or NULL; relays sleep until then.';
+-- end generated
+
+REVOKE ALL ON FUNCTION
+outbox._event_fingerprint(text, text, text, text, integer, jsonb, uuid, uuid, text, text),
+outbox._register_event_id(uuid, uuid),
+outbox._delivery_time(timestamptz, interval),
+outbox.emit(
+    character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz,
+    uuid, timestamptz, interval
+),
+outbox.cancel(uuid, text),
+outbox.scheduled(text),
+outbox.next_scheduled()
+FROM public;
+-- emit's options, cancelling, and schedules (sql/36_outbox_schedules.sql).
+GRANT EXECUTE ON FUNCTION
+outbox.emit(
+    character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz,
+    uuid, timestamptz, interval
+),
+outbox.cancel(uuid, text)
+TO pgoutbox_writer;
+GRANT EXECUTE ON FUNCTION outbox.cancel(uuid, text) TO pgoutbox_admin;
+GRANT EXECUTE ON FUNCTION outbox.next_scheduled() TO pgoutbox_relay;
+GRANT EXECUTE ON FUNCTION outbox.scheduled(text)
+TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin, pgoutbox_viewer;
+GRANT SELECT ON outbox.event_keys, outbox.schedules, outbox.cancel_log TO pgoutbox_admin;
 
 -- ---- the console
 

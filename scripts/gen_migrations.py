@@ -53,10 +53,12 @@ def _is_comment(line: str) -> bool:
     return line.startswith("--") and not line.startswith("-- ----") and line != END and not BEGIN.match(line)
 
 
-def definitions(lines: list[str]) -> dict[str, tuple[int, int]]:
+def definitions(lines: list[str], *, unique: bool = True) -> dict[str, tuple[int, int]]:
     """Each function's text as [start, end) line indexes: the comment lines
     right above it, the CREATE statement through the end of its body, and a
-    COMMENT ON FUNCTION right after it."""
+    COMMENT ON FUNCTION right after it. A migration may define two overloads
+    of one name (each from its own sql/ file): not unique, the second is
+    keyed name@line."""
     found: dict[str, tuple[int, int]] = {}
     i = 0
     while i < len(lines):
@@ -80,9 +82,9 @@ def definitions(lines: list[str]) -> dict[str, tuple[int, int]]:
             while not lines[end].endswith("';"):
                 end += 1
             end += 1
-        if name in found:
+        if name in found and unique:
             raise SystemExit(f"{name} is defined twice in one file")
-        found[name] = (start, end)
+        found[name if name not in found else f"{name}@{start + 1}"] = (start, end)
         i = end
     return found
 
@@ -150,8 +152,8 @@ def generate(path: Path, root: Path = ROOT) -> tuple[str, list[Drift]]:
         out.extend(text)
         out.append(END)
         i = end + 1
-    for name, (start, _) in definitions(lines).items():
-        if name not in inside:
+    for name, (start, _) in definitions(lines, unique=False).items():
+        if name.split("@")[0] not in inside:
             problems.append(
                 Drift(path.name, start + 1, f"{name} is defined outside a `-- generated from sql/...` block")
             )

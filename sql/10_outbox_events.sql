@@ -126,6 +126,55 @@ COMMENT ON TABLE outbox.discarded_events IS
 -- dlq_restore finds the marks by the events' keys.
 CREATE INDEX IF NOT EXISTS discarded_events_row_idx ON outbox.discarded_events (row_id, created_at);
 
+-- The event ids callers gave emit (event_id => ...), one row each, kept for
+-- good (a retry after its event was archived is still the same event).
+-- Drawn ids (version-4 UUIDs, 122 random bits) are never registered: that
+-- every event id is unique then rests on the primary key here for given ids,
+-- on chance for drawn ones, and on a given id never being of version 4 (emit
+-- refuses one). The INSERT policy trigger registers the id of any other
+-- INSERT (an owner's); a dump restores this table with the events, so a
+-- restored database keeps the rule. content_md5: what a second emit with the
+-- same id must match (outbox._event_fingerprint).
+CREATE TABLE IF NOT EXISTS outbox.event_keys (
+    event_id uuid PRIMARY KEY,
+    content_md5 uuid NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE outbox.event_keys IS
+'Event ids given by callers (outbox.emit(event_id => ...)): one event per id, kept for good.';
+
+-- Events emitted with a delivery time (deliver_at, deliver_after), one row
+-- each, written by emit only for them: the common case pays nothing. It
+-- answers what outbox.events could answer only by a scan or by an index
+-- every emit would pay for: when the next one falls due (the relay sleeps
+-- until then), how many wait per context (pgoutbox status), and who emitted
+-- one (outbox.cancel). A cancelled event's row is deleted.
+CREATE TABLE IF NOT EXISTS outbox.schedules (
+    event_id uuid PRIMARY KEY,
+    created_at timestamptz NOT NULL,
+    context text NOT NULL,
+    deliver_at timestamptz NOT NULL,
+    emitted_by text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS schedules_deliver_at_idx ON outbox.schedules (deliver_at);
+COMMENT ON TABLE outbox.schedules IS
+'Events emitted with a delivery time: when each falls due, its context, who emitted it.';
+
+-- Scheduled events cancelled before they fell due (PENDING -> DEAD_LETTER),
+-- written by the update guard itself so that no path around outbox.cancel()
+-- escapes it.
+CREATE TABLE IF NOT EXISTS outbox.cancel_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id uuid NOT NULL,
+    cancelled_at timestamptz NOT NULL DEFAULT now(),
+    cancelled_by text NOT NULL,
+    reason text NOT NULL,
+    deliver_at timestamptz NOT NULL,
+    CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
+);
+COMMENT ON TABLE outbox.cancel_log IS
+'Who cancelled which scheduled event, when and why (outbox.cancel).';
+
 -- DEAD_LETTER -> PENDING audit trail, written by the update guard itself so
 -- that no path around outbox.requeue() escapes it.
 CREATE TABLE IF NOT EXISTS outbox.requeue_log (

@@ -2,6 +2,66 @@
 -- policies on INSERT, legal moves and immutability on UPDATE, no DELETE.
 -- Trigger names carry their firing order (_100 before _500).
 
+-- What makes two events with one given id the same event: everything the
+-- caller states about it, but not its headers (a retry carries a new trace),
+-- its occurred_at (a retry that leaves it to the default gets a new one) nor
+-- its delivery time (deliver_after counts from each retry). jsonb's text is
+-- canonical: key order and white space do not count; the line breaks between
+-- the parts cannot occur in any of them (the policies refuse them, and JSON
+-- text escapes them), nor can '' (refused where a value is optional). No SET
+-- clause, so that a caller's expression inlines it.
+CREATE OR REPLACE FUNCTION outbox._event_fingerprint(
+    context text,
+    aggregate_type text,
+    aggregate_id text,
+    event_type text,
+    event_version integer,
+    payload jsonb,
+    correlation_id uuid,
+    causation_id uuid,
+    tenant_id text,
+    ordering_key text
+)
+RETURNS uuid
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT pg_catalog.md5(
+        context || E'\n' || aggregate_type || E'\n' || aggregate_id || E'\n' || event_type
+        || E'\n' || event_version::text || E'\n' || payload::text
+        || E'\n' || coalesce(correlation_id::text, '') || E'\n' || coalesce(causation_id::text, '')
+        || E'\n' || coalesce(tenant_id, '') || E'\n' || coalesce(ordering_key, '')
+    )::uuid;
+$$;
+
+-- Registers a given event id (outbox.event_keys): true when it is new (the
+-- row is to be written), false when the same event holds it already (the
+-- row is not written), EVENT_ID_CONFLICT when another event holds it. A
+-- second session with the same id waits here for the first to end (ON
+-- CONFLICT waits on the uncommitted key), so two at once write one row.
+CREATE OR REPLACE FUNCTION outbox._register_event_id(event_id uuid, content_md5 uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    held uuid;
+BEGIN
+    INSERT INTO outbox.event_keys (event_id, content_md5)
+    VALUES (_register_event_id.event_id, _register_event_id.content_md5)
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        RETURN TRUE;
+    END IF;
+    SELECT k.content_md5 INTO held FROM outbox.event_keys AS k WHERE k.event_id = _register_event_id.event_id;
+    IF held = _register_event_id.content_md5 THEN
+        RETURN FALSE;
+    END IF;
+    RAISE EXCEPTION 'EVENT_ID_CONFLICT: event id % belongs to an event with other content', _register_event_id.event_id
+        USING ERRCODE = 'OB018',
+              HINT = 'An event id names one event: derive it from the business key of that one event.';
+END;
+$$;
+
 -- Policies, checked once per row at INSERT whoever inserts, and raised with
 -- the codes of the error table (docs/reference.md); then the subject is
 -- derived from the parts just checked, and the relays are woken when due.
@@ -47,6 +107,12 @@ BEGIN
         -- only once every rule before it holds: _headers_pass raises a header's error
         AND (NEW.headers = '{}'::jsonb OR (jsonb_typeof(NEW.headers) = 'object' AND outbox._headers_pass(NEW.headers)))
         AND NEW.status = 'PENDING' AND NEW.attempts = 0 AND NEW.claim_token IS NULL AND NEW.published_at IS NULL
+        -- a drawn id (version 4), or one emit has just registered; any other
+        -- was given to an INSERT, and is registered below
+        AND (
+            substr(NEW.event_id::text, 15, 1) = '4'
+            OR NEW.event_id::text || '@' || statement_timestamp()::text = current_setting('pgoutbox.registered_event_id', true)
+        )
     ) IS NOT TRUE THEN
         broken := CASE
             WHEN nullif(btrim(NEW.context), '') IS NULL
@@ -87,6 +153,11 @@ BEGIN
             WHEN NEW.headers <> '{}'::jsonb AND NOT outbox._headers_pass(NEW.headers) THEN 'headers'
             WHEN NEW.status <> 'PENDING' OR NEW.attempts <> 0 OR NEW.claim_token IS NOT NULL
                 OR NEW.published_at IS NOT NULL THEN 'state'
+            -- Not a rule broken: an id given to an INSERT, held to one event per id.
+            WHEN substr(NEW.event_id::text, 15, 1) <> '4'
+                AND NEW.event_id::text || '@' || statement_timestamp()::text
+                IS DISTINCT FROM current_setting('pgoutbox.registered_event_id', true)
+                THEN 'given id'
         END;
         -- NULL: what the first test could not tell, such as a schema_version of
         -- ten digits, or a NULL that a NOT NULL constraint refuses next.
@@ -132,6 +203,16 @@ BEGIN
         ELSIF broken = 'state' THEN
             RAISE EXCEPTION 'ILLEGAL_TRANSITION: an event is born PENDING with no attempts and no claim'
                 USING ERRCODE = 'OB010';
+        ELSIF broken = 'given id' AND NOT outbox._register_event_id(
+            NEW.event_id,
+            outbox._event_fingerprint(
+                NEW.context, NEW.aggregate_type, NEW.aggregate_id, NEW.event_type, NEW.event_version,
+                NEW.payload, NEW.correlation_id, NEW.causation_id, NEW.tenant_id, NEW.ordering_key
+            )
+        ) THEN
+            -- The same event again (a retry whose commit was not seen): it
+            -- exists already, and nothing is written.
+            RETURN NULL;
         END IF;
     END IF;
     NEW.subject := NEW.context || '.event.' || NEW.event_type || '.v' || NEW.event_version::text;
@@ -360,6 +441,24 @@ BEGIN
         AND NEW.available_at <= now()
         AND (NEW.claimed_at, NEW.claimed_by, NEW.claim_token, NEW.published_at)
         IS NOT DISTINCT FROM (OLD.claimed_at, OLD.claimed_by, OLD.claim_token, OLD.published_at) THEN
+        RETURN NEW;
+    END IF;
+
+    -- PENDING -> DEAD_LETTER only inside outbox.cancel() (sql/36_outbox_schedules.sql),
+    -- which sets pgoutbox.cancel_reason: a scheduled event cancelled before
+    -- it fell due, written to outbox.cancel_log here. Without the setting, the
+    -- move is illegal like any other (below).
+    reason := nullif(btrim(current_setting('pgoutbox.cancel_reason', true)), '');
+    IF OLD.status = 'PENDING' AND NEW.status = 'DEAD_LETTER' AND reason IS NOT NULL THEN
+        IF OLD.available_at <= now()
+            OR (NEW.attempts, NEW.available_at, NEW.claimed_at, NEW.claimed_by, NEW.claim_token, NEW.published_at)
+            IS DISTINCT FROM
+            (OLD.attempts, OLD.available_at, OLD.claimed_at, OLD.claimed_by, OLD.claim_token, OLD.published_at) THEN
+            RAISE EXCEPTION 'NOT_CANCELLABLE: event % is cancelled only before it falls due, with nothing else changed', OLD.event_id
+                USING ERRCODE = 'OB024';
+        END IF;
+        INSERT INTO outbox.cancel_log (event_id, cancelled_by, reason, deliver_at)
+        VALUES (OLD.event_id, session_user, reason, OLD.available_at);
         RETURN NEW;
     END IF;
 

@@ -202,3 +202,17 @@ TO pgoutbox_backfiller;
 
 -- A business flow by its correlation id (sql/70_flows.sql): read-only, no payload.
 GRANT EXECUTE ON FUNCTION outbox.flow(uuid, integer) TO pgoutbox_viewer, pgoutbox_admin;
+
+-- emit's options, cancelling, and schedules (sql/36_outbox_schedules.sql).
+GRANT EXECUTE ON FUNCTION
+outbox.emit(
+    character varying, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz,
+    uuid, timestamptz, interval
+),
+outbox.cancel(uuid, text)
+TO pgoutbox_writer;
+GRANT EXECUTE ON FUNCTION outbox.cancel(uuid, text) TO pgoutbox_admin;
+GRANT EXECUTE ON FUNCTION outbox.next_scheduled() TO pgoutbox_relay;
+GRANT EXECUTE ON FUNCTION outbox.scheduled(text)
+TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin, pgoutbox_viewer;
+GRANT SELECT ON outbox.event_keys, outbox.schedules, outbox.cancel_log TO pgoutbox_admin;

@@ -383,8 +383,14 @@ def run_relay(run: Run) -> None:
 
 def run_status(run: Run) -> None:
     emit(run.owner_url, 2)
+    with run.owner() as conn:
+        conn.execute(
+            "SELECT outbox.emit('order', '9', 'reminder_due', '{\"schema_version\": 1}', context => 'sea',"
+            " deliver_after => interval '1 day')"
+        )
     report = json.loads(run.pgoutbox("status"))
-    assert [(r["context"], r["unpublished"]) for r in report["outbox"]] == [("sea", 2)]
+    assert [(r["context"], r["unpublished"], r["due"]) for r in report["outbox"]] == [("sea", 3, 2)]
+    assert [(r["context"], r["scheduled"]) for r in report["scheduled"]] == [("sea", 1)]
 
 
 def run_flow(run: Run) -> None:

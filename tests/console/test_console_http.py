@@ -286,3 +286,22 @@ async def test_a_viewer_finds_a_business_flow_by_its_correlation_id(console_db):
         assert "none has received it" in page.text and "PENDING" in page.text
         bad = await client.get("/flows", params={"correlation_id": "order-17"})
         assert bad.status_code == 400 and "not a correlation id" in bad.text
+
+
+async def test_the_overview_shows_scheduled_events_apart_from_the_backlog(console_db):
+    su, url = console_db
+    viewer, password = person(su, "pgoutbox_viewer")
+    writer, writer_password = person(su, "pgoutbox_writer")
+    with psycopg.connect(url, user=writer, password=writer_password, autocommit=True) as conn:
+        conn.execute(
+            "SELECT outbox.emit('order', '1', 'reminder_due', '{\"schema_version\": 1}', context => 'later',"
+            " deliver_after => interval '30 days')"
+        )
+    async with serving(url) as (base, _), httpx.AsyncClient(base_url=base) as client:
+        assert (await _login(client, viewer, password)).status_code == 303
+        overview = await client.get("/")
+        section = overview.text.split('id="scheduled-h"', 1)[1].split("</section>", 1)[0]
+        assert re.search(r'<th scope="row">later</th><td>1</td>', section), section
+        backlog = overview.text.split('id="outbox-h"', 1)[1].split("</section>", 1)[0]
+        # In the backlog it is pending, never due.
+        assert re.search(r'<th scope="row">later</th><td>1</td><td>0</td>', backlog), backlog

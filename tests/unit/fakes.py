@@ -134,6 +134,9 @@ class FakeOutboxStore:
     async def notify_throttle(self) -> float:
         return 0.0
 
+    async def next_scheduled(self) -> float | None:
+        return None  # the fake schedules nothing
+
     async def create_partitions(self, days_ahead: int) -> list[str]:
         self._call("create_partitions")
         return []

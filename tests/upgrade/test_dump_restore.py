@@ -86,6 +86,21 @@ def emit(conn: psycopg.Connection, n: int, tag: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
+# An event emitted with the caller's own id (a UUIDv5): its register
+# (outbox.event_keys) is dumped and restored with it.
+KEYED = "6ba7b810-9dad-51d1-80b4-00c04fd43001"
+
+
+def emit_keyed(conn: psycopg.Connection, n: int) -> str:
+    return str(
+        conn.execute(
+            "SELECT outbox.emit('order', 'keyed', 'order_created', jsonb_build_object('schema_version', 1, 'n', %s),"
+            " context => 'sea', event_id => %s)",
+            (n, KEYED),
+        ).fetchone()[0]
+    )
+
+
 def claim(conn: psycopg.Connection, worker: str, ids: list[str]) -> str:
     """Claims these events, as a relay does (they must be the only ones due); returns the claim token."""
     with conn.cursor(row_factory=dict_row) as cur:
@@ -148,7 +163,7 @@ def mid_work(url: str, processing: list[str]) -> dict[str, list[str]]:
             "SELECT outbox.mark_failed(%s, %s::uuid[], %s::text[], ARRAY_FILL(now() + interval '3 seconds', ARRAY[4]))",
             (token, ids["failed"], ["publish timed out"] * 4),
         )
-        ids["pending"] = emit(conn, 8, "pending-")
+        ids["pending"] = emit(conn, 8, "pending-") + [emit_keyed(conn, 1)]
         # The inbox of the consumer that saw three of the published events.
         received, failed, dead = ids["published"][:3]
         for message_id in (received, failed, dead):
@@ -238,6 +253,12 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
 
         # Carry on, on the restored database only.
         with psycopg.connect(restored, autocommit=True) as conn:
+            # The caller's id is still held: a retry writes nothing, other content is refused.
+            assert emit_keyed(conn, 1) == KEYED
+            assert conn.execute("SELECT count(*) FROM outbox.events WHERE event_id = %s", (KEYED,)).fetchone()[0] == 1
+            with pytest.raises(psycopg.Error) as conflict:
+                emit_keyed(conn, 2)
+            assert conflict.value.sqlstate == SqlState.EVENT_ID_CONFLICT
             max_id = conn.execute("SELECT max(id) FROM outbox.events").fetchone()[0]
             moved = conn.execute(
                 "SELECT outbox.requeue(%s::uuid[], 'restored: broker is back')", (ids["dead"],)

@@ -1,4 +1,4 @@
-"""pgoutbox status: outbox and inbox backlog, and recent dead letters."""
+"""pgoutbox status: outbox and inbox backlog, scheduled events, and recent dead letters."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from pgoutbox.core.errors import wrap_exceptions
 from pgoutbox.core.settings import option
 
 COMMAND = "status"
-HELP = "Show outbox.backlog() and inbox.backlog() per context, and dead letters."
+HELP = (
+    "Show outbox.backlog() and inbox.backlog() per context, the events scheduled for later"
+    " (outbox.scheduled(): apart from the backlog), and dead letters."
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ def run(cfg: StatusConfig, args: argparse.Namespace) -> int:
     with db.connect(cfg.database_url, check_schema=True) as conn, wrap_exceptions():
         report = {
             "outbox": _rows(conn, "SELECT * FROM outbox.backlog(%s)", (cfg.context,)),
+            # Waiting for their delivery time (emit's deliver_at / deliver_after):
+            # counted in the backlog's unpublished, never in its due.
+            "scheduled": _rows(conn, "SELECT * FROM outbox.scheduled(%s)", (cfg.context,)),
             "inbox": _rows(conn, "SELECT * FROM inbox.backlog(%s)", (cfg.context,)),
             "dead_letters": _rows(conn, "SELECT * FROM outbox.dead_letters(%s, %s)", (cfg.context, cfg.dead_letters)),
         }

@@ -116,6 +116,10 @@ async def outbox_backlog(conn: Conn) -> list[Row]:
     return await rows(conn, "SELECT * FROM outbox.backlog()")
 
 
+async def outbox_scheduled(conn: Conn) -> list[Row]:
+    return await rows(conn, "SELECT * FROM outbox.scheduled()")
+
+
 async def inbox_backlog(conn: Conn) -> list[Row]:
     return await rows(conn, "SELECT * FROM inbox.backlog()")
 

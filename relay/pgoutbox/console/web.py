@@ -380,7 +380,10 @@ class Console:
                 row["oldest_age"] = now - oldest if oldest else None
                 row["unprocessed_chart"] = self.chart(f"inbox:{h}:unprocessed", f"Unprocessed messages of {h}")
                 row["dead_chart"] = self.chart(f"inbox:{h}:dead_letter", f"Dead letters of {h}")
-            return {"outbox": outbox, "inbox": inbox}
+            # Events waiting for their delivery time, apart from the backlog:
+            # a year of reminders is not an outage.
+            scheduled = await calls.outbox_scheduled(conn)
+            return {"outbox": outbox, "inbox": inbox, "scheduled": scheduled}
 
         return await self.page(request, "overview.html", build)
 

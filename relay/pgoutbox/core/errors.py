@@ -38,8 +38,14 @@ class SqlState(enum.StrEnum):
     NOT_DEAD_LETTER = "OB015"
     RESERVED_HEADER = "OB016"
     INVALID_HEADER = "OB017"
+    EVENT_ID_CONFLICT = "OB018"  # emit(event_id => ...) of an id another event holds
+    INVALID_EVENT_ID = "OB019"  # emit(event_id => ...) of a version-4 (random) UUID
     INVALID_MESSAGE = "OB020"
     UNKNOWN_MESSAGE = "OB021"
+    DELIVERY_IN_PAST = "OB022"  # deliver_at / deliver_after more than a minute past
+    DELIVERY_TOO_FAR = "OB023"  # deliver_at / deliver_after more than 366 days ahead
+    NOT_CANCELLABLE = "OB024"  # outbox.cancel of an event not waiting for its delivery time
+    CANCEL_NOT_ALLOWED = "OB025"  # outbox.cancel by neither the emitting login nor pgoutbox_admin
     MESSAGE_NOT_DEAD_LETTER = "OB030"
     MESSAGE_NOT_REPLAYABLE = "OB031"
     NOT_COMPLETED = "OB040"
@@ -248,6 +254,12 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.ACTION_NOT_FOUND: PolicyViolation,
     SqlState.INVALID_ACTION: PolicyViolation,
     SqlState.INVALID_CURSOR: PolicyViolation,
+    SqlState.EVENT_ID_CONFLICT: PolicyViolation,
+    SqlState.INVALID_EVENT_ID: PolicyViolation,
+    SqlState.DELIVERY_IN_PAST: PolicyViolation,
+    SqlState.DELIVERY_TOO_FAR: PolicyViolation,
+    SqlState.NOT_CANCELLABLE: IllegalTransition,
+    SqlState.CANCEL_NOT_ALLOWED: PolicyViolation,
 }
 
 

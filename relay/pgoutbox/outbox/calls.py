@@ -174,6 +174,14 @@ class OutboxCalls:
         rows: list[dict[str, Any]] = await self._run("SELECT * FROM outbox.backlog()", rows=True)
         return rows
 
+    async def next_scheduled(self) -> float | None:
+        """Seconds until the next scheduled event falls due (None: none waits),
+        by the database's clock, as claim compares it."""
+        row = await self._run(
+            "SELECT extract(epoch FROM outbox.next_scheduled() - clock_timestamp())::float8 AS seconds"
+        )
+        return None if row["seconds"] is None else float(row["seconds"])
+
     async def notify_throttle(self) -> float:
         row = await self._run("SELECT outbox.notify_throttle() AS gap")
         return float(row["gap"].total_seconds())

@@ -22,7 +22,8 @@ Safety comes from the database and JetStream, not from this process:
 
 Pacing: a full batch is followed by another claim at once (more may be
 due); a short one took everything due, so the loop waits for a wake-up
-(notification, throttle re-check, due retry, a keyed event marked) or the
+(notification, throttle re-check, due retry, a keyed event marked, a
+scheduled event falling due: asked after an empty claim) or the
 fallback poll, and claims no sooner than claim_interval after the previous
 claim (but at once for a keyed event's successor). Housekeeping: outbox.create_partitions() every
 partitions_every, and the backlog gauges every backlog_interval.
@@ -123,6 +124,10 @@ class OutboxRelay:
         # outbox.hand_back came with schema 18; on an older schema an away
         # outcome counts an attempt, as it did before (until `pgoutbox migrate`).
         self.can_hand_back = True
+        # outbox.next_scheduled likewise (schema 18): without it, scheduled
+        # events go out at the fallback poll after they fall due.
+        self._asks_schedules = True
+        self._schedules_near = False  # the last answer fell before the next poll
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -279,8 +284,11 @@ class OutboxRelay:
                 await out.put(Batch(rows, started))
                 if len(rows) == cfg.batch_size:
                     continue  # a full batch: more may be due, claim again without waiting
+                if self._schedules_near:  # the next of several scheduled events, on time too
+                    await self._next_scheduled()
             else:
                 self._progress()  # nothing claimable is not "stuck"
+                await self._next_scheduled()
             # A short batch took everything due. What commits next notifies,
             # or falls in a throttle window whose re-check is scheduled. The
             # next claim comes no sooner than claim_interval after this one,
@@ -325,6 +333,36 @@ class OutboxRelay:
         self.metrics.database_up.set(1)
         self.metrics.claim_seconds.observe(time.monotonic() - started)
         return rows
+
+    async def _next_scheduled(self) -> None:
+        """After a claim that found nothing due: when does the next scheduled
+        event (emit's deliver_at / deliver_after) fall due? If before the next
+        poll, the wait ends then, so that it is published on time without
+        polling faster. Asked after an empty claim (one index probe, at most
+        once a poll while idle), and after a short one while the last answer
+        fell before the next poll (several scheduled events close together);
+        a busy relay claims often enough anyway. No notification can
+        announce it: NOTIFY is sent at commit, not later."""
+        if not self._asks_schedules:
+            return
+        try:
+            seconds = await self.claims.next_scheduled()
+        except DatabaseUnavailable:
+            return  # the next claim meets it, and says so
+        except psycopg.Error as exc:
+            # Not expected (granted since schema 18); the fallback poll still
+            # publishes scheduled events, within one poll interval.
+            self._asks_schedules = False
+            log.warning(
+                "cannot ask when scheduled events fall due, polling for them: %s [%s]",
+                one_line(exc),
+                exc.sqlstate,
+                extra={"action": "next_scheduled_error", "sqlstate": exc.sqlstate},
+            )
+            return
+        self._schedules_near = seconds is not None and seconds < self.cfg.poll_interval
+        if seconds is not None and self._schedules_near:
+            self.wakeups.wake_at(time.monotonic() + max(seconds, 0.0))
 
     async def _probe(self, out: asyncio.Queue[Batch | None]) -> None:
         """One probe of a JetStream that did not answer, after a growing pause.
