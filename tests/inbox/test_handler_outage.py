@@ -95,7 +95,9 @@ def test_a_handler_stopped_for_five_minutes_delays_its_events_and_dead_letters_n
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     handler = HandlerProcess(port, tmp_path / "calls.txt", tmp_path / "handler.log")
-    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}])
+    registry_file = write_registry(
+        tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
+    )
     asyncio.run(_stream(nats_server.url))
     writer = login(database_url, "pgoutbox_writer")
     consumer_settings = {  # the defaults, but for the addresses and a free port for /metrics and /readyz
