@@ -105,3 +105,28 @@ async def test_a_handler_that_refuses_connections_delays_every_message_until_it_
         assert row["status"] == "PROCESSED" and "failures" not in (row["dlq_metadata"] or {})
     actions = [getattr(r, "action", None) for r in caplog.records]
     assert actions.count("handler_away") == 1 and actions.count("handler_back") == 1
+
+
+async def test_a_replay_that_finds_the_handler_away_waits_and_is_not_spent(
+    tmp_path, database_url, nats_server, handler
+):
+    """422 dead-letters the message; its automated replay finds the handler
+    away (503, then 503 again for the probe), then back (200): one replay
+    spent, the one that processed it; no second dead letter."""
+    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    cfg = consumer_config(database_url, nats_server.url, registry_file, max_deliver="2", replay_base_delay="200ms")
+    ev = event({"answers": [422, 503, 503, 200]})
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        async with running_consumer(cfg) as consumer:
+            await publish(js, ev)
+            await until(lambda: consumer.metrics.value(H, "processed") == 1, 20, "the replay processed")
+            dlq = await dlq_messages(js, subject=f"sea.dlq.dead.{H}")
+    row = inbox_row(database_url, ev["event_id"], H)
+    assert len(handler.calls_for(ev["event_id"])) == 4
+    assert row["status"] == "PROCESSED"
+    meta = row["dlq_metadata"]
+    assert (meta["replay_attempts"], meta["dead_letters"]) == (1, 1), meta
+    assert "failures" not in meta or meta["failures"] == 0, meta
+    assert len(dlq) == 1  # the 422's notice only
+    assert consumer.metrics.value(H, "deferred") == 2 and consumer.metrics.value(H, "dead_lettered") == 1
