@@ -220,3 +220,31 @@ async def test_no_connection_is_away_and_a_broken_answer_is_not():
         await pool.aclose()
     assert refused.value.away and unresolved.value.away and reset.value.away
     assert not malformed.value.away
+
+
+async def test_waiting_for_a_place_to_connect_is_not_the_handlers_time():
+    """8 calls at once, each answered after 1 s, with a timeout of 1.8 s:
+    the 4 that wait for a fresh connection to answer (1 s) then take 1 s of
+    the handler's time, within their timeout, which runs from when they have
+    a connection."""
+    held = 1.0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(7)
+                await asyncio.sleep(held)  # the handler's time
+                writer.write(OK)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/events"
+    pool = Http1Pool(8, 4.0)
+    answers = await asyncio.gather(*(_post(pool, url, timeout=1.8) for _ in range(2 * FRESH_AT_ONCE)))
+    await pool.aclose()
+    server.close()
+    assert [a.status for a in answers] == [200] * 2 * FRESH_AT_ONCE

@@ -139,20 +139,27 @@ class Http1Pool:
                 body,
             )
         )
-        connecting = False
-        try:
-            async with slots, asyncio.timeout(timeout):
-                while True:
-                    connecting = True
-                    conn, reused = await self._connection(target)
-                    connecting = False
-                    answer = await self._send(target, conn, reused, request)
-                    if answer is not None:
-                        return answer
-        except TimeoutError:
-            if connecting:
-                raise HttpError(f"no connection within {timeout:g}s", away=True) from None
-            raise
+        loop = asyncio.get_running_loop()
+        async with slots:
+            # The timeout runs from when this call has a connection, or its
+            # place to open one: waiting for a place (FRESH_AT_ONCE) is the
+            # consumer's own queue, not the handler's time.
+            deadline: float | None = None
+            while True:
+                conn, reused = await self._connection(target)
+                if deadline is None:
+                    deadline = loop.time() + timeout
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        if conn is None:
+                            conn = await self._connect_fresh(target)
+                        answer = await self._send(target, conn, reused, request)
+                except TimeoutError:
+                    if conn is None:
+                        raise HttpError(f"no connection within {timeout:g}s", away=True) from None
+                    raise
+                if answer is not None:
+                    return answer
 
     async def _send(self, target: Target, conn: _Connection, reused: bool, request: bytes) -> Answer | None:
         """The request on conn, and its answer; None: a kept-alive connection
@@ -187,10 +194,11 @@ class Http1Pool:
             self._drop(conn)
         return None
 
-    async def _connection(self, target: Target) -> tuple[_Connection, bool]:
-        """An idle connection (reused: True), or a new one (False), which
-        holds one of the origin's FRESH_AT_ONCE places until the caller
-        releases it (after its first answer, or its failure)."""
+    async def _connection(self, target: Target) -> tuple[_Connection | None, bool]:
+        """An idle connection (reused: True), or (None, False): one of the
+        origin's FRESH_AT_ONCE places to open a new one (_connect_fresh),
+        held until the caller releases it (after its first answer, or its
+        failure)."""
         conn = self._reusable(target)
         if conn is not None:
             return conn, True
@@ -198,15 +206,19 @@ class Http1Pool:
         if fresh is None:
             fresh = self._fresh[target.origin] = asyncio.Semaphore(FRESH_AT_ONCE)
         await fresh.acquire()
-        try:
-            # A fresh connection answered while this call waited: it is idle now.
-            conn = self._reusable(target)
-            if conn is not None:
-                fresh.release()
-                return conn, True
-            return await self._connect(target), False
-        except BaseException:
+        # A fresh connection answered while this call waited: it is idle now.
+        conn = self._reusable(target)
+        if conn is not None:
             fresh.release()
+            return conn, True
+        return None, False
+
+    async def _connect_fresh(self, target: Target) -> _Connection:
+        """A new connection, in the place _connection gave (given back if it fails)."""
+        try:
+            return await self._connect(target)
+        except BaseException:
+            self._fresh[target.origin].release()
             raise
 
     async def _connect(self, target: Target) -> _Connection:
