@@ -260,8 +260,9 @@ def _away(pipeline: Pipeline) -> float:
 def handler_down(pipeline: Pipeline, rng: random.Random) -> str:
     """The handler's HTTP server closed for the profile's away_seconds (five
     minutes in the long profiles): connections refused, requests on open
-    ones unanswered. The consumer counts failures, dead-letters after
-    max_deliver, and its automated replays bring the messages back."""
+    ones unanswered. The consumer's gate of that handler closes: its
+    messages wait, with no failure counted, until a probe finds it back
+    (docs/consumer.md, "A handler that is away")."""
     assert pipeline.app is not None
     seconds = rng.uniform(*pipeline.profile.away_seconds)
     pipeline.app.down()

@@ -62,6 +62,7 @@ _GROUPS = {
     "tests/console/": "browser",
     "tests/outbox/test_jetstream_away.py": "jetstream-away",
     "tests/outbox/test_jetstream_away_cluster.py": "jetstream-away-cluster",
+    "tests/inbox/test_handler_outage.py": "handler-outage",
 }
 
 

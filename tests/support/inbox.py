@@ -51,6 +51,7 @@ class FakeHandler:
     answers: list | None = None  # when set, used instead of the payload's
     calls: list[Call] = field(default_factory=list)
     on_request: Callable[[Call], None] | None = None
+    port: int = 0  # 0: any free port
 
     def __post_init__(self):
         fake = self
@@ -85,7 +86,7 @@ class FakeHandler:
             def log_message(self, *args):
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/events"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()

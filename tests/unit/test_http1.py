@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from pgoutbox.inbox.handler_client import HandlerClient
-from pgoutbox.inbox.http1 import Http1Pool, HttpError, Target
+from pgoutbox.inbox.http1 import FRESH_AT_ONCE, Http1Pool, HttpError, Target
 
 
 class RawServer:
@@ -159,3 +159,92 @@ async def test_the_handler_client_reports_answers_timeouts_and_refusals():
     assert b"Pgoutbox-Delivery: 2\r\n" in server.requests[0] and b"traceparent: 00-ab-cd-01\r\n" in server.requests[0]
     assert (slow.status, slow.summary) == (None, "timeout after 0.2s")
     assert refused.status is None and refused.summary.startswith("connection error: ConnectionRefusedError")
+
+
+async def test_a_burst_of_calls_opens_new_connections_a_few_at_a_time():
+    """17 calls at once (a consumer starting on a backlog: concurrency 16 + 1)
+    open at most FRESH_AT_ONCE connections before one of them answers: a
+    burst of 17 handshakes overflowed the listen backlog of a handler on
+    Python's http.server (5), the kernel retransmitted the dropped ones 1 s,
+    3 s later, the request reached the handler after the consumer's timeout,
+    and the handler was called twice (tests/upgrade/test_rolling_upgrade.py)."""
+    release = asyncio.Event()
+    accepted: list[int] = []
+    requests: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(len(accepted))
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                requests.append(head + await reader.readexactly(7))
+                await release.wait()
+                writer.write(OK)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/events"
+    pool = Http1Pool(17, 4.0)
+    calls = [asyncio.create_task(_post(pool, url, timeout=30)) for _ in range(17)]
+    while len(requests) < FRESH_AT_ONCE:  # every fresh connection has sent its request
+        await asyncio.sleep(0.01)
+    for _ in range(20):  # and no call opens one more while none has answered
+        await asyncio.sleep(0)
+    assert len(accepted) == FRESH_AT_ONCE
+    release.set()
+    answers = await asyncio.gather(*calls)
+    await pool.aclose()
+    server.close()
+    assert [a.status for a in answers] == [200] * 17
+    assert len(requests) == 17  # each request sent once
+    assert FRESH_AT_ONCE <= len(accepted) <= 17
+
+
+async def test_no_connection_is_away_and_a_broken_answer_is_not():
+    with pytest.raises(HttpError) as refused:
+        await _post(Http1Pool(4, 4.0), "http://127.0.0.1:9/")
+    with pytest.raises(HttpError) as unresolved:
+        await _post(Http1Pool(4, 4.0), "http://no-such-host.invalid/")
+    async with RawServer(["close"]) as server:
+        pool = Http1Pool(4, 4.0)
+        with pytest.raises(HttpError) as reset:
+            await _post(pool, server.url)
+        await pool.aclose()
+    async with RawServer([b"SSH-2.0-OpenSSH\r\n\r\n"]) as server:
+        pool = Http1Pool(4, 4.0)
+        with pytest.raises(HttpError) as malformed:
+            await _post(pool, server.url)
+        await pool.aclose()
+    assert refused.value.away and unresolved.value.away and reset.value.away
+    assert not malformed.value.away
+
+
+async def test_waiting_for_a_place_to_connect_is_not_the_handlers_time():
+    """8 calls at once, each answered after 1 s, with a timeout of 1.8 s:
+    the 4 that wait for a fresh connection to answer (1 s) then take 1 s of
+    the handler's time, within their timeout, which runs from when they have
+    a connection."""
+    held = 1.0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(7)
+                await asyncio.sleep(held)  # the handler's time
+                writer.write(OK)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/events"
+    pool = Http1Pool(8, 4.0)
+    answers = await asyncio.gather(*(_post(pool, url, timeout=1.8) for _ in range(2 * FRESH_AT_ONCE)))
+    await pool.aclose()
+    server.close()
+    assert [a.status for a in answers] == [200] * 2 * FRESH_AT_ONCE

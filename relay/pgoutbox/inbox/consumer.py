@@ -16,6 +16,9 @@ to receive, and no outage or crash uses up its deliveries.
 
 While PostgreSQL is away the fetch loops wait (flow.DatabaseGate): nothing
 is fetched that could not be recorded, and the messages in hand wait for it.
+While a handler is away its fetch loops wait too (gates.HandlerGate), but for
+one probe of one message with growing pauses: its messages go back without
+counting a failure, so that an outage of any length only delays them.
 
 Backpressure: a fetch never asks for more messages than the handler has free
 slots (`concurrency`), so nothing waits unprocessed while its ack_wait runs;
@@ -60,6 +63,7 @@ from pgoutbox.inbox import dlq
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.flow import DatabaseGate, MessageFlow, transient
+from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerClient
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
 from pgoutbox.inbox.pull import Puller
@@ -154,6 +158,7 @@ class Consumer:
         self._db_ok = False
         self._left_every = Every()  # one "left for redelivery" line per outage
         self.gate: DatabaseGate | None = None
+        self.handler_gates: dict[str, HandlerGate] = {}
 
     # -- life cycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -176,6 +181,10 @@ class Consumer:
         await self._check_schema()
         self.gate = DatabaseGate(self.inbox.schema_version)
         self.client = HandlerClient(per_origin=max(h.concurrency for h in self.handlers) + 1)
+        self.handler_gates = {
+            h.name: HandlerGate(h.name, self.metrics.handler_up.labels(h.name), stopping=self.stopping)
+            for h in self.handlers
+        }
         self.flow = MessageFlow(
             inbox=self.inbox,
             client=self.client,
@@ -188,6 +197,7 @@ class Consumer:
             gate=self.gate,
             tracer=self.tracing,
             cloudevents_source=cfg.cloudevents_source,
+            handler_gates=self.handler_gates,
         )
         await self._bind_all()
         self._started = True
@@ -233,6 +243,8 @@ class Consumer:
         await asyncio.gather(*self._background, return_exceptions=True)
         if self.gate is not None:
             self.gate.close()
+        for handler_gate in self.handler_gates.values():
+            handler_gate.close()
         if self.health:
             self.health.stop()
         if self.client is not None:
@@ -407,27 +419,38 @@ class Consumer:
         connection is re-established by _keep_connected, which restarts it)."""
         every = Every()
         assert self.gate is not None
+        handler_gate = self.handler_gates[h.name]
         while not self.stopping.is_set():
             # Nothing is fetched that could not be recorded.
             if not await self.gate.wait(self.stopping):
                 return
-            wanted = await slots.take(batch)
+            # Nothing is fetched for a handler that is away, but its probe.
+            probe = await handler_gate.admit(self.stopping)
+            if probe is None:
+                return
+            wanted = await slots.take(1 if probe else batch)
             try:
                 msgs = await sub.fetch(wanted, timeout=self.cfg.fetch_timeout)
             except (TimeoutError, nats.errors.TimeoutError):  # idle: nothing to fetch
                 msgs = []
             except asyncio.CancelledError:
                 slots.give(wanted)
+                if probe:
+                    handler_gate.probe_unused()
                 raise
             except Exception as exc:
                 slots.give(wanted)
+                if probe:
+                    handler_gate.probe_unused()
                 if every():
                     log.warning("fetch failed; retrying: %r", exc, extra={"handler": h.name, "error": repr(exc)})
                 await asyncio.sleep(1)
                 continue
             slots.give(wanted - len(msgs))
             if msgs:
-                self._track(self._process(h, msgs, slots))
+                self._track(self._process(h, msgs, slots, probe=probe))
+            elif probe:
+                handler_gate.probe_unused()
 
     def _track(self, work: Coroutine[Any, Any, None]) -> None:
         """An in-flight task, waited for at shutdown; an exception it raises
@@ -442,7 +465,7 @@ class Consumer:
         if not task.cancelled() and task.exception() is not None:
             log.error("in-flight task failed", exc_info=task.exception())
 
-    async def _process(self, h: HandlerRuntime, msgs: list[Any], slots: Slots) -> None:
+    async def _process(self, h: HandlerRuntime, msgs: list[Any], slots: Slots, *, probe: bool = False) -> None:
         """One fetch, through the message flow; each message frees its slot
         and is counted as soon as it finishes (flow reports each exactly once)."""
         gauge = self.metrics.in_flight.labels(h.name)
@@ -456,11 +479,15 @@ class Consumer:
             if isinstance(outcome, Exception):
                 self._left(h, msg, outcome)
                 outcome = Outcome.ERROR
-            else:  # recorded: how old the event is by now (an error records nothing)
+            elif outcome is not Outcome.DEFERRED:  # recorded: how old the event is by now
                 self.metrics.observe_age(h.name, outcome, msg.headers, time.time())
             self.metrics.count(h.name, outcome)
 
-        await self.flow.handle_fetch(msgs, h, done)
+        try:
+            await self.flow.handle_fetch(msgs, h, done)
+        finally:
+            if probe:  # still away: the next probe after a longer pause
+                self.handler_gates[h.name].probe_done()
 
     def _left(self, h: HandlerRuntime, msg: Any, exc: Exception) -> None:
         """A message left unacknowledged (a server away, or a failure to
@@ -507,6 +534,7 @@ class Consumer:
             found.append("not connected to NATS")
         if not self._db_ok or (self.gate is not None and not self.gate.is_up):
             found.append("PostgreSQL unreachable (last call failed)")
+        found.extend(g.describe() for g in self.handler_gates.values() if not g.is_up)
         missing = sorted({h.name for h in self.handlers} - self._bound)
         if missing:
             found.append(f"durables not bound: {', '.join(missing)}")

@@ -59,7 +59,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -70,9 +70,11 @@ from nats.aio.msg import Msg
 from pgoutbox.core import cloudevents, db, tracing
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
 from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, PolicyViolation, SqlState, one_line
-from pgoutbox.core.stopping import sleep, until_stopped
+from pgoutbox.core.gate import Gate, Outage
+from pgoutbox.core.stopping import sleep
 from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
 from pgoutbox.inbox import dlq
+from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, payload_body, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
@@ -96,29 +98,25 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, (DatabaseUnavailable, nats.errors.Error, TimeoutError, OSError))
 
 
-class DatabaseGate:
+class DatabaseGate(Gate):
     """Whether PostgreSQL answers, as the consumer's inbox calls found it.
     Closed by the first call that finds it away (one log line per outage);
     from then on one probe, with growing pauses, decides when it is back.
     Fetch loops wait while it is closed; inbox calls of the messages in hand
-    wait and run again (MessageFlow.database)."""
+    wait and run again (MessageFlow.database). The probe is one cheap query,
+    so its pauses stay short (reconnect_delays: 0.1 s doubling to 5 s), where
+    a handler's and JetStream's probes, which cost a real event, grow to 30 s."""
 
     def __init__(self, probe: Callable[[], Awaitable[Any]]):
+        super().__init__(Outage())
+        self.outage.what = "PostgreSQL"
         self._probe = probe
-        self._up = asyncio.Event()
-        self._up.set()
         self._watch: asyncio.Task[None] | None = None
-        self._since = 0.0
-
-    @property
-    def is_up(self) -> bool:
-        return self._up.is_set()
 
     def lost(self, exc: BaseException) -> None:
-        if not self._up.is_set():
+        if not self.is_up:
             return
-        self._up.clear()
-        self._since = time.monotonic()
+        self.close_for(str(exc))
         log.warning(
             "PostgreSQL away (%s): fetching paused; the messages in hand wait for it",
             exc,
@@ -134,18 +132,15 @@ class DatabaseGate:
                 await self._probe()
                 break
             except Exception as exc:
+                self.outage.still(str(exc))
                 if every():
                     log.warning("PostgreSQL still away: %s", exc, extra={"action": "db_retry"})
-        self._up.set()
+        episode = self.open()
         log.info(
             "PostgreSQL back after %.1f s: fetching resumed",
-            time.monotonic() - self._since,
+            episode.seconds if episode else 0.0,
             extra={"action": "db_back"},
         )
-
-    async def wait(self, stopping: asyncio.Event) -> bool:
-        """Until PostgreSQL is back (True) or the consumer stops (False)."""
-        return self._up.is_set() or await until_stopped(self._up.wait(), stopping)
 
     def close(self) -> None:
         if self._watch is not None:
@@ -299,6 +294,7 @@ class MessageFlow:
         gate: DatabaseGate,
         tracer: tracing.Tracer = tracing.OFF,
         cloudevents_source: str = cloudevents.DEFAULT_SOURCE,
+        handler_gates: Mapping[str, HandlerGate] | None = None,
     ) -> None:
         self.inbox = inbox
         # For a handler of format "cloudevents" and a message that came without attributes.
@@ -311,6 +307,8 @@ class MessageFlow:
         self.replay_backoff = replay_backoff
         self.stopping = stopping
         self.gate = gate
+        # Per handler: closed while it is away (inbox/gates.py); none: every answer is the message's.
+        self.handler_gates = handler_gates or {}
         self.tracing = tracer
         self.heartbeat = Heartbeat()
 
@@ -559,6 +557,8 @@ class MessageFlow:
         action = decide(answer)
         if action is Action.PROCESSED:
             operation = "ack"
+        elif answer.away and h.name in self.handler_gates:
+            operation = "nak"
         elif action is Action.RETRY and self.inbox.failures(row) + 1 < h.max_deliver:
             operation = "nak"
         else:
@@ -605,6 +605,11 @@ class MessageFlow:
     ) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
+        gate = self.handler_gates.get(h.name)
+        if gate is not None:
+            if answer.away:
+                return await self._went_back(a, h, gate, answer)
+            gate.answered()
         failures = self.inbox.failures(row)
         if action is Action.PROCESSED:
             if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):
@@ -639,6 +644,15 @@ class MessageFlow:
         if not await self._dead_letter(msg, h, envelope, row, reason, _origin(msg)):
             return await self._settled_elsewhere(msg, h, message_id)
         return Outcome.DEAD_LETTERED
+
+    async def _went_back(self, a: Admitted, h: HandlerRuntime, gate: HandlerGate, answer: HandlerAnswer) -> Outcome:
+        """The handler is away: its gate closes (or stays closed) and the
+        message goes back, its row left as it was (no failure counted, not
+        FAILED), with the first retry delay: the gate, not this delay, keeps
+        it from coming back while the handler is away."""
+        gate.away(answer.summary, answer.retry_after)
+        await a.msg.nak(delay=self.retry_backoff.delay(1))
+        return Outcome.DEFERRED
 
     async def _settled_elsewhere(self, msg: Any, h: HandlerRuntime, message_id: str) -> Outcome:
         """Another delivery of the same message id (a redelivery while this one

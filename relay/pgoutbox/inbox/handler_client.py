@@ -32,6 +32,12 @@ from pgoutbox.inbox.http1 import TEXT_KEPT, Http1Pool, HttpError, Target
 
 _TEXT_LIMIT = TEXT_KEPT
 
+# Answers that say the handler cannot take any message now, not what it makes
+# of this one: a proxy with no handler behind it (502, 504), a handler
+# unavailable (503) or throttling its callers (429). docs/consumer.md,
+# "A handler that is away", says why 429 is one and a timeout is not.
+AWAY_STATUSES = frozenset({429, 502, 503, 504})
+
 
 @dataclass(frozen=True)
 class HandlerAnswer:
@@ -40,6 +46,15 @@ class HandlerAnswer:
     retry_after: float | None  # seconds, from a Retry-After header
     elapsed: float
     text: str = ""  # the start of the response body, for last_error
+    # No answer because the handler never got the request (http1.HttpError.away).
+    unreachable: bool = False
+
+    @property
+    def away(self) -> bool:
+        """The handler is away, this answer says nothing about the message
+        (AWAY_STATUSES, or no connection): the handler's gate
+        closes and the message goes back uncounted (inbox/gates.py)."""
+        return self.unreachable or self.status in AWAY_STATUSES
 
     @property
     def summary(self) -> str:
@@ -191,7 +206,9 @@ class HandlerClient:
         except TimeoutError:
             return HandlerAnswer(None, f"timeout after {timeout:g}s", None, time.monotonic() - started)
         except HttpError as exc:
-            return HandlerAnswer(None, f"connection error: {exc}", None, time.monotonic() - started)
+            return HandlerAnswer(
+                None, f"connection error: {exc}", None, time.monotonic() - started, unreachable=exc.away
+            )
         return HandlerAnswer(
             answer.status,
             None,

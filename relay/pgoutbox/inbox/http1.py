@@ -16,6 +16,17 @@ theirs after a few seconds). A kept-alive connection the server closed
 while idle fails before any byte of the answer: that request is sent once
 more on a new connection (the handler never saw it, or saw it without
 answering; handlers deduplicate on Idempotency-Key either way).
+
+New connections to an origin open a few at a time (FRESH_AT_ONCE): a
+connection counts as fresh from its connect until its first answer, and a
+call that would open one more waits for a fresh one to answer, then takes
+it if it came back idle. A burst of concurrent calls (a consumer starting on
+a backlog: `concurrency` calls at once) would otherwise open that many
+connections within a millisecond; a handler whose listen backlog is smaller
+(Python's socketserver and http.server: 5) has the kernel drop the excess
+handshakes, which it retransmits only after 1 s, 3 s, 7 s: the request
+reaches the handler seconds late, the call times out although the handler
+did the work, and the message is sent again (the handler called twice).
 """
 
 from __future__ import annotations
@@ -32,10 +43,22 @@ TEXT_KEPT = 300
 # Larger error bodies are not read to the end: the connection is closed instead.
 _DRAIN_AT_MOST = 1 << 20
 _HEAD_LIMIT = 64 * 1024
+# Connections to one origin between their connect and their first answer,
+# at most: under the smallest listen backlog in common use (5), so that a
+# burst of calls never overflows a handler's accept queue.
+FRESH_AT_ONCE = 4
 
 
 class HttpError(Exception):
-    """No usable answer: a connection refused or broken, a malformed answer."""
+    """No usable answer: a connection refused or broken, a malformed answer.
+    away: the handler never got the request in a way it could answer (no
+    connection: refused, unreachable, a name that does not resolve, no
+    connection within the timeout; or a new connection closed or reset
+    before any byte of an answer), as opposed to an answer that was broken."""
+
+    def __init__(self, text: str, *, away: bool = False):
+        super().__init__(text)
+        self.away = away
 
 
 @dataclass(frozen=True)
@@ -93,6 +116,7 @@ class Http1Pool:
         self._tls = tls
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._slots: dict[tuple[str, str, int], asyncio.Semaphore] = {}
+        self._fresh: dict[tuple[str, str, int], asyncio.Semaphore] = {}
         self._open: set[_Connection] = set()
 
     async def post(self, target: Target, body: bytes, headers: bytes, timeout: float) -> Answer:
@@ -115,34 +139,89 @@ class Http1Pool:
                 body,
             )
         )
-        async with slots, asyncio.timeout(timeout):
+        loop = asyncio.get_running_loop()
+        async with slots:
+            # The timeout runs from when this call has a connection, or its
+            # place to open one: waiting for a place (FRESH_AT_ONCE) is the
+            # consumer's own queue, not the handler's time.
+            deadline: float | None = None
             while True:
                 conn, reused = await self._connection(target)
+                if deadline is None:
+                    deadline = loop.time() + timeout
                 try:
-                    answer, keep = await self._exchange(conn, request)
-                except _StaleConnection:
-                    self._drop(conn)
-                    if reused:
-                        continue  # the server closed it while idle: once more, on a new one
-                    raise HttpError("the server closed the connection without answering") from None
-                except BaseException:
-                    self._drop(conn)
+                    async with asyncio.timeout_at(deadline):
+                        if conn is None:
+                            conn = await self._connect_fresh(target)
+                        answer = await self._send(target, conn, reused, request)
+                except TimeoutError:
+                    if conn is None:
+                        raise HttpError(f"no connection within {timeout:g}s", away=True) from None
                     raise
-                if keep:
-                    conn.used_at = time.monotonic()
-                    self._idle.setdefault(target.origin, []).append(conn)
-                else:
-                    self._drop(conn)
-                return answer
+                if answer is not None:
+                    return answer
 
-    async def _connection(self, target: Target) -> tuple[_Connection, bool]:
+    async def _send(self, target: Target, conn: _Connection, reused: bool, request: bytes) -> Answer | None:
+        """The request on conn, and its answer; None: a kept-alive connection
+        the server closed while idle, to send it again on another one."""
+        try:
+            answer, keep = await self._exchange(conn, request)
+        except _StaleConnection:
+            self._drop(conn)
+            if reused:
+                return None  # the server closed it while idle: once more, on a new one
+            raise HttpError("the server closed the connection without answering", away=True) from None
+        except BaseException:
+            self._drop(conn)
+            raise
+        finally:
+            if not reused:  # answered or gone: no longer fresh
+                self._fresh[target.origin].release()
+        if keep:
+            conn.used_at = time.monotonic()
+            self._idle.setdefault(target.origin, []).append(conn)
+        else:
+            self._drop(conn)
+        return answer
+
+    def _reusable(self, target: Target) -> _Connection | None:
         idle = self._idle.get(target.origin)
         now = time.monotonic()
         while idle:
             conn = idle.pop()
             if now - conn.used_at < self._expiry and not conn.reader.at_eof():
-                return conn, True
+                return conn
             self._drop(conn)
+        return None
+
+    async def _connection(self, target: Target) -> tuple[_Connection | None, bool]:
+        """An idle connection (reused: True), or (None, False): one of the
+        origin's FRESH_AT_ONCE places to open a new one (_connect_fresh),
+        held until the caller releases it (after its first answer, or its
+        failure)."""
+        conn = self._reusable(target)
+        if conn is not None:
+            return conn, True
+        fresh = self._fresh.get(target.origin)
+        if fresh is None:
+            fresh = self._fresh[target.origin] = asyncio.Semaphore(FRESH_AT_ONCE)
+        await fresh.acquire()
+        # A fresh connection answered while this call waited: it is idle now.
+        conn = self._reusable(target)
+        if conn is not None:
+            fresh.release()
+            return conn, True
+        return None, False
+
+    async def _connect_fresh(self, target: Target) -> _Connection:
+        """A new connection, in the place _connection gave (given back if it fails)."""
+        try:
+            return await self._connect(target)
+        except BaseException:
+            self._fresh[target.origin].release()
+            raise
+
+    async def _connect(self, target: Target) -> _Connection:
         tls = None
         if target.scheme == "https":
             tls = self._tls or ssl.create_default_context()
@@ -150,11 +229,11 @@ class Http1Pool:
             reader, writer = await asyncio.open_connection(
                 target.host, target.port, ssl=tls, server_hostname=target.host if tls else None, limit=_HEAD_LIMIT
             )
-        except OSError as exc:
-            raise HttpError(f"{type(exc).__name__}: {exc}") from None
+        except OSError as exc:  # refused, unreachable, a name that does not resolve
+            raise HttpError(f"{type(exc).__name__}: {exc}", away=True) from None
         conn = _Connection(reader, writer)
         self._open.add(conn)
-        return conn, False
+        return conn
 
     def _drop(self, conn: _Connection) -> None:
         self._open.discard(conn)

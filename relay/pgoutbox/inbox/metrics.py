@@ -34,6 +34,7 @@ class Outcome(StrEnum):
     RETRIED = "retried"
     INVALID = "invalid"  # unreadable: sent to .invalid
     ERROR = "error"  # an infrastructure failure: not acked
+    DEFERRED = "deferred"  # the handler was away: nak'ed, no failure counted (inbox/gates.py)
 
 
 class Answer(StrEnum):
@@ -62,7 +63,8 @@ class ConsumerMetrics:
             "pgoutbox_consumer_messages",
             "Deliveries handled, by outcome: processed; duplicate (already processed, skipped, or settled "
             "first by another delivery of the same id); parked (already dead-lettered); dead_lettered; retried; "
-            "invalid (unreadable, refused to .invalid); error (PostgreSQL or NATS failure: not acked, redelivered)",
+            "invalid (unreadable, refused to .invalid); error (PostgreSQL or NATS failure: not acked, redelivered); "
+            "deferred (the handler was away: nak'ed, no failure counted)",
             ["handler", "outcome"],
             registry=r,
         )
@@ -99,6 +101,13 @@ class ConsumerMetrics:
         self.in_flight = Gauge(
             "pgoutbox_consumer_in_flight_messages",
             "Messages being processed",
+            ["handler"],
+            registry=r,
+        )
+        self.handler_up = Gauge(
+            "pgoutbox_consumer_handler_up",
+            "1 while the handler answers, 0 while it is away (no connection, 429, 502, 503, 504): its gate is "
+            "closed, nothing is fetched for it but one probe with growing pauses",
             ["handler"],
             registry=r,
         )
