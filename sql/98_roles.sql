@@ -177,7 +177,7 @@ TO pgoutbox_admin;
 GRANT SELECT ON outbox.discard_log, inbox.discard_log TO pgoutbox_admin;
 
 -- pgoutbox_backfiller: `pgoutbox backfill` (sql/68_backfill.sql). It reads
--- the outbox through the two backfill functions only (no table) and records
+-- the outbox through the backfill functions only (no table) and records
 -- each delivery in the inbox as the consumer does: receive, then processed or
 -- an error. It holds no NATS durable and no other inbox call.
 DO $$
@@ -196,4 +196,12 @@ outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer),
 inbox.receive(uuid, text, text, jsonb),
 inbox.mark_processed(uuid, text),
 inbox.record_error(uuid, text, text, boolean, interval)
+TO pgoutbox_backfiller;
+-- The Parquet archive as a source: which days it holds, the checksum's
+-- columns (to compute the archival job's checksum over a day's files), and
+-- the gate that compares it with the audit. No table, no archive write.
+GRANT EXECUTE ON FUNCTION
+outbox.backfill_archived_days(timestamptz, timestamptz),
+outbox.backfill_verify_archived_day(date, bigint, numeric),
+outbox.checksum_columns(text)
 TO pgoutbox_backfiller;
