@@ -13,19 +13,19 @@ BEGIN;
 SELECT plan(10);
 
 INSERT INTO outbox.archive_audit (source, day, relation, row_count, checksum, archive_uri) VALUES
-    ('outbox.events', DATE '2026-01-03', 'events_p20260103', 5, 123, 'file:/a/day=2026-01-03'),
-    ('outbox.events', DATE '2026-01-01', 'events_p20260101', 3, 456, 'file:/a/day=2026-01-01'),
-    ('outbox.events', DATE '2026-01-02', 'events_p20260102', 4, 789, 'file:/a/day=2026-01-02'),
-    ('outbox.events', DATE '2026-01-05', 'events_p20260105', 2, 10, 'file:/a/day=2026-01-05'),
-    ('inbox.messages', DATE '2026-01-02', NULL, 7, 11, 'file:/i/day=2026-01-02');
+('outbox.events', date '2026-01-03', 'events_p20260103', 5, 123, 'file:/a/day=2026-01-03'),
+('outbox.events', date '2026-01-01', 'events_p20260101', 3, 456, 'file:/a/day=2026-01-01'),
+('outbox.events', date '2026-01-02', 'events_p20260102', 4, 789, 'file:/a/day=2026-01-02'),
+('outbox.events', date '2026-01-05', 'events_p20260105', 2, 10, 'file:/a/day=2026-01-05'),
+('inbox.messages', date '2026-01-02', NULL, 7, 11, 'file:/i/day=2026-01-02');
 -- Removed: 01-01 to 01-03 (and the inbox day); 01-05 is archived but still live.
 UPDATE outbox.archive_audit SET removed_at = now(), removed_by = 'test'
-WHERE day BETWEEN DATE '2026-01-01' AND DATE '2026-01-03';
--- 01-02 of outbox.events voided after removal is impossible; void 01-04 instead (live, archived again).
+WHERE day BETWEEN date '2026-01-01' AND date '2026-01-03';
+-- A voided audit: 01-04 (its rows still live, to be archived afresh).
 INSERT INTO outbox.archive_audit (source, day, relation, row_count, checksum, archive_uri)
-VALUES ('outbox.events', DATE '2026-01-04', 'events_p20260104', 1, 1, 'file:/a/day=2026-01-04');
+VALUES ('outbox.events', date '2026-01-04', 'events_p20260104', 1, 1, 'file:/a/day=2026-01-04');
 UPDATE outbox.archive_audit SET voided_at = now(), voided_by = 'test', void_reason = 'test'
-WHERE day = DATE '2026-01-04';
+WHERE day = date '2026-01-04';
 
 SELECT results_eq(
     $$SELECT day, archive_uri, row_count, checksum
@@ -41,7 +41,7 @@ SELECT results_eq(
     'a day is listed when any part of it is in the range'
 );
 SELECT is(
-    outbox.backfill_verify_archived_day(DATE '2026-01-02', 4, 789), 'file:/a/day=2026-01-02',
+    outbox.backfill_verify_archived_day(date '2026-01-02', 4, 789), 'file:/a/day=2026-01-02',
     'the audited figures pass, and give the audited URI'
 );
 SELECT throws_ok(
@@ -73,7 +73,9 @@ SELECT throws_ok('SELECT count(*) FROM outbox.archive_audit', '42501', NULL, 'bu
 RESET ROLE;
 SELECT ok(
     has_function_privilege('pgoutbox_backfiller', 'outbox.checksum_columns(text)', 'EXECUTE')
-    AND NOT has_function_privilege('pgoutbox_writer', 'outbox.backfill_archived_days(timestamptz, timestamptz)', 'EXECUTE')
+    AND NOT has_function_privilege(
+        'pgoutbox_writer', 'outbox.backfill_archived_days(timestamptz, timestamptz)', 'EXECUTE'
+    )
     AND NOT has_function_privilege(
         'pgoutbox_consumer', 'outbox.backfill_verify_archived_day(date, bigint, numeric)', 'EXECUTE'
     ),

@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 
-from pgoutbox.cli.archive import SPARK_MASTER
 from pgoutbox.core import broker, db, settings
 from pgoutbox.core.errors import BrokerUnavailable, ConfigError
 from pgoutbox.core.settings import option
@@ -150,7 +149,7 @@ class BackfillConfig:
             stream_mode,
         )
     )
-    spark_master: str = option(SPARK_MASTER)
+    spark_master: str = option(settings.SPARK_MASTER)
 
 
 CONFIG = BackfillConfig
