@@ -82,15 +82,19 @@ def one_round(
     proc = subprocess.Popen(
         [*command, "--rate", "1000000", "--state-file", "", "--concurrency", str(concurrency), *extra],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=(work / f"{name}.err").open("w"),
         env=env,
     )
     assert proc.stdout is not None
     started = None
+    plan = []
     for line in proc.stdout:
         if started is None and line.startswith(b"backfill "):
             started = time.monotonic()
-    assert proc.wait() == 0 and started is not None
+        if line.startswith((b"  archive", b"  outbox", b"  stream")):
+            plan.append(line.decode().rstrip()[:100])
+    assert proc.wait() == 0 and started is not None, (work / f"{name}.err").read_text()[-3000:]
+    print("\n".join(plan))  # which source gave the events
     elapsed = time.monotonic() - started
     with psycopg.connect(url, autocommit=True) as conn:
         done = conn.execute(

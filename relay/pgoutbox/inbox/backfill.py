@@ -574,6 +574,8 @@ class Runner:
             after = self.progress.after_id if self.progress.day == name else 0
             if not await self.verified(day, reader, columns):
                 continue
+            if not day.row_count:
+                continue  # an empty day, verified empty
             rows = await asyncio.to_thread(
                 reader.rows, day.uri, self.p.subjects, self.p.since, self.p.archive_until, after
             )
