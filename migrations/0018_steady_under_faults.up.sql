@@ -489,31 +489,35 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    audit outbox.archive_audit;
+    -- Scalars, not a row of outbox.archive_audit: this file runs before the
+    -- one that creates that table (sql/91), and a declared row type must exist.
+    audited_rows bigint;
+    audited_sum numeric;
+    audited_uri text;
 BEGIN
     IF day IS NULL OR row_count IS NULL OR checksum IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: day, row_count and checksum are required'
             USING ERRCODE = 'OB006';
     END IF;
-    SELECT * INTO audit
+    SELECT a.row_count, a.checksum, a.archive_uri INTO audited_rows, audited_sum, audited_uri
     FROM outbox.archive_audit AS a
     WHERE a.source = 'outbox.events' AND a.day = backfill_verify_archived_day.day AND a.voided_at IS NULL;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'ARCHIVE_NOT_AUDITED: outbox.events has no standing archive audit for %', day
             USING ERRCODE = 'OB112';
     END IF;
-    IF audit.row_count <> backfill_verify_archived_day.row_count
-        OR audit.checksum <> backfill_verify_archived_day.checksum THEN
+    IF audited_rows <> backfill_verify_archived_day.row_count
+        OR audited_sum <> backfill_verify_archived_day.checksum THEN
         RAISE EXCEPTION 'ARCHIVE_TAMPERED: the archive of outbox.events for % is not what was audited',
             day
             USING ERRCODE = 'OB111',
             DETAIL = format(
                 'audited %s rows, checksum %s; the files at %s give %s rows, checksum %s',
-                audit.row_count, audit.checksum, audit.archive_uri,
+                audited_rows, audited_sum, audited_uri,
                 backfill_verify_archived_day.row_count, backfill_verify_archived_day.checksum
             );
     END IF;
-    RETURN audit.archive_uri;
+    RETURN audited_uri;
 END;
 $$;
 COMMENT ON FUNCTION outbox.backfill_verify_archived_day(date, bigint, numeric) IS
