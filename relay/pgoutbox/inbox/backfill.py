@@ -235,7 +235,7 @@ async def plan(
     older_than_kept = kept_from is None or start < kept_from
     if older_than_kept and start < min(kept_from or until, outbox_until):
         days = await archived_days(conn, since, min(kept_from or until, outbox_until))
-    if since is not None and kept_from is not None and since < kept_from:
+    if since is not None and kept_from is not None and since < min(kept_from, outbox_until):
         first = datetime(days[0].day.year, days[0].day.month, days[0].day.day, tzinfo=UTC) if days else None
         if first is None or since < first:
             raise RangeNotKept(
