@@ -204,6 +204,8 @@ $$;
 DROP FUNCTION IF EXISTS outbox.backfill_span(text[], timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer);
 DROP FUNCTION IF EXISTS outbox._check_backfill(text[], timestamptz, timestamptz, integer);
+DROP FUNCTION IF EXISTS outbox.backfill_archived_days(timestamptz, timestamptz);
+DROP FUNCTION IF EXISTS outbox.backfill_verify_archived_day(date, bigint, numeric);
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_backfiller') THEN
@@ -211,7 +213,8 @@ BEGIN
         outbox.schema_version(), outbox.serves_workers_from(),
         inbox.receive(uuid, text, text, jsonb),
         inbox.mark_processed(uuid, text),
-        inbox.record_error(uuid, text, text, boolean, interval)
+        inbox.record_error(uuid, text, text, boolean, interval),
+        outbox.checksum_columns(text)
         FROM pgoutbox_backfiller;
         REVOKE USAGE ON SCHEMA outbox, inbox FROM pgoutbox_backfiller;
     END IF;

@@ -115,3 +115,87 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- The archived days a backfill reads from the Parquet archive: days of
+-- outbox.events with a standing audit whose partition was removed (a day
+-- archived but still live is read from the outbox), overlapping
+-- [from_at, until_at), in day order, with the audited figures the archive
+-- must still show (outbox.backfill_verify_archived_day).
+CREATE OR REPLACE FUNCTION outbox.backfill_archived_days(
+    from_at timestamptz,
+    until_at timestamptz
+)
+RETURNS TABLE (day date, archive_uri text, row_count bigint, checksum numeric)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN QUERY
+    SELECT a.day, a.archive_uri, a.row_count, a.checksum
+    FROM outbox.archive_audit AS a
+    WHERE a.source = 'outbox.events' AND a.voided_at IS NULL AND a.removed_at IS NOT NULL
+        AND (a.day::timestamp AT TIME ZONE 'UTC') < backfill_archived_days.until_at
+        AND ((a.day + 1)::timestamp AT TIME ZONE 'UTC') > backfill_archived_days.from_at
+    ORDER BY a.day;
+END;
+$$;
+COMMENT ON FUNCTION outbox.backfill_archived_days(timestamptz, timestamptz) IS
+'For pgoutbox backfill: the archived and removed days of outbox.events in a range, with their audited figures.';
+
+-- The gate before a backfill delivers an archived day: the row count and
+-- checksum it computed over the day's Parquet files (the archival job's
+-- checksum, spark/pgoutbox_spark/checksum.py) must equal the standing audit,
+-- else the day was altered after it was archived: ARCHIVE_TAMPERED (OB111),
+-- and not one of its rows is delivered. A day without a standing audit is
+-- ARCHIVE_NOT_AUDITED (OB112). Returns the audited archive URI.
+CREATE OR REPLACE FUNCTION outbox.backfill_verify_archived_day(
+    day date,
+    row_count bigint,
+    checksum numeric
+)
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- Scalars, not a row of outbox.archive_audit: this file runs before the
+    -- one that creates that table (sql/91), and a declared row type must exist.
+    audited_rows bigint;
+    audited_sum numeric;
+    audited_uri text;
+BEGIN
+    IF day IS NULL OR row_count IS NULL OR checksum IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: day, row_count and checksum are required'
+            USING ERRCODE = 'OB006';
+    END IF;
+    SELECT a.row_count, a.checksum, a.archive_uri INTO audited_rows, audited_sum, audited_uri
+    FROM outbox.archive_audit AS a
+    WHERE a.source = 'outbox.events' AND a.day = backfill_verify_archived_day.day AND a.voided_at IS NULL;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'ARCHIVE_NOT_AUDITED: outbox.events has no standing archive audit for %', day
+            USING ERRCODE = 'OB112';
+    END IF;
+    IF audited_rows <> backfill_verify_archived_day.row_count
+        OR audited_sum <> backfill_verify_archived_day.checksum THEN
+        RAISE EXCEPTION 'ARCHIVE_TAMPERED: the archive of outbox.events for % is not what was audited',
+            day
+            USING ERRCODE = 'OB111',
+            DETAIL = format(
+                'audited %s rows, checksum %s; the files at %s give %s rows, checksum %s',
+                audited_rows, audited_sum, audited_uri,
+                backfill_verify_archived_day.row_count, backfill_verify_archived_day.checksum
+            );
+    END IF;
+    RETURN audited_uri;
+END;
+$$;
+COMMENT ON FUNCTION outbox.backfill_verify_archived_day(date, bigint, numeric) IS
+'For pgoutbox backfill: checks an archived day''s figures against its audit (OB111 when they differ).';

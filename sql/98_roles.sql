@@ -179,7 +179,7 @@ TO pgoutbox_admin;
 GRANT SELECT ON outbox.discard_log, inbox.discard_log, outbox.discarded_events TO pgoutbox_admin;
 
 -- pgoutbox_backfiller: `pgoutbox backfill` (sql/68_backfill.sql). It reads
--- the outbox through the two backfill functions only (no table) and records
+-- the outbox through the backfill functions only (no table) and records
 -- each delivery in the inbox as the consumer does: receive, then processed or
 -- an error. It holds no NATS durable and no other inbox call.
 DO $$
@@ -216,3 +216,12 @@ GRANT EXECUTE ON FUNCTION outbox.next_scheduled() TO pgoutbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.scheduled(text)
 TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin, pgoutbox_viewer;
 GRANT SELECT ON outbox.event_keys, outbox.schedules, outbox.cancel_log TO pgoutbox_admin;
+
+-- The Parquet archive as a source: which days it holds, the checksum's
+-- columns (to compute the archival job's checksum over a day's files), and
+-- the gate that compares it with the audit. No table, no archive write.
+GRANT EXECUTE ON FUNCTION
+outbox.backfill_archived_days(timestamptz, timestamptz),
+outbox.backfill_verify_archived_day(date, bigint, numeric),
+outbox.checksum_columns(text)
+TO pgoutbox_backfiller;

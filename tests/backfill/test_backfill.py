@@ -148,7 +148,7 @@ def test_a_backfill_killed_in_the_middle_still_delivers_every_event_once_in_key_
         command(world, "--metrics-file", str(metrics)), capture_output=True, text=True, env=environment(), timeout=120
     )
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "backfill: resuming after event id" in second.stderr, second.stderr
+    assert "backfill: resuming in the outbox after event id" in second.stderr, second.stderr
     assert f"backfilled {HANDLER}: " in second.stdout and "0 dead-lettered" in second.stdout, second.stdout
     assert_exactly_once_in_key_order(world, handler)
     shown = metrics.read_text()

@@ -6,6 +6,7 @@ arguments, with the range that run resolved."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -56,8 +57,25 @@ def test_a_state_file_resumes_only_the_same_arguments(tmp_path):
     since, until = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 28, 12, tzinfo=UTC)
     plan = backfill.Plan("late", SPEC.subjects, since, until, 10, since, asked)
     assert backfill.read_state(path, asked) is None
-    backfill.write_state(path, plan, backfill.Progress(done=5, after_id=42))
-    assert backfill.read_state(path, asked) == backfill.Resume(since, until, 42)
+    backfill.write_state(path, plan, backfill.Progress(done=5, phase="outbox", after_id=42))
+    assert backfill.read_state(path, asked) == backfill.Resume(
+        since, until, backfill.Progress(phase="outbox", after_id=42), None
+    )
+    # In an archived day, with the stream's boundary: both come back.
+    start = datetime(2026, 11, 26, tzinfo=UTC)
+    side = backfill.StreamSide("SHOP_EVENTS", start, 18)
+    streamed = backfill.Plan("late", SPEC.subjects, since, until, 10, since, asked, stream=side)
+    backfill.write_state(path, streamed, backfill.Progress(done=5, phase="archive", day="2026-11-02", after_id=7))
+    assert backfill.read_state(path, asked) == backfill.Resume(
+        since, until, backfill.Progress(phase="archive", day="2026-11-02", after_id=7), start
+    )
+    # A state file of the first release (the outbox only, no phase) resumes in the outbox.
+    path.write_text(
+        json.dumps({"asked": asked, "since": since.isoformat(), "until": until.isoformat(), "after_id": 42})
+    )
+    assert backfill.read_state(path, asked) == backfill.Resume(
+        since, until, backfill.Progress(phase="outbox", after_id=42), None
+    )
     assert backfill.read_state(path, {**asked, "until": "2026-11-28T00:00:00Z"}) is None
     path.write_text("{not json")
     assert backfill.read_state(path, asked) is None

@@ -58,13 +58,8 @@ def sources(text: str) -> tuple[str, ...]:
     return tuple(SOURCE_NAMES[s] for s in names)
 
 
-# Shared with `pgoutbox report`.
-SPARK_MASTER = settings.Setting(
-    "spark_master",
-    "OUTBOX_SPARK_MASTER",
-    "local[*]",
-    "Spark master when not started by spark-submit (which then sets it)",
-)
+# Shared with `pgoutbox report` (and `pgoutbox backfill`, which reads archived days).
+SPARK_MASTER = settings.SPARK_MASTER
 SPARK_JARS = settings.Setting(
     "spark_jars",
     "OUTBOX_SPARK_JARS",

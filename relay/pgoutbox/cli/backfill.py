@@ -15,14 +15,17 @@ from typing import Any
 
 import psycopg
 
-from pgoutbox.core import db, settings
-from pgoutbox.core.errors import ConfigError
+from pgoutbox.core import broker, db, settings
+from pgoutbox.core.errors import BrokerUnavailable, ConfigError
 from pgoutbox.core.settings import option
 from pgoutbox.inbox import backfill, registry
 from pgoutbox.inbox import settings as cs
 
 COMMAND = "backfill"
-HELP = "Replay the outbox's history of a handler's subjects into that handler, through its inbox (resumable)."
+HELP = (
+    "Replay the history of a handler's subjects (the archive, the outbox, the stream) into that handler, "
+    "through its inbox (resumable)."
+)
 S = settings.Setting
 
 
@@ -44,6 +47,12 @@ def page(text: str) -> int:
     if not 1 <= value <= 10000:
         raise ValueError(f"must be from 1 to 10000 (outbox.backfill_page(page_size)), got {value}")
     return value
+
+
+def stream_mode(text: str) -> str:
+    if text not in ("auto", "off"):
+        raise ValueError(f"must be auto or off, got {text!r}")
+    return text
 
 
 def rate(text: str) -> float:
@@ -129,6 +138,18 @@ class BackfillConfig:
         )
     )
     cloudevents_source: str = option(settings.CLOUDEVENTS_SOURCE)
+    nats_url: str = option(settings.NATS_URL)
+    stream: str = option(
+        S(
+            "stream",
+            "OUTBOX_BACKFILL_STREAM",
+            "auto",
+            "auto: read the part of the range the handler's stream still holds from the stream "
+            "(when NATS answers); off: never connect to NATS",
+            stream_mode,
+        )
+    )
+    spark_master: str = option(settings.SPARK_MASTER)
 
 
 CONFIG = BackfillConfig
@@ -168,6 +189,36 @@ def run(cfg: BackfillConfig, args: argparse.Namespace) -> int:
     return asyncio.run(_run(cfg, spec, subjects, since, until, asked, delivery, state, resume))
 
 
+async def _stream(
+    cfg: BackfillConfig,
+    spec: registry.HandlerSpec,
+    since: datetime | None,
+    until: datetime,
+    resume: backfill.Resume | None,
+) -> tuple[Any, Any, backfill.StreamSide | None, str]:
+    """(connection, JetStream, the stream side, the plan's line): the stream
+    is a source when NATS answers and the handler's stream holds part of the
+    range; otherwise the plan says why not and the outbox takes that part."""
+    if cfg.stream == "off":
+        return None, None, None, "not read: OUTBOX_BACKFILL_STREAM=off"
+    if resume is not None and resume.stream_start is None:
+        return None, None, None, "not read: the run being resumed did not read it"
+    try:
+        nc = await broker.connect(cfg.nats_url, "pgoutbox-backfill", retry=False, quiet=True)
+    except BrokerUnavailable as exc:
+        if resume is not None and resume.stream_start is not None:
+            raise  # the run being resumed reads its last part from the stream: it needs it
+        return None, None, None, f"not read: {exc}"
+    js = nc.jetstream()
+    side, note = await backfill.find_stream(
+        js, spec, since, until, start=resume.stream_start if resume is not None else None
+    )
+    if side is None:
+        await nc.close()
+        return None, None, None, note
+    return nc, js, side, note
+
+
 async def _run(
     cfg: BackfillConfig,
     spec: registry.HandlerSpec,
@@ -180,22 +231,25 @@ async def _run(
     resume: backfill.Resume | None,
 ) -> int:
     conns: list[psycopg.AsyncConnection[Any]] = []
+    nc = None
     try:
         for _ in range(cfg.concurrency):
             conns.append(await psycopg.AsyncConnection.connect(db.conninfo(cfg.database_url), autocommit=True))
-        p = await backfill.plan(conns[0], spec, subjects, since, until, asked)
+        nc, js, side, note = await _stream(cfg, spec, since, until, resume)
+        p = await backfill.plan(conns[0], spec, subjects, since, until, asked, side, note)
         print("\n".join(p.lines()), flush=True)
-        after_id = resume.after_id if resume is not None else 0
-        done = await backfill.run(
-            conns,
-            p,
-            delivery,
+        kwargs: dict[str, Any] = dict(
             rate=cfg.rate,
             page_size=cfg.page_size,
             state_file=state,
-            after_id=after_id,
+            resume=resume.progress if resume is not None else None,
             metrics_file=Path(cfg.metrics_file) if cfg.metrics_file else None,
+            js=js,
         )
+        if p.archive and not (resume is not None and resume.progress.phase != "archive"):
+            done = await _with_spark(cfg, conns, p, delivery, kwargs)
+        else:
+            done = await backfill.run(conns, p, delivery, **kwargs)
     except psycopg.OperationalError as exc:
         if not conns or db.is_connection_error(exc):
             raise db.unavailable(exc, cfg.database_url) from exc
@@ -203,10 +257,33 @@ async def _run(
     finally:
         for conn in conns:
             await conn.close()
+        if nc is not None:
+            await nc.close()
+    refused = f", {len(done.refused)} archived day(s) refused ({', '.join(done.refused)})" if done.refused else ""
     print(
         f"backfilled {spec.name}: {done.delivered} delivered, {done.skipped} already in the inbox, "
-        f"{done.dead} dead-lettered",
+        f"{done.dead} dead-lettered{refused}",
         flush=True,
     )
     sys.stdout.flush()
-    return 1 if done.dead else 0
+    return 1 if done.dead or done.refused else 0
+
+
+async def _with_spark(
+    cfg: BackfillConfig,
+    conns: list[psycopg.AsyncConnection[Any]],
+    p: backfill.Plan,
+    delivery: backfill.Delivery,
+    kwargs: dict[str, Any],
+) -> backfill.Progress:
+    """The archived days are read on the archival job's Spark session (the
+    spark extra), started only when the plan has any."""
+    try:
+        from pgoutbox_spark import session
+        from pgoutbox_spark.backfill import SparkReader
+    except ImportError as exc:
+        raise ConfigError(
+            f"the plan reads archived days, which needs the spark extra (pip install 'pgoutbox[spark]'): {exc}"
+        ) from exc
+    with session.spark_session(cfg.spark_master, None, "pgoutbox-backfill") as spark:
+        return await backfill.run(conns, p, delivery, reader=SparkReader(spark), **kwargs)

@@ -80,6 +80,8 @@ class SqlState(enum.StrEnum):
     INVALID_ACTION = "OB106"
     INVALID_CURSOR = "OB107"
     ACTION_NOT_FOUND = "OB110"  # a console bulk action that does not exist, or that another role prepared
+    ARCHIVE_TAMPERED = "OB111"  # backfill: an archived day's files are not what its audit recorded
+    ARCHIVE_NOT_AUDITED = "OB112"  # backfill: an archived day without a standing audit
 
 
 class ExitCode(enum.IntEnum):
@@ -252,6 +254,8 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.NOT_DISCARDED: IllegalTransition,
     SqlState.DEAD_LETTER_NOT_FOUND: DeadLetterNotFound,
     SqlState.ACTION_NOT_FOUND: PolicyViolation,
+    SqlState.ARCHIVE_TAMPERED: ArchiveMismatch,
+    SqlState.ARCHIVE_NOT_AUDITED: ArchivalRefused,
     SqlState.INVALID_ACTION: PolicyViolation,
     SqlState.INVALID_CURSOR: PolicyViolation,
     SqlState.EVENT_ID_CONFLICT: PolicyViolation,

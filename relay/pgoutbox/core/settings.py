@@ -291,3 +291,13 @@ CLOUDEVENTS_SOURCE = Setting(
     "CloudEvents source attribute (a URI-reference; {context} stands for the event's context)",
     cloudevents.source_template,
 )
+
+
+# `pgoutbox archive` and `report` run Spark jobs; `pgoutbox backfill` reads
+# archived days on Spark too (here, so backfill need not import the archiver).
+SPARK_MASTER = Setting(
+    "spark_master",
+    "OUTBOX_SPARK_MASTER",
+    "local[*]",
+    "Spark master when not started by spark-submit (which then sets it)",
+)
