@@ -13,6 +13,8 @@ transaction (BEGIN; statement; COMMIT) as fast as it can. Sides:
            outbox.event_keys: what a retry-safe emit costs;
   scheduled  outbox.emit(..., deliver_after => '1 hour'): a delayed event,
            entered in outbox.schedules;
+  correlated outbox.emit(..., correlation_id => ...): an event of a business
+           flow, entered in the partial index events_correlation_idx;
   before   outbox.emit(...) on the previous schema version (a database
            migrated one version short), to show what the newest migration
            changed; with --before COMMIT, on the schema that commit's own
@@ -34,7 +36,7 @@ synchronous_commit off in that session): backend CPU per transaction, what
 emit itself costs. Last, the hypervisor's steal over the run.
 
     .venv/bin/python bench/emit_bench.py [--writers 1,4] [--rounds 5] [--seconds 2]
-        [--synchronous-commit on|off] [--sides emit,plain,before,keyed,scheduled] [--headers]
+        [--synchronous-commit on|off] [--sides emit,plain,before,keyed,scheduled,correlated] [--headers]
         [--before COMMIT]
 """
 
@@ -84,6 +86,10 @@ KEYED = "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb,
 SCHEDULED = (
     "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea',"
     " deliver_after => interval '1 hour')"
+)
+CORRELATED = (
+    "SELECT outbox.emit('order', %(n)s, 'order_created', %(payload)s::jsonb, context => 'sea',"
+    " correlation_id => gen_random_uuid())"
 )
 PLAIN = "INSERT INTO public.outbox_plain (subject, payload) VALUES ('sea.event.order_created.v1', %(payload)s::jsonb)"
 
@@ -168,6 +174,7 @@ LOOP_KEYED = LOOP_EMIT.replace(
     "{headers}", ", event_id => overlay(md5(i::text || clock_timestamp()::text) placing '5' from 13 for 1)::uuid"
 )
 LOOP_SCHEDULED = LOOP_EMIT.replace("{headers}", ", deliver_after => interval '1 hour'")
+LOOP_CORRELATED = LOOP_EMIT.replace("{headers}", ", correlation_id => gen_random_uuid()")
 LOOP_PLAIN = f"INSERT INTO public.outbox_plain (subject, payload) VALUES ('sea.event.order_created.v1', {PAYLOAD_SQL})"
 
 
@@ -193,7 +200,12 @@ def setup(server_url: str, sides: list[str], headers: str, before: str | None, r
             elif side != "before" or not before:
                 migrate.migrate(c, target=SCHEMA_VERSION - 1 if side == "before" else None)
             emit = LOOP_EMIT.replace("{headers}", "" if headers == "{}" else f", headers => '{headers}'::jsonb")
-            loop = {"plain": LOOP_PLAIN, "keyed": LOOP_KEYED, "scheduled": LOOP_SCHEDULED}.get(side, emit)
+            loop = {
+                "plain": LOOP_PLAIN,
+                "keyed": LOOP_KEYED,
+                "scheduled": LOOP_SCHEDULED,
+                "correlated": LOOP_CORRELATED,
+            }.get(side, emit)
             c.execute(LOOP.replace("{statement}", loop))
         urls[side] = url
     return urls
@@ -206,7 +218,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="per side and round")
     ap.add_argument("--synchronous-commit", default="on", choices=("on", "off"))
     ap.add_argument(
-        "--sides", default="emit,plain,before", help="comma-separated: emit, plain, before, keyed, scheduled"
+        "--sides",
+        default="emit,plain,before",
+        help="comma-separated: emit, plain, before, keyed, scheduled, correlated",
     )
     ap.add_argument("--headers", action="store_true", help="emit with a W3C traceparent header (plain: none)")
     ap.add_argument("--before", metavar="COMMIT", help="the before side: this commit's schema, not one version short")
@@ -227,7 +241,14 @@ def main() -> None:
         headers = TRACEPARENT if args.headers else "{}"
         urls = setup(pg.start(), sides, headers, args.before, root)
         emit_sql = EMIT_HEADERS if args.headers else EMIT
-        statements = {"emit": emit_sql, "before": emit_sql, "plain": PLAIN, "keyed": KEYED, "scheduled": SCHEDULED}
+        statements = {
+            "emit": emit_sql,
+            "before": emit_sql,
+            "plain": PLAIN,
+            "keyed": KEYED,
+            "scheduled": SCHEDULED,
+            "correlated": CORRELATED,
+        }
         print(
             f"emit bench: PostgreSQL 15, fsync on, synchronous_commit={args.synchronous_commit}; one event per"
             f" transaction; {args.rounds} interleaved rounds of {args.seconds:g} s per side;"
