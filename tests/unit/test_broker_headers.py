@@ -4,6 +4,8 @@ generator per header name): the same dict for the same bytes."""
 
 from __future__ import annotations
 
+import json
+
 import nats
 import pytest
 
@@ -25,7 +27,7 @@ def relay_block() -> bytes:
         "aggregate_id": "café 1",
         "occurred_at": "2025-01-02T03:04:05Z",
         "payload": "{}",
-        "headers": '{"traceparent": "%s"}' % TRACEPARENT,
+        "headers": json.dumps({"traceparent": TRACEPARENT}),
     }
     _, _, headers = wire.to_nats(row, DEFAULT_SOURCE)
     return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() + b"\r\n"
