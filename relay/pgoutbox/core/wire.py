@@ -321,13 +321,15 @@ def parse_subject(subject: str) -> tuple[str, str, int]:
     return found[1], found[2], int(found[3])
 
 
+_FIELDS_BY_LOWER = {name.lower(): field for name, field in _FIELDS.items()}
+
+
 def _ours(headers: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """Envelope field -> (header as sent, value) of the Pgoutbox-* headers, in any
     letter case; the same header twice with different values is refused."""
-    by_lower = {name.lower(): field for name, field in _FIELDS.items()}
     found: dict[str, tuple[str, str]] = {}
     for name, value in headers.items():
-        field = by_lower.get(name.lower())
+        field = _FIELDS_BY_LOWER.get(name.lower())
         if field is None:
             continue
         if field in found and found[field][1] != value:
@@ -382,7 +384,8 @@ def _storable_texts(attributes: Mapping[str, str]) -> None:
 
 def _admitted_value(name: str, value: str) -> None:
     """A header value the envelope keeps: storable, and one a replay can carry unaltered."""
-    _storable(value, f"header {name}")
+    if not value.isascii() or "\x00" in value:  # ASCII has no surrogate: only a NUL could fail
+        _storable(value, f"header {name}")
     problem = header_value_problem(value)
     if problem is not None:
         raise InvalidMessage(f"header {name} value {_show(value, _SHOWN)} {problem}")
@@ -392,7 +395,18 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _json(body: bytes | None, where: str) -> Any:
+class _Infinite(Exception):
+    """A JSON number that is infinite as a float (not a ValueError: not "not JSON")."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Infinite(text)
+    return value
+
+
+def _json(body: bytes | None, where: str, parse_float: Any = None) -> Any:
     """The body's JSON value; InvalidMessage saying why there is none."""
     if not body:
         raise InvalidMessage(f"{where} is empty: the payload must be a JSON object")
@@ -401,7 +415,7 @@ def _json(body: bytes | None, where: str) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidMessage(f"{where} is not UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=parse_float)
     except RecursionError:
         raise InvalidMessage(f"{where} is JSON nested too deeply") from None
     except ValueError as exc:
@@ -414,10 +428,17 @@ def _kind(value: Any) -> str:
 
 def _payload(body: bytes | None) -> dict[str, Any]:
     """The body as a JSON object; anything else is refused, saying why."""
-    value = _json(body, "body")
+    try:
+        value = _json(body, "body", _finite)
+        # A JSON string holds a NUL or an unpaired surrogate only through a \\u escape:
+        # without one, and with no infinite number, nothing in it is refused: no walk.
+        walk = b"\\u" in (body if isinstance(body, bytes) else bytes(body or b""))
+    except _Infinite:
+        value, walk = _json(body, "body"), True  # the walk names the number
     if not isinstance(value, dict):
         raise InvalidMessage(f"body is {_kind(value)}, not a JSON object")
-    _storable(value, "body")
+    if walk:
+        _storable(value, "body")
     return value
 
 
