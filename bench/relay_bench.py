@@ -282,7 +282,15 @@ def migrate_as(pythonpath: str, url: str) -> None:
 
 
 def drain(
-    root: Path, pg, ns, n: int, batch_size: int | None, *, pythonpath: str | None = None, name: str = "drain"
+    root: Path,
+    pg,
+    ns,
+    n: int,
+    batch_size: int | None,
+    *,
+    pythonpath: str | None = None,
+    name: str = "drain",
+    profile: str | None = None,
 ) -> tuple[float, float, float, float]:
     """(events/s between the first and last published_at, wall seconds, peak RSS MB,
     relay CPU microseconds per event). batch_size None: the relay on its
@@ -291,7 +299,9 @@ def drain(
     with psycopg.connect(pg.url, autocommit=True) as conn:
         started = time.perf_counter()
         settings = {} if batch_size is None else {"batch_size": str(batch_size)}
-        with relay_process(root, pg, ns, name, pythonpath=pythonpath, defaults=batch_size is None, **settings) as proc:
+        with relay_process(
+            root, pg, ns, name, pythonpath=pythonpath, defaults=batch_size is None, profile=profile, **settings
+        ) as proc:
             while True:
                 left = conn.execute(
                     "SELECT coalesce(sum(unpublished), 0) FROM outbox.backlog(%s)", (CONTEXT,)
@@ -563,7 +573,11 @@ def main() -> int:
         help="(e): also run this build with these environment variables (repeatable)",
     )
     ap.add_argument("--tracing", action="store_true", help="(e): also this build with traces on, to a local sink")
-    ap.add_argument("--profile", metavar="DIR", help="(e): profile each relay of round 1 (yappi, CPU clock) into DIR")
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="(b), (e): profile the drain's relay and each relay of (e)'s round 1 (yappi, CPU clock) into DIR",
+    )
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-bench-"))
@@ -612,7 +626,8 @@ def main() -> int:
                 f" {nats_cpu:.0f} us per message over both runs)"
             )
         if "b" in args.parts:
-            rate, wall, rss, cpu = drain(root, pg, ns, args.events, args.batch_size)
+            profile = f"{args.profile}/relay-drain.pstat" if args.profile else None
+            rate, wall, rss, cpu = drain(root, pg, ns, args.events, args.batch_size, profile=profile)
             print(
                 f"(b) relay drain of {args.events}: {rate:,.0f} events/s (first to last published_at; "
                 f"{wall:.1f}s wall incl. start-up) = {rate / best:.2f} x (a) best "

@@ -33,7 +33,7 @@ from typing import Any
 SPECVERSION = "1.0"
 PREFIX = "ce-"
 # The prefix in every letter case: one slice and one set lookup per header name.
-_PREFIXES = frozenset({"ce-", "Ce-", "cE-", "CE-"})
+PREFIXES = _PREFIXES = frozenset({"ce-", "Ce-", "cE-", "CE-"})
 DATACONTENTTYPE = "application/json"
 # The media type of the JSON event format; structured mode is recognised
 # by a Content-Type starting with "application/cloudevents" (either case).
@@ -63,6 +63,12 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 class NotACloudEvent(ValueError):
     """A message that claims to be a CloudEvent (a ce- header, or the
     structured media type) and is not one pgoutbox can admit; the text says why."""
+
+
+def plain(value: str) -> bool:
+    """Whether `value` needs no percent-encoding (nor any NATS header check:
+    it has no white space or control character)."""
+    return _PLAIN.fullmatch(value) is not None
 
 
 def encode(value: str) -> str:

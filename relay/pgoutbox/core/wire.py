@@ -175,6 +175,61 @@ def _cloudevent(headers: dict[str, str], event: Mapping[str, Any], source: str) 
         raise WireError("BAD_HEADER", str(exc)) from None
 
 
+# (source template, context, event_type, event_version) -> the ce-* headers an
+# event type shares, encoded once. Bounded: a relay sees few event types, and
+# a flood of new ones only costs the cache being rebuilt.
+_SHARED: dict[tuple[str, str, Any, Any], tuple[str, str]] = {}
+_SHARED_MOST = 4096
+
+
+def _fast_cloudevent(headers: dict[str, str], event: Mapping[str, Any], source: str) -> bool:
+    """The common case of _check_values and _cloudevent at once: every value
+    printable ASCII but space, `"` and `%` (one match over them all), and no
+    emitter header that CloudEvents reads (ce-*, Content-Type), so that no
+    value needs checking or percent-encoding one by one. False, with
+    `headers` untouched, when the case does not hold: the caller takes the
+    exact path, which also names what is wrong."""
+    if "cloudevents" in event or not cloudevents.plain("".join(headers.values())):
+        return False
+    for name in headers:
+        if name[:3] in cloudevents.PREFIXES or (len(name) == 12 and name.lower() == "content-type"):
+            return False
+    aggregate_type, aggregate_id = event.get("aggregate_type"), event.get("aggregate_id")
+    if (
+        aggregate_type is not None
+        and aggregate_id is not None
+        and not (type(aggregate_type) is type(aggregate_id) is str)
+    ):
+        return False
+    context, event_type, version = event["context"], event["event_type"], event["event_version"]
+    key = (source, context, event_type, version)
+    shared = _SHARED.get(key)
+    if shared is None:
+        if len(_SHARED) >= _SHARED_MOST:
+            _SHARED.clear()
+        ce_type = f"{context}.{event_type}.v{version}"
+        shared = _SHARED[key] = (cloudevents.encode(source.replace(cloudevents.CONTEXT_PLACEHOLDER, context)), ce_type)
+    ce_type = shared[1]
+    if not cloudevents.plain(ce_type):  # the parts were plain as headers: a non-str version could still differ
+        return False
+    # The order and values put_binary gives; every value is plain, so encode() would return it as it is.
+    headers["ce-specversion"] = cloudevents.SPECVERSION
+    headers["ce-id"] = headers[MSG_ID]
+    headers["ce-source"] = shared[0]
+    headers["ce-type"] = ce_type
+    headers["ce-datacontenttype"] = cloudevents.DATACONTENTTYPE
+    occurred = headers.get("Pgoutbox-Occurred-At")
+    if occurred is not None:
+        headers["ce-time"] = occurred
+    if aggregate_type is not None and aggregate_id is not None:
+        headers["ce-subject"] = f"{aggregate_type}/{aggregate_id}"
+    for name in cloudevents.TRACING:
+        value = headers.get(name)
+        if value is not None:
+            headers["ce-" + name] = value
+    return True
+
+
 def to_nats(event: Mapping[str, Any], source: str = cloudevents.DEFAULT_SOURCE) -> tuple[str, bytes, dict[str, str]]:
     """(subject, body, headers) for an outbox.events row (as a mapping).
 
@@ -206,8 +261,9 @@ def to_nats(event: Mapping[str, Any], source: str = cloudevents.DEFAULT_SOURCE) 
     if created is not None and not isinstance(created, Unrepresentable):  # no metric is worth failing an event
         headers[CREATED_AT] = created if type(created) is str else _text(created)
     headers[MSG_ID] = str(event["event_id"])
-    _check_values(headers)
-    _cloudevent(headers, event, source)
+    if not _fast_cloudevent(headers, event, source):
+        _check_values(headers)
+        _cloudevent(headers, event, source)
     payload = event["payload"]
     if isinstance(payload, str):
         body = payload.encode()
@@ -265,13 +321,15 @@ def parse_subject(subject: str) -> tuple[str, str, int]:
     return found[1], found[2], int(found[3])
 
 
+_FIELDS_BY_LOWER = {name.lower(): field for name, field in _FIELDS.items()}
+
+
 def _ours(headers: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """Envelope field -> (header as sent, value) of the Pgoutbox-* headers, in any
     letter case; the same header twice with different values is refused."""
-    by_lower = {name.lower(): field for name, field in _FIELDS.items()}
     found: dict[str, tuple[str, str]] = {}
     for name, value in headers.items():
-        field = by_lower.get(name.lower())
+        field = _FIELDS_BY_LOWER.get(name.lower())
         if field is None:
             continue
         if field in found and found[field][1] != value:
@@ -326,7 +384,8 @@ def _storable_texts(attributes: Mapping[str, str]) -> None:
 
 def _admitted_value(name: str, value: str) -> None:
     """A header value the envelope keeps: storable, and one a replay can carry unaltered."""
-    _storable(value, f"header {name}")
+    if not value.isascii() or "\x00" in value:  # ASCII has no surrogate: only a NUL could fail
+        _storable(value, f"header {name}")
     problem = header_value_problem(value)
     if problem is not None:
         raise InvalidMessage(f"header {name} value {_show(value, _SHOWN)} {problem}")
@@ -336,7 +395,18 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _json(body: bytes | None, where: str) -> Any:
+class _Infinite(Exception):
+    """A JSON number that is infinite as a float (not a ValueError: not "not JSON")."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Infinite(text)
+    return value
+
+
+def _json(body: bytes | None, where: str, parse_float: Any = None) -> Any:
     """The body's JSON value; InvalidMessage saying why there is none."""
     if not body:
         raise InvalidMessage(f"{where} is empty: the payload must be a JSON object")
@@ -345,7 +415,7 @@ def _json(body: bytes | None, where: str) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidMessage(f"{where} is not UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=parse_float)
     except RecursionError:
         raise InvalidMessage(f"{where} is JSON nested too deeply") from None
     except ValueError as exc:
@@ -358,10 +428,17 @@ def _kind(value: Any) -> str:
 
 def _payload(body: bytes | None) -> dict[str, Any]:
     """The body as a JSON object; anything else is refused, saying why."""
-    value = _json(body, "body")
+    try:
+        value = _json(body, "body", _finite)
+        # A JSON string holds a NUL or an unpaired surrogate only through a \\u escape:
+        # without one, and with no infinite number, nothing in it is refused: no walk.
+        walk = b"\\u" in (body if isinstance(body, bytes) else bytes(body or b""))
+    except _Infinite:
+        value, walk = _json(body, "body"), True  # the walk names the number
     if not isinstance(value, dict):
         raise InvalidMessage(f"body is {_kind(value)}, not a JSON object")
-    _storable(value, "body")
+    if walk:
+        _storable(value, "body")
     return value
 
 

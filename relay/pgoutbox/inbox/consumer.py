@@ -129,6 +129,26 @@ class Slots:
                 self._freed.set()
 
 
+class Linger:
+    """The pacing of one fetch loop (OUTBOX_CONSUMER_FETCH_LINGER): after a
+    short fetch, the next one comes no sooner than `seconds` after it started
+    (as the relay's claim_interval), so that at moderate rates a fetch carries
+    what arrived meanwhile, not one or two messages, and shares its costs
+    (the pull request, the inbox's receive and settle calls). A full fetch is
+    followed at once: more may be waiting."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._next = 0.0
+
+    def pause(self, now: float) -> float:
+        """How long to wait before the next fetch (0: none)."""
+        return max(0.0, self._next - now)
+
+    def fetched(self, started: float, got: int, wanted: int) -> None:
+        self._next = started + self.seconds if got < wanted else 0.0
+
+
 class Consumer:
     def __init__(self, handlers: list[HandlerRuntime], cfg: cs.ConsumerConfig):
         if not handlers:
@@ -420,6 +440,8 @@ class Consumer:
         every = Every()
         assert self.gate is not None
         handler_gate = self.handler_gates[h.name]
+        loop = asyncio.get_running_loop()
+        linger = Linger(self.cfg.fetch_linger)
         while not self.stopping.is_set():
             # Nothing is fetched that could not be recorded.
             if not await self.gate.wait(self.stopping):
@@ -428,7 +450,11 @@ class Consumer:
             probe = await handler_gate.admit(self.stopping)
             if probe is None:
                 return
+            pause = linger.pause(loop.time())
+            if pause > 0:
+                await asyncio.sleep(pause)  # short: the loop's condition sees a stop right after
             wanted = await slots.take(1 if probe else batch)
+            started = loop.time()
             try:
                 msgs = await sub.fetch(wanted, timeout=self.cfg.fetch_timeout)
             except (TimeoutError, nats.errors.TimeoutError):  # idle: nothing to fetch
@@ -447,6 +473,7 @@ class Consumer:
                 await asyncio.sleep(1)
                 continue
             slots.give(wanted - len(msgs))
+            linger.fetched(started, len(msgs), wanted)
             if msgs:
                 self._track(self._process(h, msgs, slots, probe=probe))
             elif probe:

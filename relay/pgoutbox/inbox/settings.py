@@ -15,6 +15,8 @@ from pgoutbox.core.settings import option
 from pgoutbox.inbox import registry
 
 S = settings.Setting
+# A linger is a pause of a busy fetch loop: longer ones only add latency.
+MAX_FETCH_LINGER = 1.0
 
 REGISTRY_FILE = S(
     "registry_file",
@@ -205,6 +207,17 @@ class ConsumerConfig:
             settings.duration,
         )
     )
+    fetch_linger: float = option(
+        S(
+            "fetch_linger",
+            "OUTBOX_CONSUMER_FETCH_LINGER",
+            "10ms",
+            "Shortest time between two fetches of a handler while messages keep coming (a full fetch is followed "
+            "at once; 0 = fetch as soon as slots are free): fewer, fuller fetches, at most this much later; "
+            "0 to 1s, below the fetch timeout",
+            settings.duration,
+        )
+    )
     db_pool_size: int = option(
         S(
             "db_pool_size",
@@ -261,6 +274,11 @@ class ConsumerConfig:
         settings.check_bounds(self)
         retry_backoff(self)
         replay_backoff(self)
+        if not 0 <= self.fetch_linger <= MAX_FETCH_LINGER or self.fetch_linger >= self.fetch_timeout:
+            raise ConfigError(
+                f"OUTBOX_CONSUMER_FETCH_LINGER ({self.fetch_linger:g}s) must be from 0 to {MAX_FETCH_LINGER:g}s and "
+                f"shorter than OUTBOX_CONSUMER_FETCH_TIMEOUT ({self.fetch_timeout:g}s)"
+            )
 
 
 @dataclass(frozen=True)

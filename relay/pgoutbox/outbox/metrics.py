@@ -8,6 +8,8 @@ metrics table of docs/reference.md (`make docs/reference`)."""
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
@@ -138,26 +140,30 @@ class RelayMetrics:
 
     def ages(self, rows: Sequence[dict[str, Any]], outcomes: Sequence[Outcome], acked: float) -> None:
         """Observes the age of each published event of a batch at `acked`
-        (POSIX time). created_at arrives as wire text (calls.WireTimeLoader);
-        a value that is no time (wire.Unrepresentable, None) is skipped. The
-        events of one transaction share created_at: parsed once."""
+        (POSIX time), once per batch and context (observe_many). created_at
+        arrives as wire text (calls.WireTimeLoader); a value that is no time
+        (wire.Unrepresentable, None) is skipped. The events of one
+        transaction share created_at: parsed once."""
         last_text: Any = _NONE
-        last_epoch: float | None = None
-        by_context: dict[str, Any] = {}
+        last_age: float | None = None
+        by_context: dict[str, list[float]] = {}
         for row, outcome in zip(rows, outcomes):
             if not outcome.ok:
                 continue
             text = row.get("created_at")
             if text != last_text:
-                last_text, last_epoch = text, _epoch(text)
-            if last_epoch is None:
+                last_text, epoch = text, _epoch(text)
+                # Clocks apart (PostgreSQL's and this host's) can make it negative: 0, not a negative sum.
+                last_age = None if epoch is None else max(0.0, acked - epoch)
+            if last_age is None:
                 continue
             ctx = row["context"]
-            child = by_context.get(ctx)
-            if child is None:
-                child = by_context[ctx] = self.age_at_publish.labels(ctx)
-            # Clocks apart (PostgreSQL's and this host's) can make it negative: 0, not a negative sum.
-            child.observe(max(0.0, acked - last_epoch))
+            ages = by_context.get(ctx)
+            if ages is None:
+                ages = by_context[ctx] = []
+            ages.append(last_age)
+        for ctx, ages in by_context.items():
+            observe_many(self.age_at_publish.labels(ctx), ages)
 
     def backlog(self, rows: list[dict[str, Any]]) -> None:
         seen = set()
@@ -184,3 +190,25 @@ def _epoch(value: Any) -> float | None:
     if isinstance(value, datetime):
         return value.timestamp()
     return None  # None, or wire.Unrepresentable
+
+
+def observe_many(child: Any, amounts: Sequence[float]) -> None:
+    """Histogram.observe for each amount, with one increment per bucket hit
+    and one of the sum: a batch's events cost one update each, not one
+    locked update of two values per event. prometheus_client keeps a
+    histogram's buckets uncounted (each counts only its own range) and adds
+    them up when scraped; a client without these internals is observed one
+    amount at a time."""
+    bounds, buckets, total = (
+        getattr(child, "_upper_bounds", None),
+        getattr(child, "_buckets", None),
+        getattr(child, "_sum", None),
+    )
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for amount in amounts:
+            child.observe(amount)
+        return
+    hits = Tally(bisect_left(bounds, amount) for amount in amounts)  # the first bound >= amount, as observe() finds it
+    for index, count in hits.items():
+        buckets[index].inc(count)
+    total.inc(math.fsum(amounts))

@@ -26,7 +26,8 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +135,21 @@ def encode_outcome(row: Mapping[str, Any], source: str = DEFAULT_SOURCE) -> tupl
         return Outcome(row["event_id"], code=PublishError.ENCODE_FAILED, detail=f"{type(exc).__name__}: {exc}")
 
 
+# A JetStream publish ack as nats-server writes it (PubAck: stream, an
+# optional domain, seq, duplicate only when true); anything else, an error
+# reply included, is read as JSON.
+_PUB_ACK = re.compile(rb'\{"stream":"[^"\\]*",(?:"domain":"[^"\\]*",)?"seq":\d+(,"duplicate":true)?\}')
+
+
+def _hpub(subject: str, reply: str, headers: Mapping[str, str], body: bytes) -> bytes:
+    """The HPUB command nats-py's publish builds for these headers, built in
+    one join: to_nats has checked every name (an HTTP token) and value (no CR,
+    LF or white space at an end), so nats-py's per-header strip, check and
+    newline translation would change nothing."""
+    block = ("NATS/1.0\r\n" + "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) + "\r\n").encode()
+    return b"%s\r\n%s\r\n" % (f"HPUB {subject} {reply} {len(block)} {len(block) + len(body)}".encode(), block + body)
+
+
 def _may_exceed(body: bytes, headers: Mapping[str, str], limit: int) -> bool:
     """Cheap upper bound first (a UTF-8 character is at most 4 bytes); exact only near the limit."""
     chars = sum(map(len, headers)) + sum(map(len, headers.values())) + 4 * len(headers)
@@ -152,7 +168,7 @@ class Publisher:
         self._connected = asyncio.Event()
         self._inbox = ""
         self._tokens = itertools.count()
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._waiting: dict[str, asyncio.Future[bool]] = {}  # token -> duplicate
 
     @property
     def js(self) -> JetStreamContext:
@@ -199,6 +215,10 @@ class Publisher:
         if msg.headers and msg.headers.get("Status") == "503":  # NATS's no-responders status, not an API error
             future.set_exception(_NoResponders())
             return
+        ack = _PUB_ACK.fullmatch(msg.data)
+        if ack is not None:  # the common case, without a JSON decode per message
+            future.set_result(ack[1] is not None)
+            return
         try:
             reply = json.loads(msg.data)
         except ValueError:
@@ -208,7 +228,7 @@ class Publisher:
         if err:
             future.set_exception(_Rejected(err.get("err_code"), err.get("description", str(err))))
         else:
-            future.set_result(reply)
+            future.set_result(bool(reply.get("duplicate")))
 
     async def publish_batch(self, rows: Sequence[Mapping[str, Any]]) -> list[Outcome]:
         """Publishes every row (Nats-Msg-Id = event_id) and waits for all acks."""
@@ -218,10 +238,11 @@ class Publisher:
                 for r in rows
             ]
         outcomes: list[Outcome | None] = [None] * len(rows)
-        sent: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
+        sent: dict[int, tuple[str, asyncio.Future[bool]]] = {}
         nc = self._client()
         max_payload = nc.max_payload
         loop = asyncio.get_running_loop()
+        send, flush = _sender(nc)
         for i, row in enumerate(rows):
             message = encode_outcome(row, self.source)
             if isinstance(message, Outcome):
@@ -240,13 +261,14 @@ class Publisher:
             token = str(next(self._tokens))
             future = self._waiting[token] = loop.create_future()
             try:
-                await nc.publish(subject, body, reply=f"{self._inbox}.{token}", headers=headers)
+                await send(subject, f"{self._inbox}.{token}", headers, body)
             except Exception as exc:
                 self._waiting.pop(token, None)
                 outcomes[i] = _classify_send_error(row["event_id"], exc)
                 continue
             sent[i] = (token, future)
         if sent:
+            await flush()
             await asyncio.wait([f for _, f in sent.values()], timeout=self.timeout)
         no_stream: dict[str, Outcome] = {}
         for i, (token, future) in sent.items():
@@ -263,7 +285,7 @@ class Publisher:
                 continue
             failure = future.exception()
             if failure is None:
-                outcomes[i] = Outcome(event_id, duplicate=bool(future.result().get("duplicate")))
+                outcomes[i] = Outcome(event_id, duplicate=future.result())
             elif isinstance(failure, _NoResponders):
                 subject = rows[i]["subject"]
                 if subject not in no_stream:
@@ -311,6 +333,47 @@ class Publisher:
             detail=f"stream {stream} did not respond for {subject!r}",
             away=True,
         )
+
+
+def _sender(
+    nc: nats.NATS,
+) -> tuple[Callable[[str, str, dict[str, str], bytes], Awaitable[None]], Callable[[], Awaitable[None]]]:
+    """(send, flush) for one batch: send queues one message as nats-py's
+    publish does, with its header block built by _hpub; flush hands what was
+    queued to nats-py's flusher once per batch (its publish asks for a flush
+    per message). Built on nats-py internals (pinned in pyproject.toml), so a
+    client without them gets its own publish (tests/unit/test_relay_hpub.py
+    checks that both put the same bytes on the wire)."""
+    command = getattr(nc, "_send_command", None)
+    if command is None or not hasattr(nc, "_flush_pending"):
+
+        async def publish(subject: str, reply: str, headers: dict[str, str], body: bytes) -> None:
+            await nc.publish(subject, body, reply=reply, headers=headers)
+
+        async def nothing() -> None:
+            return None
+
+        return publish, nothing
+    stats = nc.stats
+
+    async def send(subject: str, reply: str, headers: dict[str, str], body: bytes) -> None:
+        # What nats-py's publish checks before it queues (the subject was checked by to_nats,
+        # the size by _may_exceed; publish_batch runs only while connected).
+        if nc.is_closed:
+            raise nats.errors.ConnectionClosedError
+        if nc.is_draining_pubs:
+            raise nats.errors.ConnectionDrainingError
+        if len(body) > nc.max_payload:
+            raise nats.errors.MaxPayloadError
+        await command(_hpub(subject, reply, headers, body))
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += len(body)
+
+    async def flush() -> None:
+        if nc.is_connected and nc._flush_queue is not None and nc._flush_queue.empty():  # else a flush is due
+            await nc._flush_pending()
+
+    return send, flush
 
 
 def rejected(event_id: Any, err_code: int | None, description: str) -> Outcome:
