@@ -14,6 +14,7 @@ from test_consumer_flow import CONFIG, HANDLER
 from pgoutbox.cli import main as cli
 from pgoutbox.inbox.consumer import Consumer, Linger, Slots
 from pgoutbox.inbox.flow import DatabaseGate
+from pgoutbox.inbox.gates import HandlerGate
 
 LINGER = 0.05
 
@@ -40,7 +41,8 @@ async def fetches(sizes: list[int], linger: float) -> list[tuple[float, int]]:
         return None
 
     consumer.gate = DatabaseGate(up)
-    consumer._process = lambda h, msgs, slots: asyncio.sleep(0)  # type: ignore[method-assign,assignment,return-value]
+    consumer.handler_gates = {HANDLER.name: HandlerGate(HANDLER.name, stopping=consumer.stopping)}
+    consumer._process = lambda h, msgs, slots, probe=False: asyncio.sleep(0)  # type: ignore[method-assign,assignment,return-value]
     puller = Puller(consumer, sizes)
     await consumer._fetch_loop(HANDLER, puller, Slots(8), 8)  # type: ignore[arg-type]
     return puller.asked
