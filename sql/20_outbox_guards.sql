@@ -473,6 +473,36 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__guard_update();
 
+-- A finished event made claimable again (requeue, requeue_completed) lowers
+-- the claim floor to its id (outbox._claim_floor, sql/30_outbox_api.sql) and
+-- cancels a candidate floor taken before it: under the floor's lock, held to
+-- the end of the transaction, so that no claimer moves the floor past it
+-- before it is committed and seen. Only those moves fire it (WHEN).
+CREATE OR REPLACE FUNCTION outbox.tg_events__lower_claim_floor()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0));
+    IF NEW.id < coalesce(pg_sequence_last_value('outbox.claim_floor'), 0) THEN
+        PERFORM setval('outbox.claim_floor', NEW.id);
+    END IF;
+    PERFORM setval('outbox.claim_floor_next', 1, FALSE);
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _200_lower_claim_floor
+BEFORE UPDATE ON outbox.events
+FOR EACH ROW
+WHEN (
+    old.status NOT IN ('PENDING', 'FAILED', 'PROCESSING')
+    AND new.status IN ('PENDING', 'FAILED', 'PROCESSING')
+)
+EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
+
 CREATE OR REPLACE TRIGGER _100_forbid_delete
 BEFORE DELETE ON outbox.events
 FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__forbid_delete();
