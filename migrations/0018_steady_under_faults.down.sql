@@ -317,13 +317,11 @@ COMMENT ON FUNCTION outbox.backlog(text) IS
 DROP FUNCTION IF EXISTS outbox.oldest_snapshots(integer);
 DROP FUNCTION IF EXISTS outbox._claim_floor();
 DROP TRIGGER IF EXISTS _200_lower_claim_floor ON outbox.events;
+DROP TRIGGER IF EXISTS _200_lower_claim_floor_on_insert ON outbox.events;
 DROP FUNCTION IF EXISTS outbox.tg_events__lower_claim_floor();
 DROP SEQUENCE IF EXISTS outbox.claim_floor;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_next;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_wait;
-DROP SEQUENCE IF EXISTS outbox.claim_floor_at;
-DROP SEQUENCE IF EXISTS outbox.claim_floor_checked;
-DROP SEQUENCE IF EXISTS outbox.claim_floor_checked_id;
 
 -- ---- backfill
 -- The role pgoutbox_backfiller stays (roles are cluster-wide: other

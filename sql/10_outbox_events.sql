@@ -107,18 +107,13 @@ WHERE status = 'DEAD_LETTER';
 -- claim): setval writes in place, with no row version to leave behind, no
 -- WAL and no row lock. A crash or a promotion resets them: the floor reads 0,
 -- the walk starts at the bottom until the floor moves up again, safe and slow.
--- claim_floor_next/_wait/_at: a candidate floor, the transaction id it waits
--- for (events_id_seq may have given a lower id to a transaction still
--- running) and when it was taken (µs); claim_floor_checked/_id: when the
--- last look below the floor ran (µs) and the floor it looked up to.
-CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor AS bigint MINVALUE 0;  -- noqa: PRS
-CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_next AS bigint MINVALUE 0;  -- noqa: PRS
-CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_wait AS bigint MINVALUE 0;  -- noqa: PRS
-CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_at AS bigint MINVALUE 0;  -- noqa: PRS
-CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_checked AS bigint MINVALUE 0;  -- noqa: PRS
-CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_checked_id AS bigint MINVALUE 0;  -- noqa: PRS
+-- claim_floor_next/_wait: a candidate floor and the transaction id whose
+-- end it waits for (outbox._claim_floor says why that is enough).
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_next AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_wait AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
 COMMENT ON SEQUENCE outbox.claim_floor IS
-'No claimable event has a lower id (outbox._claim_floor). Unlogged: reset to 0 (walk from the bottom) by a crash.';
+'No claimable event has a lower id (outbox._claim_floor). Unlogged: unset (walk from the bottom) after a crash.';
 
 -- Deliberately no index on event_id: every claim and mark would insert a
 -- random UUID into it (scattered page writes, full-page images in the WAL),

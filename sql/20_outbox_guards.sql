@@ -473,11 +473,14 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__guard_update();
 
--- A finished event made claimable again (requeue, requeue_completed) lowers
--- the claim floor to its id (outbox._claim_floor, sql/30_outbox_api.sql) and
--- cancels a candidate floor taken before it: under the floor's lock, held to
--- the end of the transaction, so that no claimer moves the floor past it
--- before it is committed and seen. Only those moves fire it (WHEN).
+-- An event below the claim floor or its candidate (outbox._claim_floor,
+-- sql/30_outbox_api.sql) that is, or becomes, claimable lowers the floor to
+-- its id and cancels the candidate: a finished event made claimable again
+-- (requeue, requeue_completed), and a row inserted with an id of its own
+-- (a restore, an owner's INSERT ... OVERRIDING SYSTEM VALUE) or one whose id
+-- the sequence gave out before a candidate was taken. Under the floor's
+-- lock, held to the end of the transaction, so that no claimer moves the
+-- floor past it before it is committed and seen.
 CREATE OR REPLACE FUNCTION outbox.tg_events__lower_claim_floor()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -486,7 +489,7 @@ SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0));
-    IF NEW.id < coalesce(pg_sequence_last_value('outbox.claim_floor'), 0) THEN
+    IF NEW.id < pg_sequence_last_value('outbox.claim_floor') THEN
         PERFORM setval('outbox.claim_floor', NEW.id);
     END IF;
     PERFORM setval('outbox.claim_floor_next', 1, FALSE);
@@ -500,6 +503,22 @@ FOR EACH ROW
 WHEN (
     old.status NOT IN ('PENDING', 'FAILED', 'PROCESSING')
     AND new.status IN ('PENDING', 'FAILED', 'PROCESSING')
+)
+EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
+
+-- The INSERT's transaction id first (CASE evaluates its condition first),
+-- then the floor and the candidate: the order _claim_floor's argument needs.
+-- Rows of ids the sequence has just given out are above both: no call.
+CREATE OR REPLACE TRIGGER _200_lower_claim_floor_on_insert
+BEFORE INSERT ON outbox.events
+FOR EACH ROW
+WHEN (
+    CASE
+        WHEN pg_current_xact_id() IS NULL THEN FALSE
+        ELSE new.status IN ('PENDING', 'FAILED', 'PROCESSING') AND new.id < greatest(
+            pg_sequence_last_value('outbox.claim_floor'), pg_sequence_last_value('outbox.claim_floor_next')
+        )
+    END
 )
 EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
 

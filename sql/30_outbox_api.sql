@@ -143,28 +143,31 @@ COMMENT ON FUNCTION outbox.emit(
 
 -- Moves the claim floor (outbox.claim_floor, 10_outbox_events.sql) up
 -- behind the claimable rows and returns it; claim() calls it first. A step at
--- a time, by one claimer at a time (the others use the floor as it stands):
---   1. a candidate: read the last id events_id_seq gave out, then, in the
---      next statement (a newer snapshot), the lowest claimable id at or above
---      the floor; the candidate is the lower of that and the last id + 1.
---      Every id below it was given out before the snapshot was taken, so it
---      belongs to a row the snapshot saw finished or to a transaction
---      running then (at most the snapshot's xmax);
---   2. at a later claim, once every transaction below that xmax has ended
---      and 250 ms have passed: the lowest claimable id between the floor and
---      the candidate, in a snapshot that now sees what those transactions
---      wrote; the floor becomes it, or the candidate.
--- Each walk covers what was finished since the previous step, however old
--- the oldest snapshot. The 250 ms cover an INSERT that took its id just
--- before step 1 but had no transaction id yet; for one stalled longer than
--- that, once a minute a claim looks at the ids the floor passed since its
--- previous look and lowers it: such an event is delivered late, not
--- reordered (an ordering key's successors wait for it as always). Only an
--- INSERT stalled for longer than that minute between taking its id and
--- writing its row would stay below the floor (until a crash resets it). A row that becomes claimable again
--- (requeue, requeue_completed) lowers the floor itself, under the same lock
--- (tg_events__lower_claim_floor), and cancels a pending candidate.
--- Only under READ COMMITTED, where each statement takes a new snapshot.
+-- a time, by one claimer at a time (the floor's advisory lock; the others use
+-- the floor as it stands), under READ COMMITTED (a snapshot per statement):
+--   1. a candidate C: the lowest claimable id at or above the floor, at most
+--      the last id events_id_seq gave out + 1 (so that new ids stay above
+--      it). It is published (claim_floor_next), and only then does this
+--      transaction take its own transaction id X (claim_floor_wait);
+--   2. at a later claim, once no transaction with an id up to X is running
+--      (the snapshot's xmin > X): the floor becomes the lowest claimable id
+--      below C, read in a snapshot taken after that, or C.
+-- Why no claimable row ends below the floor, whatever stalls or fails:
+-- every INSERT takes its transaction id, then reads the floor and the
+-- candidate (trigger _200_lower_claim_floor_on_insert, its WHEN), and an
+-- id below either lowers them under the floor's lock. An INSERT T of an id
+-- below C either read them after C was published, and lowers the floor
+-- (it waits for the lock if step 2 holds it, and comes after it); or read
+-- them before, so its transaction id came before X (ids are handed out in
+-- order) and T ended before step 2, whose snapshot sees T's row as it is.
+-- The same holds for a row made claimable again (requeue,
+-- requeue_completed): _200_lower_claim_floor takes the lock. Not the
+-- snapshot's xmax: it is the latest ended id + 1, and a commit waiting for
+-- a synchronous standby keeps a run of ids above it running, whose rows
+-- the floor passed. Not a time: a stalled INSERT is still running. A
+-- transaction that had its id before step 1 takes no candidate (X would
+-- come before the publication). A crash or a promotion resets the unlogged
+-- sequences: the floor reads 0 and the candidate is gone.
 CREATE OR REPLACE FUNCTION outbox._claim_floor()
 RETURNS bigint
 LANGUAGE plpgsql
@@ -173,52 +176,44 @@ SET plan_cache_mode TO force_generic_plan
 SET enable_seqscan TO off
 AS $$
 DECLARE
-    floor_id bigint := coalesce(pg_sequence_last_value('outbox.claim_floor'), 0);
-    now_us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    -- unset (a crash, a promotion): from the lowest id there is
+    floor_id bigint := coalesce(pg_sequence_last_value('outbox.claim_floor'), -9223372036854775807 - 1);
     next_id bigint;
-    last_id bigint;
-    lowest bigint;
-    snap pg_snapshot;
+    wait_xid bigint;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed'
         OR NOT pg_try_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0)) THEN
         RETURN floor_id;
     END IF;
-    floor_id := coalesce(pg_sequence_last_value('outbox.claim_floor'), 0);
-    IF now_us - coalesce(pg_sequence_last_value('outbox.claim_floor_checked'), 0) >= 60000000 THEN
-        -- Only the ids the floor passed since the previous look: a walk from
-        -- the bottom would step over every dead entry, seconds held long.
-        last_id := coalesce(pg_sequence_last_value('outbox.claim_floor_checked_id'), 0);
-        PERFORM setval('outbox.claim_floor_checked', now_us), setval('outbox.claim_floor_checked_id', floor_id);
-        SELECT min(e.id) INTO lowest
-        FROM outbox.events AS e
-        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= last_id AND e.id < floor_id;
-        IF lowest IS NOT NULL THEN
-            PERFORM setval('outbox.claim_floor', lowest), setval('outbox.claim_floor_next', 1, FALSE);
-            RETURN lowest;
-        END IF;
-    END IF;
+    floor_id := coalesce(pg_sequence_last_value('outbox.claim_floor'), floor_id);
     next_id := pg_sequence_last_value('outbox.claim_floor_next');
     IF next_id IS NULL THEN
-        last_id := coalesce(pg_sequence_last_value('outbox.events_id_seq'), 0);
-        SELECT min(e.id), pg_current_snapshot() INTO lowest, snap
+        IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+            RETURN floor_id;
+        END IF;
+        SELECT least(min(e.id), coalesce(pg_sequence_last_value('outbox.events_id_seq'), 0) + 1) INTO next_id
         FROM outbox.events AS e
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= floor_id;
-        PERFORM
-            setval('outbox.claim_floor_next', greatest(least(lowest, last_id + 1), floor_id)),
-            setval('outbox.claim_floor_wait', pg_snapshot_xmax(snap)::text::bigint),
-            setval('outbox.claim_floor_at', now_us);
+        IF next_id > floor_id THEN
+            -- An abort between these leaves the wait at its maximum: step 2
+            -- then drops the candidate.
+            PERFORM setval('outbox.claim_floor_wait', 9223372036854775807);
+            PERFORM setval('outbox.claim_floor_next', next_id);
+            PERFORM setval('outbox.claim_floor_wait', pg_current_xact_id()::text::bigint);
+        END IF;
         RETURN floor_id;
     END IF;
-    IF now_us - pg_sequence_last_value('outbox.claim_floor_at') < 250000
-        OR pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-        < pg_sequence_last_value('outbox.claim_floor_wait') THEN
+    wait_xid := pg_sequence_last_value('outbox.claim_floor_wait');
+    IF wait_xid IS NULL OR wait_xid = 9223372036854775807 THEN
+        PERFORM setval('outbox.claim_floor_next', 1, FALSE);
         RETURN floor_id;
     END IF;
-    SELECT min(e.id) INTO lowest
+    IF pg_snapshot_xmin(pg_current_snapshot())::text::bigint <= wait_xid THEN
+        RETURN floor_id;
+    END IF;
+    SELECT coalesce(min(e.id), next_id) INTO floor_id
     FROM outbox.events AS e
     WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= floor_id AND e.id < next_id;
-    floor_id := coalesce(lowest, next_id);
     PERFORM setval('outbox.claim_floor', floor_id), setval('outbox.claim_floor_next', 1, FALSE);
     RETURN floor_id;
 END;
@@ -534,8 +529,8 @@ AS $$
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
             AND e.id >= (
                 -- (a standby cannot read an unlogged sequence: from the bottom there)
-                SELECT CASE WHEN pg_is_in_recovery() THEN 0
-                    ELSE coalesce(pg_sequence_last_value('outbox.claim_floor'), 0) END
+                SELECT CASE WHEN pg_is_in_recovery() THEN -9223372036854775807 - 1
+                    ELSE coalesce(pg_sequence_last_value('outbox.claim_floor'), -9223372036854775807 - 1) END
             )
             AND (backlog.context IS NULL OR e.context = backlog.context)
         UNION ALL
