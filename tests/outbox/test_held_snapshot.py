@@ -217,7 +217,9 @@ def test_an_event_inserted_with_a_low_id_is_claimed(database_url, relay_url, whe
         template_id = writer.execute(
             "SELECT outbox.emit('order', 't', 'order_created', '{\"schema_version\": 1}', context => 'held')"
         ).fetchone()[0]
-        template = conn.execute("SELECT to_jsonb(e)::text FROM outbox.events AS e WHERE e.event_id = %s", (template_id,))
+        template = conn.execute(
+            "SELECT to_jsonb(e)::text FROM outbox.events AS e WHERE e.event_id = %s", (template_id,)
+        )
         template = template.fetchone()[0]
         gap.execute("SELECT outbox.emit('order', 'gap', 'order_created', '{\"schema_version\": 1}', context => 'held')")
         gap_id = conn.execute("SELECT pg_sequence_last_value('outbox.events_id_seq')").fetchone()[0]
@@ -226,7 +228,9 @@ def test_an_event_inserted_with_a_low_id_is_claimed(database_url, relay_url, whe
         drain(relay, 10)
         if where == "below-candidate":
             # The floor stops at the gap's id, then a candidate above it is taken.
-            conn.execute("SELECT setval('outbox.claim_floor', %s), setval('outbox.claim_floor_next', 1, false)", (gap_id,))
+            conn.execute(
+                "SELECT setval('outbox.claim_floor', %s), setval('outbox.claim_floor_next', 1, false)", (gap_id,)
+            )
             steps(relay, 1)
             assert conn.execute("SELECT pg_sequence_last_value('outbox.claim_floor_next')").fetchone()[0] > gap_id
         else:
