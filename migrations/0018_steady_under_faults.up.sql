@@ -336,18 +336,20 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
 
--- The INSERT's transaction id first (CASE evaluates its condition first),
--- then the floor and the candidate: the order _claim_floor's argument needs.
--- Rows of ids the sequence has just given out are above both: no call.
+-- The INSERT's transaction id first, then the candidate, then the floor:
+-- the order _claim_floor's argument needs (a CASE evaluates its conditions
+-- in order; read the other way round, a floor read before a step 2 and a
+-- candidate read after it would miss both). Rows of ids the sequence has
+-- just given out are above both: no call.
 CREATE OR REPLACE TRIGGER _200_lower_claim_floor_on_insert
 BEFORE INSERT ON outbox.events
 FOR EACH ROW
 WHEN (
     CASE
         WHEN pg_current_xact_id() IS NULL THEN FALSE
-        ELSE new.status IN ('PENDING', 'FAILED', 'PROCESSING') AND new.id < greatest(
-            pg_sequence_last_value('outbox.claim_floor'), pg_sequence_last_value('outbox.claim_floor_next')
-        )
+        WHEN new.status NOT IN ('PENDING', 'FAILED', 'PROCESSING') THEN FALSE
+        WHEN new.id < pg_sequence_last_value('outbox.claim_floor_next') THEN TRUE
+        ELSE new.id < pg_sequence_last_value('outbox.claim_floor')
     END
 )
 EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
@@ -365,13 +367,15 @@ EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
 --      (the snapshot's xmin > X): the floor becomes the lowest claimable id
 --      below C, read in a snapshot taken after that, or C.
 -- Why no claimable row ends below the floor, whatever stalls or fails:
--- every INSERT takes its transaction id, then reads the floor and the
--- candidate (trigger _200_lower_claim_floor_on_insert, its WHEN), and an
--- id below either lowers them under the floor's lock. An INSERT T of an id
--- below C either read them after C was published, and lowers the floor
--- (it waits for the lock if step 2 holds it, and comes after it); or read
--- them before, so its transaction id came before X (ids are handed out in
--- order) and T ended before step 2, whose snapshot sees T's row as it is.
+-- every INSERT takes its transaction id, then reads the candidate, then the
+-- floor (trigger _200_lower_claim_floor_on_insert, its WHEN), and an id
+-- below either lowers them under the floor's lock. An INSERT T of an id
+-- below C either read the candidate after C was published, and lowers the
+-- floor (it waits for the lock if step 2 holds it, and comes after it); or
+-- read it before, so its transaction id came before X (ids are handed out
+-- in order) and T ended before step 2 (X's transaction has ended, so the
+-- snapshot's xmax is above X and every running id up to X counts in its
+-- xmin), whose snapshot then sees T's row as it is.
 -- The same holds for a row made claimable again (requeue,
 -- requeue_completed): _200_lower_claim_floor takes the lock. Not the
 -- snapshot's xmax: it is the latest ended id + 1, and a commit waiting for

@@ -506,18 +506,20 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
 
--- The INSERT's transaction id first (CASE evaluates its condition first),
--- then the floor and the candidate: the order _claim_floor's argument needs.
--- Rows of ids the sequence has just given out are above both: no call.
+-- The INSERT's transaction id first, then the candidate, then the floor:
+-- the order _claim_floor's argument needs (a CASE evaluates its conditions
+-- in order; read the other way round, a floor read before a step 2 and a
+-- candidate read after it would miss both). Rows of ids the sequence has
+-- just given out are above both: no call.
 CREATE OR REPLACE TRIGGER _200_lower_claim_floor_on_insert
 BEFORE INSERT ON outbox.events
 FOR EACH ROW
 WHEN (
     CASE
         WHEN pg_current_xact_id() IS NULL THEN FALSE
-        ELSE new.status IN ('PENDING', 'FAILED', 'PROCESSING') AND new.id < greatest(
-            pg_sequence_last_value('outbox.claim_floor'), pg_sequence_last_value('outbox.claim_floor_next')
-        )
+        WHEN new.status NOT IN ('PENDING', 'FAILED', 'PROCESSING') THEN FALSE
+        WHEN new.id < pg_sequence_last_value('outbox.claim_floor_next') THEN TRUE
+        ELSE new.id < pg_sequence_last_value('outbox.claim_floor')
     END
 )
 EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();

@@ -153,13 +153,15 @@ COMMENT ON FUNCTION outbox.emit(
 --      (the snapshot's xmin > X): the floor becomes the lowest claimable id
 --      below C, read in a snapshot taken after that, or C.
 -- Why no claimable row ends below the floor, whatever stalls or fails:
--- every INSERT takes its transaction id, then reads the floor and the
--- candidate (trigger _200_lower_claim_floor_on_insert, its WHEN), and an
--- id below either lowers them under the floor's lock. An INSERT T of an id
--- below C either read them after C was published, and lowers the floor
--- (it waits for the lock if step 2 holds it, and comes after it); or read
--- them before, so its transaction id came before X (ids are handed out in
--- order) and T ended before step 2, whose snapshot sees T's row as it is.
+-- every INSERT takes its transaction id, then reads the candidate, then the
+-- floor (trigger _200_lower_claim_floor_on_insert, its WHEN), and an id
+-- below either lowers them under the floor's lock. An INSERT T of an id
+-- below C either read the candidate after C was published, and lowers the
+-- floor (it waits for the lock if step 2 holds it, and comes after it); or
+-- read it before, so its transaction id came before X (ids are handed out
+-- in order) and T ended before step 2 (X's transaction has ended, so the
+-- snapshot's xmax is above X and every running id up to X counts in its
+-- xmin), whose snapshot then sees T's row as it is.
 -- The same holds for a row made claimable again (requeue,
 -- requeue_completed): _200_lower_claim_floor takes the lock. Not the
 -- snapshot's xmax: it is the latest ended id + 1, and a commit waiting for
