@@ -36,6 +36,17 @@ not), and the hypervisor's steal over the run.
 
     .venv/bin/python bench/e2e_bench.py [--rates 200,500,1000,2000,3000] [--consumers 1] [--seconds 15]
         [--find-max N] [--code COMMIT,.] [--profile DIR]
+
+With --hold MINUTES (docs/benchmarks.md, "Held snapshot"): for each --code in
+turn, a pipeline of its own whose schema that code's migrations built (the
+claim path is SQL), at the first --rates rate for a minute, then with another
+session holding a snapshot (`BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT
+count(*) FROM pg_class;` kept open) for MINUTES, then a minute released;
+prints per minute of commit time p50 and p99 (commit -> handler), PostgreSQL's
+CPU per event (the whole server, emits included) and the dead tuples of
+outbox.* and inbox.*, the codes side by side.
+
+    .venv/bin/python bench/e2e_bench.py --hold 10 --rates 400 --code main,.
 """
 
 from __future__ import annotations
@@ -63,6 +74,7 @@ import machine
 from pgoutbox.core import migrate
 from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from relay_bench import postgres_cpu_seconds
 
 CONTEXT = "e2e"
 SUBJECT = f"{CONTEXT}.event.order_created.v1"
@@ -159,8 +171,9 @@ LOGINS = {"writer": "pgoutbox_writer", "relay": "pgoutbox_relay", "consumer": "p
 class Pipeline:
     """PostgreSQL, NATS, the handler, the relay and the consumers, all ours."""
 
-    def __init__(self, root: Path, codes: list[str], profile: str | None = None):
+    def __init__(self, root: Path, codes: list[str], profile: str | None = None, schema_code: str = "."):
         self.root = root
+        self.schema_code = schema_code  # whose migrations build the schema ("." = this checkout)
         self.pg = EmbeddedPostgres(root / "pg", settings={"max_wal_size": "4GB"})
         self.nats = EmbeddedNats(root / "nats")
         self.handler: subprocess.Popen | None = None
@@ -207,8 +220,19 @@ class Pipeline:
         self.nats.start()
         for code in self.codes:
             self.pythonpaths[code] = None if code == "." else self._export(code)
+        if self.schema_code != ".":
+            code = (
+                "import psycopg, sys; from pgoutbox.core import migrate;"
+                " migrate.migrate(psycopg.connect(sys.argv[1], autocommit=True))"
+            )
+            subprocess.run(
+                [sys.executable, "-c", code, self.pg.url],
+                check=True,
+                env={**self.env({}), "PYTHONPATH": str(self.pythonpaths[self.schema_code])},
+            )
         with psycopg.connect(self.pg.url, autocommit=True) as conn:
-            migrate.migrate(conn)
+            if self.schema_code == ".":
+                migrate.migrate(conn)
             for party, group in LOGINS.items():
                 conn.execute(f"CREATE ROLE e2e_{party} LOGIN IN ROLE {group}")
         port = free_port()
@@ -460,6 +484,143 @@ def report(code: str, rate: int, n: int, res: dict) -> None:
         print(f"    the writers fell behind the pace ({res['achieved']:,.0f} of {rate:,}/s): the machine is saturated")
 
 
+# ---- a held snapshot (--hold) ----
+
+HOLD = ("BEGIN ISOLATION LEVEL REPEATABLE READ", "SELECT count(*) FROM pg_class")
+
+
+def dead_tuples(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return int(
+            conn.execute(
+                "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE schemaname IN ('outbox', 'inbox')"
+            ).fetchone()[0]
+        )
+
+
+def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) -> list[dict]:
+    """One code's pipeline at `rate` for a minute, `hold` minutes held, a minute
+    released: per minute of commit time, p50/p99, PostgreSQL CPU per event, dead tuples."""
+    pipe.set_workers(code, 1, f"hold-{code}")
+    wait_ready(pipe)
+    lead, tail = 60.0, 60.0
+    seconds = lead + hold * 60 + tail
+    out = (pipe.root / "writers.json").open("w")  # a file: a pipe would fill up while we wait
+    writer = subprocess.Popen(
+        [sys.executable, __file__, "--writers", pipe.url("writer"), str(rate), str(seconds), "1000000", str(writers)],
+        stdout=out,
+        text=True,
+    )
+    begun = time.monotonic()
+    samples: list[tuple[float, float, int]] = []  # (monotonic, PostgreSQL CPU seconds, dead tuples)
+    holder: psycopg.Connection | None = None
+    held_at = released_at = 0.0
+    while writer.poll() is None:
+        now = time.monotonic()
+        samples.append((now, postgres_cpu_seconds(pipe.pg), dead_tuples(pipe.pg.url)))
+        if holder is None and not held_at and now - begun >= lead + 1:
+            holder = psycopg.connect(pipe.pg.url, autocommit=True, application_name="bench: held snapshot")
+            for stmt in HOLD:
+                holder.execute(stmt)
+            held_at = time.monotonic()
+        if holder is not None and now - held_at >= hold * 60:
+            holder.execute("ROLLBACK")
+            holder.close()
+            holder, released_at = None, time.monotonic()
+        time.sleep(max(0.0, 2.0 - (time.monotonic() - now)))
+    if holder is not None:
+        holder.close()
+        released_at = time.monotonic()
+    out.close()
+    run = json.loads((pipe.root / "writers.json").read_text())
+    committed: dict[str, float] = run["committed"]
+    last, progress = -1, time.monotonic()
+    while (count := pipe.arrived()) < len(committed) + 1 and time.monotonic() - progress < 60:
+        if count > last:
+            last, progress = count, time.monotonic()
+        time.sleep(0.5)
+    arrivals = pipe.arrivals()
+    samples.append((time.monotonic(), postgres_cpu_seconds(pipe.pg), dead_tuples(pipe.pg.url)))
+
+    # The relay's side, commit -> marked published (PostgreSQL's clock), per minute from the hold's start.
+    with psycopg.connect(pipe.pg.url, autocommit=True) as conn:
+        relay_side = conn.execute(
+            "SELECT floor(extract(epoch FROM e.created_at - h.at) / 60)::int,"
+            " 1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY e.published_at - e.created_at)),"
+            " 1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY e.published_at - e.created_at))"
+            " FROM outbox.events AS e, (SELECT now() - make_interval(secs => %s) AS at) AS h"
+            " WHERE e.context = %s AND e.status = 'COMPLETED' GROUP BY 1",
+            (time.monotonic() - held_at, CONTEXT),
+        ).fetchall()
+    relay_by_minute = {m: (float(p50), float(p99)) for m, p50, p99 in relay_side}
+
+    def cpu_at(t: float) -> float:
+        return min(samples, key=lambda x: abs(x[0] - t))[1]
+
+    rows = []
+    start = run["started"] + 1.0
+    # Minutes counted from the hold's start (the first one may begin less than a minute before it).
+    edges = [
+        held_at + 60 * k for k in range(-round((held_at - start) / 60), int((run["finished"] - held_at) // 60) + 1)
+    ]
+    for lo, hi in zip(edges, edges[1:]):
+        lat = sorted((arrivals[e] - t) * 1000 for e, t in committed.items() if lo <= t < hi and e in arrivals)
+        n = sum(1 for t in committed.values() if lo <= t < hi)
+        missing = n - len(lat)
+        q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [float("nan")] * 99
+        dead = min(samples, key=lambda x: abs(x[0] - hi))[2]
+        phase = "before" if hi <= held_at + 1 else ("held" if lo < released_at - 1 else "released")
+        rows.append(
+            {
+                "minute": f"{(lo - held_at) / 60:+.0f}",
+                "relay_p50": relay_by_minute.get(round((lo - held_at) / 60), (float("nan"),) * 2)[0],
+                "relay_p99": relay_by_minute.get(round((lo - held_at) / 60), (float("nan"),) * 2)[1],
+                "phase": phase,
+                "p50": q[49],
+                "p99": q[98],
+                "cpu_us": (cpu_at(hi) - cpu_at(lo)) / max(n, 1) * 1e6,
+                "dead": dead,
+                "events": n,
+                "missing": missing,
+            }
+        )
+    return rows
+
+
+def report_hold(results: dict[str, list[dict]]) -> None:
+    codes = list(results)
+    print(
+        "  minute (of the hold) | "
+        + " | ".join(
+            f"{c}: p50 / p99 ms, PG CPU us/event, dead tuples, relay commit -> marked p50 / p99" for c in codes
+        )
+    )
+    for i in range(max(len(r) for r in results.values())):
+        cells = []
+        label = ""
+        for c in codes:
+            if i >= len(results[c]):
+                cells.append("-")
+                continue
+            r = results[c][i]
+            label = label or f"{r['minute']:>4s} {r['phase']:8s}"
+            cells.append(
+                f"{r['p50']:8.1f} / {r['p99']:8.1f}  {r['cpu_us']:6.0f}  {r['dead']:9,d}"
+                f"  relay {r['relay_p50']:7.1f} / {r['relay_p99']:7.1f}"
+                + (f" ({r['missing']} missing)" if r["missing"] else "")
+            )
+        print(f"  {label:14s} | " + " | ".join(cells), flush=True)
+    for c in codes:
+        base = [r for r in results[c] if r["phase"] == "before"]
+        held = [r for r in results[c] if r["phase"] == "held"]
+        if base and held:
+            p99, cpu = base[-1]["p99"], base[-1]["cpu_us"]
+            print(
+                f"  {c}: worst held minute p99 {max(r['p99'] for r in held) / p99:.1f}x the minute before,"
+                f" PostgreSQL CPU per event {max(r['cpu_us'] for r in held) / cpu:.2f}x"
+            )
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--handler"]:
         serve_handler(int(sys.argv[2]))
@@ -489,6 +650,9 @@ def main() -> int:
         help="the relay and consumers of these commits ('.': this checkout), each rate run with each in turn",
     )
     ap.add_argument("--profile", metavar="DIR", help="run the workers under yappi; a profile per code, rate and worker")
+    ap.add_argument(
+        "--hold", type=float, default=0.0, metavar="MINUTES", help="a snapshot held this long at the first rate"
+    )
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     consumers = [int(c) for c in args.consumers.split(",")]
@@ -500,6 +664,31 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="pgoutbox-e2e-bench-"))
     root.chmod(0o755)  # PostgreSQL runs as another user
     codes = args.code.split(",")
+    if args.hold:
+        print(
+            f"e2e bench, a snapshot held {args.hold:g} min at {rates[0]}/s; product defaults; code and schema of"
+            f" {', '.join(codes)}; {machine.load()}",
+            flush=True,
+        )
+        ticks = machine.cpu_ticks()
+        results = {}
+        try:
+            for i, c in enumerate(codes):
+                pipe = Pipeline(root / f"hold-{i}", [c], schema_code=c)
+                pipe.root.mkdir()
+                pipe.root.chmod(0o755)
+                try:
+                    pipe.start()
+                    results[c] = run_hold(pipe, c, rates[0], args.hold, args.writers)
+                    print(json.dumps({c: results[c]}), flush=True)
+                finally:
+                    with contextlib.suppress(Exception):
+                        pipe.stop()
+            report_hold(results)
+            print(f"done: {machine.load()}; {machine.steal_since(ticks)}")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return 0
     pipe = Pipeline(root, codes, args.profile)
     print(
         "e2e bench: emit commit -> relay -> JetStream -> pgoutbox consume -> HTTP handler; product defaults,"

@@ -297,6 +297,377 @@ $$;
 
 -- ---- held snapshots: the hot path does not grow with the oldest snapshot
 
+-- The claim floor (sql/10_outbox_events.sql): claim and backlog walk
+-- events_claimable_idx from it, not from the bottom. A claim of schema 17's
+-- definition still works on this schema (it walks from the bottom).
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_next AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_wait AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
+COMMENT ON SEQUENCE outbox.claim_floor IS
+'No claimable event has a lower id (outbox._claim_floor). Unlogged: unset (walk from the bottom) after a crash.';
+
+-- generated from sql/20_outbox_guards.sql: outbox.tg_events__lower_claim_floor
+-- An event below the claim floor or its candidate (outbox._claim_floor,
+-- sql/30_outbox_api.sql) that is, or becomes, claimable lowers the floor to
+-- its id and cancels the candidate: a finished event made claimable again
+-- (requeue, requeue_completed), and a row inserted with an id of its own
+-- (a restore, an owner's INSERT ... OVERRIDING SYSTEM VALUE) or one whose id
+-- the sequence gave out before a candidate was taken. Under the floor's
+-- lock, held to the end of the transaction, so that no claimer moves the
+-- floor past it before it is committed and seen.
+CREATE OR REPLACE FUNCTION outbox.tg_events__lower_claim_floor()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0));
+    IF NEW.id < pg_sequence_last_value('outbox.claim_floor') THEN
+        PERFORM setval('outbox.claim_floor', NEW.id);
+    END IF;
+    PERFORM setval('outbox.claim_floor_next', 1, FALSE);
+    RETURN NEW;
+END;
+$$;
+-- end generated
+
+CREATE OR REPLACE TRIGGER _200_lower_claim_floor
+BEFORE UPDATE ON outbox.events
+FOR EACH ROW
+WHEN (
+    old.status NOT IN ('PENDING', 'FAILED', 'PROCESSING')
+    AND new.status IN ('PENDING', 'FAILED', 'PROCESSING')
+)
+EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
+
+-- The INSERT's transaction id first, then the candidate, then the floor:
+-- the order _claim_floor's argument needs (a CASE evaluates its conditions
+-- in order; read the other way round, a floor read before a step 2 and a
+-- candidate read after it would miss both). Rows of ids the sequence has
+-- just given out are above both: no call.
+CREATE OR REPLACE TRIGGER _200_lower_claim_floor_on_insert
+BEFORE INSERT ON outbox.events
+FOR EACH ROW
+WHEN (
+    CASE
+        WHEN pg_current_xact_id() IS NULL THEN FALSE
+        WHEN new.status NOT IN ('PENDING', 'FAILED', 'PROCESSING') THEN FALSE
+        WHEN new.id < pg_sequence_last_value('outbox.claim_floor_next') THEN TRUE
+        ELSE new.id < pg_sequence_last_value('outbox.claim_floor')
+    END
+)
+EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
+
+-- generated from sql/30_outbox_api.sql: outbox._claim_floor
+-- Moves the claim floor (outbox.claim_floor, 10_outbox_events.sql) up
+-- behind the claimable rows and returns it; claim() calls it first. A step at
+-- a time, by one claimer at a time (the floor's advisory lock; the others use
+-- the floor as it stands), under READ COMMITTED (a snapshot per statement):
+--   1. a candidate C: the lowest claimable id at or above the floor, at most
+--      the last id events_id_seq gave out + 1 (so that new ids stay above
+--      it). It is published (claim_floor_next), and only then does this
+--      transaction take its own transaction id X (claim_floor_wait);
+--   2. at a later claim, once no transaction with an id up to X is running
+--      (the snapshot's xmin > X): the floor becomes the lowest claimable id
+--      below C, read in a snapshot taken after that, or C.
+-- Why no claimable row ends below the floor, whatever stalls or fails:
+-- every INSERT takes its transaction id, then reads the candidate, then the
+-- floor (trigger _200_lower_claim_floor_on_insert, its WHEN), and an id
+-- below either lowers them under the floor's lock. An INSERT T of an id
+-- below C either read the candidate after C was published, and lowers the
+-- floor (it waits for the lock if step 2 holds it, and comes after it); or
+-- read it before, so its transaction id came before X (ids are handed out
+-- in order) and T ended before step 2 (X's transaction has ended, so the
+-- snapshot's xmax is above X and every running id up to X counts in its
+-- xmin), whose snapshot then sees T's row as it is.
+-- The same holds for a row made claimable again (requeue,
+-- requeue_completed): _200_lower_claim_floor takes the lock. Not the
+-- snapshot's xmax: it is the latest ended id + 1, and a commit waiting for
+-- a synchronous standby keeps a run of ids above it running, whose rows
+-- the floor passed. Not a time: a stalled INSERT is still running. A
+-- transaction that had its id before step 1 takes no candidate (X would
+-- come before the publication). A crash or a promotion resets the unlogged
+-- sequences: the floor reads 0 and the candidate is gone.
+CREATE OR REPLACE FUNCTION outbox._claim_floor()
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
+AS $$
+DECLARE
+    -- unset (a crash, a promotion): from the lowest id there is
+    floor_id bigint := coalesce(pg_sequence_last_value('outbox.claim_floor'), -9223372036854775807 - 1);
+    next_id bigint;
+    wait_xid bigint;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed'
+        OR NOT pg_try_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0)) THEN
+        RETURN floor_id;
+    END IF;
+    floor_id := coalesce(pg_sequence_last_value('outbox.claim_floor'), floor_id);
+    next_id := pg_sequence_last_value('outbox.claim_floor_next');
+    IF next_id IS NULL THEN
+        IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+            RETURN floor_id;
+        END IF;
+        SELECT least(min(e.id), coalesce(pg_sequence_last_value('outbox.events_id_seq'), 0) + 1) INTO next_id
+        FROM outbox.events AS e
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= floor_id;
+        IF next_id > floor_id THEN
+            -- An abort between these leaves the wait at its maximum: step 2
+            -- then drops the candidate.
+            PERFORM setval('outbox.claim_floor_wait', 9223372036854775807);
+            PERFORM setval('outbox.claim_floor_next', next_id);
+            PERFORM setval('outbox.claim_floor_wait', pg_current_xact_id()::text::bigint);
+        END IF;
+        RETURN floor_id;
+    END IF;
+    wait_xid := pg_sequence_last_value('outbox.claim_floor_wait');
+    IF wait_xid IS NULL OR wait_xid = 9223372036854775807 THEN
+        PERFORM setval('outbox.claim_floor_next', 1, FALSE);
+        RETURN floor_id;
+    END IF;
+    IF pg_snapshot_xmin(pg_current_snapshot())::text::bigint <= wait_xid THEN
+        RETURN floor_id;
+    END IF;
+    SELECT coalesce(min(e.id), next_id) INTO floor_id
+    FROM outbox.events AS e
+    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= floor_id AND e.id < next_id;
+    PERFORM setval('outbox.claim_floor', floor_id), setval('outbox.claim_floor_next', 1, FALSE);
+    RETURN floor_id;
+END;
+$$;
+-- end generated
+
+-- generated from sql/30_outbox_api.sql: outbox.claim
+-- Claims up to batch_size due events for worker, under a lease, and returns
+-- them with a fresh claim token. One statement:
+--   * the CTE picks candidates in id order from events_claimable_idx and locks
+--     them FOR UPDATE SKIP LOCKED, so concurrent claimers walk past each
+--     other's rows instead of queueing on them, and LIMIT bounds the batch;
+--   * it starts at the claim floor (outbox._claim_floor, moved up just
+--     before): below it nothing is claimable, only the index entries of
+--     finished events, which a snapshot held by another session keeps from
+--     vacuum, and the walk stays as short with it as without;
+--   * available_at <= now() covers all three sources at once: new events,
+--     failed events whose retry time has come, and expired leases;
+--   * an event with an ordering_key is taken only when no earlier event of
+--     its key is unfinished (not COMPLETED), so at most one event per key is
+--     in flight and a FAILED or DEAD_LETTER event holds its successors back;
+--   * the UPDATE moves the locked rows to PROCESSING and RETURNING hands them
+--     out, with no window in which another claimer could see them as due;
+--   * plans are generic (planned once per session): planning an UPDATE over
+--     every partition costs more than executing it. The locked keys reach
+--     the UPDATE as arrays (= ANY) so that the generic plan probes the
+--     primary key instead of hash-joining the whole table;
+--   * enable_seqscan is off because a generic plan lives as long as the
+--     relay's session: made while tomorrow's partition is empty, a plan
+--     with a sequential scan of it would scan the whole growing partition
+--     at every claim of the next day (until an ANALYZE re-plans). The
+--     created_at range of the locked rows lets the executor skip (prune)
+--     the partitions that hold none of them, which array conditions
+--     cannot do; without it every empty partition's primary key would be
+--     probed once per id.
+CREATE OR REPLACE FUNCTION outbox.claim(
+    worker text,
+    batch_size integer,
+    lease interval
+)
+RETURNS SETOF outbox.events
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
+AS $$
+DECLARE
+    token uuid := gen_random_uuid();
+    floor_id bigint;
+BEGIN
+    PERFORM outbox._check_text(worker, 'worker', 256);
+    IF batch_size IS NULL OR batch_size < 1 OR batch_size > 10000 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: batch_size must be between 1 and 10000, got %', batch_size
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF lease IS NULL OR lease <= interval '0' OR lease > interval '1 day' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: lease must be positive and at most 1 day, got %', lease
+            USING ERRCODE = 'OB006';
+    END IF;
+    floor_id := outbox._claim_floor();
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT e.id, e.created_at
+        FROM outbox.events AS e
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND e.id >= floor_id
+            AND e.available_at <= now()
+            AND (
+                e.ordering_key IS NULL
+                OR NOT EXISTS (
+                    SELECT 1
+                    FROM outbox.events AS earlier
+                    WHERE earlier.ordering_key = e.ordering_key
+                        AND earlier.id < e.id
+                        AND earlier.status <> 'COMPLETED'
+                )
+            )
+        ORDER BY e.id
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox.events AS e
+    SET status = 'PROCESSING',
+        attempts = e.attempts + 1,
+        claimed_at = now(),
+        claimed_by = worker,
+        claim_token = token,
+        available_at = now() + lease
+    WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
+        AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
+        AND e.created_at >= (SELECT min(c.created_at) FROM candidates AS c)
+        AND e.created_at <= (SELECT max(c.created_at) FROM candidates AS c)
+    RETURNING e.*;
+END;
+$$;
+COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
+'Claims up to batch_size due events (new, retry due, or lease expired) under a lease.';
+-- end generated
+
+-- generated from sql/30_outbox_api.sql: outbox.backlog
+-- Backlog per context (QRY-050). "due" is what a relay could take right now;
+-- oldest_due_age growing while due > 0 means no relay is making progress,
+-- whereas a large unpublished count with nothing due is just parked retries.
+-- The unfinished rows are read from the claim floor up (see claim).
+CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
+RETURNS TABLE (
+    context text,
+    unpublished bigint,
+    oldest_unpublished_at timestamptz,
+    due bigint,
+    oldest_due_age interval,
+    processing bigint,
+    failed bigint,
+    dead_letter bigint
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_context(backlog.context);
+    -- Two branches so that each is served by its own partial index.
+    -- A discarded dead letter (outbox.discarded_events) is parked for good:
+    -- counted nowhere here.
+    WITH unfinished AS (
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND e.id >= (
+                -- (a standby cannot read an unlogged sequence: from the bottom there)
+                SELECT CASE WHEN pg_is_in_recovery() THEN -9223372036854775807 - 1
+                    ELSE coalesce(pg_sequence_last_value('outbox.claim_floor'), -9223372036854775807 - 1) END
+            )
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+        UNION ALL
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
+        WHERE e.status = 'DEAD_LETTER'
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+            AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id)
+    ),
+    contexts AS (
+        SELECT DISTINCT u.context FROM unfinished AS u
+        UNION
+        SELECT backlog.context WHERE backlog.context IS NOT NULL
+    )
+    SELECT
+        c.context,
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
+        count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+        -- greatest(): a row stored by an older version with available_at
+        -- -infinity is due and very old, not an error (interval has no infinity).
+        now() - greatest(
+            min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
+            timestamptz '0001-01-01 00:00:00+00'
+        ),
+        count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
+        count(u.status) FILTER (WHERE u.status = 'FAILED'),
+        count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')
+    FROM contexts AS c
+    LEFT JOIN unfinished AS u ON u.context = c.context
+    GROUP BY c.context
+    ORDER BY c.context;
+$$;
+COMMENT ON FUNCTION outbox.backlog(text) IS
+'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
+-- end generated
+
+-- generated from sql/30_outbox_api.sql: outbox.oldest_snapshots
+-- The oldest snapshot that keeps vacuum from removing pgoutbox's dead rows,
+-- and what holds it, oldest first: sessions of this database (and WAL
+-- senders: a standby's hot_standby_feedback) by backend_xmin, replication
+-- slots by xmin and catalog_xmin (the catalog's horizon only), prepared
+-- transactions by their xid. The age in xids orders them; the age in seconds
+-- runs from the session's transaction start (an upper bound under READ
+-- COMMITTED, where the snapshot is the running statement's) or from the
+-- PREPARE, and is NULL for a slot (a slot records no time). Never query text.
+-- SECURITY DEFINER: reading other sessions' backend_xmin takes the owner's
+-- right (superuser, or pg_read_all_stats).
+CREATE OR REPLACE FUNCTION outbox.oldest_snapshots(max_rows integer DEFAULT 5)
+RETURNS TABLE (
+    kind text,
+    age_xids integer,
+    age_seconds double precision,
+    pid integer,
+    slot_name text,
+    gid text,
+    application_name text,
+    state text,
+    xact_start timestamptz
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_max_rows(oldest_snapshots.max_rows);
+    SELECT h.kind, h.age_xids, h.age_seconds, h.pid, h.slot_name, h.gid, h.application_name, h.state, h.xact_start
+    FROM (
+        SELECT
+            'session' AS kind, age(a.backend_xmin) AS age_xids,
+            extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::double precision AS age_seconds,
+            a.pid, NULL::text AS slot_name, NULL::text AS gid, a.application_name, a.state, a.xact_start
+        FROM pg_stat_activity AS a
+        WHERE a.backend_xmin IS NOT NULL
+            AND a.pid <> pg_backend_pid()
+            AND (a.datname = current_database() OR a.backend_type = 'walsender')
+        UNION ALL
+        SELECT 'slot', age(s.xmin), NULL, s.active_pid, s.slot_name::text, NULL, NULL, NULL, NULL
+        FROM pg_replication_slots AS s
+        WHERE s.xmin IS NOT NULL
+        UNION ALL
+        SELECT 'slot catalog', age(s.catalog_xmin), NULL, s.active_pid, s.slot_name::text, NULL, NULL, NULL, NULL
+        FROM pg_replication_slots AS s
+        WHERE s.catalog_xmin IS NOT NULL
+        UNION ALL
+        SELECT
+            'prepared', age(p.transaction), extract(epoch FROM now() - p.prepared)::double precision,
+            NULL, NULL, p.gid, NULL, NULL, p.prepared
+        FROM pg_prepared_xacts AS p
+    ) AS h
+    ORDER BY h.age_xids DESC, h.age_seconds DESC NULLS LAST
+    LIMIT oldest_snapshots.max_rows;
+$$;
+COMMENT ON FUNCTION outbox.oldest_snapshots(integer) IS
+'What holds back vacuum of pgoutbox''s tables, oldest first: sessions, replication slots, prepared transactions.';
+-- end generated
+
+REVOKE ALL ON FUNCTION outbox._claim_floor(), outbox.tg_events__lower_claim_floor(),
+outbox.oldest_snapshots(integer) FROM public;
+GRANT EXECUTE ON FUNCTION outbox.oldest_snapshots(integer)
+TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin, pgoutbox_viewer;
+
 -- ---- backfill: a handler that joins late replays the outbox's history
 
 -- generated from sql/68_backfill.sql: outbox.backfill_span
@@ -698,6 +1069,7 @@ EXECUTE FUNCTION outbox.tg_events__refuse_bad_state();
 -- Backlog per context (QRY-050). "due" is what a relay could take right now;
 -- oldest_due_age growing while due > 0 means no relay is making progress,
 -- whereas a large unpublished count with nothing due is just parked retries.
+-- The unfinished rows are read from the claim floor up (see claim).
 CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
 RETURNS TABLE (
     context text,
@@ -721,6 +1093,11 @@ AS $$
         SELECT e.context, e.status, e.created_at, e.available_at
         FROM outbox.events AS e
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND e.id >= (
+                -- (a standby cannot read an unlogged sequence: from the bottom there)
+                SELECT CASE WHEN pg_is_in_recovery() THEN -9223372036854775807 - 1
+                    ELSE coalesce(pg_sequence_last_value('outbox.claim_floor'), -9223372036854775807 - 1) END
+            )
             AND (backlog.context IS NULL OR e.context = backlog.context)
         UNION ALL
         SELECT e.context, e.status, e.created_at, e.available_at

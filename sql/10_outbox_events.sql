@@ -95,6 +95,29 @@ WHERE status = 'PROCESSING';
 CREATE INDEX IF NOT EXISTS events_dead_letter_idx ON outbox.events (context)
 WHERE status = 'DEAD_LETTER';
 
+-- The claim floor: every claimable row (PENDING, FAILED, PROCESSING) has an
+-- id at or above it, so claim() and backlog() start their walk of
+-- events_claimable_idx there. Without it, each walk starts at the lowest id
+-- of the index and steps over every entry of the events finished since
+-- vacuum last ran: a few hundred while vacuum keeps up, but while another
+-- session holds an old snapshot (a report, pg_dump, a forgotten BEGIN)
+-- nothing can be vacuumed nor marked dead, and every claim walked past two
+-- entries (and their heap tuples) of every event since: the cost of a claim
+-- grew with the age of the snapshot, until delivery fell minutes behind
+-- (docs/benchmarks.md, "Held snapshot").
+--
+-- The floor is kept in unlogged sequences (outbox._claim_floor(), called by
+-- claim): setval writes in place, with no row version to leave behind, no
+-- WAL and no row lock. A crash or a promotion resets them: the floor reads 0,
+-- the walk starts at the bottom until the floor moves up again, safe and slow.
+-- claim_floor_next/_wait: a candidate floor and the transaction id whose
+-- end it waits for (outbox._claim_floor says why that is enough).
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_next AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
+CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_wait AS bigint MINVALUE -9223372036854775808;  -- noqa: PRS
+COMMENT ON SEQUENCE outbox.claim_floor IS
+'No claimable event has a lower id (outbox._claim_floor). Unlogged: unset (walk from the bottom) after a crash.';
+
 -- Deliberately no index on event_id: every claim and mark would insert a
 -- random UUID into it (scattered page writes, full-page images in the WAL),
 -- which cost a third of the claim + mark throughput when measured. Marks find

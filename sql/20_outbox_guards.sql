@@ -559,6 +559,57 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__guard_update();
 
+-- An event below the claim floor or its candidate (outbox._claim_floor,
+-- sql/30_outbox_api.sql) that is, or becomes, claimable lowers the floor to
+-- its id and cancels the candidate: a finished event made claimable again
+-- (requeue, requeue_completed), and a row inserted with an id of its own
+-- (a restore, an owner's INSERT ... OVERRIDING SYSTEM VALUE) or one whose id
+-- the sequence gave out before a candidate was taken. Under the floor's
+-- lock, held to the end of the transaction, so that no claimer moves the
+-- floor past it before it is committed and seen.
+CREATE OR REPLACE FUNCTION outbox.tg_events__lower_claim_floor()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0));
+    IF NEW.id < pg_sequence_last_value('outbox.claim_floor') THEN
+        PERFORM setval('outbox.claim_floor', NEW.id);
+    END IF;
+    PERFORM setval('outbox.claim_floor_next', 1, FALSE);
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _200_lower_claim_floor
+BEFORE UPDATE ON outbox.events
+FOR EACH ROW
+WHEN (
+    old.status NOT IN ('PENDING', 'FAILED', 'PROCESSING')
+    AND new.status IN ('PENDING', 'FAILED', 'PROCESSING')
+)
+EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
+
+-- The INSERT's transaction id first, then the candidate, then the floor:
+-- the order _claim_floor's argument needs (a CASE evaluates its conditions
+-- in order; read the other way round, a floor read before a step 2 and a
+-- candidate read after it would miss both). Rows of ids the sequence has
+-- just given out are above both: no call.
+CREATE OR REPLACE TRIGGER _200_lower_claim_floor_on_insert
+BEFORE INSERT ON outbox.events
+FOR EACH ROW
+WHEN (
+    CASE
+        WHEN pg_current_xact_id() IS NULL THEN FALSE
+        WHEN new.status NOT IN ('PENDING', 'FAILED', 'PROCESSING') THEN FALSE
+        WHEN new.id < pg_sequence_last_value('outbox.claim_floor_next') THEN TRUE
+        ELSE new.id < pg_sequence_last_value('outbox.claim_floor')
+    END
+)
+EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
+
 CREATE OR REPLACE TRIGGER _100_forbid_delete
 BEFORE DELETE ON outbox.events
 FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__forbid_delete();

@@ -141,11 +141,95 @@ COMMENT ON FUNCTION outbox.emit(
     text, text, text, jsonb, text, integer, jsonb, uuid, uuid, text, text, timestamptz
 ) IS 'Writes an event in the caller''s transaction; returns its event_id (the Nats-Msg-Id).';
 
+-- Moves the claim floor (outbox.claim_floor, 10_outbox_events.sql) up
+-- behind the claimable rows and returns it; claim() calls it first. A step at
+-- a time, by one claimer at a time (the floor's advisory lock; the others use
+-- the floor as it stands), under READ COMMITTED (a snapshot per statement):
+--   1. a candidate C: the lowest claimable id at or above the floor, at most
+--      the last id events_id_seq gave out + 1 (so that new ids stay above
+--      it). It is published (claim_floor_next), and only then does this
+--      transaction take its own transaction id X (claim_floor_wait);
+--   2. at a later claim, once no transaction with an id up to X is running
+--      (the snapshot's xmin > X): the floor becomes the lowest claimable id
+--      below C, read in a snapshot taken after that, or C.
+-- Why no claimable row ends below the floor, whatever stalls or fails:
+-- every INSERT takes its transaction id, then reads the candidate, then the
+-- floor (trigger _200_lower_claim_floor_on_insert, its WHEN), and an id
+-- below either lowers them under the floor's lock. An INSERT T of an id
+-- below C either read the candidate after C was published, and lowers the
+-- floor (it waits for the lock if step 2 holds it, and comes after it); or
+-- read it before, so its transaction id came before X (ids are handed out
+-- in order) and T ended before step 2 (X's transaction has ended, so the
+-- snapshot's xmax is above X and every running id up to X counts in its
+-- xmin), whose snapshot then sees T's row as it is.
+-- The same holds for a row made claimable again (requeue,
+-- requeue_completed): _200_lower_claim_floor takes the lock. Not the
+-- snapshot's xmax: it is the latest ended id + 1, and a commit waiting for
+-- a synchronous standby keeps a run of ids above it running, whose rows
+-- the floor passed. Not a time: a stalled INSERT is still running. A
+-- transaction that had its id before step 1 takes no candidate (X would
+-- come before the publication). A crash or a promotion resets the unlogged
+-- sequences: the floor reads 0 and the candidate is gone.
+CREATE OR REPLACE FUNCTION outbox._claim_floor()
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
+AS $$
+DECLARE
+    -- unset (a crash, a promotion): from the lowest id there is
+    floor_id bigint := coalesce(pg_sequence_last_value('outbox.claim_floor'), -9223372036854775807 - 1);
+    next_id bigint;
+    wait_xid bigint;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed'
+        OR NOT pg_try_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0)) THEN
+        RETURN floor_id;
+    END IF;
+    floor_id := coalesce(pg_sequence_last_value('outbox.claim_floor'), floor_id);
+    next_id := pg_sequence_last_value('outbox.claim_floor_next');
+    IF next_id IS NULL THEN
+        IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+            RETURN floor_id;
+        END IF;
+        SELECT least(min(e.id), coalesce(pg_sequence_last_value('outbox.events_id_seq'), 0) + 1) INTO next_id
+        FROM outbox.events AS e
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= floor_id;
+        IF next_id > floor_id THEN
+            -- An abort between these leaves the wait at its maximum: step 2
+            -- then drops the candidate.
+            PERFORM setval('outbox.claim_floor_wait', 9223372036854775807);
+            PERFORM setval('outbox.claim_floor_next', next_id);
+            PERFORM setval('outbox.claim_floor_wait', pg_current_xact_id()::text::bigint);
+        END IF;
+        RETURN floor_id;
+    END IF;
+    wait_xid := pg_sequence_last_value('outbox.claim_floor_wait');
+    IF wait_xid IS NULL OR wait_xid = 9223372036854775807 THEN
+        PERFORM setval('outbox.claim_floor_next', 1, FALSE);
+        RETURN floor_id;
+    END IF;
+    IF pg_snapshot_xmin(pg_current_snapshot())::text::bigint <= wait_xid THEN
+        RETURN floor_id;
+    END IF;
+    SELECT coalesce(min(e.id), next_id) INTO floor_id
+    FROM outbox.events AS e
+    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= floor_id AND e.id < next_id;
+    PERFORM setval('outbox.claim_floor', floor_id), setval('outbox.claim_floor_next', 1, FALSE);
+    RETURN floor_id;
+END;
+$$;
+
 -- Claims up to batch_size due events for worker, under a lease, and returns
 -- them with a fresh claim token. One statement:
 --   * the CTE picks candidates in id order from events_claimable_idx and locks
 --     them FOR UPDATE SKIP LOCKED, so concurrent claimers walk past each
 --     other's rows instead of queueing on them, and LIMIT bounds the batch;
+--   * it starts at the claim floor (outbox._claim_floor, moved up just
+--     before): below it nothing is claimable, only the index entries of
+--     finished events, which a snapshot held by another session keeps from
+--     vacuum, and the walk stays as short with it as without;
 --   * available_at <= now() covers all three sources at once: new events,
 --     failed events whose retry time has come, and expired leases;
 --   * an event with an ordering_key is taken only when no earlier event of
@@ -179,6 +263,7 @@ SET enable_seqscan TO off
 AS $$
 DECLARE
     token uuid := gen_random_uuid();
+    floor_id bigint;
 BEGIN
     PERFORM outbox._check_text(worker, 'worker', 256);
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > 10000 THEN
@@ -189,11 +274,13 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ARGUMENT: lease must be positive and at most 1 day, got %', lease
             USING ERRCODE = 'OB006';
     END IF;
+    floor_id := outbox._claim_floor();
     RETURN QUERY
     WITH candidates AS (
         SELECT e.id, e.created_at
         FROM outbox.events AS e
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND e.id >= floor_id
             AND e.available_at <= now()
             AND (
                 e.ordering_key IS NULL
@@ -420,6 +507,7 @@ COMMENT ON FUNCTION outbox.requeue(uuid[], text) IS
 -- Backlog per context (QRY-050). "due" is what a relay could take right now;
 -- oldest_due_age growing while due > 0 means no relay is making progress,
 -- whereas a large unpublished count with nothing due is just parked retries.
+-- The unfinished rows are read from the claim floor up (see claim).
 CREATE OR REPLACE FUNCTION outbox.backlog(context text DEFAULT NULL)
 RETURNS TABLE (
     context text,
@@ -443,6 +531,11 @@ AS $$
         SELECT e.context, e.status, e.created_at, e.available_at
         FROM outbox.events AS e
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND e.id >= (
+                -- (a standby cannot read an unlogged sequence: from the bottom there)
+                SELECT CASE WHEN pg_is_in_recovery() THEN -9223372036854775807 - 1
+                    ELSE coalesce(pg_sequence_last_value('outbox.claim_floor'), -9223372036854775807 - 1) END
+            )
             AND (backlog.context IS NULL OR e.context = backlog.context)
         UNION ALL
         SELECT e.context, e.status, e.created_at, e.available_at
@@ -477,6 +570,63 @@ AS $$
 $$;
 COMMENT ON FUNCTION outbox.backlog(text) IS
 'Per context: unpublished count and oldest, due count and age of the oldest due, by status.';
+
+-- The oldest snapshot that keeps vacuum from removing pgoutbox's dead rows,
+-- and what holds it, oldest first: sessions of this database (and WAL
+-- senders: a standby's hot_standby_feedback) by backend_xmin, replication
+-- slots by xmin and catalog_xmin (the catalog's horizon only), prepared
+-- transactions by their xid. The age in xids orders them; the age in seconds
+-- runs from the session's transaction start (an upper bound under READ
+-- COMMITTED, where the snapshot is the running statement's) or from the
+-- PREPARE, and is NULL for a slot (a slot records no time). Never query text.
+-- SECURITY DEFINER: reading other sessions' backend_xmin takes the owner's
+-- right (superuser, or pg_read_all_stats).
+CREATE OR REPLACE FUNCTION outbox.oldest_snapshots(max_rows integer DEFAULT 5)
+RETURNS TABLE (
+    kind text,
+    age_xids integer,
+    age_seconds double precision,
+    pid integer,
+    slot_name text,
+    gid text,
+    application_name text,
+    state text,
+    xact_start timestamptz
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_max_rows(oldest_snapshots.max_rows);
+    SELECT h.kind, h.age_xids, h.age_seconds, h.pid, h.slot_name, h.gid, h.application_name, h.state, h.xact_start
+    FROM (
+        SELECT
+            'session' AS kind, age(a.backend_xmin) AS age_xids,
+            extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::double precision AS age_seconds,
+            a.pid, NULL::text AS slot_name, NULL::text AS gid, a.application_name, a.state, a.xact_start
+        FROM pg_stat_activity AS a
+        WHERE a.backend_xmin IS NOT NULL
+            AND a.pid <> pg_backend_pid()
+            AND (a.datname = current_database() OR a.backend_type = 'walsender')
+        UNION ALL
+        SELECT 'slot', age(s.xmin), NULL, s.active_pid, s.slot_name::text, NULL, NULL, NULL, NULL
+        FROM pg_replication_slots AS s
+        WHERE s.xmin IS NOT NULL
+        UNION ALL
+        SELECT 'slot catalog', age(s.catalog_xmin), NULL, s.active_pid, s.slot_name::text, NULL, NULL, NULL, NULL
+        FROM pg_replication_slots AS s
+        WHERE s.catalog_xmin IS NOT NULL
+        UNION ALL
+        SELECT
+            'prepared', age(p.transaction), extract(epoch FROM now() - p.prepared)::double precision,
+            NULL, NULL, p.gid, NULL, NULL, p.prepared
+        FROM pg_prepared_xacts AS p
+    ) AS h
+    ORDER BY h.age_xids DESC, h.age_seconds DESC NULLS LAST
+    LIMIT oldest_snapshots.max_rows;
+$$;
+COMMENT ON FUNCTION outbox.oldest_snapshots(integer) IS
+'What holds back vacuum of pgoutbox''s tables, oldest first: sessions, replication slots, prepared transactions.';
 
 -- Dead-lettered events, newest first, for operators deciding what to requeue.
 CREATE OR REPLACE FUNCTION outbox.dead_letters(

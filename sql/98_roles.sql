@@ -86,6 +86,9 @@ outbox.schema_version(), outbox.serves_workers_from(),
 outbox.backlog(text), outbox.dead_letters(text, integer),
 inbox.backlog(text), inbox.dead_letters(text, integer)
 TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
+-- What holds back vacuum (the relay exports it as a metric).
+GRANT EXECUTE ON FUNCTION outbox.oldest_snapshots(integer)
+TO pgoutbox_relay, pgoutbox_consumer, pgoutbox_admin;
 GRANT EXECUTE ON FUNCTION outbox.create_partitions(integer, date) TO pgoutbox_relay;
 
 -- Named tables, not ALL TABLES: partitions are read through their parent,
@@ -156,6 +159,7 @@ outbox.schema_version(), outbox.serves_workers_from(),
 outbox.backlog(text), outbox.dead_letters(text, integer),
 inbox.backlog(text), inbox.dead_letters(text, integer)
 TO pgoutbox_viewer;
+GRANT EXECUTE ON FUNCTION outbox.oldest_snapshots(integer) TO pgoutbox_viewer;
 -- Dead-letter operations (sql/67_dead_letters.sql): the viewer and the admin
 -- read, only the admin acts.
 GRANT EXECUTE ON FUNCTION

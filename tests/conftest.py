@@ -36,7 +36,8 @@ _counter = itertools.count()
 #   chaos-cluster: the NATS cluster's soak and replica check (a chain of its own:
 #                  with the soaks above it would be the whole run's length);
 #   outage:        kills, outages and failovers under load, whose timeouts a
-#                  starved machine would trip;
+#                  starved machine would trip; and the 200,000 dead row
+#                  versions of the held-snapshot test (a CPU-heavy minute);
 #   spark-cluster: the standalone Spark cluster (master, workers, spark-submit);
 #   spark-ops, spark: the tests on a SparkSession (a JVM on 2 cores, 20-30 s to
 #                  start, one per worker that needs it), in two groups: one
@@ -56,6 +57,7 @@ _GROUPS = {
     "tests/inbox/test_consumer_outages.py": "outage",
     "tests/inbox/test_consumer_crash.py": "outage",
     "tests/outbox/test_relay_processes.py": "outage",
+    "tests/outbox/test_held_snapshot.py": "outage",
     "tests/archival/test_archive_cluster.py": "spark-cluster",
     "tests/archival/test_archive_operations.py": "spark-ops",
     "tests/install/": "install",

@@ -257,6 +257,35 @@ async def test_the_relay_follows_a_promotion_on_the_same_pool(pair):
         await calls.close()
 
 
+def test_a_promotion_unsets_the_claim_floor(pair):
+    """The claim floor lives in unlogged sequences: the promoted standby starts
+    with none (claims walk from the bottom until it moves up again), and an
+    event the old primary had not claimed is claimed on the new one."""
+    emit = "SELECT outbox.emit('a', '1', 'e', '{\"schema_version\": 1}'::jsonb, context => 'chaos')"
+    claim = "SELECT event_id FROM outbox.claim('r', 10, '30 seconds')"
+    floor = "SELECT pg_sequence_last_value('outbox.claim_floor')"
+    with psycopg.connect(pair.url(), autocommit=True) as conn:
+        for _ in range(3):
+            conn.execute(emit)
+        for (token,) in conn.execute("SELECT DISTINCT claim_token FROM outbox.claim('r', 10, '30 seconds')").fetchall():
+            conn.execute(
+                "SELECT outbox.mark_published(%s, array_agg(event_id)) FROM outbox.events WHERE claim_token = %s",
+                (token, token),
+            )
+        last_id = conn.execute("SELECT max(id) FROM outbox.events").fetchone()[0]
+        for _ in range(50):  # claims that find nothing: the floor moves past what is finished
+            assert conn.execute(claim).fetchall() == []
+            if (conn.execute(floor).fetchone()[0] or 0) > last_id:
+                break
+        assert conn.execute(floor).fetchone()[0] > last_id
+        event_id = conn.execute(emit).fetchone()[0]
+    pair.wait_replayed()
+    pair.promote("immediate")
+    with psycopg.connect(pair.primary.dsn(), autocommit=True) as conn:
+        assert conn.execute(floor).fetchone()[0] is None
+        assert [r[0] for r in conn.execute(claim).fetchall()] == [event_id]
+
+
 async def test_the_listen_session_leaves_a_primary_that_stops_taking_writes(pair):
     """A primary fenced read-only (default_transaction_read_only) while the
     standby is promoted keeps the old LISTEN session alive but deaf to the

@@ -131,6 +131,11 @@ class FakeOutboxStore:
         self._call("backlog")
         return []
 
+    async def oldest_snapshot(self) -> tuple[float, int]:
+        """(seconds, xids) of the oldest snapshot holding back vacuum: none here."""
+        self._call("oldest_snapshot")
+        return 0.0, 0
+
     async def notify_throttle(self) -> float:
         return 0.0
 

@@ -182,6 +182,16 @@ class OutboxCalls:
         )
         return None if row["seconds"] is None else float(row["seconds"])
 
+    async def oldest_snapshot(self) -> tuple[float, int]:
+        """(seconds, xids): the age of the oldest snapshot holding back vacuum
+        (outbox.oldest_snapshots: a slot's has no time, so seconds come from
+        the sessions and prepared transactions); (0, 0) when none."""
+        row = await self._run(
+            "SELECT coalesce(max(s.age_seconds), 0) AS seconds, coalesce(max(s.age_xids), 0) AS xids"
+            " FROM outbox.oldest_snapshots(10000) AS s"
+        )
+        return float(row["seconds"]), int(row["xids"])
+
     async def notify_throttle(self) -> float:
         row = await self._run("SELECT outbox.notify_throttle() AS gap")
         return float(row["gap"].total_seconds())

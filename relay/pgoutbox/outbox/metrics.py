@@ -91,6 +91,18 @@ class RelayMetrics:
             "pgoutbox_outbox_oldest_due_age_seconds", "Age of the oldest due event (0: none)", ["context"], registry=r
         )
         self.dead_letter = Gauge("pgoutbox_outbox_dead_letter_events", "Events in DEAD_LETTER", ["context"], registry=r)
+        self.oldest_snapshot_age = Gauge(
+            "pgoutbox_outbox_oldest_snapshot_age_seconds",
+            "Age of the oldest snapshot that keeps vacuum from pgoutbox's dead rows, per "
+            "outbox.oldest_snapshots(): a session's transaction or a prepared transaction (0: none)",
+            registry=r,
+        )
+        self.oldest_snapshot_xids = Gauge(
+            "pgoutbox_outbox_oldest_snapshot_age_xids",
+            "Transactions since the oldest snapshot that keeps vacuum from pgoutbox's dead rows "
+            "(sessions, prepared transactions, replication slots; 0: none)",
+            registry=r,
+        )
         self.database_up = Gauge(
             "pgoutbox_relay_database_up", "1 when the claim connection to PostgreSQL works", registry=r
         )

@@ -628,11 +628,19 @@ class OutboxRelay:
 
     async def _backlog_loop(self) -> None:
         lines = Every(60)
+        snapshots = True
         while True:
             try:
                 rows = await self.monitor.backlog()
                 self.metrics.backlog(rows)
                 self._due = sum(r["due"] for r in rows)
+                if snapshots:
+                    try:
+                        seconds, xids = await self.monitor.oldest_snapshot()
+                        self.metrics.oldest_snapshot_age.set(seconds)
+                        self.metrics.oldest_snapshot_xids.set(xids)
+                    except psycopg.errors.UndefinedFunction:
+                        snapshots = False  # a schema before 18: no such function, no such gauge
             except DatabaseUnavailable:
                 pass  # the claim loop reports it; readiness shows it
             except psycopg.Error as exc:  # e.g. a row's infinite timestamp: the gauges wait, delivery does not
