@@ -219,6 +219,7 @@ BOUNDED = {
     },
     "streams": {"OUTBOX_RELAY_LEASE": "LEASE"},
     "status": {"OUTBOX_STATUS_CONTEXT": "CONTEXT", "OUTBOX_STATUS_DEAD_LETTERS": "MAX_ROWS"},
+    "flow": {"OUTBOX_FLOW_MAX_ROWS": "MAX_ROWS"},
     "requeue": {"OUTBOX_REQUEUE_REASON": "REASON"},
     "audit": {"OUTBOX_AUDIT_REASON": "REASON"},
     "partitions": {"OUTBOX_PARTITION_DAYS_AHEAD": "DAYS_AHEAD"},
@@ -256,6 +257,7 @@ ARGUMENTS = {
     "redrive": ["billing", "--list"],
     "replay-switch": ["billing", "off"],
     "dead-letters": ["groups"],
+    "flow": [str(uuid.uuid4())],
 }
 REQUIRED = {"OUTBOX_REQUEUE_REASON": "test", "OUTBOX_REPLAY_SWITCH_REASON": "test"}
 

@@ -352,6 +352,19 @@ def fill_every_table(url: str) -> None:
             (token, ids[1:4], ["boom", "dead", "dead"]),
         )
         conn.execute("SELECT outbox.requeue(%s::uuid[], 'fixed upstream')", (ids[3:4],))
+        # A caller's id (outbox.event_keys), two scheduled events (outbox.schedules), one cancelled
+        # (outbox.cancel_log).
+        conn.execute(
+            "SELECT outbox.emit('order', 'k', 'order_created', '{\"schema_version\": 1}', context => 'sea',"
+            " event_id => '6fa459ea-ee8a-5ca4-894e-db77e160355e')"
+        )
+        later = (
+            "SELECT outbox.emit('order', %s, 'order_reminder', '{\"schema_version\": 1}', context => 'sea',"
+            " deliver_after => interval '1 day')::text"
+        )
+        conn.execute(later, ("s1",))
+        cancelled = conn.execute(later, ("s2",)).fetchone()[0]
+        conn.execute("SELECT outbox.cancel(%s, 'order withdrawn')", (cancelled,))
         # One event in every other partition, routed there by created_at (as the owner).
         for (part,) in conn.execute(
             "SELECT c.oid::regclass::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
