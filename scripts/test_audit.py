@@ -185,9 +185,10 @@ def granted_functions(reference: str) -> set[str]:
 # -- source helpers --------------------------------------------------------------
 
 
-def marked(lines: list[str], lineno: int, mark: str) -> bool:
-    """The mark on the line (1-based), or in the comment lines right above it."""
-    if mark in lines[lineno - 1]:
+def marked(lines: list[str], lineno: int, mark: str, last: int | None = None) -> bool:
+    """The mark on the lines lineno..last (1-based: a statement), or in the comment
+    lines right above them."""
+    if any(mark in line for line in lines[lineno - 1 : (last or lineno)]):
         return True
     i = lineno - 2
     while i >= 0 and lines[i].strip().startswith("#"):
@@ -195,6 +196,19 @@ def marked(lines: list[str], lineno: int, mark: str) -> bool:
             return True
         i -= 1
     return False
+
+
+def statement(tree: ast.AST, line: int) -> tuple[int, int]:
+    """The lines of the innermost simple statement holding `line` (a call over
+    several lines takes its reason anywhere in it, or right above it)."""
+    best = (line, line)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end and not hasattr(node, "body"):
+                if best == (line, line) or end - node.lineno < best[1] - best[0]:
+                    best = (node.lineno, end)
+    return best
 
 
 def rel(path: Path) -> str:
@@ -284,7 +298,11 @@ class Audit:
         out = []
         seen = set()
         for _, key, value, line in _changes(tree):
-            if self.changed(key, value) and not marked(lines, line, DEFAULT_MARK) and (key, line) not in seen:
+            if (
+                self.changed(key, value)
+                and not marked(lines, statement(tree, line)[0], DEFAULT_MARK, statement(tree, line)[1])
+                and (key, line) not in seen
+            ):
                 seen.add((key, line))
                 out.append((key, value, line))
         lo, hi = getattr(tree, "lineno", 1), getattr(tree, "end_lineno", None) or len(lines)

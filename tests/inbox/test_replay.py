@@ -48,10 +48,11 @@ async def test_a_dead_letter_is_replayed_with_backoff_until_the_cap(tmp_path, da
         database_url,
         nats_server.url,
         registry_file,
+        # not default: the test is about the replay backoff; 300 ms doubling to a cap of
+        # 500 ms, looked for every 100 ms, instead of 1 minute to 1 hour
         replay_base_delay="300ms",
         replay_max_delay="500ms",
-        replay_jitter="0.5",
-        replay_max_attempts="3",
+        replay_poll_interval="100ms",
     )
     ev = event({"answers": [422]})
     async with jetstream(nats_server.url) as js:
@@ -90,7 +91,9 @@ async def test_a_replay_reaches_only_its_handler_and_succeeds_once_fixed(tmp_pat
                 {"name": "audit", "url": audit.url, "subjects": [SUBJECT]},
             ],
         )
-        cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="200ms")
+        cfg = consumer_config(
+            database_url, nats_server.url, registry_file, replay_base_delay="200ms", replay_poll_interval="100ms"
+        )  # not default: the test is about automated replay, so it comes within a second
         ev = event()
         async with jetstream(nats_server.url) as js:
             await add_stream(js)
@@ -108,10 +111,12 @@ async def test_a_replay_reaches_only_its_handler_and_succeeds_once_fixed(tmp_pat
 
 
 async def test_a_manifest_cap_of_zero_parks_the_dead_letter(tmp_path, database_url, nats_server, handler):
-    registry_file = write_registry(
+    registry_file = write_registry(  # not default: the test is about a manifest's replay_max_attempts of 0
         tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT], "replay_max_attempts": 0}]
     )
-    cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="100ms")
+    cfg = consumer_config(
+        database_url, nats_server.url, registry_file, replay_base_delay="100ms", replay_poll_interval="100ms"
+    )  # not default: the test is about automated replay, so it comes within a second
     ev = event({"answers": [422, 200]})
     async with jetstream(nats_server.url) as js:
         await add_stream(js)
@@ -129,7 +134,9 @@ async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
     tmp_path, database_url, nats_server, handler
 ):
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
-    cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="100ms")
+    cfg = consumer_config(
+        database_url, nats_server.url, registry_file, replay_base_delay="100ms", replay_poll_interval="100ms"
+    )  # not default: the test is about automated replay, so it comes within a second
     db = ["--database-url", database_url]
     assert await asyncio.to_thread(cli.main, ["replay-switch", H, "off", "--reason", "bug 12 under analysis", *db]) == 0
     ev = event({"answers": [422, 200]})
@@ -161,6 +168,7 @@ async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
 
 async def test_a_replayer_dying_before_its_commit_loses_nothing(tmp_path, database_url, nats_server, handler):
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    # not default: the test runs its own replayer on a dead letter due at once
     cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="50ms", run_replayer="false")
     ev = event({"answers": [422, 200]})
     pool = inbox_store.pool(database_url, 1)

@@ -97,7 +97,9 @@ def test_kill_9_mid_batch_then_restart_publishes_each_event_exactly_once(databas
     asyncio.run(apply_streams(nats_server.url))
     n = 6000
     emit(database_url, n)
-    first = relays("relay-a", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s")
+    first = relays(
+        "relay-a", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s", relay_publish_timeout="2s"
+    )
     first.start().wait_started()
     wait_for(lambda: status_counts(database_url).get("COMPLETED", 0) >= 1000, 60, "1000 published")
     # Freeze the relay until it is caught between JetStream's acks and its
@@ -118,7 +120,9 @@ def test_kill_9_mid_batch_then_restart_publishes_each_event_exactly_once(databas
     assert at_kill.get("COMPLETED", 0) < n
     print(f"at kill -9: {at_kill}; {len(published_unmarked)} published but not yet marked")
 
-    second = relays("relay-b", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s")
+    second = relays(
+        "relay-b", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s", relay_publish_timeout="2s"
+    )
     second.start().wait_started()
     wait_for(all_completed(database_url, n), 60, "every event COMPLETED")
     assert_exactly_once(database_url, nats_server.url)

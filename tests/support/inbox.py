@@ -161,22 +161,15 @@ def write_registry(tmp_path: Path, handlers: list[dict[str, Any]]) -> Path:
 
 
 def consumer_config(database_url: str, nats_url: str, registry_file: Path, **overrides) -> cs.ConsumerConfig:
-    """The consume command's configuration, with test-sized timings."""
+    """The consume command's configuration as a user gets it (docs/reference.md's
+    defaults), without a metrics server unless http_port is given (tests run
+    side by side). A test that needs another value passes it, with its reason
+    (`# not default: <why>`), only when the test exists for that value."""
     values = {
         "database_url": database_url,
         "nats_url": nats_url,
         "registry_file": str(registry_file),
-        "ack_wait": "2s",
-        "max_deliver": "3",
-        "handler_timeout": "1s",
-        "retry_delay": "200ms",
-        "retry_max_delay": "1s",
-        "fetch_timeout": "250ms",
-        "replay_base_delay": "1h",
-        "replay_poll_interval": "100ms",
-        "backlog_interval": "200ms",
         "http_port": None,
-        "drain_timeout": "5s",
     }
     values.update(overrides)
     cfg = settings.build(cs.ConsumerConfig, environ={}, overrides={k: v for k, v in values.items() if v is not None})

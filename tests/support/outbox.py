@@ -97,14 +97,10 @@ def msg_ids(messages) -> list[str]:
 
 
 def relay_config(database_url: str, nats_url: str, **overrides: str) -> relay_settings.RelayConfig:
-    base = {
-        "database_url": database_url,
-        "nats_url": nats_url,
-        "http_port": "0",
-        "lease": "10s",
-        "publish_timeout": "2s",
-        "log_level": "WARNING",
-    }
+    """The relay command's configuration as a user gets it (docs/reference.md's
+    defaults) on a free port: a test that needs another value passes it, with
+    its reason (`# not default: <why>`)."""
+    base = {"database_url": database_url, "nats_url": nats_url, "http_port": "0"}
     return relay_settings.load(environ={}, overrides={**base, **overrides})
 
 
@@ -128,7 +124,8 @@ async def running_relay(cfg, publisher=None):
 
 
 class RelayProcess:
-    """`python -m pgoutbox.cli.main relay` as a real subprocess, configured by OUTBOX_* variables."""
+    """`python -m pgoutbox.cli.main relay` as a real subprocess on the defaults,
+    configured by OUTBOX_* variables (`relay_lease="3s"`: OUTBOX_RELAY_LEASE)."""
 
     def __init__(self, log_dir: Path, name: str, database_url: str, nats_url: str, **settings: str):
         self.log = log_dir / f"{name}.log"
@@ -139,8 +136,6 @@ class RelayProcess:
                 "OUTBOX_NATS_URL": nats_url,
                 "OUTBOX_RELAY_NAME": name,
                 "OUTBOX_RELAY_HTTP_PORT": "0",
-                "OUTBOX_RELAY_LEASE": "5s",
-                "OUTBOX_RELAY_PUBLISH_TIMEOUT": "2s",
             }
         )
         self.env.update({f"OUTBOX_{k.upper()}": v for k, v in settings.items()})
