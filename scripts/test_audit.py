@@ -62,10 +62,11 @@ ROWS = [
     ("cannot-fail", "property tests that assert nothing"),
     ("cluster-kind", "cluster fault kinds never run under the ledger"),
 ]
-BEFORE = {  # main at 1f20f9b (the issue's own reading, by hand: 91, 19, 122 + 12, 14 of 22, 34, 7, 4)
+# `--root` on `git archive 1f20f9b` (main when written); the issue read 91, 19, 122 + 12, 14 of 22, 34, 7, 4 by hand
+BEFORE = {
     "helper": 92,
     "setting": 93,
-    "superuser": 60,
+    "superuser": 75,
     "pgtap": 15,
     "race": 40,
     "cannot-fail": 2,
@@ -111,6 +112,7 @@ ENTRY_POINTS = {
 }
 SUPERUSER_NAMES = {"database_url", "empty_database_url", "su", "superuser_url"}
 
+LOGS_IN: set[str] = set()
 CLUSTER_KINDS = ("kill_nats_node", "rolling_restart_nats", "partition_nats_node", "pg_failover")
 
 
@@ -329,9 +331,9 @@ class Audit:
                     changes = self.setting_changes(path, source, top)
                     if changes:
                         tainted.add(top.name)
-                        for key, value, line in changes:
+                        for key, value, _line in changes:
                             self.findings.append(
-                                Finding("helper-setting", f"{rel(path)}::{top.name}", f"{key}={value}@{line}")
+                                Finding("helper-setting", f"{rel(path)}::{top.name}", f"{key}={value}")
                             )
         for path, tree, source in self.test_modules():
             local = set(tainted)
@@ -353,6 +355,18 @@ class Audit:
     # -- row 3 ---------------------------------------------------------------------
 
     def superuser(self) -> None:
+        # Helpers that log in as the command's role themselves (support.roles.as_role):
+        # only their as_owner= argument runs the command as the owner.
+        global LOGS_IN
+        LOGS_IN = set()
+        for path in sorted((TESTS / "support").glob("*.py")):
+            for top in ast.parse(path.read_text()).body:
+                if (
+                    isinstance(top, ast.FunctionDef | ast.ClassDef)
+                    and "as_role" in _names(top)
+                    and top.name in ENTRY_POINTS
+                ):
+                    LOGS_IN.add(top.name)
         for path, tree, source in self.test_modules():
             lines = source.splitlines()
             functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -363,16 +377,47 @@ class Audit:
                     if name.startswith("test_") or name in entries:
                         continue
                     params = [a.arg for a in f.args.args]
-                    for _call, command, arg in self._entry_calls(f, entries):
-                        if isinstance(arg, ast.Name) and arg.id in params:
+                    for call, command, arg in self._entry_calls(f, entries):
+                        callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
+                        if callee not in LOGS_IN and isinstance(arg, ast.Name) and arg.id in params:
                             entries[name] = (command, params.index(arg.id), arg.id)
             for name, f in functions.items():
                 if not name.startswith("test_"):
                     continue
                 hits = set()
                 for call, command, arg in self._entry_calls(f, entries):
-                    if self.roles.get(command) and _superuser(arg, f) and not marked(lines, call.lineno, OWNER_MARK):
+                    callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
+                    if callee in LOGS_IN:
+                        as_owner = any(kw.arg == "as_owner" for kw in call.keywords)
+                        if as_owner and self.roles.get(command):
+                            hits.add(command)
+                    elif self.roles.get(command) and _superuser(arg, f) and not marked(lines, call.lineno, OWNER_MARK):
                         hits.add(command)
+                for node in ast.walk(f):  # argv: [..., "--database-url", url, ...]
+                    if isinstance(node, ast.List | ast.Tuple):
+                        items = node.elts
+                        for i, item in enumerate(items[:-1]):
+                            if _const(item) == "--database-url" and _superuser(items[i + 1], f):
+                                if not marked(lines, item.lineno, OWNER_MARK):
+                                    command = _command_in(items, self.roles) or _command_near(f, self.roles)
+                                    if command:
+                                        hits.add(command)
+                    # db = ["--database-url", url]; cli.main(["redrive", ..., *db])
+                    if isinstance(node, ast.Call) and any(isinstance(a, ast.List) for a in node.args):
+                        for a in node.args:
+                            if isinstance(a, ast.List) and any(
+                                isinstance(e, ast.Starred) and isinstance(e.value, ast.Name) for e in a.elts
+                            ):
+                                for e in a.elts:
+                                    if isinstance(e, ast.Starred) and isinstance(e.value, ast.Name):
+                                        bound = _bound_list(f, e.value.id)
+                                        if bound is not None and any(
+                                            _const(x) == "--database-url" and _superuser(y, f)
+                                            for x, y in zip(bound, bound[1:])
+                                        ):
+                                            command = _command_in(a.elts, self.roles)
+                                            if command and not marked(lines, node.lineno, OWNER_MARK):
+                                                hits.add(command)
                 for node in ast.walk(f):  # a subprocess's OUTBOX_DATABASE_URL
                     if isinstance(node, ast.Dict):
                         for k, v in zip(node.keys, node.values):
@@ -422,18 +467,14 @@ class Audit:
                     for i, stmt in enumerate(block):
                         if _is_sleep(stmt) and any(isinstance(s, ast.Assert) for s in block[i + 1 :]):
                             if not marked(lines, stmt.lineno, RACE_MARK):
-                                self.findings.append(
-                                    Finding("race", f"{rel(path)}::{f.name}", f"sleep-then-assert@{stmt.lineno}")
-                                )
+                                self.findings.append(Finding("race", f"{rel(path)}::{f.name}", "sleep-then-assert"))
                 for node in ast.walk(f):
                     if (
                         isinstance(node, ast.Assert)
                         and _clock_bound(node.test, f)
                         and not marked(lines, node.lineno, RACE_MARK)
                     ):
-                        self.findings.append(
-                            Finding("race", f"{rel(path)}::{f.name}", f"wall-clock bound@{node.lineno}")
-                        )
+                        self.findings.append(Finding("race", f"{rel(path)}::{f.name}", "wall-clock bound"))
                 if _is_property(f) and not _asserts(f):
                     self.findings.append(
                         Finding("cannot-fail", f"{rel(path)}::{f.name}", "property test without an assert")
@@ -498,6 +539,23 @@ def _superuser(arg: ast.AST, f: ast.AST) -> bool:
         callee = arg.func.attr if isinstance(arg.func, ast.Attribute) else getattr(arg.func, "id", "")
         return callee == "dsn"
     return False
+
+
+def _command_in(items, roles: dict[str, str | None]) -> str | None:
+    """The first constant of an argv that names a command with a role."""
+    for item in items:
+        v = _const(item)
+        if v in roles:
+            return v if roles[v] else None
+    return None
+
+
+def _bound_list(f: ast.AST, name: str) -> list[ast.expr] | None:
+    for node in ast.walk(f):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if isinstance(node.value, ast.List | ast.Tuple):
+                return list(node.value.elts)
+    return None
 
 
 def _command_near(f: ast.AST, roles: dict[str, str | None]) -> str | None:
@@ -591,7 +649,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="every finding, one a line")
     p.add_argument("--check", action="store_true", help="exit 1 on a finding the baseline does not list")
     p.add_argument("--write-baseline", action="store_true", help="rewrite tests/audit_baseline.txt")
+    p.add_argument("--root", type=Path, help="audit another checkout (e.g. `git archive` of main) with these rules")
     args = p.parse_args(argv)
+    if args.root:
+        global ROOT, TESTS
+        ROOT, TESTS = args.root.resolve(), args.root.resolve() / "tests"
     findings = Audit().run()
     if args.write_baseline:
         BASELINE.write_text(

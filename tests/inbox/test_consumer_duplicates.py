@@ -38,14 +38,18 @@ async def test_redelivery_after_a_lost_ack_reaches_the_handler_once(database_url
     try:
         async with jetstream(nats_server.url) as js:
             await add_stream(js)
-            async with running_consumer(consumer_config(database_url, proxy.url, registry_file)):
+            # not default: the test is about the redelivery after ack_wait (30 s): 2 s
+            async with running_consumer(consumer_config(database_url, proxy.url, registry_file, ack_wait="2s")):
                 await publish(js, ev)
                 await until(lambda: (inbox_row(database_url, ev["event_id"], H) or {}).get("status") == "PROCESSED")
                 await asyncio.sleep(0.3)
                 info = await js.consumer_info("SEA_EVENTS", H)
                 assert (info.ack_floor.stream_seq, info.num_ack_pending) == (0, 1), "the ack must have been lost"
             # A second consumer gets the redelivery after ack_wait; the inbox says it is done.
-            async with running_consumer(consumer_config(database_url, nats_server.url, registry_file)) as second:
+            second_cfg = consumer_config(
+                database_url, nats_server.url, registry_file, ack_wait="2s"
+            )  # not default: as above
+            async with running_consumer(second_cfg) as second:
                 await until(lambda: second.metrics.value(H, "duplicate") == 1, 15, "the redelivery")
                 info = await acked_through(js, H, 1)
     finally:

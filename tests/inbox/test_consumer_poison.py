@@ -41,6 +41,7 @@ from support.inbox import (
     running_consumer,
     write_registry,
 )
+from support.roles import login
 from support.schema import newer_schema
 from support.waiting import until
 
@@ -140,7 +141,7 @@ async def test_a_422_for_a_payload_just_under_max_payload_gets_a_notice_that_fit
             [notice] = await dlq_messages(js, subject=f"sea.dlq.dead.{H}.order_created.v1")
             original = await js.get_msg("SEA_EVENTS", 1)
             # An operator's redrive is refused the same way, with the same code.
-            db = ["--database-url", database_url]
+            db = ["--database-url", login(database_url, "pgoutbox_admin")]
             assert await asyncio.to_thread(cli.main, ["redrive", H, big["event_id"], "--reason", "try", *db]) == 0
             await until(
                 lambda: (

@@ -28,6 +28,7 @@ from support.inbox import (
     running_consumer,
     write_registry,
 )
+from support.roles import login
 from support.waiting import until
 
 H = "billing"
@@ -137,7 +138,7 @@ async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
     cfg = consumer_config(
         database_url, nats_server.url, registry_file, replay_base_delay="100ms", replay_poll_interval="100ms"
     )  # not default: the test is about automated replay, so it comes within a second
-    db = ["--database-url", database_url]
+    db = ["--database-url", login(database_url, "pgoutbox_admin")]
     assert await asyncio.to_thread(cli.main, ["replay-switch", H, "off", "--reason", "bug 12 under analysis", *db]) == 0
     ev = event({"answers": [422, 200]})
     async with jetstream(nats_server.url) as js:
@@ -284,7 +285,8 @@ async def test_a_redrive_of_an_in_database_dead_letter_is_refused_with_its_code(
     row = inbox_row(database_url, ev["event_id"], H)
     assert (row["status"], row["dlq_metadata"]["in_database"]) == ("DEAD_LETTER", True)
     code = await asyncio.to_thread(
-        cli.main, ["redrive", H, ev["event_id"], "--reason", "retry it", "--database-url", database_url]
+        cli.main,
+        ["redrive", H, ev["event_id"], "--reason", "retry it", "--database-url", login(database_url, "pgoutbox_admin")],
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2

@@ -29,6 +29,7 @@ from pgoutbox.core import settings, wire
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox.consumer import Consumer
+from support.roles import as_role
 
 
 @dataclass
@@ -160,13 +161,16 @@ def write_registry(tmp_path: Path, handlers: list[dict[str, Any]]) -> Path:
     return target
 
 
-def consumer_config(database_url: str, nats_url: str, registry_file: Path, **overrides) -> cs.ConsumerConfig:
+def consumer_config(
+    database_url: str, nats_url: str, registry_file: Path, *, as_owner: str | None = None, **overrides
+) -> cs.ConsumerConfig:
     """The consume command's configuration as a user gets it (docs/reference.md's
     defaults), without a metrics server unless http_port is given (tests run
-    side by side). A test that needs another value passes it, with its reason
-    (`# not default: <why>`), only when the test exists for that value."""
+    side by side), as a login in pgoutbox_consumer only (as_owner: why not). A
+    test that needs another value passes it, with its reason (`# not default:
+    <why>`), only when the test exists for that value."""
     values = {
-        "database_url": database_url,
+        "database_url": as_role(database_url, "pgoutbox_consumer", as_owner),
         "nats_url": nats_url,
         "registry_file": str(registry_file),
         "http_port": None,
@@ -179,12 +183,16 @@ def consumer_config(database_url: str, nats_url: str, registry_file: Path, **ove
 
 
 def default_consumer_config(database_url: str, nats_url: str, registry_file: Path) -> cs.ConsumerConfig:
-    """The consume command's configuration as a user gets it: the defaults,
-    but no metrics server (tests run side by side)."""
+    """The consume command's configuration as a user gets it: the defaults, as a
+    login in pgoutbox_consumer only, but no metrics server (tests run side by side)."""
     cfg = settings.build(
         cs.ConsumerConfig,
         environ={},
-        overrides={"database_url": database_url, "nats_url": nats_url, "registry_file": str(registry_file)},
+        overrides={
+            "database_url": as_role(database_url, "pgoutbox_consumer"),
+            "nats_url": nats_url,
+            "registry_file": str(registry_file),
+        },
     )
     return dataclasses.replace(cfg, http_port=None)
 
