@@ -19,7 +19,7 @@ What it reads (static, AST and text; nothing runs):
   docs/reference.md names a pgoutbox role for the command. Setup (psycopg
   connections) is not a command. `# as owner: <why>` on the line exempts one.
 - pgTAP: pgtap/*.sql files that call a function the roles table grants and
-  never `SET ROLE` / `SET LOCAL ROLE` to a pgoutbox role. `-- as owner: <why>`
+  never `SET [LOCAL] ROLE` (or SESSION AUTHORIZATION) to a role. `-- as owner: <why>`
   in the file exempts it (a file about the catalog, the owner's view).
 - races: in test files, a sleep followed by an assert in the same block
   (sleep-then-assert), and an assert that compares a clock reading
@@ -452,7 +452,7 @@ class Audit:
             if SQL_OWNER_MARK in text:
                 continue
             calls = set(re.findall(r"\b(?:outbox|inbox)\.([a-z_]+)\s*\(", text)) & self.granted
-            if calls and not re.search(r"\bSET\s+(?:LOCAL\s+)?ROLE\b", text, re.I):
+            if calls and not re.search(r"\bSET\s+(?:LOCAL\s+)?(?:ROLE|SESSION\s+AUTHORIZATION)\b", text, re.I):
                 self.findings.append(Finding("pgtap", rel(path), ",".join(sorted(calls))[:80]))
 
     # -- rows 5 and 6 --------------------------------------------------------------
