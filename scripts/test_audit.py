@@ -67,7 +67,7 @@ BEFORE = {
     "helper": 92,
     "setting": 93,
     "superuser": 75,
-    "pgtap": 15,
+    "pgtap": 13,
     "race": 40,
     "cannot-fail": 2,
     "cluster-kind": 0,

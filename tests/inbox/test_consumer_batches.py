@@ -250,7 +250,14 @@ async def test_receive_processed_waits_on_a_concurrent_delivery_then_sees_its_ou
     try:
         assert await (await first.execute(query, args)).fetchall() == []
         waiting = asyncio.ensure_future(second.execute(query, args))
-        await asyncio.sleep(0.3)
+        pid = second.info.backend_pid
+
+        def blocked() -> bool:  # the event itself: PostgreSQL has the second session wait on a lock
+            with psycopg.connect(database_url, autocommit=True) as c:
+                row = c.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            return bool(row) and row[0] == "Lock"
+
+        await until(lambda: asyncio.to_thread(blocked), 10, "the second delivery to wait on the first one's row")
         assert not waiting.done()  # blocked on the first one's uncommitted row
         await (first.commit() if first_commits else first.rollback())
         rows = await (await asyncio.wait_for(waiting, 10)).fetchall()

@@ -34,6 +34,7 @@ from support.outbox import (
     status_counts,
     stream_messages,
 )
+from support.roles import login
 from support.waiting import until
 
 STREAM = "SEA_EVENTS"
@@ -125,8 +126,8 @@ async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(
         assert any("outbox pass" in line for line in progress) and any("stream pass" in line for line in progress)
 
         # Past the duplicate window (2 s) and the slack, JetStream takes the re-publish.
-        await asyncio.sleep(3)
-        env = {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": url}
+        await asyncio.sleep(3)  # not a race: the duplicate window (2 s) must pass, time is the event
+        env = {"OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_admin"), "OUTBOX_NATS_URL": url}
         code, out, err = await cli(STREAM, "--slack", "0.5s", env=env)  # without --repair: read-only
         assert (code, err) == (1, ""), out + err
         assert f"{len(lost)} of them can be requeued for republishing now" in out
