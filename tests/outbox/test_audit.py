@@ -108,6 +108,7 @@ async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(
         tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
     )
     consumer = consumer_config(database_url, url, registry_file)
+    # not default: the stream's duplicate window is 2 s (the re-publish must pass it) and the lease must be shorter
     async with running_relay(relay_config(database_url, url, lease="1500ms", publish_timeout="1s")):
         first = emit(database_url, 30)
         await until(completed(database_url, 30), 20, "batch 1 relayed")

@@ -214,6 +214,7 @@ async def test_the_wire_carries_extreme_but_expressible_times_exactly(database_u
         # A session time zone far from UTC must not leak into the wire text.
         conn.execute("ALTER DATABASE " + conn.info.dbname + " SET timezone TO 'Asia/Kathmandu'")
     ids[emitted] = at.astimezone(UTC).isoformat().replace("+00:00", "Z")  # as before this change
+    # not default: the poison rows come back through the poll (no wake-up for them)
     async with running_relay(relay_config(database_url, nats_server.url, poll_interval="200ms")):
         await until(lambda: status_counts(database_url) == {"COMPLETED": len(ids)}, 15, "all COMPLETED")
     got = {m.headers["Nats-Msg-Id"]: m.headers["Pgoutbox-Occurred-At"] for m in await stream_messages(nats_server.url)}

@@ -155,6 +155,7 @@ def assert_one_line(result: subprocess.CompletedProcess, code: int, starts: str)
 
 
 def test_a_bad_setting_ends_the_relay_with_one_line_and_exit_2(database_url, nats_server):
+    # not default: the test is about a bad setting
     result = run_relay(
         {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": nats_server.url, "OUTBOX_RELAY_LEASE": "soon"}
     )
