@@ -131,6 +131,31 @@ async def test_a_manifest_cap_of_zero_parks_the_dead_letter(tmp_path, database_u
     assert inbox_row(database_url, ev["event_id"], H)["dlq_metadata"]["next_replay_at"] is None
 
 
+def _due(database_url: str, message_id: str) -> bool:
+    """The dead letter's automated replay has fallen due (the database's clock)."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT (dlq_metadata->>'next_replay_at')::timestamptz <= now() FROM inbox.messages"
+            " WHERE message_id = %s AND handler = %s",
+            (message_id, H),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _count_passes(replayer) -> list[int]:
+    """Counts the replayer's passes from now on (a one-element list the test reads)."""
+    passes = [0]
+    run_once = replayer.run_once
+
+    async def counted() -> int:
+        n = await run_once()
+        passes[0] += 1
+        return n
+
+    replayer.run_once = counted
+    return passes
+
+
 async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
     tmp_path, database_url, nats_server, handler
 ):
@@ -146,7 +171,10 @@ async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
         async with running_consumer(cfg) as consumer:
             await publish(js, ev)
             await until(lambda: consumer.metrics.value(H, "dead_lettered") == 1)
-            await asyncio.sleep(0.6)  # due since 0.1 s at most, but switched off
+            # Due, but switched off: two whole replayer passes after it fell due leave it alone.
+            await until(lambda: _due(database_url, ev["event_id"]), 10, "the replay to fall due")
+            passes = _count_passes(consumer.replayer)
+            await until(lambda: passes[0] >= 2, 10, "two replayer passes")
             assert len(handler.calls) == 1
             assert await asyncio.to_thread(cli.main, ["redrive", H, ev["event_id"], *db]) == 2  # no reason
             assert (
@@ -178,7 +206,7 @@ async def test_a_replayer_dying_before_its_commit_loses_nothing(tmp_path, databa
         async with running_consumer(cfg) as consumer:
             await publish(js, ev)
             await until(lambda: consumer.metrics.value(H, "dead_lettered") == 1)
-            await asyncio.sleep(0.1)  # the replay is due
+            await until(lambda: _due(database_url, ev["event_id"]), 10, "the replay to fall due")
             replayer = Replayer(
                 inbox=Inbox(pool),
                 js=js,
