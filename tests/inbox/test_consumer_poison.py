@@ -476,7 +476,9 @@ def test_a_signal_during_start_up_with_a_server_unreachable_stops_promptly(
             proc.kill()
             proc.wait()
     output = log_path.read_text()
-    assert code == 0 and took < 3, (code, took, output)
+    # not a race: promptness is what this tests (a signal ends the start-up's retries at once);
+    # 10 s leaves a loaded 2-core machine room, far below a retry schedule's minutes
+    assert code == 0 and took < 10, (code, took, output)
     assert "Traceback" not in output and "secret" not in output
     retry_lines = [line for line in output.splitlines() if expected in line]
     assert len(retry_lines) == 1, output  # rate-limited: one line per 5 s at most

@@ -163,13 +163,19 @@ def test_nats_stopped_under_load_then_restarted_loses_nothing(database_url, nats
     relay.start().wait_started()
     emitter = Emitter(database_url)
     emitter.start()
+
+    def logged(action: str):
+        return lambda: any(e.get("action") == action for e in relay.log_entries())
+
     try:
-        time.sleep(1.5)
+        wait_for(lambda: status_counts(database_url).get("COMPLETED", 0) >= 100, 60, "the relay publishing under load")
         nats_server.stop()
+        wait_for(logged("nats_disconnected"), 30, "the relay to see NATS gone")
+        # not a race: the outage must last (the relay retries and hands back meanwhile)
         time.sleep(4)
         assert relay.proc.poll() is None, "the relay must keep running while NATS is down"
         nats_server.start()
-        time.sleep(1.5)
+        wait_for(logged("nats_reconnected"), 60, "the relay to reconnect")
     finally:
         emitter.stop()
     assert emitter.emitted > 500

@@ -137,8 +137,17 @@ async def test_nothing_is_claimed_while_nats_is_away():
     store, publisher = FakeOutboxStore(), FakePublisher()
     (event,) = store.add(1)
     publisher.connected = False
+    looked = [0]
+    wait_connected = publisher.wait_connected
+
+    async def counted(timeout: float | None = None) -> bool:
+        looked[0] += 1
+        return await wait_connected(timeout)
+
+    publisher.wait_connected = counted
     async with relay_on_fakes(store, publisher):
-        await asyncio.sleep(0.3)
+        # The event: the claim loop found NATS away three times (and did not claim).
+        await until(lambda: looked[0] >= 3, 5, "the relay to find NATS away three times")
         assert "claim" not in store.calls and store.status(event) == "PENDING"
         publisher.connected = True
         await until(lambda: store.status(event) == "COMPLETED", 5, "published once NATS is back")
