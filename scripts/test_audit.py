@@ -200,17 +200,20 @@ def marked(lines: list[str], lineno: int, mark: str, last: int | None = None) ->
     return False
 
 
-def statement(tree: ast.AST, line: int) -> tuple[int, int]:
+def simple_statements(tree: ast.AST) -> list[tuple[int, int]]:
+    """The line spans of the simple statements (no body) in tree."""
+    return [
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.stmt) and not hasattr(node, "body")
+    ]
+
+
+def statement(spans: list[tuple[int, int]], line: int) -> tuple[int, int]:
     """The lines of the innermost simple statement holding `line` (a call over
     several lines takes its reason anywhere in it, or right above it)."""
-    best = (line, line)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            end = node.end_lineno or node.lineno
-            if node.lineno <= line <= end and not hasattr(node, "body"):
-                if best == (line, line) or end - node.lineno < best[1] - best[0]:
-                    best = (node.lineno, end)
-    return best
+    holding = [(a, b) for a, b in spans if a <= line <= b]
+    return min(holding, key=lambda ab: ab[1] - ab[0]) if holding else (line, line)
 
 
 def rel(path: Path) -> str:
@@ -299,10 +302,11 @@ class Audit:
         lines = source.splitlines()
         out = []
         seen = set()
+        spans = simple_statements(tree)
         for _, key, value, line in _changes(tree):
             if (
                 self.changed(key, value)
-                and not marked(lines, statement(tree, line)[0], DEFAULT_MARK, statement(tree, line)[1])
+                and not marked(lines, *statement(spans, line)[:1], DEFAULT_MARK, statement(spans, line)[1])
                 and (key, line) not in seen
             ):
                 seen.add((key, line))
@@ -338,15 +342,16 @@ class Audit:
         for path, tree, source in self.test_modules():
             local = set(tainted)
             functions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            names = {id(f): _names(f) for f in functions}
             for _ in range(3):  # module helpers and fixtures that call a tainted helper
                 for f in functions:
-                    if not f.name.startswith("test_") and _names(f) & local:
+                    if not f.name.startswith("test_") and names[id(f)] & local:
                         local.add(f.name)
             for f in functions:
                 if not f.name.startswith("test_"):
                     continue
                 params = {a.arg for a in f.args.args} if not isinstance(f, ast.ClassDef) else set()
-                used = (_names(f) | params) & local
+                used = (names[id(f)] | params) & local
                 if used:
                     self.findings.append(Finding("helper", f"{rel(path)}::{f.name}", ",".join(sorted(used))))
             for key, value, line in self.setting_changes(path, source, tree):

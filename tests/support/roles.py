@@ -19,12 +19,12 @@ def login(url: str, role: str) -> str:
     return url.replace("postgres@", f"{name}@", 1)
 
 
-def as_role(url: str, role: str, as_owner: str | None = None) -> str:
+def as_role(url: str | None, role: str, as_owner: str | None = None) -> str | None:
     """The URL a command under test runs with: a fresh login in `role` only when
     `url` is the superuser's (the suite's fixtures), else `url` as it is (a
     login the test made). `as_owner`: why this test runs the command as the
     owner instead (the suite's audit counts it)."""
-    if as_owner is not None or "//postgres@" not in url:
+    if as_owner is not None or not url or "//postgres@" not in url:
         return url
     try:
         return login(url, role)
