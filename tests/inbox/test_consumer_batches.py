@@ -38,6 +38,7 @@ from support.inbox import (
     running_consumer,
     write_registry,
 )
+from support.roles import login
 from support.waiting import until
 
 H = "billing"
@@ -302,11 +303,9 @@ async def test_two_consumer_processes_on_one_durable_process_every_message_exact
     ports = [free_port(), free_port()]
     base = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))},
-        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_consumer"),
         "OUTBOX_NATS_URL": nats_server.url,
         "OUTBOX_REGISTRY_FILE": str(registry_file),
-        "OUTBOX_CONSUMER_FETCH_TIMEOUT": "250ms",
-        "OUTBOX_CONSUMER_RUN_REPLAYER": "false",
     }
     events = [event({"delay": 0.005}) for _ in range(300)]
     procs: list[subprocess.Popen] = []
