@@ -47,6 +47,7 @@ from pgoutbox.dev.tcp_proxy import TcpProxy
 from support import archival
 from support.inbox import FakeHandler
 from support.outbox import msg_ids, status_counts, stream_messages
+from support.roles import login
 from support.upgrade import (
     Delivery,
     Worker,
@@ -217,8 +218,12 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
     proxy = TcpProxy(nats_server.port)  # the source relay's way to NATS, cut before it is killed
     try:
         # The source at work: a first batch handled end to end, then the rest.
-        relay = relay_worker(build, "relay-source", tmp_path, database_url, proxy.url, lease=LEASE)
-        consumer = consumer_worker(build, "consumer-source", tmp_path, database_url, nats_url, registry)
+        relay = relay_worker(
+            build, "relay-source", tmp_path, login(database_url, "pgoutbox_relay"), proxy.url, lease=LEASE
+        )
+        consumer = consumer_worker(
+            build, "consumer-source", tmp_path, login(database_url, "pgoutbox_consumer"), nats_url, registry
+        )
         start_all(relay, consumer, started=started)
         with psycopg.connect(database_url, autocommit=True) as conn:
             done = emit(conn, 20, "done-")
@@ -245,8 +250,10 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
                 "SELECT outbox.requeue(%s::uuid[], 'restored: broker is back')", (ids["dead"],)
             ).fetchone()[0]
             assert moved == len(ids["dead"])
-        relay = relay_worker(build, f"relay-restored-{fmt}", tmp_path, restored, nats_url)
-        consumer = consumer_worker(build, f"consumer-restored-{fmt}", tmp_path, restored, nats_url, registry)
+        relay = relay_worker(build, f"relay-restored-{fmt}", tmp_path, login(restored, "pgoutbox_relay"), nats_url)
+        consumer = consumer_worker(
+            build, f"consumer-restored-{fmt}", tmp_path, login(restored, "pgoutbox_consumer"), nats_url, registry
+        )
         start_all(relay, consumer, started=started)
         with psycopg.connect(restored, autocommit=True) as conn:
             ids["after"] = emit(conn, 10, "after-")
