@@ -394,7 +394,7 @@ class Audit:
                     callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
                     if callee in LOGS_IN:
                         as_owner = any(kw.arg == "as_owner" for kw in call.keywords)
-                        if as_owner and self.roles.get(command):
+                        if as_owner and self.roles.get(command) and not marked(lines, call.lineno, OWNER_MARK):
                             hits.add(command)
                     elif self.roles.get(command) and _superuser(arg, f) and not marked(lines, call.lineno, OWNER_MARK):
                         hits.add(command)

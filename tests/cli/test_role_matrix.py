@@ -653,5 +653,6 @@ def test_the_suites_helpers_run_each_command_as_its_documented_role(database_url
         for url in urls:
             assert groups(url) == set(ROLES[command]), (command, url)
     assert groups(database_url) >= {"SUPERUSER"}
+    # as owner: the test checks that as_owner leaves the URL as it is
     owner = consumer_config(database_url, nats_server.url, registry_file, as_owner="the test says why")
     assert owner.database_url == database_url

@@ -515,7 +515,10 @@ def test_replay_once_answers_an_unreachable_server_with_one_line(tmp_path, datab
     nowhere = free_port()
     for env, code, expected in (
         (
-            {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": f"nats://127.0.0.1:{nowhere}"},
+            {
+                "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_consumer"),
+                "OUTBOX_NATS_URL": f"nats://127.0.0.1:{nowhere}",
+            },
             4,
             f"pgoutbox replay: BrokerUnavailable: cannot connect to NATS at 127.0.0.1:{nowhere} (OUTBOX_NATS_URL or --nats-url)",
         ),
