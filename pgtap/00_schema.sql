@@ -1,4 +1,6 @@
 -- Schema shape.
+-- as owner: a check of the catalog (tables, functions, indexes) as the schemas' owner sees it; the
+-- API is called as its role in the files after this one
 -- Scenarios:
 --   * the schemas, tables and public functions exist with their documented names
 --   * outbox.events is range-partitioned by created_at with a default partition

@@ -14,11 +14,13 @@
 BEGIN;
 SELECT plan(25);
 
+SET LOCAL ROLE pgoutbox_writer;
 SELECT lives_ok(
     $$SELECT outbox.emit('order', '42', 'order_created', '{"schema_version": 1, "total": 3}',
         context => 'sea', event_version => 2, headers => '{"traceparent": "00-abc-def-01"}')$$,
     'a well-formed event is accepted'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT subject FROM outbox.events
@@ -33,7 +35,9 @@ SELECT is(
     ),
     'PENDING/0', 'an emitted event is PENDING with no attempts'
 );
+SET LOCAL ROLE pgoutbox_writer;
 SELECT outbox.emit('order', '43', 'created', '{"schema_version": 1}', context => 'sea') AS new_id \gset
+RESET ROLE;
 SELECT is(
     (
         SELECT event_id FROM outbox.events
@@ -43,10 +47,12 @@ SELECT is(
     'emit returns the event_id it stored'
 );
 SELECT set_config('pgoutbox.context', 'vibespro', TRUE);
+SET LOCAL ROLE pgoutbox_writer;
 SELECT lives_ok(
     $$SELECT outbox.emit('vibe', '7', 'vibe_created', '{"schema_version": 1}')$$,
     'the context may come from the pgoutbox.context setting'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT subject FROM outbox.events
@@ -56,6 +62,7 @@ SELECT is(
 );
 SELECT set_config('pgoutbox.context', '', TRUE);
 
+SET LOCAL ROLE pgoutbox_writer;
 SELECT throws_ok(
     $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}')$$,
     'OB001', NULL, 'INVALID_OUTBOX: no context anywhere'
@@ -126,6 +133,7 @@ SELECT throws_ok(
     $$SELECT outbox.emit('order', '1', 'created', '{"schema_version": 1}', context => 'sea', headers => '[]')$$,
     'OB006', NULL, 'INVALID_ARGUMENT: headers not an object'
 );
+RESET ROLE;
 SELECT throws_ok(
     $$INSERT INTO outbox.events (context, aggregate_type, aggregate_id, event_type, payload)
       VALUES ('sea', 'order', '1', 'created', '{}')$$,

@@ -21,6 +21,7 @@ BEGIN;
 SELECT plan(44);
 
 -- Times.
+SET LOCAL ROLE pgoutbox_writer;
 SELECT throws_ok(
     $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea', occurred_at => '-infinity')$$,
     'OB008', NULL, 'occurred_at -infinity is refused'
@@ -44,6 +45,7 @@ SELECT lives_ok(
         occurred_at => '1900-01-01 00:00:00+00')$$,
     'occurred_at 1900-01-01 is accepted'
 );
+RESET ROLE;
 SELECT throws_ok(
     $$INSERT INTO outbox.events (context, aggregate_type, aggregate_id, event_type, payload, created_at)
       VALUES ('sea', 'o', '1', 'created', '{"schema_version": 1}', 'infinity')$$,
@@ -56,6 +58,7 @@ SELECT throws_ok(
 );
 
 -- Header names.
+SET LOCAL ROLE pgoutbox_writer;
 SELECT throws_ok(
     $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
         headers => '{"Nats-Msg-Id": "x"}')$$,
@@ -225,6 +228,7 @@ SELECT lives_ok(
     $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 2147483647}', context => 'sea')$$,
     'schema_version 2^31 - 1 is accepted'
 );
+RESET ROLE;
 
 SELECT is(
     (

@@ -23,10 +23,12 @@ SELECT plan(20);
 
 -- The move and its log.
 SELECT fixture.event('COMPLETED') AS done_id \gset
+SET LOCAL ROLE pgoutbox_admin;
 SELECT is(
     outbox.requeue_completed(ARRAY[:'done_id']::uuid[], 'broker lost it', now() + interval '1 second'),
     1, 'requeue_completed moves one COMPLETED event'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT format('%s|%s|%s|%s', status, attempts, published_at IS NULL, available_at <= now())
@@ -50,6 +52,7 @@ SELECT is(
 SELECT fixture.event('COMPLETED') AS keyed_id \gset
 SELECT id AS keyed_row FROM outbox.events
 WHERE event_id = :'keyed_id' \gset
+SET LOCAL ROLE pgoutbox_admin;
 SELECT throws_ok(
     format(
         'SELECT outbox.requeue_completed(ARRAY[%L]::uuid[], %L, NULL, ARRAY[%s]::bigint[])',
@@ -61,6 +64,7 @@ SELECT is(
     outbox.requeue_completed(ARRAY[:'keyed_id']::uuid[], 'lost', NULL, ARRAY[:'keyed_row']::bigint[]),
     1, 'the row_ids path requeues the event'
 );
+RESET ROLE;
 SELECT is(fixture.status(:'keyed_id'), 'PENDING', 'found by primary key, moved to PENDING');
 
 -- All or nothing.
@@ -71,20 +75,25 @@ SELECT throws_ok(
     ),
     'OB040', NULL, 'an event that is not COMPLETED refuses the whole call'
 );
+SET LOCAL ROLE pgoutbox_admin;
 SELECT throws_ok(
     format('SELECT outbox.requeue_completed(ARRAY[%L, %L]::uuid[], %L)', :'ok_id', gen_random_uuid(), 'lost'),
     'OB040', NULL, 'an unknown event refuses the whole call'
 );
+RESET ROLE;
 SELECT is(fixture.status(:'ok_id'), 'COMPLETED', 'and no event moved');
 
 -- The duplicate-window cut-off (published_at is now() in this transaction).
+SET LOCAL ROLE pgoutbox_admin;
 SELECT throws_ok(
     format('SELECT outbox.requeue_completed(ARRAY[%L]::uuid[], %L, now())', :'ok_id', 'lost'),
     'OB041', NULL, 'an event published at or after published_before is refused'
 );
+RESET ROLE;
 SELECT is(fixture.status(:'ok_id'), 'COMPLETED', 'and stays COMPLETED');
 
 -- Arguments.
+SET LOCAL ROLE pgoutbox_admin;
 SELECT throws_ok(
     format('SELECT outbox.requeue_completed(ARRAY[%L]::uuid[], %L)', :'ok_id', ' '),
     'OB014', NULL, 'a blank reason is REASON_REQUIRED'
@@ -97,6 +106,7 @@ SELECT throws_ok(
     format('SELECT outbox.requeue_completed(ARRAY[%L]::uuid[], %L, %L)', :'ok_id', 'lost', 'infinity'),
     'OB006', NULL, 'a non-finite published_before is refused'
 );
+RESET ROLE;
 
 -- Around the function.
 SELECT set_config('pgoutbox.requeue_reason', 'by hand', TRUE);
@@ -114,7 +124,9 @@ SELECT set_config('pgoutbox.requeue_from', '', TRUE);
 
 -- A dead letter's requeue is logged as such.
 SELECT fixture.event('DEAD_LETTER') AS dead_id \gset
+SET LOCAL ROLE pgoutbox_admin;
 SELECT is(outbox.requeue(ARRAY[:'dead_id']::uuid[], 'fixed'), 1, 'requeue of a dead letter still works');
+RESET ROLE;
 SELECT is(
     (
         SELECT from_status FROM outbox.requeue_log
@@ -124,6 +136,7 @@ SELECT is(
 );
 
 -- Who may call it.
+SET LOCAL ROLE pgoutbox_admin;
 SELECT ok(
     has_function_privilege(
         'pgoutbox_admin', 'outbox.requeue_completed(uuid[], text, timestamptz, bigint[])', 'EXECUTE'
@@ -139,6 +152,7 @@ SELECT ok(
     ),
     'relays and writers may not'
 );
+RESET ROLE;
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -13,6 +13,7 @@
 BEGIN;
 SELECT plan(19);
 
+SET LOCAL ROLE pgoutbox_writer;
 SELECT throws_ok(
     $$SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea',
         headers => '{"ce-specversion": "0.3"}')$$,
@@ -98,6 +99,7 @@ SELECT lives_ok(
         headers => '{"ce-count": 3}')$$,
     'accepted: a ce-* number (sent as its JSON text)'
 );
+RESET ROLE;
 SELECT ok(outbox._is_rfc3339('2026-11-26T17:00:00Z'), 'rfc3339: UTC');
 SELECT ok(NOT outbox._is_rfc3339('2026-11-26'), 'rfc3339: a date alone is not a date-time');
 

@@ -41,6 +41,7 @@ SELECT ok(
     ) FROM first_claim),
     'claimed events are PROCESSING, counted, and leased'
 );
+SET LOCAL ROLE pgoutbox_relay;
 SELECT results_eq(
     $$SELECT event_id FROM outbox.claim('w2', 100, '30 seconds')$$,
     format($$VALUES (%L::uuid)$$, :'e3'),
@@ -50,6 +51,7 @@ SELECT is_empty(
     $$SELECT * FROM outbox.claim('w3', 100, '30 seconds')$$,
     'parked retries, held leases, COMPLETED and DEAD_LETTER are never handed out'
 );
+RESET ROLE;
 
 -- Marking what the claim holds.
 SELECT is(
@@ -82,11 +84,13 @@ SELECT is(
 SELECT fixture.event('PROCESSING') AS expired \gset
 SELECT claim_token AS old_token FROM outbox.events
 WHERE event_id = :'expired' \gset
+SET LOCAL ROLE pgoutbox_relay;
 SELECT results_eq(
     $$SELECT event_id, attempts FROM outbox.claim('w4', 10, '1 minute')$$,
     format($$VALUES (%L::uuid, 2)$$, :'expired'),
     'an expired lease is taken over, counting another attempt'
 );
+RESET ROLE;
 SELECT isnt(
     (
         SELECT claim_token FROM outbox.events
@@ -94,6 +98,7 @@ SELECT isnt(
     ), :'old_token'::uuid,
     'the take-over gets a new claim token'
 );
+SET LOCAL ROLE pgoutbox_relay;
 SELECT throws_ok(
     format($$SELECT outbox.mark_published(%L, ARRAY[%L::uuid])$$, :'old_token', :'expired'),
     'OB013', NULL, 'the previous owner cannot mark it published (STALE_CLAIM)'
@@ -105,6 +110,7 @@ SELECT throws_ok(
     ),
     'OB013', NULL, 'nor mark it failed'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT status || '|' || claimed_by FROM outbox.events
@@ -125,6 +131,7 @@ SELECT is(
 SELECT is(fixture.status(:'expired'), 'DEAD_LETTER', 'a NULL retry_at dead-letters the event');
 
 -- Bad arguments.
+SET LOCAL ROLE pgoutbox_relay;
 SELECT throws_ok($$SELECT * FROM outbox.claim('w', 0, '1 minute')$$, 'OB006', NULL, 'batch_size 0 is refused');
 SELECT
     throws_ok(
@@ -149,8 +156,10 @@ SELECT throws_ok(
     $$SELECT outbox.mark_published(gen_random_uuid(), ARRAY[]::uuid[])$$,
     'OB006', NULL, 'marking an empty list is refused, not a silent no-op'
 );
+RESET ROLE;
 
 -- Requeue.
+SET LOCAL ROLE pgoutbox_admin;
 SELECT throws_ok(
     format($$SELECT outbox.requeue(ARRAY[%L::uuid], '  ')$$, :'dead'),
     'OB014', NULL, 'requeue needs a reason'
@@ -159,8 +168,11 @@ SELECT throws_ok(
     format($$SELECT outbox.requeue(ARRAY[%L::uuid, %L::uuid], 'retry')$$, :'dead', :'e3'),
     'OB015', NULL, 'requeue refuses events that are not DEAD_LETTER, all or nothing'
 );
+RESET ROLE;
 SELECT is(fixture.status(:'dead'), 'DEAD_LETTER', 'nothing was requeued by the refused call');
+SET LOCAL ROLE pgoutbox_admin;
 SELECT is(outbox.requeue(ARRAY[:'dead'::uuid], 'broker config fixed'), 1, 'requeue moves a dead letter');
+RESET ROLE;
 SELECT is(
     (
         SELECT status || '|' || attempts FROM outbox.events
@@ -177,12 +189,14 @@ SELECT is(
 );
 
 -- Backlog: e3 (held by w2), e2 (parked), parked, held, dead (requeued, due) are unpublished.
+SET LOCAL ROLE pgoutbox_relay;
 SELECT results_eq(
     $$SELECT context, unpublished, due, processing, failed, dead_letter, oldest_due_age >= interval '0'
       FROM outbox.backlog('sea')$$,
     $$VALUES ('sea'::text, 5::bigint, 1::bigint, 2::bigint, 2::bigint, 1::bigint, TRUE)$$,
     'backlog counts unpublished, due, and by status'
 );
+RESET ROLE;
 
 SELECT * FROM finish();
 ROLLBACK;

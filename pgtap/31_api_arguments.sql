@@ -17,6 +17,7 @@ BEGIN;
 SELECT plan(33);
 
 -- claim
+SET LOCAL ROLE pgoutbox_relay;
 SELECT throws_ok(
     $$SELECT * FROM outbox.claim(NULL, 10, '1 minute')$$, 'OB006', NULL, 'claim: a NULL worker is refused'
 );
@@ -59,9 +60,13 @@ SELECT throws_ok(
     $$SELECT outbox.mark_published(gen_random_uuid(), ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 10001)))$$,
     'OB009', NULL, 'mark_published: more than 10,000 ids are refused'
 );
+RESET ROLE;
 
 -- mark_failed
+SET LOCAL ROLE pgoutbox_writer;
 SELECT outbox.emit('o', '1', 'created', '{"schema_version": 1}', context => 'sea') AS e1 \gset
+RESET ROLE;
+SET LOCAL ROLE pgoutbox_relay;
 SELECT claim_token AS tok FROM outbox.claim('w', 10, '1 minute') \gset
 SELECT throws_ok(
     format(
@@ -101,6 +106,7 @@ SELECT is(
     outbox.mark_failed(:'tok', ARRAY[:'e1'::uuid], ARRAY[repeat('E', 5000)], ARRAY[now() + interval '30 days']),
     1, 'mark_failed: an error text over 4,000 characters is not refused'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT length(last_error) || right(last_error, 12) FROM outbox.events
@@ -110,6 +116,7 @@ SELECT is(
 );
 
 -- requeue
+SET LOCAL ROLE pgoutbox_admin;
 SELECT throws_ok($$SELECT outbox.requeue(NULL, 'r')$$, 'OB006', NULL, 'requeue: NULL event_ids are refused');
 SELECT throws_ok(
     $$SELECT outbox.requeue(ARRAY[]::uuid[], 'r')$$, 'OB006', NULL, 'requeue: empty event_ids are refused'
@@ -124,8 +131,10 @@ SELECT throws_ok(
     $$SELECT outbox.requeue(ARRAY[gen_random_uuid()], repeat('r', 1001))$$, 'OB009', NULL,
     'requeue: a reason over 1,000 characters is refused'
 );
+RESET ROLE;
 
 -- listings
+SET LOCAL ROLE pgoutbox_relay;
 SELECT throws_ok($$SELECT * FROM outbox.backlog('a.b')$$, 'OB006', NULL, 'backlog: a context with a dot is refused');
 SELECT throws_ok(
     $$SELECT * FROM outbox.backlog(repeat('c', 65))$$, 'OB006', NULL, 'backlog: a context over 64 characters is refused'
@@ -155,6 +164,7 @@ SELECT throws_ok(
     $$SELECT * FROM outbox.create_partitions(1, '1899-12-31')$$, 'OB008', NULL,
     'create_partitions: a from_day before 1900 is refused'
 );
+RESET ROLE;
 
 SELECT * FROM finish();
 ROLLBACK;

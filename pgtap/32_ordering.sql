@@ -22,10 +22,12 @@ SELECT results_eq(
     format($$VALUES (%L::uuid), (%L::uuid), (%L::uuid)$$, :'a1', :'b1', :'n1'),
     'one event per key (the oldest) plus key-less events'
 );
+SET LOCAL ROLE pgoutbox_relay;
 SELECT is_empty(
     $$SELECT * FROM outbox.claim('w2', 10, '1 minute')$$,
     'while A1 is in flight nobody gets A2 or A3'
 );
+RESET ROLE;
 
 SELECT outbox.mark_published((SELECT DISTINCT claim_token FROM c1), ARRAY[:'b1'::uuid, :'n1'::uuid]);
 SELECT outbox.mark_failed(
@@ -51,13 +53,17 @@ SELECT outbox.mark_failed(
 );
 SELECT is(fixture.status(:'a2'), 'DEAD_LETTER', 'A2 is dead-lettered');
 SELECT fixture.event('PENDING', key => 'B') AS b2 \gset
+SET LOCAL ROLE pgoutbox_relay;
 SELECT results_eq(
     $$SELECT event_id FROM outbox.claim('w4', 10, '1 minute')$$,
     format($$VALUES (%L::uuid)$$, :'b2'),
     'a dead letter holds its key (A3 waits) but not other keys'
 );
+RESET ROLE;
 
+SET LOCAL ROLE pgoutbox_admin;
 SELECT outbox.requeue(ARRAY[:'a2'::uuid], 'fixed the consumer schema');
+RESET ROLE;
 CREATE TEMP TABLE c5 AS SELECT * FROM outbox.claim('w5', 10, '1 minute');
 SELECT results_eq(
     $$SELECT event_id FROM c5$$,
@@ -65,6 +71,7 @@ SELECT results_eq(
     'after the requeue the dead letter goes first'
 );
 SELECT outbox.mark_published((SELECT claim_token FROM c5), ARRAY[:'a2'::uuid]);
+SET LOCAL ROLE pgoutbox_relay;
 SELECT results_eq(
     $$SELECT event_id FROM outbox.claim('w6', 10, '1 minute')$$,
     format($$VALUES (%L::uuid)$$, :'a3'),
@@ -73,6 +80,7 @@ SELECT results_eq(
 SELECT is_empty(
     $$SELECT * FROM outbox.claim('w7', 10, '1 minute')$$, 'nothing else is due'
 );
+RESET ROLE;
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -15,6 +15,7 @@ SELECT plan(21);
 SELECT gen_random_uuid() AS m1 \gset
 SELECT gen_random_uuid() AS m2 \gset
 
+SET LOCAL ROLE pgoutbox_consumer;
 SELECT is(
     (SELECT status || '|' || attempts FROM inbox.receive(:'m1', 'billing', 'sea.event.created.v1', '{"a": 1}')),
     'RECEIVED|1', 'a first delivery is RECEIVED'
@@ -27,6 +28,7 @@ SELECT is(
     (SELECT status || '|' || attempts FROM inbox.receive(:'m1', 'shipping', 'sea.event.created.v1')),
     'RECEIVED|1', 'another handler has its own row'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT context FROM inbox.messages
@@ -34,9 +36,11 @@ SELECT is(
     ),
     'sea', 'the context is derived from the subject'
 );
+SET LOCAL ROLE pgoutbox_consumer;
 SELECT is(
     (SELECT status FROM inbox.mark_processed(:'m1', 'billing')), 'PROCESSED', 'mark_processed'
 );
+RESET ROLE;
 SELECT ok(
     (
         SELECT processed_at >= received_at FROM inbox.messages
@@ -44,6 +48,7 @@ SELECT ok(
     ),
     'processed_at is set and not before received_at'
 );
+SET LOCAL ROLE pgoutbox_consumer;
 SELECT is(
     (SELECT status || '|' || attempts FROM inbox.receive(:'m1', 'billing', 'sea.event.created.v1')),
     'PROCESSED|2', 'a duplicate of a processed message is reported, not counted'
@@ -86,10 +91,12 @@ SELECT throws_ok(
     format($$SELECT inbox.mark_processed(%L, 'billing')$$, :'m2'),
     'OB010', NULL, 'DEAD_LETTER -> PROCESSED is illegal'
 );
+RESET ROLE;
 SELECT throws_ok(
     format($$UPDATE inbox.messages SET subject = 'x.event.y.v1' WHERE message_id = %L$$, :'m2'),
     'OB011', NULL, 'a received message is immutable'
 );
+SET LOCAL ROLE pgoutbox_consumer;
 SELECT throws_ok(
     format($$SELECT inbox.mark_processed(%L, 'nobody')$$, :'m2'),
     'OB021', NULL, 'UNKNOWN_MESSAGE for a message never received'
@@ -108,12 +115,15 @@ SELECT throws_ok(
 );
 
 SELECT inbox.receive(gen_random_uuid(), 'billing', 'sea.event.created.v1');
+RESET ROLE;
+SET LOCAL ROLE pgoutbox_relay;
 SELECT results_eq(
     $$SELECT context, handler, unprocessed, failed, dead_letter FROM inbox.backlog()$$,
     $$VALUES ('sea'::text, 'billing'::text, 1::bigint, 0::bigint, 0::bigint),
              ('vibespro', 'billing', 0, 0, 1)$$,
     'backlog per context and handler'
 );
+RESET ROLE;
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -23,6 +23,7 @@ BEGIN;
 SELECT plan(38);
 
 -- receive
+SET LOCAL ROLE pgoutbox_consumer;
 SELECT throws_ok(
     $$SELECT * FROM inbox.receive(NULL, 'h', 'sea.event.x.v1')$$, 'OB020', NULL, 'receive: a NULL message_id is refused'
 );
@@ -79,6 +80,8 @@ SELECT throws_ok(
     $$SELECT * FROM inbox.claim_replays(repeat('w', 257), 10)$$, 'OB009', NULL,
     'claim_replays: a worker over 256 characters is refused'
 );
+RESET ROLE;
+SET LOCAL ROLE pgoutbox_admin;
 SELECT throws_ok(
     $$SELECT inbox.redrive('h', ARRAY[]::uuid[], 'r')$$, 'OB006', NULL, 'redrive: empty message_ids are refused'
 );
@@ -102,8 +105,10 @@ SELECT throws_ok(
     $$SELECT * FROM inbox.set_replay('h', FALSE, repeat('r', 1001))$$, 'OB009', NULL,
     'set_replay: a reason over 1,000 characters is refused'
 );
+RESET ROLE;
 
 -- listings
+SET LOCAL ROLE pgoutbox_relay;
 SELECT throws_ok($$SELECT * FROM inbox.backlog('a b')$$, 'OB006', NULL, 'inbox.backlog: a bad context is refused');
 SELECT throws_ok(
     $$SELECT * FROM inbox.dead_letters(repeat('h', 129))$$, 'OB009', NULL,
@@ -112,8 +117,10 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT * FROM inbox.dead_letters('h', -1)$$, 'OB006', NULL, 'inbox.dead_letters: negative max_rows is refused'
 );
+RESET ROLE;
 
 -- the batched calls
+SET LOCAL ROLE pgoutbox_consumer;
 SELECT throws_ok(
     $$SELECT * FROM inbox.receive_batch('bad handler', ARRAY[gen_random_uuid()], '{sea.event.x.v1}', '{NULL}')$$,
     'OB020', NULL, 'receive_batch: a malformed handler is refused'
@@ -178,6 +185,7 @@ SELECT throws_ok(
     )$$,
     'OB020', NULL, 'receive_processed: one blank subject refuses the whole batch'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT count(*) FROM inbox.messages

@@ -18,6 +18,7 @@
 BEGIN;
 SELECT plan(37);
 
+SET LOCAL ROLE pgoutbox_writer;
 SELECT is(
     (SELECT claimed::text || '|' || status || '|' || attempts FROM inbox.claim_command('start_run', 'k1')),
     'true|IN_PROGRESS|1', 'a first claim claims the command'
@@ -33,6 +34,7 @@ SELECT is(
     (SELECT claimed FROM inbox.claim_command('other_handler', 'k1')),
     TRUE, 'another handler has its own key'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT claimed_by FROM inbox.commands
@@ -40,6 +42,7 @@ SELECT is(
     ),
     session_user::text, 'claimed_by is the session''s login'
 );
+SET LOCAL ROLE pgoutbox_writer;
 SELECT is(
     (SELECT status || '|' || (result ->> 'run_id') FROM inbox.complete_command('start_run', 'k1', '{"run_id": "r-1"}')),
     'DONE|r-1', 'complete_command stores the result'
@@ -140,6 +143,7 @@ SELECT throws_ok(
 SELECT is_empty(
     $$SELECT * FROM inbox.lookup_command('start_run', 'never')$$, 'lookup of a key never claimed: no row'
 );
+RESET ROLE;
 
 -- Around the API (the owner): the guards and CHECKs still hold.
 SELECT throws_ok(

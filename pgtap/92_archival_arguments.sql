@@ -16,8 +16,11 @@
 BEGIN;
 SELECT plan(21);
 
+SET LOCAL ROLE pgoutbox_relay;
 SELECT outbox.create_partitions(0, '2001-01-01');
+RESET ROLE;
 
+SET LOCAL ROLE pgoutbox_archiver;
 SELECT throws_ok(
     $$SELECT * FROM outbox.seal_partition('events_p20010101', retention => NULL)$$, 'OB006', NULL,
     'seal_partition: a NULL retention is refused'
@@ -54,6 +57,7 @@ SELECT throws_ok(
     $$SELECT outbox.drop_archived('events_p20010101', '2 hours')$$, 'OB006', NULL,
     'drop_archived: a lock_timeout over 1 hour is refused'
 );
+RESET ROLE;
 SELECT throws_ok(
     $$SELECT * FROM outbox.archive_figures('outbox.events', NULL)$$, 'OB006', NULL, 'archive_figures: a NULL day'
 );
@@ -78,7 +82,9 @@ SELECT throws_ok(
     $$SELECT outbox.record_archive('inbox.messages', '1899-12-31', 0, 0, 'file:/a')$$, 'OB008', NULL,
     'record_archive: a day before 1900 is refused'
 );
+SET LOCAL ROLE pgoutbox_archiver;
 SELECT throws_ok($$SELECT inbox.purge_archived(NULL)$$, 'OB006', NULL, 'purge_archived: a NULL day is refused');
+RESET ROLE;
 SELECT throws_ok(
     $$SELECT outbox.void_archive('outbox.events', '2001-01-01', repeat('r', 1001))$$, 'OB009', NULL,
     'void_archive: a reason over 1,000 characters is refused'
@@ -87,6 +93,7 @@ SELECT throws_ok(
     $$SELECT outbox.void_archive('outbox.events', '-infinity', 'r')$$, 'OB008', NULL,
     'void_archive: day -infinity is refused'
 );
+SET LOCAL ROLE pgoutbox_archiver;
 SELECT throws_ok(
     $$SELECT outbox.try_lock_archive(NULL, '2001-01-01')$$, 'OB050', NULL,
     'try_lock_archive: a NULL source is refused, not a NULL answer'
@@ -94,9 +101,12 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT * FROM outbox.archive_audits('public.t')$$, 'OB050', NULL, 'archive_audits: an unknown source is refused'
 );
+RESET ROLE;
+SET LOCAL ROLE pgoutbox_admin;
 SELECT throws_ok(
     $$SELECT inbox.set_stream_max_age('101 years')$$, 'OB006', NULL, 'set_stream_max_age: over 100 years is refused'
 );
+RESET ROLE;
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -23,7 +23,7 @@ def test_dry_run_lists_each_old_day_and_what_blocks_it(conn, database_url, capsy
     d10, d9 = today() - timedelta(days=10), today() - timedelta(days=9)
     events(conn, d10, 3)
     events(conn, d9, 4, failed=1)
-    assert cli.main(["archive", "--database-url", database_url, "--dry-run"]) == 0
+    assert cli.main(["archive", "--database-url", login(database_url, "pgoutbox_archiver"), "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert f"outbox.events   {d10}           3 rows  eligible" in out
     assert f"outbox.events   {d9}           4 rows  blocked: open rows (PENDING, PROCESSING or FAILED)" in out
@@ -32,19 +32,33 @@ def test_dry_run_lists_each_old_day_and_what_blocks_it(conn, database_url, capsy
 
 
 def test_an_inbox_retention_below_the_stream_max_age_is_refused(database_url, capsys):
-    code = cli.main(["archive", "--database-url", database_url, "--dry-run", "--inbox-retention", "2d"])
+    code = cli.main(
+        ["archive", "--database-url", login(database_url, "pgoutbox_archiver"), "--dry-run", "--inbox-retention", "2d"]
+    )
     assert code == 2
     assert "[OB057]" in capsys.readouterr().err
 
 
 def test_a_command_retention_below_the_retry_window_is_refused(database_url, capsys):
-    code = cli.main(["archive", "--database-url", database_url, "--dry-run", "--command-retention", "2d"])
+    code = cli.main(
+        [
+            "archive",
+            "--database-url",
+            login(database_url, "pgoutbox_archiver"),
+            "--dry-run",
+            "--command-retention",
+            "2d",
+        ]
+    )
     assert code == 2
     assert "[OB057]" in capsys.readouterr().err
 
 
 def test_unknown_sources_are_a_configuration_error(database_url, capsys):
-    assert cli.main(["archive", "--database-url", database_url, "--sources", "outbox,logs"]) == 2
+    assert (
+        cli.main(["archive", "--database-url", login(database_url, "pgoutbox_archiver"), "--sources", "outbox,logs"])
+        == 2
+    )
     assert "OUTBOX_ARCHIVE_SOURCES" in capsys.readouterr().err
 
 
@@ -59,7 +73,9 @@ def test_unknown_sources_are_a_configuration_error(database_url, capsys):
 )
 def test_a_wait_without_bound_is_refused_before_anything_runs(conn, database_url, capsys, flag, value, env):
     events(conn, today() - timedelta(days=10), 3)
-    assert cli.main(["archive", "--database-url", database_url, flag, value]) == ExitCode.USAGE
+    assert (
+        cli.main(["archive", "--database-url", login(database_url, "pgoutbox_archiver"), flag, value]) == ExitCode.USAGE
+    )
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"pgoutbox archive: ConfigError: {env}={value!r}: must be from "), line
     assert "wait for ever" in line

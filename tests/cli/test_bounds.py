@@ -208,6 +208,7 @@ def test_the_sql_functions_take_the_value_at_the_bound_and_refuse_it_just_past(c
 
 # Which setting of which command carries which bound; a setting dropped from
 # here, or a bound dropped from a setting, fails the test below.
+# not default: the setting each bound is read from (the file tests every bound), not values
 BOUNDED = {
     "relay": {
         "OUTBOX_RELAY_NAME": "WORKER",
@@ -332,6 +333,7 @@ def test_a_setting_past_its_bound_is_refused_at_start_up(tmp_path, command, env,
 
 
 def test_a_manifest_batch_size_past_the_bound_is_refused_at_start_up(tmp_path):
+    # not default: the test is about the bound
     registry_file = write_registry(
         tmp_path,
         [

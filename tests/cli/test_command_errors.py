@@ -21,6 +21,7 @@ import pytest
 from pgoutbox.core.errors import ExitCode
 from pgoutbox.dev.embedded import EmbeddedPostgres, free_port, nats_server_binary
 from support.commands import DATABASE_COMMANDS, assert_one_line
+from support.roles import login
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +178,11 @@ def test_streams_against_nats_without_jetstream_is_one_line_with_exit_4(streams_
 @pytest.mark.parametrize("argv", [["redrive", "billing", str(uuid.uuid4())], ["redrive", "billing", "--all"]])
 def test_a_redrive_without_a_reason_is_refused_in_one_line(argv, database_url, capsys):
     assert_one_line(
-        capsys, [*argv, "--database-url", database_url], ExitCode.USAGE, "OUTBOX_REDRIVE_REASON", "--reason"
+        capsys,
+        [*argv, "--database-url", login(database_url, "pgoutbox_admin")],
+        ExitCode.USAGE,
+        "OUTBOX_REDRIVE_REASON",
+        "--reason",
     )
 
 
@@ -195,7 +200,7 @@ def test_a_connection_dropped_mid_command_becomes_one_line(database_url, capsys,
     monkeypatch.setattr(status, "run", drop_own_session)
     assert_one_line(
         capsys,
-        ["status", "--database-url", database_url],
+        ["status", "--database-url", login(database_url, "pgoutbox_admin")],
         ExitCode.DATABASE,
         "DatabaseUnavailable",
         "lost the connection to PostgreSQL",
@@ -216,7 +221,16 @@ def test_a_metrics_port_in_use_is_one_line_naming_the_setting(command, database_
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        argv = [command, "--database-url", database_url, "--nats-url", nats_server.url, "--http-port", port]
+        role = "pgoutbox_relay" if command == "relay" else "pgoutbox_consumer"
+        argv = [
+            command,
+            "--database-url",
+            login(database_url, role),
+            "--nats-url",
+            nats_server.url,
+            "--http-port",
+            port,
+        ]
         if command == "consume":
             argv += ["--registry-file", str(Path(__file__).resolve().parents[2] / "examples/handlers.registry.json")]
         assert_one_line(capsys, argv, ExitCode.USAGE, f"cannot serve /metrics on 127.0.0.1:{port}", "--http-port")

@@ -650,3 +650,34 @@ def test_the_command_runs_as_its_documented_role(command, database_url, login, t
     login_url = database_url.replace("postgresql://postgres@", f"postgresql://{name}@", 1)
     assert login_url != database_url
     SCENARIOS[command](Run(database_url, login_url, tmp_path, request))
+
+
+# -- the suite's own helpers ----------------------------------------------------
+
+
+def test_the_suites_helpers_run_each_command_as_its_documented_role(database_url, nats_server, tmp_path):
+    """support.outbox and support.inbox start the relay and the consumer as a login
+    in exactly the role this table gives the command (not as the suite's
+    superuser), unless a test says why not (as_owner)."""
+    from support.inbox import consumer_config, default_consumer_config, write_registry
+    from support.outbox import RelayProcess, relay_config
+    from support.roles import groups
+
+    registry_file = write_registry(tmp_path, [{"name": HANDLER, "url": "http://127.0.0.1:1/e", "subjects": [SUBJECT]}])
+    made = {
+        "relay": [
+            relay_config(database_url, nats_server.url).database_url,
+            RelayProcess(tmp_path, "r", database_url, nats_server.url).env["OUTBOX_DATABASE_URL"],
+        ],
+        "consume": [
+            consumer_config(database_url, nats_server.url, registry_file).database_url,
+            default_consumer_config(database_url, nats_server.url, registry_file).database_url,
+        ],
+    }
+    for command, urls in made.items():
+        for url in urls:
+            assert groups(url) == set(ROLES[command]), (command, url)
+    assert groups(database_url) >= {"SUPERUSER"}
+    # as owner: the test checks that as_owner leaves the URL as it is
+    owner = consumer_config(database_url, nats_server.url, registry_file, as_owner="the test says why")
+    assert owner.database_url == database_url

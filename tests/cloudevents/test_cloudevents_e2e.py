@@ -277,6 +277,7 @@ async def test_a_replay_reaches_the_handler_with_the_attributes_of_the_first_del
     the same CloudEvent: a relay-published one and a foreign structured one."""
     sink = SdkHandler(fail_first=True)
     try:
+        # not default: the test is about the cloudevents format
         registry_file = write_registry(
             tmp_path, [{"name": HANDLER, "url": sink.url, "subjects": [SUBJECT], "format": "cloudevents"}]
         )

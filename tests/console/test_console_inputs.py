@@ -235,6 +235,7 @@ async def test_no_input_to_any_route_or_form_gives_a_5xx(console_db, group):
         worker_url(su, "pgoutbox_consumer"), "billing", "sea.event.order_paid.v1", 3, "HTTP 422: no"
     )
     user, password = person(su, group)
+    # not default: hundreds of generated actions, none of which is about the throttle
     async with serving(url, action_pause="0s") as (base, _), httpx.AsyncClient(base_url=base) as client:
         assert (await _login(client, user, password)).status_code == 303
         csrf = _csrf((await client.get("/")).text)

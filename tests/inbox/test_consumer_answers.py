@@ -35,9 +35,9 @@ async def _ack_state(js):
     }
 
 
-async def _run_one(tmp_path, database_url, nats_server, url, answers, **cfg_overrides):
+async def _run_one(tmp_path, database_url, nats_server, url, answers, *, timeout: float = 15, **cfg_overrides):
     """Publishes one event whose handler answers `answers`; returns once the
-    message is acknowledged, with everything the test needs to look at."""
+    message is acknowledged (within `timeout` s), with everything the test needs to look at."""
     registry_file = write_registry(tmp_path, [{"name": H, "url": url, "subjects": ["sea.event.order_created.v1"]}])
     cfg = consumer_config(database_url, nats_server.url, registry_file, **cfg_overrides)
     ev = event({"answers": answers})
@@ -58,7 +58,7 @@ async def _run_one(tmp_path, database_url, nats_server, url, answers, **cfg_over
                 watch()
                 return (await _ack_state(js))["ack_floor"] == 1
 
-            await until(acked, 15, "the message to be acknowledged")
+            await until(acked, timeout, "the message to be acknowledged")
             watch()  # the row may have moved between the last look and the ack
             ack = await _ack_state(js)
             dlq = await dlq_messages(js)
@@ -121,8 +121,8 @@ async def test_422_dead_letters_publishes_to_the_dlq_and_acks(tmp_path, database
     )
     assert body["reason"].startswith("HTTP 422")
     assert body["envelope"]["payload"] == ev["payload"]
-    # Automated replay is scheduled (base delay 1h, jitter 0.5): between 30 and 60 minutes.
-    assert 1800 <= body["next_replay_in_seconds"] <= 3600
+    # Automated replay is scheduled (the defaults: base delay 1m, jitter 0.5): in 30 to 60 seconds.
+    assert 30 <= body["next_replay_in_seconds"] <= 60
     meta = row["dlq_metadata"]
     assert (meta["dead_letters"], meta["replay_attempts"]) == (1, 0)
     assert meta["next_replay_at"] is not None
@@ -139,9 +139,8 @@ async def test_transient_failure_records_the_error_and_is_redelivered(
         nats_server,
         handler.url,
         [answer, 200],
-        handler_timeout="500ms",
-        retry_delay="1s",
-        retry_max_delay="1s",  # FAILED lasts 0.5-1 s: long enough to be seen
+        handler_timeout="500ms",  # not default: the "timeout" answer must outlast it (the handler hangs 3 s)
+        retry_max_delay="1s",  # not default: one retry of at most 1 s (FAILED lasts 0.5-1 s: long enough to be seen)
     )
     # First delivery: FAILED with the error, not acked; JetStream redelivers it.
     assert states == ["FAILED", "PROCESSED"], states
@@ -157,8 +156,11 @@ async def test_transient_failure_error_text_is_recorded(tmp_path, database_url, 
     registry_file = write_registry(
         tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
     )
+    # not default: the rows must stay FAILED while the test reads them (5 s), and the
+    # "timeout" answer must outlast the handler timeout (the handler hangs 3 s; 1 s
+    # leaves the 500 answer time to arrive on a loaded machine)
     cfg = consumer_config(
-        database_url, nats_server.url, registry_file, retry_delay="5s", retry_max_delay="5s", handler_timeout="300ms"
+        database_url, nats_server.url, registry_file, retry_delay="5s", retry_max_delay="5s", handler_timeout="1s"
     )
     ev500, evtimeout = event({"answers": [500]}), event({"answers": ["timeout"]})
     async with jetstream(nats_server.url) as js:
@@ -171,25 +173,21 @@ async def test_transient_failure_error_text_is_recorded(tmp_path, database_url, 
             info = await js.consumer_info("SEA_EVENTS", H)
             assert info.num_ack_pending == 2 and info.ack_floor.stream_seq == 0  # nothing acked
     assert inbox_row(database_url, ev500["event_id"], H)["last_error"].startswith("HTTP 500")
-    assert inbox_row(database_url, evtimeout["event_id"], H)["last_error"].startswith("timeout after 0.3s")
+    assert inbox_row(database_url, evtimeout["event_id"], H)["last_error"].startswith("timeout after 1s")
 
 
+@pytest.mark.slow
 async def test_max_deliver_exhaustion_ends_in_the_dlq_not_in_silence(tmp_path, database_url, nats_server, handler):
-    ev, row, _, ack, dlq, _ = await _run_one(
-        tmp_path,
-        database_url,
-        nats_server,
-        handler.url,
-        [500],
-        max_deliver="3",
-    )
-    assert [c.headers["Pgoutbox-Delivery"] for c in handler.calls] == ["1", "2", "3"]
-    assert row["status"] == "DEAD_LETTER" and row["attempts"] == 3
-    assert row["last_error"].startswith("max_deliver (3) reached; last answer: HTTP 500")
-    assert ack == {"ack_floor": 1, "ack_pending": 0, "deliveries": 3}
+    """On the defaults (max_deliver 5, retries after 1, 2, 4 and 8 s): the one
+    test of the real retry schedule, hence slow (15 s)."""
+    ev, row, _, ack, dlq, _ = await _run_one(tmp_path, database_url, nats_server, handler.url, [500], timeout=60)
+    assert [c.headers["Pgoutbox-Delivery"] for c in handler.calls] == ["1", "2", "3", "4", "5"]
+    assert row["status"] == "DEAD_LETTER" and row["attempts"] == 5
+    assert row["last_error"].startswith("max_deliver (5) reached; last answer: HTTP 500")
+    assert ack == {"ack_floor": 1, "ack_pending": 0, "deliveries": 5}
     [notice] = dlq
     body = json.loads(notice.data)
-    assert (body["message_id"], body["attempts"]) == (ev["event_id"], 3)
+    assert (body["message_id"], body["attempts"]) == (ev["event_id"], 5)
 
 
 async def test_other_statuses_are_retried_like_5xx(tmp_path, database_url, nats_server, handler):
@@ -205,6 +203,7 @@ async def test_long_handler_is_kept_alive_by_in_progress_acks(tmp_path, database
     registry_file = write_registry(
         tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
     )
+    # not default: the test is about ack_wait (1 s) being outlasted by a handler (2.5 s) within its timeout
     cfg = consumer_config(database_url, nats_server.url, registry_file, ack_wait="1s", handler_timeout="5s")
     ev = event({"delay": 2.5})
     async with jetstream(nats_server.url) as js:
@@ -256,6 +255,7 @@ async def test_deliveries_that_consumers_died_holding_cost_the_message_nothing(
     registry_file = write_registry(
         tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
     )
+    # not default: the test is about deliveries after ack_wait running out, against max_deliver 2
     cfg = consumer_config(database_url, nats_server.url, registry_file, ack_wait="1s", max_deliver="2")
     ev = event()
     async with jetstream(nats_server.url) as js:

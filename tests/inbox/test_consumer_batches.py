@@ -38,6 +38,7 @@ from support.inbox import (
     running_consumer,
     write_registry,
 )
+from support.roles import login
 from support.waiting import until
 
 H = "billing"
@@ -250,7 +251,14 @@ async def test_receive_processed_waits_on_a_concurrent_delivery_then_sees_its_ou
     try:
         assert await (await first.execute(query, args)).fetchall() == []
         waiting = asyncio.ensure_future(second.execute(query, args))
-        await asyncio.sleep(0.3)
+        pid = second.info.backend_pid
+
+        def blocked() -> bool:  # the event itself: PostgreSQL has the second session wait on a lock
+            with psycopg.connect(database_url, autocommit=True) as c:
+                row = c.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            return bool(row) and row[0] == "Lock"
+
+        await until(lambda: asyncio.to_thread(blocked), 10, "the second delivery to wait on the first one's row")
         assert not waiting.done()  # blocked on the first one's uncommitted row
         await (first.commit() if first_commits else first.rollback())
         rows = await (await asyncio.wait_for(waiting, 10)).fetchall()
@@ -295,11 +303,9 @@ async def test_two_consumer_processes_on_one_durable_process_every_message_exact
     ports = [free_port(), free_port()]
     base = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))},
-        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_consumer"),
         "OUTBOX_NATS_URL": nats_server.url,
         "OUTBOX_REGISTRY_FILE": str(registry_file),
-        "OUTBOX_CONSUMER_FETCH_TIMEOUT": "250ms",
-        "OUTBOX_CONSUMER_RUN_REPLAYER": "false",
     }
     events = [event({"delay": 0.005}) for _ in range(300)]
     procs: list[subprocess.Popen] = []

@@ -13,6 +13,7 @@ import pytest
 from pgoutbox.dev.embedded import free_port
 from pgoutbox.dev.tcp_proxy import TcpProxy
 from support.inbox import FakeHandler, add_stream, consumer_metric, event, inbox_row, jetstream, publish, write_registry
+from support.roles import login
 from support.waiting import until
 
 H = "billing"
@@ -42,12 +43,10 @@ async def test_kill_9_between_handler_success_and_ack_does_not_call_the_handler_
     )
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))},
-        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_consumer"),
         "OUTBOX_NATS_URL": proxy.url,
         "OUTBOX_REGISTRY_FILE": str(registry_file),
-        "OUTBOX_CONSUMER_ACK_WAIT": "2s",
-        "OUTBOX_CONSUMER_FETCH_TIMEOUT": "250ms",
-        "OUTBOX_CONSUMER_RUN_REPLAYER": "false",
+        "OUTBOX_CONSUMER_ACK_WAIT": "2s",  # not default: the test is about the redelivery after ack_wait (30 s)
         "OUTBOX_CONSUMER_HTTP_PORT": "0",
     }
     ev = event()

@@ -38,14 +38,19 @@ async def test_redelivery_after_a_lost_ack_reaches_the_handler_once(database_url
     try:
         async with jetstream(nats_server.url) as js:
             await add_stream(js)
-            async with running_consumer(consumer_config(database_url, proxy.url, registry_file)):
+            # not default: the test is about the redelivery after ack_wait (30 s): 2 s
+            async with running_consumer(consumer_config(database_url, proxy.url, registry_file, ack_wait="2s")):
                 await publish(js, ev)
                 await until(lambda: (inbox_row(database_url, ev["event_id"], H) or {}).get("status") == "PROCESSED")
+                # not a race: a negative check (nothing acked), and the redelivery below proves the ack was lost
                 await asyncio.sleep(0.3)
                 info = await js.consumer_info("SEA_EVENTS", H)
                 assert (info.ack_floor.stream_seq, info.num_ack_pending) == (0, 1), "the ack must have been lost"
             # A second consumer gets the redelivery after ack_wait; the inbox says it is done.
-            async with running_consumer(consumer_config(database_url, nats_server.url, registry_file)) as second:
+            second_cfg = consumer_config(
+                database_url, nats_server.url, registry_file, ack_wait="2s"
+            )  # not default: as above
+            async with running_consumer(second_cfg) as second:
                 await until(lambda: second.metrics.value(H, "duplicate") == 1, 15, "the redelivery")
                 info = await acked_through(js, H, 1)
     finally:
@@ -82,7 +87,7 @@ async def test_a_republish_after_the_duplicate_window_reaches_the_handler_once(
         async with running_consumer(consumer_config(database_url, nats_server.url, registry_file)) as consumer:
             first = await publish(js, ev)
             await until(lambda: consumer.metrics.value(H, "processed") == 1)
-            await asyncio.sleep(0.8)  # past the stream's duplicate window
+            await asyncio.sleep(0.8)  # not a race: the stream's duplicate window (0.5 s) must pass
             again = await publish(js, ev)  # e.g. a relay re-publishing after a long outage
             assert again.duplicate is not True and again.seq == first.seq + 1, "JetStream must not have deduplicated it"
             await until(lambda: consumer.metrics.value(H, "duplicate") == 1)

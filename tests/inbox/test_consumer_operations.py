@@ -40,7 +40,8 @@ async def test_metrics_health_and_readiness(tmp_path, database_url, nats_server,
     registry_file = write_registry(
         tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
     )
-    cfg = consumer_config(database_url, nats_server.url, registry_file, http_port="0", max_deliver="5")
+    # not default: the test reads the backlog gauges, refreshed every 200 ms instead of 15 s
+    cfg = consumer_config(database_url, nats_server.url, registry_file, http_port="0", backlog_interval="200ms")
     async with jetstream(nats_server.url) as js:
         await add_stream(js)
         async with running_consumer(cfg) as consumer:

@@ -157,6 +157,7 @@ async def test_a_postgresql_outage_longer_than_max_deliver_retries_only_delays(t
                 events = [event() for _ in range(20)]
                 for ev in events:
                     await publish(js, ev)
+                # not a race: the outage must outlast max_deliver's retries (that is the test's point)
                 await asyncio.sleep(30)
                 assert handler.calls and len(handler.calls) == 1, "no handler call without PostgreSQL"
                 own_pg.start()

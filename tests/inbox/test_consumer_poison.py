@@ -41,6 +41,7 @@ from support.inbox import (
     running_consumer,
     write_registry,
 )
+from support.roles import login
 from support.schema import newer_schema
 from support.waiting import until
 
@@ -113,8 +114,10 @@ async def test_a_422_for_a_payload_just_under_max_payload_gets_a_notice_that_fit
         database_url,
         small_nats.url,
         _registry(tmp_path, handler.url),
+        # not default: the test is about the replay of this dead letter: due at once, looked for every 100 ms
         replay_base_delay="50ms",
         replay_max_delay="50ms",
+        replay_poll_interval="100ms",
     )
     big = _padded_event(MAX_PAYLOAD - 40, [422])
     after = event()
@@ -138,7 +141,7 @@ async def test_a_422_for_a_payload_just_under_max_payload_gets_a_notice_that_fit
             [notice] = await dlq_messages(js, subject=f"sea.dlq.dead.{H}.order_created.v1")
             original = await js.get_msg("SEA_EVENTS", 1)
             # An operator's redrive is refused the same way, with the same code.
-            db = ["--database-url", database_url]
+            db = ["--database-url", login(database_url, "pgoutbox_admin")]
             assert await asyncio.to_thread(cli.main, ["redrive", H, big["event_id"], "--reason", "try", *db]) == 0
             await until(
                 lambda: (
@@ -221,9 +224,14 @@ async def test_a_connection_the_server_closes_is_re_established_and_healthz_says
                 # reconnects by itself when it sees the socket's end first: both happen.
                 await until(lambda: first.is_closed or first.is_reconnecting, 10, "the server to drop the connection")
                 closed = first.is_closed
-                if closed:  # the consumer re-establishes it; /healthz says so meanwhile
-                    status, health = await asyncio.to_thread(_get, port, "/healthz")
+                status, health = await asyncio.to_thread(_get, port, "/healthz")
+                # Both sides of the race are checked: closed, the consumer re-establishes the
+                # connection and /healthz says so meanwhile; reconnecting, nats-py does it by
+                # itself and the process is alive (unless it has closed since).
+                if closed or first.is_closed:
                     assert status == 503 and "NATS connection closed (being re-established)" in health["problems"]
+                else:
+                    assert status == 200, health
                 status, ready = await asyncio.to_thread(_get, port, "/readyz")
                 assert status == 503 and "not connected to NATS" in ready["problems"]
                 proxy.open.set()
@@ -468,7 +476,9 @@ def test_a_signal_during_start_up_with_a_server_unreachable_stops_promptly(
             proc.kill()
             proc.wait()
     output = log_path.read_text()
-    assert code == 0 and took < 3, (code, took, output)
+    # not a race: promptness is what this tests (a signal ends the start-up's retries at once);
+    # 10 s leaves a loaded 2-core machine room, far below a retry schedule's minutes
+    assert code == 0 and took < 10, (code, took, output)
     assert "Traceback" not in output and "secret" not in output
     retry_lines = [line for line in output.splitlines() if expected in line]
     assert len(retry_lines) == 1, output  # rate-limited: one line per 5 s at most
@@ -505,7 +515,10 @@ def test_replay_once_answers_an_unreachable_server_with_one_line(tmp_path, datab
     nowhere = free_port()
     for env, code, expected in (
         (
-            {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": f"nats://127.0.0.1:{nowhere}"},
+            {
+                "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_consumer"),
+                "OUTBOX_NATS_URL": f"nats://127.0.0.1:{nowhere}",
+            },
             4,
             f"pgoutbox replay: BrokerUnavailable: cannot connect to NATS at 127.0.0.1:{nowhere} (OUTBOX_NATS_URL or --nats-url)",
         ),
@@ -528,6 +541,7 @@ def test_replay_once_answers_an_unreachable_server_with_one_line(tmp_path, datab
 async def test_readyz_turns_not_ready_within_its_check_interval_when_postgresql_stops(
     tmp_path, own_pg, nats_server, handler
 ):
+    # not default: the test is about the check interval (backlog_interval, 15 s): 1 s
     cfg = consumer_config(
         own_pg.url, nats_server.url, _registry(tmp_path, handler.url), http_port="0", backlog_interval="1s"
     )
@@ -539,8 +553,10 @@ async def test_readyz_turns_not_ready_within_its_check_interval_when_postgresql_
             assert (await asyncio.to_thread(_get, port, "/readyz"))[0] == 200
             await asyncio.to_thread(own_pg.stop, "fast")
             stopped = time.monotonic()
-            await until(lambda: asyncio.to_thread(_not_ready, port), 5, "/readyz to report PostgreSQL")
-            assert time.monotonic() - stopped < 1 + 1.5  # the check interval, and some slack
+            await until(lambda: asyncio.to_thread(_not_ready, port), 15, "/readyz to report PostgreSQL")
+            # not a race: promptness is what this tests; the check interval (1 s) and 4 s of
+            # slack for a loaded 2-core machine, far below the default interval's 15 s
+            assert time.monotonic() - stopped < 1 + 4
             assert (await asyncio.to_thread(_get, port, "/healthz"))[0] == 200  # alive: not a restart case
             await asyncio.to_thread(own_pg.start)
             await until(lambda: asyncio.to_thread(lambda: _get(port, "/readyz")[0] == 200), 10, "readiness back")

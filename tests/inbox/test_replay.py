@@ -28,6 +28,7 @@ from support.inbox import (
     running_consumer,
     write_registry,
 )
+from support.roles import login
 from support.waiting import until
 
 H = "billing"
@@ -48,10 +49,11 @@ async def test_a_dead_letter_is_replayed_with_backoff_until_the_cap(tmp_path, da
         database_url,
         nats_server.url,
         registry_file,
+        # not default: the test is about the replay backoff; 300 ms doubling to a cap of
+        # 500 ms, looked for every 100 ms, instead of 1 minute to 1 hour
         replay_base_delay="300ms",
         replay_max_delay="500ms",
-        replay_jitter="0.5",
-        replay_max_attempts="3",
+        replay_poll_interval="100ms",
     )
     ev = event({"answers": [422]})
     async with jetstream(nats_server.url) as js:
@@ -90,7 +92,9 @@ async def test_a_replay_reaches_only_its_handler_and_succeeds_once_fixed(tmp_pat
                 {"name": "audit", "url": audit.url, "subjects": [SUBJECT]},
             ],
         )
-        cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="200ms")
+        cfg = consumer_config(
+            database_url, nats_server.url, registry_file, replay_base_delay="200ms", replay_poll_interval="100ms"
+        )  # not default: the test is about automated replay, so it comes within a second
         ev = event()
         async with jetstream(nats_server.url) as js:
             await add_stream(js)
@@ -108,10 +112,12 @@ async def test_a_replay_reaches_only_its_handler_and_succeeds_once_fixed(tmp_pat
 
 
 async def test_a_manifest_cap_of_zero_parks_the_dead_letter(tmp_path, database_url, nats_server, handler):
-    registry_file = write_registry(
+    registry_file = write_registry(  # not default: the test is about a manifest's replay_max_attempts of 0
         tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT], "replay_max_attempts": 0}]
     )
-    cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="100ms")
+    cfg = consumer_config(
+        database_url, nats_server.url, registry_file, replay_base_delay="100ms", replay_poll_interval="100ms"
+    )  # not default: the test is about automated replay, so it comes within a second
     ev = event({"answers": [422, 200]})
     async with jetstream(nats_server.url) as js:
         await add_stream(js)
@@ -125,12 +131,39 @@ async def test_a_manifest_cap_of_zero_parks_the_dead_letter(tmp_path, database_u
     assert inbox_row(database_url, ev["event_id"], H)["dlq_metadata"]["next_replay_at"] is None
 
 
+def _due(database_url: str, message_id: str) -> bool:
+    """The dead letter's automated replay has fallen due (the database's clock)."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT (dlq_metadata->>'next_replay_at')::timestamptz <= now() FROM inbox.messages"
+            " WHERE message_id = %s AND handler = %s",
+            (message_id, H),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _count_passes(replayer) -> list[int]:
+    """Counts the replayer's passes from now on (a one-element list the test reads)."""
+    passes = [0]
+    run_once = replayer.run_once
+
+    async def counted() -> int:
+        n = await run_once()
+        passes[0] += 1
+        return n
+
+    replayer.run_once = counted
+    return passes
+
+
 async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
     tmp_path, database_url, nats_server, handler
 ):
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
-    cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="100ms")
-    db = ["--database-url", database_url]
+    cfg = consumer_config(
+        database_url, nats_server.url, registry_file, replay_base_delay="100ms", replay_poll_interval="100ms"
+    )  # not default: the test is about automated replay, so it comes within a second
+    db = ["--database-url", login(database_url, "pgoutbox_admin")]
     assert await asyncio.to_thread(cli.main, ["replay-switch", H, "off", "--reason", "bug 12 under analysis", *db]) == 0
     ev = event({"answers": [422, 200]})
     async with jetstream(nats_server.url) as js:
@@ -138,7 +171,10 @@ async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
         async with running_consumer(cfg) as consumer:
             await publish(js, ev)
             await until(lambda: consumer.metrics.value(H, "dead_lettered") == 1)
-            await asyncio.sleep(0.6)  # due since 0.1 s at most, but switched off
+            # Due, but switched off: two whole replayer passes after it fell due leave it alone.
+            await until(lambda: _due(database_url, ev["event_id"]), 10, "the replay to fall due")
+            passes = _count_passes(consumer.replayer)
+            await until(lambda: passes[0] >= 2, 10, "two replayer passes")
             assert len(handler.calls) == 1
             assert await asyncio.to_thread(cli.main, ["redrive", H, ev["event_id"], *db]) == 2  # no reason
             assert (
@@ -161,6 +197,7 @@ async def test_switched_off_replay_waits_for_an_operator_redrive_with_a_reason(
 
 async def test_a_replayer_dying_before_its_commit_loses_nothing(tmp_path, database_url, nats_server, handler):
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    # not default: the test runs its own replayer on a dead letter due at once
     cfg = consumer_config(database_url, nats_server.url, registry_file, replay_base_delay="50ms", run_replayer="false")
     ev = event({"answers": [422, 200]})
     pool = inbox_store.pool(database_url, 1)
@@ -169,7 +206,7 @@ async def test_a_replayer_dying_before_its_commit_loses_nothing(tmp_path, databa
         async with running_consumer(cfg) as consumer:
             await publish(js, ev)
             await until(lambda: consumer.metrics.value(H, "dead_lettered") == 1)
-            await asyncio.sleep(0.1)  # the replay is due
+            await until(lambda: _due(database_url, ev["event_id"]), 10, "the replay to fall due")
             replayer = Replayer(
                 inbox=Inbox(pool),
                 js=js,
@@ -276,7 +313,8 @@ async def test_a_redrive_of_an_in_database_dead_letter_is_refused_with_its_code(
     row = inbox_row(database_url, ev["event_id"], H)
     assert (row["status"], row["dlq_metadata"]["in_database"]) == ("DEAD_LETTER", True)
     code = await asyncio.to_thread(
-        cli.main, ["redrive", H, ev["event_id"], "--reason", "retry it", "--database-url", database_url]
+        cli.main,
+        ["redrive", H, ev["event_id"], "--reason", "retry it", "--database-url", login(database_url, "pgoutbox_admin")],
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2

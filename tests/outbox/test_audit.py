@@ -34,6 +34,7 @@ from support.outbox import (
     status_counts,
     stream_messages,
 )
+from support.roles import login
 from support.waiting import until
 
 STREAM = "SEA_EVENTS"
@@ -107,6 +108,7 @@ async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(
         tmp_path, [{"name": H, "url": handler.url, "subjects": ["sea.event.order_created.v1"]}]
     )
     consumer = consumer_config(database_url, url, registry_file)
+    # not default: the stream's duplicate window is 2 s (the re-publish must pass it) and the lease must be shorter
     async with running_relay(relay_config(database_url, url, lease="1500ms", publish_timeout="1s")):
         first = emit(database_url, 30)
         await until(completed(database_url, 30), 20, "batch 1 relayed")
@@ -125,8 +127,8 @@ async def test_audit_finds_the_deleted_messages_and_repair_closes_the_ledger(
         assert any("outbox pass" in line for line in progress) and any("stream pass" in line for line in progress)
 
         # Past the duplicate window (2 s) and the slack, JetStream takes the re-publish.
-        await asyncio.sleep(3)
-        env = {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": url}
+        await asyncio.sleep(3)  # not a race: the duplicate window (2 s) must pass, time is the event
+        env = {"OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_admin"), "OUTBOX_NATS_URL": url}
         code, out, err = await cli(STREAM, "--slack", "0.5s", env=env)  # without --repair: read-only
         assert (code, err) == (1, ""), out + err
         assert f"{len(lost)} of them can be requeued for republishing now" in out

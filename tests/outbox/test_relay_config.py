@@ -15,6 +15,7 @@ from pgoutbox.core.errors import ConfigError
 from pgoutbox.dev.embedded import EmbeddedNats, free_port
 from pgoutbox.outbox import streams
 from support.outbox import GOOD, apply_streams, emit, relay_config, running_relay, status_counts
+from support.roles import login
 from support.schema import newer_schema
 
 
@@ -82,7 +83,17 @@ def test_relay_refuses_a_stream_whose_duplicate_window_is_not_longer_than_the_le
     asyncio.run(apply_streams(nats_server.url, duplicate_window="20s"))
     emit(database_url, 3)
     code = cli.main(
-        ["relay", "--database-url", database_url, "--nats-url", nats_server.url, "--lease", "30s", "--http-port", "0"]
+        [
+            "relay",
+            "--database-url",
+            login(database_url, "pgoutbox_relay"),
+            "--nats-url",
+            nats_server.url,
+            "--lease",
+            "30s",
+            "--http-port",
+            "0",
+        ]
     )
     assert code == 2
     err = capsys.readouterr().err
@@ -95,13 +106,24 @@ def test_relay_refuses_a_stream_whose_duplicate_window_is_not_longer_than_the_le
 
 def test_relay_refuses_an_unknown_schema_version(database_url, nats_server, capsys):
     newer_schema(database_url)  # a contract release that no longer serves this code
-    code = cli.main(["relay", "--database-url", database_url, "--nats-url", nats_server.url, "--http-port", "0"])
+    code = cli.main(
+        [
+            "relay",
+            "--database-url",
+            login(database_url, "pgoutbox_relay"),
+            "--nats-url",
+            nats_server.url,
+            "--http-port",
+            "0",
+        ]
+    )
     assert code == 3  # ExitCode.DATABASE
     assert "SchemaMismatch: database schema is at version 99" in capsys.readouterr().err
 
 
 def test_strict_durability_refuses_what_only_warns_otherwise(database_url, nats_server, caplog):
     asyncio.run(apply_streams(nats_server.url))
+    # not default: the test is about strict durability
     with pytest.raises(ConfigError, match="NATS fsync policy not verified"):
         asyncio.run(_start_and_stop(relay_config(database_url, nats_server.url, durability_strict="true")))
     caplog.clear()

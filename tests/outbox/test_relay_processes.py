@@ -97,7 +97,9 @@ def test_kill_9_mid_batch_then_restart_publishes_each_event_exactly_once(databas
     asyncio.run(apply_streams(nats_server.url))
     n = 6000
     emit(database_url, n)
-    first = relays("relay-a", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s")
+    first = relays(
+        "relay-a", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s", relay_publish_timeout="2s"
+    )
     first.start().wait_started()
     wait_for(lambda: status_counts(database_url).get("COMPLETED", 0) >= 1000, 60, "1000 published")
     # Freeze the relay until it is caught between JetStream's acks and its
@@ -118,7 +120,9 @@ def test_kill_9_mid_batch_then_restart_publishes_each_event_exactly_once(databas
     assert at_kill.get("COMPLETED", 0) < n
     print(f"at kill -9: {at_kill}; {len(published_unmarked)} published but not yet marked")
 
-    second = relays("relay-b", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s")
+    second = relays(
+        "relay-b", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s", relay_publish_timeout="2s"
+    )
     second.start().wait_started()
     wait_for(all_completed(database_url, n), 60, "every event COMPLETED")
     assert_exactly_once(database_url, nats_server.url)
@@ -159,13 +163,19 @@ def test_nats_stopped_under_load_then_restarted_loses_nothing(database_url, nats
     relay.start().wait_started()
     emitter = Emitter(database_url)
     emitter.start()
+
+    def logged(action: str):
+        return lambda: any(e.get("action") == action for e in relay.log_entries())
+
     try:
-        time.sleep(1.5)
+        wait_for(lambda: status_counts(database_url).get("COMPLETED", 0) >= 100, 60, "the relay publishing under load")
         nats_server.stop()
+        wait_for(logged("nats_disconnected"), 30, "the relay to see NATS gone")
+        # not a race: the outage must last (the relay retries and hands back meanwhile)
         time.sleep(4)
         assert relay.proc.poll() is None, "the relay must keep running while NATS is down"
         nats_server.start()
-        time.sleep(1.5)
+        wait_for(logged("nats_reconnected"), 60, "the relay to reconnect")
     finally:
         emitter.stop()
     assert emitter.emitted > 500

@@ -77,7 +77,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
     url = with_port(database_url, port)
     relay = relays("relay-pg-late", url, nats_server.url, relay_poll_interval="200ms")
     wait_for(lambda: retry_lines(relay, "db_retry"), 20, "a PostgreSQL retry line")
-    time.sleep(3)
+    time.sleep(3)  # not a race: the rate limit's window must pass (quick attempts, a line per 5 s)
     assert relay.proc.poll() is None, relay.output()
     lines = retry_lines(relay, "db_retry")
     assert 1 <= len(lines) <= 2, lines  # rate-limited: one line per 5 s, not one per quick attempt
@@ -126,7 +126,7 @@ def test_a_signal_stops_the_relay_while_it_waits_for_nats(database_url, relays, 
     port = free_port()
     relay = relays("relay-nats-down", database_url, f"nats://user:secret@127.0.0.1:{port}")
     wait_for(lambda: retry_lines(relay, "nats_error"), 20, "a NATS retry line")
-    time.sleep(3)  # nats-py retries every 250 ms: still at most one line per 5 s
+    time.sleep(3)  # not a race: the rate limit's window must pass (nats-py retries every 250 ms, a line per 5 s)
     lines = retry_lines(relay, "nats_error")
     assert 1 <= len(lines) <= 2, lines
     assert lines[0].startswith(f"cannot connect to NATS at 127.0.0.1:{port} (OUTBOX_NATS_URL or --nats-url): ")
@@ -155,6 +155,7 @@ def assert_one_line(result: subprocess.CompletedProcess, code: int, starts: str)
 
 
 def test_a_bad_setting_ends_the_relay_with_one_line_and_exit_2(database_url, nats_server):
+    # not default: the test is about a bad setting
     result = run_relay(
         {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_NATS_URL": nats_server.url, "OUTBOX_RELAY_LEASE": "soon"}
     )

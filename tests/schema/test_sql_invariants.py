@@ -49,10 +49,10 @@ def test_one_writer_cannot_change_the_throttle_for_another(database_url):
             a.execute("UPDATE outbox.wakeup_policy SET notify_throttle = '1 minute'")
         a.execute(EMIT, ("1", "sea"))
         assert drain_notifies(listener, 1) == ["sea"]
-        time.sleep(0.05)  # ten times the default throttle of 5 ms
+        time.sleep(0.05)  # not a race: ten times the default throttle of 5 ms must pass
         b.execute(EMIT, ("2", "vibespro"))
         assert drain_notifies(listener, 1) == ["vibespro"], "the other writer's wake-up is not silenced"
-        time.sleep(0.05)
+        time.sleep(0.05)  # not a race: as above
         a.execute(EMIT, ("3", "sea"))
         assert drain_notifies(listener, 1) == ["sea"], "nor the writer's own"
 

@@ -37,8 +37,9 @@ def person(superuser_url: str, group: str) -> tuple[str, str]:
 
 @contextlib.asynccontextmanager
 async def serving(database_url: str, **overrides):
-    """The console on a free loopback port, in this event loop: (base URL, Console)."""
-    values = {"database_url": database_url, "port": str(free_port()), "sample_interval": "1s", "action_pause": "50ms"}
+    """The console on a free loopback port, in this event loop, on the documented
+    defaults (a test that needs another value passes it, with its reason): (base URL, Console)."""
+    values = {"database_url": database_url, "port": str(free_port())}
     values.update(overrides)
     cfg = settings.build(ConsoleConfig, environ={}, overrides=values)
     app = create_app(cfg)

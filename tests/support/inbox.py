@@ -29,6 +29,7 @@ from pgoutbox.core import settings, wire
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox.consumer import Consumer
+from support.roles import as_role
 
 
 @dataclass
@@ -161,23 +162,19 @@ def write_registry(tmp_path: Path, handlers: list[dict[str, Any]]) -> Path:
     return target
 
 
-def consumer_config(database_url: str, nats_url: str, registry_file: Path, **overrides) -> cs.ConsumerConfig:
-    """The consume command's configuration, with test-sized timings."""
+def consumer_config(
+    database_url: str, nats_url: str, registry_file: Path, *, as_owner: str | None = None, **overrides
+) -> cs.ConsumerConfig:
+    """The consume command's configuration as a user gets it (docs/reference.md's
+    defaults), without a metrics server unless http_port is given (tests run
+    side by side), as a login in pgoutbox_consumer only (as_owner: why not). A
+    test that needs another value passes it, with its reason (`# not default:
+    <why>`), only when the test exists for that value."""
     values = {
-        "database_url": database_url,
+        "database_url": as_role(database_url, "pgoutbox_consumer", as_owner),
         "nats_url": nats_url,
         "registry_file": str(registry_file),
-        "ack_wait": "2s",
-        "max_deliver": "3",
-        "handler_timeout": "1s",
-        "retry_delay": "200ms",
-        "retry_max_delay": "1s",
-        "fetch_timeout": "250ms",
-        "replay_base_delay": "1h",
-        "replay_poll_interval": "100ms",
-        "backlog_interval": "200ms",
         "http_port": None,
-        "drain_timeout": "5s",
     }
     values.update(overrides)
     cfg = settings.build(cs.ConsumerConfig, environ={}, overrides={k: v for k, v in values.items() if v is not None})
@@ -187,12 +184,16 @@ def consumer_config(database_url: str, nats_url: str, registry_file: Path, **ove
 
 
 def default_consumer_config(database_url: str, nats_url: str, registry_file: Path) -> cs.ConsumerConfig:
-    """The consume command's configuration as a user gets it: the defaults,
-    but no metrics server (tests run side by side)."""
+    """The consume command's configuration as a user gets it: the defaults, as a
+    login in pgoutbox_consumer only, but no metrics server (tests run side by side)."""
     cfg = settings.build(
         cs.ConsumerConfig,
         environ={},
-        overrides={"database_url": database_url, "nats_url": nats_url, "registry_file": str(registry_file)},
+        overrides={
+            "database_url": as_role(database_url, "pgoutbox_consumer"),
+            "nats_url": nats_url,
+            "registry_file": str(registry_file),
+        },
     )
     return dataclasses.replace(cfg, http_port=None)
 

@@ -19,6 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.relay import OutboxRelay
+from support.roles import as_role
 from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,15 +97,14 @@ def msg_ids(messages) -> list[str]:
     return [m.headers["Nats-Msg-Id"] for m in messages]
 
 
-def relay_config(database_url: str, nats_url: str, **overrides: str) -> relay_settings.RelayConfig:
-    base = {
-        "database_url": database_url,
-        "nats_url": nats_url,
-        "http_port": "0",
-        "lease": "10s",
-        "publish_timeout": "2s",
-        "log_level": "WARNING",
-    }
+def relay_config(
+    database_url: str, nats_url: str, *, as_owner: str | None = None, **overrides: str
+) -> relay_settings.RelayConfig:
+    """The relay command's configuration as a user gets it (docs/reference.md's
+    defaults) on a free port, as a login in pgoutbox_relay only (as_owner: why
+    not): a test that needs another value passes it, with its reason
+    (`# not default: <why>`)."""
+    base = {"database_url": as_role(database_url, "pgoutbox_relay", as_owner), "nats_url": nats_url, "http_port": "0"}
     return relay_settings.load(environ={}, overrides={**base, **overrides})
 
 
@@ -128,19 +128,28 @@ async def running_relay(cfg, publisher=None):
 
 
 class RelayProcess:
-    """`python -m pgoutbox.cli.main relay` as a real subprocess, configured by OUTBOX_* variables."""
+    """`python -m pgoutbox.cli.main relay` as a real subprocess on the defaults, as
+    a login in pgoutbox_relay only (as_owner: why not), configured by OUTBOX_*
+    variables (`relay_lease="3s"`: OUTBOX_RELAY_LEASE)."""
 
-    def __init__(self, log_dir: Path, name: str, database_url: str, nats_url: str, **settings: str):
+    def __init__(
+        self,
+        log_dir: Path,
+        name: str,
+        database_url: str,
+        nats_url: str,
+        *,
+        as_owner: str | None = None,
+        **settings: str,
+    ):
         self.log = log_dir / f"{name}.log"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
         self.env.update(
             {
-                "OUTBOX_DATABASE_URL": database_url,
+                "OUTBOX_DATABASE_URL": as_role(database_url, "pgoutbox_relay", as_owner),
                 "OUTBOX_NATS_URL": nats_url,
                 "OUTBOX_RELAY_NAME": name,
                 "OUTBOX_RELAY_HTTP_PORT": "0",
-                "OUTBOX_RELAY_LEASE": "5s",
-                "OUTBOX_RELAY_PUBLISH_TIMEOUT": "2s",
             }
         )
         self.env.update({f"OUTBOX_{k.upper()}": v for k, v in settings.items()})

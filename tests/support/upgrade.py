@@ -13,6 +13,7 @@ with the same virtualenv's dependencies."""
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import json
 import os
@@ -26,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nats
 import psycopg
 
 from pgoutbox.dev import releases
@@ -225,10 +227,19 @@ class Worker:
 
 
 def relay_worker(
-    build: Build, name: str, log_dir: Path, database_url: str, nats_url: str, *, lease: float = 3.0
+    build: Build, name: str, log_dir: Path, database_url: str, nats_url: str, *, lease: float | None = None
 ) -> Worker:
-    """`pgoutbox relay` with test-sized timings (lease 3 s, publish timeout
-    2/3 of it, poll 500 ms); the streams file is log_dir/streams.toml."""
+    """`pgoutbox relay` on the defaults; the streams file is log_dir/streams.toml.
+    `lease` (with a publish timeout of 2/3 of it) only for a test about a dead
+    relay's lease, which says why."""
+    timings = (
+        {}
+        if lease is None
+        else {
+            "OUTBOX_RELAY_LEASE": f"{lease:g}s",
+            "OUTBOX_RELAY_PUBLISH_TIMEOUT": f"{lease * 2 / 3:g}s",
+        }
+    )
     return Worker(
         build,
         "relay",
@@ -239,17 +250,15 @@ def relay_worker(
         OUTBOX_LOG_LEVEL="INFO",
         OUTBOX_STREAMS_FILE=str(log_dir / "streams.toml"),
         OUTBOX_RELAY_NAME=name,
-        OUTBOX_RELAY_LEASE=f"{lease:g}s",
-        OUTBOX_RELAY_PUBLISH_TIMEOUT=f"{lease * 2 / 3:g}s",
-        OUTBOX_RELAY_POLL_INTERVAL="500ms",
         OUTBOX_RELAY_HTTP_PORT="0",
+        **timings,
     )
 
 
 def consumer_worker(
     build: Build, name: str, log_dir: Path, database_url: str, nats_url: str, registry_file: Path
 ) -> Worker:
-    """`pgoutbox consume` of the handlers of registry_file, with test-sized timings."""
+    """`pgoutbox consume` of the handlers of registry_file, on the defaults."""
     return Worker(
         build,
         "consume",
@@ -261,23 +270,16 @@ def consumer_worker(
         OUTBOX_REGISTRY_FILE=str(registry_file),
         OUTBOX_REPLAY_WORKER=name,
         OUTBOX_CONSUMER_HTTP_PORT="0",
-        OUTBOX_CONSUMER_FETCH_TIMEOUT="500ms",
-        OUTBOX_CONSUMER_RETRY_DELAY="200ms",
-        OUTBOX_CONSUMER_DRAIN_TIMEOUT="10s",
     )
 
 
-def handler_registry(
-    build: Build, workdir: Path, name: str, url: str, subject: str, target: Path, *, ack_wait: float = 10.0
-) -> Path:
-    """One handler's manifest, and the registry generated from it by `build`
+def handler_registry(build: Build, workdir: Path, name: str, url: str, subject: str, target: Path) -> Path:
+    """One handler's manifest as the README gives it (name, url, subjects: every
+    other line on its default), and the registry generated from it by `build`
     (each build reads the registry format it writes)."""
     manifests = workdir / "handlers"
     manifests.mkdir(exist_ok=True)
-    (manifests / "check.toml").write_text(
-        f'[[handler]]\nname = "{name}"\nurl = "{url}"\nsubjects = ["{subject}"]\n'
-        f'timeout = "5s"\nack_wait = "{ack_wait:g}s"\nmax_deliver = 100\nreplay_max_attempts = 0\n'
-    )
+    (manifests / "check.toml").write_text(f'[[handler]]\nname = "{name}"\nurl = "{url}"\nsubjects = ["{subject}"]\n')
     build.run("registry", "generate", "--manifest-dir", str(manifests), "--registry-file", str(target))
     return target
 
@@ -353,6 +355,36 @@ class Delivery:
     def first(self, event_id: str) -> float | None:
         times = self.calls.get(event_id)
         return min(times) if times else None
+
+
+def delivered_since(ledger: Ledger, handler, since: float, n: int = 10):
+    """A predicate for wait_for: n events committed after `since` (monotonic) have
+    reached the handler, i.e. the workers running now deliver."""
+
+    def check() -> bool:
+        with ledger.lock:
+            after = [e for e, at in ledger.committed.items() if at > since]
+        calls = Delivery.of(handler).calls
+        return sum(1 for e in after if e in calls) >= n
+
+    return check
+
+
+def acked_everything(nats_url: str, durable: str, stream: str = "SEA_EVENTS") -> bool:
+    """The durable's ack floor is the stream's last message, nothing pending:
+    no delivery can come any more, so a duplicate call would have shown."""
+
+    async def read() -> bool:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            last = (await js.stream_info(stream)).state.last_seq
+            info = await js.consumer_info(stream, durable)
+            return info.ack_floor.stream_seq == last and info.num_ack_pending == 0 and info.num_pending == 0
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
 
 
 def ledger_problems(ledger: Ledger, delivered: Delivery) -> list[str]:

@@ -21,6 +21,7 @@ async def test_a_refused_connect_fails_the_waiting_call_at_once_with_libpqs_reas
             with pytest.raises(DatabaseUnavailable) as raised:
                 async with pool.connection():
                     pass
+            # not a race: promptness is what this tests: a refusal must not wait for the connect timeout
             assert time.monotonic() - started < db.CONNECT_TIMEOUT
             message = str(raised.value)
             assert message.startswith(f"cannot connect to PostgreSQL at 127.0.0.1:{port} database shop ({db.SETTING})")

@@ -7,7 +7,6 @@ processes on the defaults."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import nats.errors
@@ -95,8 +94,8 @@ async def test_while_jetstream_is_away_events_are_handed_back_and_never_use_up_t
         assert why.endswith("no JetStream ack within 10s"), why  # the publish's or the latest probe's reason
         assert all(store.status(i) == "PENDING" and store.events[i]["attempts"] == 9 for i in ids)
         assert "mark_failed" not in store.calls and "hand_back" in store.calls
-        claims = store.calls.count("claim")
-        await asyncio.sleep(0.3)
+        claims, probes = store.calls.count("claim"), publisher.probes
+        await until(lambda: publisher.probes >= probes + 3, 10, "three more probes while JetStream is away")
         assert store.calls.count("claim") == claims  # the probe fails at $JS.API.INFO: no claim
         publisher.away = None
         await until(lambda: all(store.status(i) == "COMPLETED" for i in ids), 10, "all published once back")

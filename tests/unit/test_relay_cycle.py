@@ -26,18 +26,20 @@ from support.waiting import until
 
 
 async def test_a_pause_ends_early_only_for_an_urgent_wake_up_or_stop():
+    # not a race: one event loop, and only a wake-up, stop() or the 60 s timer can end a
+    # pause or a wait: the 50 ms sleeps below let the task start, nothing else can happen
     wakeups = Wakeups(poll_interval=60)
     pause = asyncio.create_task(wakeups.pause(60))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # not a race: as above
     wakeups.wake()  # counted for the next wait, not ending the pause
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # not a race: as above
     assert not pause.done()
     wakeups.wake(urgent=True)
     await asyncio.wait_for(pause, 5)
     await asyncio.wait_for(wakeups.wait(), 5)  # the wake-ups came: no wait
     wakeups.arm()
     waiting = asyncio.create_task(wakeups.wait())
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # not a race: as above
     assert not waiting.done()
     wakeups.stop()
     await asyncio.wait_for(waiting, 5)
@@ -135,8 +137,17 @@ async def test_nothing_is_claimed_while_nats_is_away():
     store, publisher = FakeOutboxStore(), FakePublisher()
     (event,) = store.add(1)
     publisher.connected = False
+    looked = [0]
+    wait_connected = publisher.wait_connected
+
+    async def counted(timeout: float | None = None) -> bool:
+        looked[0] += 1
+        return await wait_connected(timeout)
+
+    publisher.wait_connected = counted
     async with relay_on_fakes(store, publisher):
-        await asyncio.sleep(0.3)
+        # The event: the claim loop found NATS away three times (and did not claim).
+        await until(lambda: looked[0] >= 3, 5, "the relay to find NATS away three times")
         assert "claim" not in store.calls and store.status(event) == "PENDING"
         publisher.connected = True
         await until(lambda: store.status(event) == "COMPLETED", 5, "published once NATS is back")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from datetime import timedelta
 
 import nats
@@ -48,9 +47,11 @@ from pgoutbox.dev.tcp_proxy import TcpProxy
 from support import archival
 from support.inbox import FakeHandler
 from support.outbox import msg_ids, status_counts, stream_messages
+from support.roles import login
 from support.upgrade import (
     Delivery,
     Worker,
+    acked_everything,
     consumer_worker,
     contents,
     current_build,
@@ -67,7 +68,9 @@ pytestmark = pytest.mark.slow
 
 HANDLER = "restore_check"
 SUBJECT = "sea.event.order_created.v1"
-LEASE = 10.0  # seconds, of the relay that is killed: the restored relay reclaims its events after it
+# not default: the relay that is killed holds its claims this long (30 s by default):
+# the restored relay reclaims its events after it
+LEASE = 10.0
 
 
 def start_all(*workers: Worker, started: list[Worker]) -> None:
@@ -230,8 +233,12 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
     proxy = TcpProxy(nats_server.port)  # the source relay's way to NATS, cut before it is killed
     try:
         # The source at work: a first batch handled end to end, then the rest.
-        relay = relay_worker(build, "relay-source", tmp_path, database_url, proxy.url, lease=LEASE)
-        consumer = consumer_worker(build, "consumer-source", tmp_path, database_url, nats_url, registry)
+        relay = relay_worker(
+            build, "relay-source", tmp_path, login(database_url, "pgoutbox_relay"), proxy.url, lease=LEASE
+        )
+        consumer = consumer_worker(
+            build, "consumer-source", tmp_path, login(database_url, "pgoutbox_consumer"), nats_url, registry
+        )
         start_all(relay, consumer, started=started)
         with psycopg.connect(database_url, autocommit=True) as conn:
             done = emit(conn, 20, "done-")
@@ -264,8 +271,10 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
                 "SELECT outbox.requeue(%s::uuid[], 'restored: broker is back')", (ids["dead"],)
             ).fetchone()[0]
             assert moved == len(ids["dead"])
-        relay = relay_worker(build, f"relay-restored-{fmt}", tmp_path, restored, nats_url)
-        consumer = consumer_worker(build, f"consumer-restored-{fmt}", tmp_path, restored, nats_url, registry)
+        relay = relay_worker(build, f"relay-restored-{fmt}", tmp_path, login(restored, "pgoutbox_relay"), nats_url)
+        consumer = consumer_worker(
+            build, f"consumer-restored-{fmt}", tmp_path, login(restored, "pgoutbox_consumer"), nats_url, registry
+        )
         start_all(relay, consumer, started=started)
         with psycopg.connect(restored, autocommit=True) as conn:
             ids["after"] = emit(conn, 10, "after-")
@@ -277,7 +286,8 @@ def test_a_restored_database_carries_on(fmt, tmp_path, pg_server, nats_server, d
         expected |= set(ids["failed"]) | set(ids["pending"]) | set(ids["dead"]) | set(ids["after"]) | set(ids["wakeup"])
         wait_for(lambda: expected <= set(Delivery.of(handler).calls), 60, "every unhandled event to reach the handler")
         wait_for(lambda: set(status_counts(restored)) == {"COMPLETED"}, 30, "every event COMPLETED")
-        time.sleep(2)  # room for a repeated call to show up
+        # Every message acked at the server: no delivery can still come, so a repeated call would have shown.
+        wait_for(lambda: acked_everything(nats_url, HANDLER), 60, "the consumer's ack floor at the stream's end")
         assert relay.terminate() == 0 and consumer.terminate() == 0
 
         # The ledger.

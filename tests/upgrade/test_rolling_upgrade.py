@@ -32,8 +32,10 @@ from support.upgrade import (
     Ledger,
     Worker,
     Writer,
+    acked_everything,
     consumer_worker,
     current_build,
+    delivered_since,
     handler_registry,
     latencies,
     ledger_problems,
@@ -50,7 +52,7 @@ pytestmark = pytest.mark.slow
 
 HANDLER = "upgrade_check"
 SUBJECT = "sea.event.order_created.v1"
-ACK_WAIT = 10.0  # the handler's, in seconds
+ACK_WAIT = 30.0  # the handler's (the default), in seconds
 
 
 def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_server, empty_database_url):
@@ -72,9 +74,7 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
     writers = [Writer(url, ledger, rate=25, name=f"w{i}") for i in range(2)]
     workers: list[Worker] = []
     try:
-        old_registry = handler_registry(
-            old, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "old.registry.json", ack_wait=ACK_WAIT
-        )
+        old_registry = handler_registry(old, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "old.registry.json")
         old_relay = relay_worker(old, "relay-old", tmp_path, url, nats_url)
         old_consumer = consumer_worker(old, "consumer-old", tmp_path, url, nats_url, old_registry)
         for w in (old_relay, old_consumer):
@@ -83,7 +83,7 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
         t0 = time.monotonic()
         for w in writers:
             w.start()
-        time.sleep(4)
+        wait_for(delivered_since(ledger, handler, t0, 50), 60, "the previous release delivering under load")
 
         # 2. This release's migrations, under load.
         t_migrate = time.monotonic()
@@ -92,7 +92,7 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
         print(ran.stdout.strip())
         assert schema_version(url) == max(new.schema_version, old.schema_version)
         old.run("status", OUTBOX_DATABASE_URL=url)  # the old release still accepts the schema (exit 0)
-        time.sleep(2)
+        wait_for(delivered_since(ledger, handler, t_migrated), 60, "the old workers delivering on the migrated schema")
         assert old_relay.alive() and old_consumer.alive(), "an old worker stopped after the migration"
 
         # 3. An old relay restarted on the migrated schema.
@@ -100,22 +100,20 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
         again = relay_worker(old, "relay-old-again", tmp_path, url, nats_url)
         workers.append(again)
         start_worker(again)
-        time.sleep(2)
+        wait_for(delivered_since(ledger, handler, time.monotonic()), 60, "the restarted old relay delivering")
 
         # 4. One at a time: the relay, then the consumer.
         assert again.terminate() == 0
         new_relay = relay_worker(new, "relay-new", tmp_path, url, nats_url)
         workers.append(new_relay)
         start_worker(new_relay)
-        new_registry = handler_registry(
-            new, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "new.registry.json", ack_wait=ACK_WAIT
-        )
+        new_registry = handler_registry(new, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "new.registry.json")
         new_consumer = consumer_worker(new, "consumer-new", tmp_path, url, nats_url, new_registry)
         workers.append(new_consumer)
-        time.sleep(3)
+        wait_for(delivered_since(ledger, handler, time.monotonic()), 60, "the new relay delivering")
         assert old_consumer.terminate() == 0
         start_worker(new_consumer)
-        time.sleep(3)
+        wait_for(delivered_since(ledger, handler, time.monotonic()), 60, "the new consumer delivering")
 
         for w in writers:
             w.stop()
@@ -125,7 +123,8 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
             60,
             "every committed event to reach the handler",
         )
-        time.sleep(1.5)  # room for a duplicate call to show up
+        # Every message acked at the server: no delivery can still come, so a duplicate would have shown.
+        wait_for(lambda: acked_everything(nats_url, HANDLER), 60, "the consumer's ack floor at the stream's end")
         assert new_relay.alive() and new_consumer.alive()
         assert new_relay.terminate() == 0
         assert new_consumer.terminate() == 0
