@@ -65,10 +65,12 @@ SELECT throws_ok(
 );
 
 SELECT fixture.event('DEAD_LETTER') AS dead \gset
+SET ROLE pgoutbox_admin;
 SELECT is(
     outbox.dlq_discard(jsonb_build_object('ids', jsonb_build_array(:'dead')), 'obsolete'), 1,
     'a dead letter is discarded'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT format('%s|%s', fixture.status(:'dead'), count(*)) FROM outbox.discarded_events
@@ -76,10 +78,12 @@ SELECT is(
     ),
     'DEAD_LETTER|1', 'discarded: still DEAD_LETTER, with its mark'
 );
+SET ROLE pgoutbox_admin;
 SELECT is(
     outbox.dlq_restore(jsonb_build_object('ids', jsonb_build_array(:'dead')), 'wanted'), 1,
     'and restored'
 );
+RESET ROLE;
 SELECT is(
     (
         SELECT format('%s|%s', fixture.status(:'dead'), count(*)) FROM outbox.discarded_events

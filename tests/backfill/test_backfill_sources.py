@@ -202,7 +202,7 @@ def command(world, *extra: str) -> list[str]:
 
 def environment() -> dict[str, str]:
     env = {k: v for k, v in spark_env().items() if not k.startswith(("OUTBOX_", "PG"))}
-    return env | {"OUTBOX_SPARK_MASTER": "local[1]"}
+    return env | {"OUTBOX_SPARK_MASTER": "local[1]"}  # not default: one Spark core of the 2 this machine has
 
 
 def inbox(owner: str) -> dict[str, str]:

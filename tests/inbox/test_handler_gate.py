@@ -38,6 +38,7 @@ async def test_a_handler_answering_503_is_away_and_its_message_waits_uncounted(
     """503, 503, then 200, with max_deliver 2: counted, the second 503 would
     have dead-lettered the message; the gate makes both a wait instead."""
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    # not default: max_deliver 2: one counted failure would dead-letter it, so none may be counted
     cfg = consumer_config(database_url, nats_server.url, registry_file, max_deliver="2")
     ev = event({"answers": [503, 503, 200]})
     seen = []  # the consumer as the handler's third call (the probe that finds it back) finds it
@@ -77,6 +78,7 @@ async def test_a_handler_that_refuses_connections_delays_every_message_until_it_
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/events"
     registry_file = write_registry(tmp_path, [{"name": H, "url": url, "subjects": [SUBJECT]}])
+    # not default: max_deliver 2: one counted failure would dead-letter it, so none may be counted
     cfg = consumer_config(database_url, nats_server.url, registry_file, max_deliver="2")
     events = [event() for _ in range(3)]
     caplog.set_level("INFO", logger="pgoutbox.inbox.gates")
@@ -114,6 +116,7 @@ async def test_a_replay_that_finds_the_handler_away_waits_and_is_not_spent(
     away (503, then 503 again for the probe), then back (200): one replay
     spent, the one that processed it; no second dead letter."""
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    # not default: max_deliver 2 (a counted failure would dead-letter it); the replay within 200 ms, not 1 h
     cfg = consumer_config(database_url, nats_server.url, registry_file, max_deliver="2", replay_base_delay="200ms")
     ev = event({"answers": [422, 503, 503, 200]})
     async with jetstream(nats_server.url) as js:

@@ -123,7 +123,8 @@ def test_a_handler_stopped_for_five_minutes_delays_its_events_and_dead_letters_n
                 for i in range(DURING):
                     time.sleep(max(0.0, started + i * OUTAGE / DURING - time.monotonic()))  # pacing the emits
                     emit(writer, 1, BEFORE + i)
-                time.sleep(max(0.0, started + OUTAGE - time.monotonic()))  # the outage lasts its whole length
+                # not a race: the outage lasts its whole length, then the check
+                time.sleep(max(0.0, started + OUTAGE - time.monotonic()))
                 assert not _inbox(database_url).get("DEAD_LETTER") and not _inbox(database_url).get("FAILED")
                 handler.start()
                 wait_for(

@@ -290,7 +290,9 @@ def test_oldest_snapshots_names_the_holder_but_not_its_query(database_url):
 async def test_the_relay_exports_the_age_of_the_held_snapshot(database_url, nats_server):
     relay_login = login(database_url, "pgoutbox_relay")
     # backlog_interval: the gauges are read by the backlog loop, every 5 s by default.
-    cfg = relay_config(relay_login, nats_server.url, backlog_interval="200ms")
+    cfg = relay_config(
+        relay_login, nats_server.url, backlog_interval="200ms"
+    )  # not default: the gauges within the test
     async with running_relay(cfg) as relay:
 
         def age() -> float:
