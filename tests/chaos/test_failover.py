@@ -158,7 +158,10 @@ def check_common(figures: dict, problems: list[str]) -> None:
     assert not problems, problems
     assert figures["acked_after_switch"] > 0, "the writers never committed after the switch"
     assert figures["switch.first_new_event_applied_s"] is not None, "no event emitted after the switch was applied"
-    assert figures["db_error_lines"] > 0, "no worker reported the lost primary"
+    # Whether a worker meets the lost primary at all is a race: a worker between two calls
+    # reconnects to the new one without an error. Both sides are fine (the ledger above says
+    # nothing was lost either way); what is checked is that every line it writes about
+    # PostgreSQL names every node, so that an operator sees where it looked.
     assert figures["db_error_lines_naming_every_node"] == figures["db_error_lines"]
 
 
