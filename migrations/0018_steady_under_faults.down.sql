@@ -319,6 +319,7 @@ DROP FUNCTION IF EXISTS outbox._claim_floor();
 DROP TRIGGER IF EXISTS _200_lower_claim_floor ON outbox.events;
 DROP TRIGGER IF EXISTS _200_lower_claim_floor_on_insert ON outbox.events;
 DROP FUNCTION IF EXISTS outbox.tg_events__lower_claim_floor();
+DROP FUNCTION IF EXISTS outbox._lower_claim_floor(bigint);
 DROP SEQUENCE IF EXISTS outbox.claim_floor;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_next;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_wait;

@@ -154,7 +154,7 @@ COMMENT ON FUNCTION outbox.emit(
 --      below C, read in a snapshot taken after that, or C.
 -- Why no claimable row ends below the floor, whatever stalls or fails:
 -- every INSERT takes its transaction id, then reads the candidate, then the
--- floor (trigger _200_lower_claim_floor_on_insert, its WHEN), and an id
+-- floor (the policy trigger, outbox.tg_events__check_policies), and an id
 -- below either lowers them under the floor's lock. An INSERT T of an id
 -- below C either read the candidate after C was published, and lowers the
 -- floor (it waits for the lock if step 2 holds it, and comes after it); or
