@@ -53,6 +53,9 @@ _SAFE_CHARS = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in '"%')
 _NAME = re.compile(r"[a-z0-9]{1,64}")
 # The names the relay writes: known good without the pattern.
 _KNOWN = frozenset({"specversion", "id", "source", "type", "time", "subject", "datacontenttype", *TRACING})
+# The attributes whose JSON-format value must be a string (the others of an
+# event may be booleans or integers, carried as their canonical strings).
+_STRINGS = frozenset({*REQUIRED, "time", "subject", "datacontenttype", "dataschema"})
 # RFC 3986 URI-reference characters: unreserved, sub-delims, ":@/?#[]", and %XX.
 _URI_REFERENCE = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?#\[\]]|%[0-9A-Fa-f]{2})+")
 # A media type travels as the handler's Content-Type as it is: visible ASCII and space only.
@@ -240,8 +243,13 @@ def from_structured(document: Any) -> tuple[dict[str, str], Any]:
             continue
         if not _NAME.fullmatch(name):
             raise NotACloudEvent(f"member {name[:80]!r} is not a CloudEvents attribute name (a-z, 0-9)")
-        if value is not None:
-            attributes[name] = _canonical(value)
+        if value is None:
+            continue
+        if name in _STRINGS and not isinstance(value, str):
+            # The JSON format gives these attributes string types (String, URI-reference,
+            # Timestamp): `"source": false` is not the source "false".
+            raise NotACloudEvent(f"attribute {name} is {json.dumps(value)[:80]}, not a JSON string")
+        attributes[name] = _canonical(value)
     return _check(attributes), document.get("data")
 
 
