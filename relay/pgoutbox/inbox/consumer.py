@@ -22,7 +22,10 @@ counting a failure, so that an outage of any length only delays them.
 
 Backpressure: a fetch never asks for more messages than the handler has free
 slots (`concurrency`), so nothing waits unprocessed while its ack_wait runs;
-`max_ack_pending` bounds the same thing on the server side.
+`max_ack_pending` bounds the same thing on the server side. A message held
+back for its tenant's turn (tenants.py) lends its slot to the fetch while it
+waits, kept alive by the heartbeat: then max_ack_pending alone bounds what
+is in hand.
 
 Start-up waits for NATS and PostgreSQL for as long as they are unreachable
 (one log line per attempt, at most every few seconds, no traceback); a bad
