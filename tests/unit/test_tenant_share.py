@@ -56,7 +56,7 @@ async def _started(share: Share, envelope: dict, stopping: asyncio.Event, order:
         return ok
 
     task = asyncio.create_task(go())
-    await asyncio.sleep(0)  # it runs up to its wait
+    await asyncio.sleep(0)  # one turn of the loop: it runs until it has its turn or waits for it
     return task
 
 
@@ -75,7 +75,6 @@ async def test_a_tenant_at_its_limit_waits_while_another_tenant_goes_at_once():
     lender = share.lender = Lender()
     first = [await _started(share, env("slow"), stopping, order) for _ in range(3)]
     fast = await _started(share, env("fast"), stopping, order)
-    await asyncio.sleep(0)
     assert [t.done() for t in first] == [True, True, False] and fast.done()
     assert share.held == 1 and lender.lent == 1  # the third lent its fetch slot
     share.release(env("slow"))
@@ -99,7 +98,6 @@ async def test_a_message_waits_behind_a_held_earlier_one_of_its_ordering_key_wha
     held = await _started(share, env("slow", "k"), stopping, order)
     behind = await _started(share, env("fast", "k"), stopping, order)  # its tenant is free, its key is not
     other = await _started(share, env("fast", "z"), stopping, order)  # behind its tenant's held message
-    await asyncio.sleep(0)
     assert running.done() and not held.done() and not behind.done() and not other.done()
     share.release(env("slow"))  # the slow call ends: its held message goes, then the one behind it on "k"
     await asyncio.gather(held, behind)
