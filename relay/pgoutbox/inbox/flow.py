@@ -552,9 +552,11 @@ class MessageFlow:
         """Calls the handler and acts on its answer; with a span (tracing on),
         the call is its child CLIENT span (whose traceparent the handler
         receives) and the action its child settle span."""
+        gate = self.handler_gates.get(h.name)
+        call = gate.calling() if gate is not None else 0
         if span is None:
             answer = await self._ask(a, h)
-            return await self._act(a, h, row, decide(answer), answer)
+            return await self._act(a, h, row, decide(answer), answer, call)
         http = span.http("POST", h.spec.url)
         answer = await self._ask(a, h, http.headers() or None)  # untraced: the envelope's own
         http.end(answer.status, answer.error)
@@ -569,7 +571,7 @@ class MessageFlow:
             operation = "dead_letter"
         settle = span.settle(operation)
         try:
-            outcome = await self._act(a, h, row, action, answer)
+            outcome = await self._act(a, h, row, action, answer, call)
         except BaseException as exc:
             settle.end(exc)
             raise
@@ -612,15 +614,21 @@ class MessageFlow:
         return answer
 
     async def _act(
-        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer, call: int = 0
     ) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         gate = self.handler_gates.get(h.name)
         if gate is not None:
-            if answer.away:
+            if not answer.away:
+                gate.answered(call)
+            elif not gate.own_failure(message_id):
                 return await self._went_back(a, h, gate, answer)
-            gate.answered()
+            else:
+                log.warning(
+                    "handler away for this message only (it answered others since): counted as its failure",
+                    extra={"handler": h.name, "message_id": message_id, "answer": answer.summary},
+                )
         failures = self.inbox.failures(row)
         if action is Action.PROCESSED:
             if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):
