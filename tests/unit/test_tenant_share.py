@@ -213,3 +213,33 @@ async def test_in_the_flow_a_held_message_is_kept_alive_and_neither_nakd_nor_fai
     assert answers(nc, slow2)[-1] == b""  # acked once its call was made
     assert inbox.row(slow2.headers["Nats-Msg-Id"], "billing").failures == 0
     assert metrics.registry.get_sample_value("pgoutbox_consumer_tenant_holds_total", {"handler": "billing"}) == 1
+
+
+def _manifest(tmp_path, extra: str):
+    (tmp_path / "h.toml").write_text(
+        '[[handler]]\nname = "billing"\nurl = "http://127.0.0.1:1/events"\n'
+        f'subjects = ["sea.event.order_created.v1"]\n{extra}\n'
+    )
+    return registry.read_manifests(tmp_path)
+
+
+def test_a_manifest_key_above_the_handlers_concurrency_is_refused_and_one_left_out_stays_out_of_the_registry(
+    tmp_path,
+):
+    with pytest.raises(registry.RegistryError, match="tenant_concurrency = 9 is above concurrency = 8"):
+        _manifest(tmp_path, "concurrency = 8\ntenant_concurrency = 9")
+    (spec,) = _manifest(tmp_path, "concurrency = 8")
+    assert "tenant_concurrency" not in spec.to_json()  # a registry as earlier releases wrote and read it
+    assert consumer_settings.resolve(spec, CONFIG).tenant_concurrency == 2
+    (spec,) = _manifest(tmp_path, "tenant_concurrency = 64")
+    assert consumer_settings.resolve(spec, CONFIG).tenant_concurrency == 64  # up to the default concurrency
+
+
+def test_a_setting_above_a_handlers_concurrency_stops_the_start_with_the_handler_named(tmp_path):
+    (spec,) = _manifest(tmp_path, "concurrency = 8")
+    # not default: the test is about a tenant_concurrency the handler's concurrency cannot take
+    cfg = dataclasses.replace(CONFIG, tenant_concurrency=16)
+    with pytest.raises(ConfigError, match="handler billing: tenant_concurrency=16"):
+        consumer_settings.resolve(spec, cfg)
+    with pytest.raises(ConfigError, match="OUTBOX_CONSUMER_TENANT_CONCURRENCY"):
+        dataclasses.replace(CONFIG, tenant_concurrency=65)
