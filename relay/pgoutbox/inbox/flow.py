@@ -80,6 +80,7 @@ from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
 from pgoutbox.inbox.settings import HandlerRuntime
 from pgoutbox.inbox.store import Inbox, settles
+from pgoutbox.inbox.tenants import Share
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -295,6 +296,7 @@ class MessageFlow:
         tracer: tracing.Tracer = tracing.OFF,
         cloudevents_source: str = cloudevents.DEFAULT_SOURCE,
         handler_gates: Mapping[str, HandlerGate] | None = None,
+        tenants: Mapping[str, Share] | None = None,
     ) -> None:
         self.inbox = inbox
         # For a handler of format "cloudevents" and a message that came without attributes.
@@ -309,6 +311,8 @@ class MessageFlow:
         self.gate = gate
         # Per handler: closed while it is away (inbox/gates.py); none: every answer is the message's.
         self.handler_gates = handler_gates or {}
+        # Per handler: its calls in flight per tenant (inbox/tenants.py); none: no limit.
+        self.tenants = tenants or {}
         self.tracing = tracer
         self.heartbeat = Heartbeat()
 
@@ -587,17 +591,24 @@ class MessageFlow:
                 else cloudevents.derived(as_given, self.cloudevents_source)
             )
             body = payload_body(a.envelope, a.payload)
-        answer = await self.client.call(
-            h.spec.url,
-            body,
-            a.envelope,
-            handler=h.name,
-            delivery=a.delivery,
-            timeout=h.timeout,
-            received=a.received,
-            trace=trace,
-            cloudevent=attributes,
-        )
+        share = self.tenants.get(h.name)
+        if share is not None and not await share.acquire(a.envelope, self.stopping):
+            raise Stopping()  # held back for its tenant's turn until the consumer stopped
+        try:
+            answer = await self.client.call(
+                h.spec.url,
+                body,
+                a.envelope,
+                handler=h.name,
+                delivery=a.delivery,
+                timeout=h.timeout,
+                received=a.received,
+                trace=trace,
+                cloudevent=attributes,
+            )
+        finally:
+            if share is not None:
+                share.release(a.envelope)
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
         return answer
