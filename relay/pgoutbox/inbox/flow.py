@@ -73,6 +73,7 @@ from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, PolicyViola
 from pgoutbox.core.gate import Gate, Outage
 from pgoutbox.core.stopping import sleep
 from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
+from pgoutbox.inbox import batch as batches
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, payload_body, request_body
@@ -311,6 +312,8 @@ class MessageFlow:
         self.handler_gates = handler_gates or {}
         self.tracing = tracer
         self.heartbeat = Heartbeat()
+        # Handlers of format "batch": which batch in flight holds each ordering key.
+        self.lanes = batches.Lanes()
 
     async def handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         """Processes the messages of one fetch, and calls done(msg, outcome)
@@ -363,7 +366,7 @@ class MessageFlow:
 
     async def _handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
-        work = []
+        work: list[Awaitable[None]] = []
         # Tracing is decided once per fetch: off, no message pays for it.
         fetched_ns = time.time_ns() if self.tracing.on else 0
         for msg in msgs:
@@ -372,6 +375,24 @@ class MessageFlow:
                 work.append(self._run(msg, self._unreadable(msg, h, got), done))
             else:
                 admitted.append(got)
+        # A handler of format "batch" gets one call for the fetch; it takes its
+        # ordering keys now, before the first wait, so batches go in fetch order.
+        batch = self.lanes.enter(h.name, admitted) if h.spec.format == "batch" else None
+        try:
+            await self._handle_admitted(admitted, h, done, work, fetched_ns, batch)
+        finally:
+            if batch is not None:
+                batch.leave()
+
+    async def _handle_admitted(
+        self,
+        admitted: list[Admitted],
+        h: HandlerRuntime,
+        done: Done,
+        work: list[Awaitable[None]],
+        fetched_ns: int,
+        batch: batches.Batch | None,
+    ) -> None:
         try:
             rows = await self.database(lambda: self._receive_all(h, admitted))
         except Exception as exc:
@@ -390,8 +411,15 @@ class MessageFlow:
             else:
                 if h.spec.version is not None:
                     a = a.given_as(h.spec.version, row.get("upcast_payload"))
+                if batch is not None:
+                    batch.add(a, row)
+                    continue
                 process = self._traced(a, h, row, fetched_ns) if fetched_ns else self._process(a, h, row)
                 work.append(self._run(a.msg, process, done))
+        if batch is not None and batch.items:
+            batch.start(lambda body, count: self._ask_batch(h, body, count))
+            for index, (a, row) in enumerate(batch.items):
+                work.append(self._run(a.msg, self._process(a, h, row, answer=batch.answer_of(index)), done))
         if len(work) == 1:
             await work[0]
         elif work:
@@ -517,10 +545,15 @@ class MessageFlow:
         return outcome
 
     async def _process(
-        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], span: tracing.ProcessSpan | None = None
+        self,
+        a: Admitted,
+        h: HandlerRuntime,
+        row: dict[str, Any],
+        span: tracing.ProcessSpan | None = None,
+        answer: Awaitable[HandlerAnswer] | None = None,
     ) -> Outcome:
         try:
-            return await self._call(a, h, row, span)
+            return await self._call(a, h, row, span, answer)
         except Stopping:
             raise
         except Exception as exc:
@@ -543,13 +576,19 @@ class MessageFlow:
         return Outcome.DEAD_LETTERED
 
     async def _call(
-        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], span: tracing.ProcessSpan | None = None
+        self,
+        a: Admitted,
+        h: HandlerRuntime,
+        row: dict[str, Any],
+        span: tracing.ProcessSpan | None = None,
+        given: Awaitable[HandlerAnswer] | None = None,
     ) -> Outcome:
         """Calls the handler and acts on its answer; with a span (tracing on),
         the call is its child CLIENT span (whose traceparent the handler
-        receives) and the action its child settle span."""
+        receives) and the action its child settle span. `given`: the
+        message's answer from its batch's call instead (format "batch")."""
         if span is None:
-            answer = await self._ask(a, h)
+            answer = await (given if given is not None else self._ask(a, h))
             return await self._act(a, h, row, decide(answer), answer)
         http = span.http("POST", h.spec.url)
         answer = await self._ask(a, h, http.headers() or None)  # untraced: the envelope's own
@@ -599,6 +638,15 @@ class MessageFlow:
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
         return answer
+
+    async def _ask_batch(self, h: HandlerRuntime, body: bytes, count: int) -> tuple[HandlerAnswer, bytes]:
+        """One call of a handler of format "batch" (inbox/batch.py), counted as one call."""
+        answer, kept = await self.client.call_batch(
+            h.spec.url, body, handler=h.name, count=count, timeout=h.timeout, keep=batches.ANSWER_KEPT
+        )
+        self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
+        self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
+        return answer, kept
 
     async def _act(
         self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer

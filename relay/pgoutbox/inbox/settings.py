@@ -328,6 +328,12 @@ def resolve(spec: registry.HandlerSpec, cfg: ConsumerConfig) -> HandlerRuntime:
             bounds.INBOX_BATCH.check(spec.batch_size)
         except ValueError as exc:
             raise ConfigError(f"handler {spec.name}: batch_size={spec.batch_size}: {exc}") from exc
+    if spec.format == "batch" and spec.batch_size is None and cfg.batch_size > registry.BATCH_MAX:
+        # The default the manifest left to OUTBOX_CONSUMER_BATCH_SIZE, refused as the manifest's own would be.
+        raise ConfigError(
+            f"handler {spec.name} (format batch): OUTBOX_CONSUMER_BATCH_SIZE={cfg.batch_size}: BAD_BATCH_SIZE:"
+            f" at most {registry.BATCH_MAX} for a handler of format batch"
+        )
     return HandlerRuntime(
         spec=spec,
         timeout=pick("timeout", "handler_timeout"),
