@@ -31,6 +31,11 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
       process plus OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in a process
       of its own, pgoutbox.dev.otlp), in --rounds interleaved rounds, with the
       medians and what tracing costs per message. `--only i` runs (a) and (i).
+  (j) `pgoutbox consume` with default settings, the same manifest of format
+      "pgoutbox" (one POST per message) and of format "batch" (one POST per
+      fetch, up to batch_size 32, one result per message), on the same handler
+      process (/noop answers a message, /batch a batch), in --rounds
+      interleaved rounds, with the medians. `--only j` runs (a) and (j).
 
 Every `pgoutbox consume` runs as the login docs/consumer.md gives it (a member
 of pgoutbox_consumer only), with the README's manifest (timeout 10s,
@@ -48,12 +53,14 @@ with the default durability (synchronous_commit on).
     .venv/bin/python bench/consumer_bench.py --only g [--rounds 3]          # (a) and (g) only
     .venv/bin/python bench/consumer_bench.py --only h [--rounds 3]          # (a) and (h) only
     .venv/bin/python bench/consumer_bench.py --only i [--rounds 3]          # (a) and (i) only
+    .venv/bin/python bench/consumer_bench.py --only j [--rounds 3]          # (a) and (j) only
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -112,7 +119,7 @@ class _Noop(asyncio.Protocol):
         if buf[:3] == b"PRI":  # the HTTP/2 connection preface: prior knowledge h2c
             self._h2_start(buf)
             return
-        pos, answered = 0, 0
+        pos, answered, answers = 0, 0, []
         while (end := buf.find(b"\r\n\r\n", pos)) >= 0:
             at = buf.find(b"\r\nContent-Length:", pos, end)
             if at < 0:
@@ -122,11 +129,15 @@ class _Noop(asyncio.Protocol):
             length = int(buf[at + 17 : buf.find(b"\r\n", at + 2)]) if at >= 0 else 0
             if end + 4 + length > len(buf):
                 break
+            if buf.startswith(b"POST /batch", pos):  # a batch handler: one result per message
+                answers.append(_batch_answer(buf[end + 4 : end + 4 + length]))
+            else:
+                answers.append(NOOP_RESPONSE)
             pos = end + 4 + length
             answered += 1
         self.buffer = buf[pos:]
         if answered:
-            self.transport.write(NOOP_RESPONSE * answered)
+            self.transport.write(b"".join(answers))
 
     def _h2_start(self, data: bytes) -> None:
         import h2.config
@@ -149,6 +160,13 @@ class _Noop(asyncio.Protocol):
                 self.transport.close()
                 return
         self.transport.write(self.h2.data_to_send())
+
+
+def _batch_answer(body: bytes) -> bytes:
+    """A batch handler's 200: every message processed (docs/consumer.md, "Batch handlers")."""
+    results = [{"message_id": m["envelope"]["message_id"], "status": 200} for m in json.loads(body)["messages"]]
+    out = json.dumps({"results": results}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: keep-alive\r\n\r\n%s" % (len(out), out)
 
 
 async def _serve_noop(port: int) -> None:
@@ -444,6 +462,7 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
         settings: list[str] | None = None,
         profile: str | None = None,
         manifest_extra: str = "",
+        path: str | None = None,
     ) -> dict[str, float]:
         told = args.setting + (settings or [])
         return await _consume(
@@ -451,7 +470,7 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             workdir,
             pg,
             nats_url,
-            url,
+            url if path is None else url.replace("/noop", path),
             handler,
             n,
             processes,
@@ -523,6 +542,8 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             await _upcast_step(args, pg, consume)
         if "i" in only:
             await _traces_off_on(args, consume)
+        if "j" in only:
+            await _batch_format(args, consume)
     finally:
         await nc.close()
 
@@ -723,6 +744,44 @@ async def _traces_off_on(args, consume) -> None:
     )
 
 
+# -- (j) handlers of format "batch" --------------------------------------------------
+async def _batch_format(args, consume) -> None:
+    print(
+        f"(j) pgoutbox consume, default settings: format pgoutbox (a POST per message) and format batch "
+        f"(a POST per fetch) on the same handler process, {args.rounds} interleaved round(s)"
+    )
+    rounds = []
+    for r in range(1, args.rounds + 1):
+        ticks = machine.cpu_ticks()
+        single = await consume(f"single{r}")
+        batch = await consume(f"batch{r}", manifest_extra='format = "batch"\n', path="/batch")
+        rounds.append({"single": single, "batch": batch})
+        print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
+        _line("format pgoutbox (one message per POST)", single["rate"], single["cpu_us"], single["pg_us"])
+        _line(
+            "format batch (a fetch per POST)",
+            batch["rate"],
+            batch["cpu_us"],
+            batch["pg_us"],
+            ("pgoutbox", single["rate"]),
+        )
+    med = {k: {m: statistics.median(g[k][m] for g in rounds) for m in rounds[0][k]} for k in ("single", "batch")}
+    print(f" median of {len(rounds)} round(s):")
+    _line("format pgoutbox", med["single"]["rate"], med["single"]["cpu_us"], med["single"]["pg_us"])
+    _line(
+        "format batch",
+        med["batch"]["rate"],
+        med["batch"]["cpu_us"],
+        med["batch"]["pg_us"],
+        ("pgoutbox", med["single"]["rate"]),
+    )
+    print(
+        f"  handler CPU per message: pgoutbox {med['single']['handler_us']:.0f} us, batch "
+        f"{med['batch']['handler_us']:.0f} us",
+        flush=True,
+    )
+
+
 def main(args) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="pgoutbox-consumer-bench-"))
     workdir.chmod(0o755)  # PostgreSQL runs as another user
@@ -761,8 +820,8 @@ if __name__ == "__main__":
         "--setting", action="append", default=[], metavar="OUTBOX_X=V", help="for the consumer processes (repeatable)"
     )
     parser.add_argument("--indb-fetch", type=int, default=256, help="fetch size of the batched in-database loop")
-    parser.add_argument("--only", default="abcdefghi", help="the parts to run (a always)")
-    parser.add_argument("--rounds", type=int, default=3, help="(g), (h), (i): interleaved rounds")
+    parser.add_argument("--only", default="abcdefghij", help="the parts to run (a always)")
+    parser.add_argument("--rounds", type=int, default=3, help="(g), (h), (i), (j): interleaved rounds")
     parser.add_argument("--ref-batch", type=int, default=CONCURRENCY, help="(g): fetch size of the reference loops")
     parser.add_argument(
         "--consume-variant",
