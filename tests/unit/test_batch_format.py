@@ -143,8 +143,7 @@ async def test_a_batch_waits_for_the_earlier_batch_holding_one_of_its_keys():
         return go
 
     for name, b in (("second", second), ("apart", apart), ("other", other_handler)):
-        b.add(_admitted(), {})
-        b.start(post(name))
+        b.start([_admitted()], post(name))
     for _ in range(5):
         await asyncio.sleep(0)
     assert sorted(posted) == ["apart", "other"]  # the second waits for the first

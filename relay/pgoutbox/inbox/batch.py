@@ -46,14 +46,25 @@ import json
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pgoutbox.core.errors import SqlState
 from pgoutbox.inbox.handler_client import HandlerAnswer
 from pgoutbox.inbox.http1 import TEXT_KEPT
 
-if TYPE_CHECKING:
-    from pgoutbox.inbox.flow import Admitted
+
+class Admitted(Protocol):
+    """A message to send (flow.Admitted): what the request needs of it."""
+
+    @property
+    def envelope(self) -> dict[str, Any]: ...
+    @property
+    def delivery(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def received(self) -> int | None: ...
+
 
 # Bytes of a batch handler's answer read at most: a result is about 100 bytes,
 # so 1 MiB holds the results of the largest batch (registry.BATCH_MAX) ten times over.
@@ -161,30 +172,25 @@ Post = Callable[[bytes, int], Awaitable[tuple[HandlerAnswer, bytes]]]
 
 @dataclass(eq=False)
 class Batch:
-    """One fetch of a handler of format "batch": the messages to call it
-    with (add), one POST for all of them, each message's answer (answer_of)."""
+    """One fetch of a handler of format "batch": one POST for the messages
+    to call it with (start), each message's answer (answer_of)."""
 
     lanes: Lanes
     handler: str
     done: asyncio.Future[None]
     keys: set[str] = field(default_factory=set)
     waits: set[asyncio.Future[None]] = field(default_factory=set)
-    items: list[tuple[Admitted, dict[str, Any]]] = field(default_factory=list)
     _call: asyncio.Task[list[HandlerAnswer]] | None = None
 
-    def add(self, a: Admitted, row: dict[str, Any]) -> None:
-        self.items.append((a, row))
+    def start(self, items: Sequence[Admitted], post: Post) -> None:
+        """The one POST of `items`, once the earlier batches holding its keys finished."""
+        self._call = asyncio.ensure_future(self._post(list(items), post))
 
-    def start(self, post: Post) -> None:
-        """The one POST, once the earlier batches holding its keys finished."""
-        self._call = asyncio.ensure_future(self._post(post))
-
-    async def _post(self, post: Post) -> list[HandlerAnswer]:
+    async def _post(self, items: list[Admitted], post: Post) -> list[HandlerAnswer]:
         for earlier in self.waits:
             await earlier
-        admitted = [a for a, _ in self.items]
-        answer, body = await post(request_body(admitted), len(admitted))
-        return answers(answer, body, [a.envelope["message_id"] for a in admitted])
+        answer, body = await post(request_body(items), len(items))
+        return answers(answer, body, [a.envelope["message_id"] for a in items])
 
     async def answer_of(self, index: int) -> HandlerAnswer:
         """Message `index`'s answer (an exception of the call is each message's)."""

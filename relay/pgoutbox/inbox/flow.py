@@ -399,6 +399,7 @@ class MessageFlow:
             for a in admitted:
                 done(a.msg, None if isinstance(exc, Stopping) else exc)
             admitted, rows = [], []
+        called: list[tuple[Admitted, dict[str, Any]]] = []  # format "batch": the messages of its one call
         for a, row in zip(admitted, rows, strict=True):
             if isinstance(row, str):
                 work.append(self._run(a.msg, self._unreadable(a.msg, h, row), done))
@@ -412,13 +413,13 @@ class MessageFlow:
                 if h.spec.version is not None:
                     a = a.given_as(h.spec.version, row.get("upcast_payload"))
                 if batch is not None:
-                    batch.add(a, row)
+                    called.append((a, row))
                     continue
                 process = self._traced(a, h, row, fetched_ns) if fetched_ns else self._process(a, h, row)
                 work.append(self._run(a.msg, process, done))
-        if batch is not None and batch.items:
-            batch.start(lambda body, count: self._ask_batch(h, body, count))
-            for index, (a, row) in enumerate(batch.items):
+        if batch is not None and called:
+            batch.start([a for a, _ in called], lambda body, count: self._ask_batch(h, body, count))
+            for index, (a, row) in enumerate(called):
                 work.append(self._run(a.msg, self._process(a, h, row, answer=batch.answer_of(index)), done))
         if len(work) == 1:
             await work[0]
