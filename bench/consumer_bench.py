@@ -34,8 +34,11 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
   (j) `pgoutbox consume` with default settings, the same manifest of format
       "pgoutbox" (one POST per message) and of format "batch" (one POST per
       fetch, up to batch_size 32, one result per message), on the same handler
-      process (/noop answers a message, /batch a batch), in --rounds
-      interleaved rounds, with the medians. `--only j` runs (a) and (j).
+      process (/noop answers a message, /batch a batch): the no-op handler
+      above (never the bottleneck), and a handler on the standard library's
+      ThreadingHTTPServer (a thread and a parse per request, as a small
+      Python service has), in --rounds interleaved rounds, with the medians.
+      `--only j` runs (a) and (j).
 
 Every `pgoutbox consume` runs as the login docs/consumer.md gives it (a member
 of pgoutbox_consumer only), with the README's manifest (timeout 10s,
@@ -176,9 +179,30 @@ async def _serve_noop(port: int) -> None:
         await server.serve_forever()
 
 
-def _start_noop_handler() -> tuple[subprocess.Popen, str]:
+def _serve_stdlib(port: int) -> None:
+    """(j): a handler as a small Python service is written: http.server, a thread per connection."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            answer = _batch_answer(body) if self.path == "/batch" else NOOP_RESPONSE
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+def _start_noop_handler(kind: str = "--serve-noop") -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-noop", str(port)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, kind, str(port)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc, f"http://127.0.0.1:{port}/noop"
 
@@ -454,6 +478,7 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     n, only = args.messages, args.only
+    noop_url, noop_pid = url, handler_pid
 
     async def consume(
         handler: str,
@@ -463,20 +488,23 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
         profile: str | None = None,
         manifest_extra: str = "",
         path: str | None = None,
+        url: str | None = None,
+        handler_pid: int | None = None,
     ) -> dict[str, float]:
         told = args.setting + (settings or [])
+        target = url or noop_url
         return await _consume(
             js,
             workdir,
             pg,
             nats_url,
-            url if path is None else url.replace("/noop", path),
+            target if path is None else target.replace("/noop", path),
             handler,
             n,
             processes,
             pythonpath,
             told,
-            handler_pid,
+            handler_pid or noop_pid,
             profile,
             manifest_extra,
         )
@@ -750,36 +778,37 @@ async def _batch_format(args, consume) -> None:
         f"(j) pgoutbox consume, default settings: format pgoutbox (a POST per message) and format batch "
         f"(a POST per fetch) on the same handler process, {args.rounds} interleaved round(s)"
     )
+    stdlib, stdlib_url = _start_noop_handler("--serve-stdlib")
+    handlers = {"no-op": (None, None), "http.server": (stdlib_url, stdlib.pid)}
+    kinds = [(h, f) for h in handlers for f in ("pgoutbox", "batch")]
     rounds = []
-    for r in range(1, args.rounds + 1):
-        ticks = machine.cpu_ticks()
-        single = await consume(f"single{r}")
-        batch = await consume(f"batch{r}", manifest_extra='format = "batch"\n', path="/batch")
-        rounds.append({"single": single, "batch": batch})
-        print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
-        _line("format pgoutbox (one message per POST)", single["rate"], single["cpu_us"], single["pg_us"])
-        _line(
-            "format batch (a fetch per POST)",
-            batch["rate"],
-            batch["cpu_us"],
-            batch["pg_us"],
-            ("pgoutbox", single["rate"]),
-        )
-    med = {k: {m: statistics.median(g[k][m] for g in rounds) for m in rounds[0][k]} for k in ("single", "batch")}
+    try:
+        for r in range(1, args.rounds + 1):
+            ticks = machine.cpu_ticks()
+            got = {}
+            for h, f in kinds:
+                url, pid = handlers[h]
+                extra = 'format = "batch"\n' if f == "batch" else ""
+                name = f"{f}_{h.replace('.', '').replace('-', '')}{r}"
+                got[(h, f)] = await consume(
+                    name, manifest_extra=extra, path="/batch" if f == "batch" else None, url=url, handler_pid=pid
+                )
+            rounds.append(got)
+            print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
+            for h, f in kinds:
+                res, ref = got[(h, f)], None if f == "pgoutbox" else ("pgoutbox", got[(h, "pgoutbox")]["rate"])
+                _line(f"{h} handler, format {f}", res["rate"], res["cpu_us"], res["pg_us"], ref)
+    finally:
+        stdlib.kill()
+        stdlib.wait()
     print(f" median of {len(rounds)} round(s):")
-    _line("format pgoutbox", med["single"]["rate"], med["single"]["cpu_us"], med["single"]["pg_us"])
-    _line(
-        "format batch",
-        med["batch"]["rate"],
-        med["batch"]["cpu_us"],
-        med["batch"]["pg_us"],
-        ("pgoutbox", med["single"]["rate"]),
-    )
-    print(
-        f"  handler CPU per message: pgoutbox {med['single']['handler_us']:.0f} us, batch "
-        f"{med['batch']['handler_us']:.0f} us",
-        flush=True,
-    )
+    for h, f in kinds:
+        med = {m: statistics.median(g[(h, f)][m] for g in rounds) for m in rounds[0][(h, f)]}
+        ref = None
+        if f == "batch":
+            ref = ("pgoutbox", statistics.median(g[(h, "pgoutbox")]["rate"] for g in rounds))
+        _line(f"{h} handler, format {f}", med["rate"], med["cpu_us"], med["pg_us"], ref)
+        print(f"  {'':58s} handler CPU {med['handler_us']:5.0f} us/msg", flush=True)
 
 
 def main(args) -> None:
@@ -811,6 +840,9 @@ def main(args) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-noop":
         asyncio.run(_serve_noop(int(sys.argv[2])))
+        sys.exit(0)
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-stdlib":
+        _serve_stdlib(int(sys.argv[2]))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=10_000)

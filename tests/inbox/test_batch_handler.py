@@ -55,9 +55,9 @@ def _rows(database_url: str) -> dict[str, dict]:
 
 
 def _consume(tmp_path: Path, database_url: str, nats_url: str, url: str):
-    registry_file = write_registry(
-        tmp_path, [{"name": H, "url": url, "subjects": ["sea.event.order_created.v1"], "format": "batch"}]
-    )
+    spec = {"name": H, "url": url, "subjects": ["sea.event.order_created.v1"]}
+    spec["format"] = "batch"  # not default: the format under test
+    registry_file = write_registry(tmp_path, [spec])
     return worker(
         tmp_path,
         "consume",
