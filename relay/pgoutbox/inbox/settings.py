@@ -124,7 +124,8 @@ class ConsumerConfig:
             "batch_size",
             "OUTBOX_CONSUMER_BATCH_SIZE",
             "32",
-            "Most messages asked for in one fetch (never more than free concurrency)",
+            "Most messages asked for in one fetch (never more than free concurrency), and sent in one"
+            " request to a handler of format batch (at most 1000 for one)",
             settings.positive_int,
             bound=bounds.INBOX_BATCH,
         )
