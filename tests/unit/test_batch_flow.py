@@ -152,3 +152,22 @@ async def test_a_duplicate_is_acked_and_left_out_of_the_request():
     await f.fetch(done, fresh)
     assert client.requests == [[_id(fresh)]]
     assert (f.outcomes[done.reply], f.outcomes[fresh.reply]) == ("duplicate", "processed")
+
+
+async def test_a_message_answered_away_while_its_batch_is_answered_becomes_its_own_failure():
+    """A result of 503 for one message, twice, while the handler answers the
+    others of its batches: a deferral the first time (an outage counts
+    nothing), its own failure the second (else it would come back without
+    end), also when it comes first in its batch."""
+    client = BatchClient()
+    f = Flow(client, gated=True)
+    x, y = delivery(f.nc, seq=1), delivery(f.nc, seq=2)
+    client.results = {_id(x): 503}
+    await f.fetch(x, y)
+    assert (f.outcomes[x.reply], f.outcomes[y.reply]) == ("deferred", "processed")
+    again, z = delivery(f.nc, seq=1, delivered=2, event_id=_id(x)), delivery(f.nc, seq=3)
+    await f.fetch(again, z)
+    assert (f.outcomes[again.reply], f.outcomes[z.reply]) == ("retried", "processed")
+    row = f.inbox.row(_id(x), "billing")
+    assert (row.status, row.failures, row.last_error) == ("FAILED", 1, "HTTP 503: fake")
+    assert f.gates["billing"].is_up

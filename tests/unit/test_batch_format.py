@@ -136,9 +136,9 @@ async def test_a_batch_waits_for_the_earlier_batch_holding_one_of_its_keys():
     posted: list[str] = []
 
     def post(name: str):
-        async def go(body: bytes, count: int) -> tuple[HandlerAnswer, bytes]:
+        async def go(body: bytes, ids: list[str]) -> tuple[list[HandlerAnswer], int]:
             posted.append(name)
-            return HandlerAnswer(503, None, None, 0.0), b""
+            return [HandlerAnswer(503, None, None, 0.0)] * len(ids), 7
 
         return go
 
@@ -148,7 +148,8 @@ async def test_a_batch_waits_for_the_earlier_batch_holding_one_of_its_keys():
         await asyncio.sleep(0)
     assert sorted(posted) == ["apart", "other"]  # the second waits for the first
     first.leave()
-    assert (await second.answer_of(0)).status == 503
+    answer, call = await second.answer_of(0)
+    assert (answer.status, call) == (503, 7)
     assert posted[-1] == "second"
     for b in (second, apart, other_handler):
         b.leave()

@@ -166,8 +166,8 @@ class Lanes:
             batch.done.set_result(None)
 
 
-# Asks the handler: (request body, message count) -> (its answer, the body of a 2xx).
-Post = Callable[[bytes, int], Awaitable[tuple[HandlerAnswer, bytes]]]
+# Asks the handler: (request body, message ids) -> (each message's answer, the call's number).
+Post = Callable[[bytes, list[str]], Awaitable[tuple[list[HandlerAnswer], int]]]
 
 
 @dataclass(eq=False)
@@ -180,22 +180,22 @@ class Batch:
     done: asyncio.Future[None]
     keys: set[str] = field(default_factory=set)
     waits: set[asyncio.Future[None]] = field(default_factory=set)
-    _call: asyncio.Task[list[HandlerAnswer]] | None = None
+    _call: asyncio.Task[tuple[list[HandlerAnswer], int]] | None = None
 
     def start(self, items: Sequence[Admitted], post: Post) -> None:
         """The one POST of `items`, once the earlier batches holding its keys finished."""
         self._call = asyncio.ensure_future(self._post(list(items), post))
 
-    async def _post(self, items: list[Admitted], post: Post) -> list[HandlerAnswer]:
+    async def _post(self, items: list[Admitted], post: Post) -> tuple[list[HandlerAnswer], int]:
         for earlier in self.waits:
             await earlier
-        answer, body = await post(request_body(items), len(items))
-        return answers(answer, body, [a.envelope["message_id"] for a in items])
+        return await post(request_body(items), [a.envelope["message_id"] for a in items])
 
-    async def answer_of(self, index: int) -> HandlerAnswer:
-        """Message `index`'s answer (an exception of the call is each message's)."""
+    async def answer_of(self, index: int) -> tuple[HandlerAnswer, int]:
+        """Message `index`'s answer and the call's number (an exception of the call is each message's)."""
         assert self._call is not None
-        return (await asyncio.shield(self._call))[index]
+        each, call = await asyncio.shield(self._call)
+        return each[index], call
 
     def leave(self) -> None:
         if self._call is not None and not self._call.done():

@@ -418,7 +418,7 @@ class MessageFlow:
                 process = self._traced(a, h, row, fetched_ns) if fetched_ns else self._process(a, h, row)
                 work.append(self._run(a.msg, process, done))
         if batch is not None and called:
-            batch.start([a for a, _ in called], lambda body, count: self._ask_batch(h, body, count))
+            batch.start([a for a, _ in called], lambda body, ids: self._ask_batch(h, body, ids))
             for index, (a, row) in enumerate(called):
                 work.append(self._run(a.msg, self._process(a, h, row, answer=batch.answer_of(index)), done))
         if len(work) == 1:
@@ -551,7 +551,7 @@ class MessageFlow:
         h: HandlerRuntime,
         row: dict[str, Any],
         span: tracing.ProcessSpan | None = None,
-        answer: Awaitable[HandlerAnswer] | None = None,
+        answer: Awaitable[tuple[HandlerAnswer, int]] | None = None,
     ) -> Outcome:
         try:
             return await self._call(a, h, row, span, answer)
@@ -582,15 +582,21 @@ class MessageFlow:
         h: HandlerRuntime,
         row: dict[str, Any],
         span: tracing.ProcessSpan | None = None,
-        given: Awaitable[HandlerAnswer] | None = None,
+        given: Awaitable[tuple[HandlerAnswer, int]] | None = None,
     ) -> Outcome:
         """Calls the handler and acts on its answer; with a span (tracing on),
         the call is its child CLIENT span (whose traceparent the handler
         receives) and the action its child settle span. `given`: the
-        message's answer from its batch's call instead (format "batch")."""
+        message's answer from its batch's call instead (format "batch"),
+        and that call's number."""
+        if given is not None:
+            answer, call = await given
+            return await self._act(a, h, row, decide(answer), answer, call)
+        gate = self.handler_gates.get(h.name)
+        call = gate.calling() if gate is not None else 0
         if span is None:
-            answer = await (given if given is not None else self._ask(a, h))
-            return await self._act(a, h, row, decide(answer), answer)
+            answer = await self._ask(a, h)
+            return await self._act(a, h, row, decide(answer), answer, call)
         http = span.http("POST", h.spec.url)
         answer = await self._ask(a, h, http.headers() or None)  # untraced: the envelope's own
         http.end(answer.status, answer.error)
@@ -605,7 +611,7 @@ class MessageFlow:
             operation = "dead_letter"
         settle = span.settle(operation)
         try:
-            outcome = await self._act(a, h, row, action, answer)
+            outcome = await self._act(a, h, row, action, answer, call)
         except BaseException as exc:
             settle.end(exc)
             raise
@@ -640,25 +646,40 @@ class MessageFlow:
         self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
         return answer
 
-    async def _ask_batch(self, h: HandlerRuntime, body: bytes, count: int) -> tuple[HandlerAnswer, bytes]:
-        """One call of a handler of format "batch" (inbox/batch.py), counted as one call."""
+    async def _ask_batch(self, h: HandlerRuntime, body: bytes, ids: list[str]) -> tuple[list[HandlerAnswer], int]:
+        """One call of a handler of format "batch" (inbox/batch.py), counted as
+        one call: each message's answer, and the call's number for its gate.
+        A batch with any message answered tells the gate so before any of its
+        messages' away answers is judged: the handler answered a call made
+        after their previous away answers (HandlerGate.own_failure)."""
+        gate = self.handler_gates.get(h.name)
+        call = gate.calling() if gate is not None else 0
         answer, kept = await self.client.call_batch(
-            h.spec.url, body, handler=h.name, count=count, timeout=h.timeout, keep=batches.ANSWER_KEPT
+            h.spec.url, body, handler=h.name, count=len(ids), timeout=h.timeout, keep=batches.ANSWER_KEPT
         )
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
-        return answer, kept
+        each = batches.answers(answer, kept, ids)
+        if gate is not None and not all(e.away for e in each):
+            gate.answered(call)
+        return each, call
 
     async def _act(
-        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer, call: int = 0
     ) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         gate = self.handler_gates.get(h.name)
         if gate is not None:
-            if answer.away:
+            if not answer.away:
+                gate.answered(call)
+            elif not gate.own_failure(message_id):
                 return await self._went_back(a, h, gate, answer)
-            gate.answered()
+            else:
+                log.warning(
+                    "handler away for this message only (it answered others since): counted as its failure",
+                    extra={"handler": h.name, "message_id": message_id, "answer": answer.summary},
+                )
         failures = self.inbox.failures(row)
         if action is Action.PROCESSED:
             if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):
