@@ -35,7 +35,11 @@ bisected further between the highest rate that held and the lowest that did
 not), and the hypervisor's steal over the run.
 
     .venv/bin/python bench/e2e_bench.py [--rates 200,500,1000,2000,3000] [--consumers 1] [--seconds 15]
-        [--find-max N] [--code COMMIT,.] [--profile DIR]
+        [--find-max N] [--code COMMIT,.] [--profile DIR] [--format batch]
+
+--format batch: the same manifest with `format = "batch"` (docs/consumer.md, "Batch
+handlers"): the handler receives a fetch per request and records each message's arrival
+when the request reaches it, answering 200 for each.
 
 With --hold MINUTES (docs/benchmarks.md, "Held snapshot"): for each --code in
 turn, a pipeline of its own whose schema that code's migrations built (the
@@ -110,9 +114,14 @@ def serve_handler(port: int) -> None:
                         length = int(value)
                     elif name == b"pgoutbox-message-id":
                         message_id = value.strip().decode()
-                if length:
-                    await reader.readexactly(length)
-                if head.startswith(b"GET /"):
+                body = await reader.readexactly(length) if length else b""
+                if b"\r\nPgoutbox-Batch-Size:" in head:  # a batch handler: a result per message
+                    ids = [m["envelope"]["message_id"] for m in json.loads(body)["messages"]]
+                    for mid in ids:
+                        arrivals.setdefault(mid, now)
+                    out = json.dumps({"results": [{"message_id": mid, "status": 200} for mid in ids]}).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(out) + out)
+                elif head.startswith(b"GET /"):
                     body = (json.dumps(arrivals) if head.startswith(b"GET /arrivals") else str(len(arrivals))).encode()
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
                 else:
@@ -171,8 +180,11 @@ LOGINS = {"writer": "pgoutbox_writer", "relay": "pgoutbox_relay", "consumer": "p
 class Pipeline:
     """PostgreSQL, NATS, the handler, the relay and the consumers, all ours."""
 
-    def __init__(self, root: Path, codes: list[str], profile: str | None = None, schema_code: str = "."):
+    def __init__(
+        self, root: Path, codes: list[str], profile: str | None = None, schema_code: str = ".", fmt: str = "pgoutbox"
+    ):
         self.root = root
+        self.format = fmt  # the handler's format: "pgoutbox" (a POST per message) or "batch"
         self.schema_code = schema_code  # whose migrations build the schema ("." = this checkout)
         self.pg = EmbeddedPostgres(root / "pg", settings={"max_wal_size": "4GB"})
         self.nats = EmbeddedNats(root / "nats")
@@ -247,7 +259,7 @@ class Pipeline:
         manifests.mkdir()
         (manifests / "orders.toml").write_text(  # the README's manifest
             f'[[handler]]\nname = "orders"\nurl = "{self.handler_url}/orders"\nsubjects = ["{SUBJECT}"]\n'
-            'timeout = "10s"\nmax_deliver = 5\n'
+            'timeout = "10s"\nmax_deliver = 5\n' + ('format = "batch"\n' if self.format == "batch" else "")
         )
         for argv in (
             ["streams", "--streams-file", str(streams)],
@@ -653,6 +665,7 @@ def main() -> int:
     ap.add_argument(
         "--hold", type=float, default=0.0, metavar="MINUTES", help="a snapshot held this long at the first rate"
     )
+    ap.add_argument("--format", default="pgoutbox", choices=("pgoutbox", "batch"), help="the handler's format")
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     consumers = [int(c) for c in args.consumers.split(",")]
@@ -689,10 +702,11 @@ def main() -> int:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return 0
-    pipe = Pipeline(root, codes, args.profile)
+    pipe = Pipeline(root, codes, args.profile, fmt=args.format)
     print(
         "e2e bench: emit commit -> relay -> JetStream -> pgoutbox consume -> HTTP handler; product defaults,"
-        f" least-privileged logins; {args.writers} writers; code {', '.join(codes)}; {machine.load()}",
+        f" least-privileged logins; {args.writers} writers; code {', '.join(codes)}; handler format {args.format};"
+        f" {machine.load()}",
         flush=True,
     )
     ticks = machine.cpu_ticks()

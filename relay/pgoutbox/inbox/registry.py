@@ -44,8 +44,10 @@ came, as before.
 
 `format`: "pgoutbox" (the default) POSTs the envelope; "cloudevents" POSTs
 a CloudEvents HTTP request in binary mode (ce-* headers, the payload as the
-body; docs/cloudevents.md). Any other value is refused (BAD_FORMAT). The
-answers mean the same either way.
+body; docs/cloudevents.md); "batch" POSTs up to `batch_size` envelopes in one
+request and takes one result per message (inbox/batch.py), so its
+`batch_size` is at most BATCH_MAX (else BAD_BATCH_SIZE). Any other value is
+refused (BAD_FORMAT). The answers mean the same either way.
 
 `tenant_concurrency`: the handler's calls in flight for one tenant (the
 Pgoutbox-Tenant-Id header; messages without one share one budget), from 1
@@ -82,7 +84,11 @@ _ALL_VERSIONS = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.([A-Za-z0-9_-]{1,128
 _ALL_EVENTS = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.>$")
 _STREAM = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 # What a handler is sent; the first is the default, left out of the registry.
-FORMATS = ("pgoutbox", "cloudevents")
+FORMATS = ("pgoutbox", "cloudevents", "batch")
+# The most messages in one request to a handler of format "batch": a request
+# carries each envelope whole, so its size grows with the batch, and a handler
+# answers within one timeout for all of them.
+BATCH_MAX = 1_000
 
 
 class RegistryError(ConfigError):
@@ -244,6 +250,11 @@ def _handler(raw: Any, where: str) -> HandlerSpec:
         raise RegistryError(
             f"{where}: tenant_concurrency = {tenant_concurrency} is above concurrency = {concurrency}:"
             " it would never hold anything back"
+        )
+    if optional.get("format") == "batch" and optional.get("batch_size", 0) > BATCH_MAX:
+        raise RegistryError(
+            f"{where}: BAD_BATCH_SIZE: batch_size of a handler of format batch is at most {BATCH_MAX},"
+            f" got {optional['batch_size']}"
         )
     return HandlerSpec(
         name=name,

@@ -135,7 +135,8 @@ class ConsumerConfig:
             "batch_size",
             "OUTBOX_CONSUMER_BATCH_SIZE",
             "32",
-            "Most messages asked for in one fetch (never more than free concurrency)",
+            "Most messages asked for in one fetch (never more than free concurrency), and sent in one"
+            " request to a handler of format batch (at most 1000 for one)",
             settings.positive_int,
             bound=bounds.INBOX_BATCH,
         )
@@ -348,6 +349,12 @@ def resolve(spec: registry.HandlerSpec, cfg: ConsumerConfig) -> HandlerRuntime:
     if tenant_concurrency is None:
         tenant_concurrency = tenants.default(concurrency)
     tenants.checked(tenant_concurrency, concurrency, f"handler {spec.name}")
+    if spec.format == "batch" and spec.batch_size is None and cfg.batch_size > registry.BATCH_MAX:
+        # The default the manifest left to OUTBOX_CONSUMER_BATCH_SIZE, refused as the manifest's own would be.
+        raise ConfigError(
+            f"handler {spec.name} (format batch): OUTBOX_CONSUMER_BATCH_SIZE={cfg.batch_size}: BAD_BATCH_SIZE:"
+            f" at most {registry.BATCH_MAX} for a handler of format batch"
+        )
     return HandlerRuntime(
         spec=spec,
         timeout=pick("timeout", "handler_timeout"),
