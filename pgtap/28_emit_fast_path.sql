@@ -32,12 +32,12 @@ INSERT INTO emitted SELECT pg_temp.emit_as('{"schema_version": 2147483647}');
 
 SET LOCAL ROLE pgoutbox_admin;
 SELECT is(
-    (SELECT count(*) FROM outbox.events AS e INNER JOIN emitted USING (event_id)),
+    (SELECT count(*) FROM outbox.events AS e INNER JOIN emitted AS m ON e.event_id = m.event_id),
     1::bigint,
     'a ten-digit schema_version within the bound is written'
 );
 SELECT is(
-    (SELECT count(*) FROM outbox.event_keys AS k INNER JOIN emitted USING (event_id)),
+    (SELECT count(*) FROM outbox.event_keys AS k INNER JOIN emitted AS m ON k.event_id = m.event_id),
     0::bigint,
     'and its drawn id is not registered'
 );
@@ -57,7 +57,7 @@ RESET ROLE;
 CREATE SCHEMA fast_path_shadow;
 CREATE FUNCTION fast_path_shadow.cat(a text, b text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'shadowed' $$;
-CREATE OPERATOR fast_path_shadow.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = fast_path_shadow.cat);
+CREATE OPERATOR fast_path_shadow.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = fast_path_shadow.cat);  -- noqa: PRS
 GRANT USAGE ON SCHEMA fast_path_shadow TO pgoutbox_writer;
 CREATE TEMP TABLE shadowed (subject text, refused text);
 GRANT INSERT, UPDATE ON shadowed TO pgoutbox_writer;
