@@ -920,6 +920,16 @@ DROP FUNCTION IF EXISTS outbox._event_fingerprint(text, text, text, text, intege
 DROP TABLE IF EXISTS outbox.cancel_log;
 DROP TABLE IF EXISTS outbox.schedules;
 DROP TABLE IF EXISTS outbox.event_keys;
+-- The wake-up test as 0011 defined it (extract's numeric arithmetic).
+CREATE OR REPLACE FUNCTION outbox._wakeup_is_due()
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT NOT pg_catalog.int8range(1, 60000000, '[]') @> (
+        coalesce(pg_catalog.pg_sequence_last_value('outbox.wakeup_due_at'), 0)
+        - (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint
+    );
+$$;
 
 -- ---- the console
 
