@@ -324,6 +324,50 @@ DROP SEQUENCE IF EXISTS outbox.claim_floor;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_next;
 DROP SEQUENCE IF EXISTS outbox.claim_floor_wait;
 
+-- inbox.backlog as 0016 defined it (the whole of messages_unprocessed_idx),
+-- then the backlog floor goes.
+CREATE OR REPLACE FUNCTION inbox.backlog(context text DEFAULT NULL)
+RETURNS TABLE (
+    context text,
+    handler text,
+    unprocessed bigint,
+    oldest_unprocessed_at timestamptz,
+    failed bigint,
+    dead_letter bigint
+)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_context(backlog.context);
+    SELECT
+        m.context,
+        m.handler,
+        count(*) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
+        min(m.received_at) FILTER (WHERE m.status IN ('RECEIVED', 'FAILED')),
+        count(*) FILTER (WHERE m.status = 'FAILED'),
+        -- live dead letters: the discarded ones are counted by outbox.dlq_summary()
+        count(*) FILTER (WHERE m.status = 'DEAD_LETTER' AND NOT m.dlq_metadata ? 'discarded')
+    FROM inbox.messages AS m
+    WHERE m.status <> 'PROCESSED'
+        AND (backlog.context IS NULL OR m.context = backlog.context)
+    GROUP BY m.context, m.handler
+    ORDER BY m.context, m.handler;
+$$;
+COMMENT ON FUNCTION inbox.backlog(text) IS
+'Per context and handler: unprocessed count and oldest, failed and (live) dead-lettered counts.';
+DROP TRIGGER IF EXISTS _200_lower_backlog_floor ON inbox.messages;
+DROP TRIGGER IF EXISTS _200_lower_backlog_floor_on_insert ON inbox.messages;
+DROP FUNCTION IF EXISTS inbox._backlog_floor();
+DROP FUNCTION IF EXISTS inbox.tg_messages__lower_backlog_floor();
+DROP FUNCTION IF EXISTS inbox.tg_messages__lower_backlog_floor_on_insert();
+DROP FUNCTION IF EXISTS inbox._lower_backlog_floor(timestamptz);
+DROP FUNCTION IF EXISTS inbox._backlog_time(bigint);
+DROP FUNCTION IF EXISTS inbox._backlog_micros(timestamptz);
+DROP SEQUENCE IF EXISTS inbox.backlog_floor;
+DROP SEQUENCE IF EXISTS inbox.backlog_floor_next;
+DROP SEQUENCE IF EXISTS inbox.backlog_floor_wait;
+
 -- ---- backfill
 -- The role pgoutbox_backfiller stays (roles are cluster-wide: other
 -- databases of the cluster may use it); it loses what it was granted here.
