@@ -552,11 +552,13 @@ def statement_stats(url: str) -> dict[tuple[int, bool], tuple[str, int, float, i
     touched, of them read in from outside shared_buffers)."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT queryid, toplevel, min(left(regexp_replace(query, '\\s+', ' ', 'g'), 110)), sum(calls),"
+            "SELECT queryid, toplevel, min(left(query, 200)), sum(calls),"
             " sum(total_exec_time), sum(shared_blks_hit + shared_blks_read), sum(shared_blks_read)"
             " FROM pg_stat_statements WHERE queryid IS NOT NULL GROUP BY 1, 2"
         ).fetchall()
-    return {(q, t): (text, int(c), float(ms), int(b), int(r)) for q, t, text, c, ms, b, r in rows}
+    return {
+        (q, t): (" ".join(text.split())[:110], int(c), float(ms), int(b), int(r)) for q, t, text, c, ms, b, r in rows
+    }
 
 
 def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) -> list[dict]:
@@ -576,7 +578,9 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
     samples: list[tuple[float, float, int]] = []  # (monotonic, PostgreSQL CPU seconds, dead tuples)
     seen: dict[int, tuple[str, float]] = {}
     parts: list[tuple[float, dict[str, float]]] = []  # (monotonic, CPU seconds by part)
-    stats: list[tuple[float, dict]] = []  # (monotonic, pg_stat_statements), every 10 s
+    # (monotonic, pg_stat_statements) at each minute's edge only: reading it costs the server
+    stats: list[tuple[float, dict]] = []
+    next_stats = begun + lead + 1 - 60
     holder: psycopg.Connection | None = None
     held_at = released_at = 0.0
     while writer.poll() is None:
@@ -584,13 +588,17 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
         dead, vacuums = table_stats(pipe.pg.url)
         samples.append((now, postgres_cpu_seconds(pipe.pg), dead))
         parts.append((now, cpu_by_part(pipe.pg, seen) | {"vacuums": float(vacuums)}))
-        if pipe.statements and (not stats or now - stats[-1][0] >= 9.5):
+        if pipe.statements and now >= next_stats:
             stats.append((now, statement_stats(pipe.pg.url)))
+            next_stats += 60
         if holder is None and not held_at and now - begun >= lead + 1:
             holder = psycopg.connect(pipe.pg.url, autocommit=True, application_name="bench: held snapshot")
             for stmt in HOLD:
                 holder.execute(stmt)
             held_at = time.monotonic()
+            if pipe.statements:
+                stats.append((held_at, statement_stats(pipe.pg.url)))
+                next_stats = held_at + 60
         if holder is not None and now - held_at >= hold * 60:
             holder.execute("ROLLBACK")
             holder.close()
@@ -651,7 +659,11 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
             c0, ms0, b0, r0 = s_lo.get(key, (text, 0, 0.0, 0, 0))[1:]
             if calls > c0:
                 statements[f"{'top' if key[1] else 'nested'} {key[0]}"] = (
-                    text, calls - c0, ms - ms0, blocks - b0, read - r0
+                    text,
+                    calls - c0,
+                    ms - ms0,
+                    blocks - b0,
+                    read - r0,
                 )
         rows.append(
             {
@@ -732,8 +744,7 @@ def report_statements(code: str, rows: list[dict]) -> None:
         for k, (_, _, ms, _, _) in r["statements"].items():
             totals[k] = totals.get(k, 0.0) + ms
     print(
-        f"  {code}: statements by time, per event: us / shared buffers touched, of them read in"
-        " (calls per 100 events)"
+        f"  {code}: statements by time, per event: us / shared buffers touched, of them read in (calls per 100 events)"
     )
     print("    " + " | ".join(f"minute {r['minute']:>3s}" for r in picked) + " | statement")
     for k in sorted(totals, key=totals.get, reverse=True)[:25]:
