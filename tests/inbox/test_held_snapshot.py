@@ -74,6 +74,7 @@ def walk_buffers(explained: psycopg.Connection) -> int:
     """Shared buffers inbox.backlog()'s own statements read (auto_explain, nested),
     called on a connection of a login that has auto_explain on."""
     notes: list[str] = []
+    backlog(explained)  # the session's first call reads the catalog: not counted
     explained.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
     backlog(explained)
     total = 0
@@ -81,12 +82,6 @@ def walk_buffers(explained: psycopg.Connection) -> int:
         if "inbox.messages" in note and "FROM inbox.backlog()" not in note.split("Plan", 1)[0]:
             plan = json.loads(note[note.index("{") :])
             total += plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
-            print(
-                "DEBUG",
-                plan["Query Text"][:80].replace("\n", " "),
-                plan["Plan"]["Shared Hit Blocks"],
-                plan["Plan"]["Shared Read Blocks"],
-            )
     assert total > 0, notes
     return total
 
@@ -116,7 +111,7 @@ def explained_url(database_url):
 
 
 @pytest.mark.slow
-def test_inbox_backlog_past_40000_dead_entries_reads_as_many_buffers_as_on_a_clean_table(
+def test_inbox_backlog_past_20000_dead_entries_reads_as_many_buffers_as_on_a_clean_table(
     database_url, consumer_url, explained_url
 ):
     with (
@@ -132,7 +127,7 @@ def test_inbox_backlog_past_40000_dead_entries_reads_as_many_buffers_as_on_a_cle
 
         with held_snapshot(database_url):
             done = []
-            for _ in range(40):
+            for _ in range(20):
                 ids = receive(consumer, 1000)
                 settle(consumer, ids)
                 done += ids
@@ -143,14 +138,14 @@ def test_inbox_backlog_past_40000_dead_entries_reads_as_many_buffers_as_on_a_cle
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT count(*) FROM inbox.messages"
                 " WHERE status <> 'PROCESSED'"
             ).fetchone()[0][0]["Plan"]
-            assert walk["Shared Hit Blocks"] + walk["Shared Read Blocks"] > 20 * clean
+            assert walk["Shared Hit Blocks"] + walk["Shared Read Blocks"] > 10 * clean
 
             move_floor_past(consumer, conn, micros(conn, done[-1]) - 1)
             pending = receive(consumer, 20)
             assert backlog(consumer) == {"h": (20, 0, 0)}
             held = walk_buffers(explained)
 
-    assert held <= 2 * clean + 20, f"inbox.backlog read {held} buffers past 40,000 dead entries, {clean} when clean"
+    assert held <= 2 * clean + 20, f"inbox.backlog read {held} buffers past 20,000 dead entries, {clean} when clean"
 
 
 @pytest.mark.parametrize("when", ["before-candidate", "before-floor"])
