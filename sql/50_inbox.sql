@@ -404,14 +404,17 @@ COMMENT ON FUNCTION inbox.record_in_database_error(uuid, text, text, jsonb, text
 'In-database handlers: receive() and record_error() after a rolled-back attempt; the row is marked in_database.';
 
 -- A received_at as the backlog floor's sequences hold it (microseconds since
--- the epoch; -infinity as the lowest bigint, which also stands for unset),
--- and back. Exact both ways: a bigint of microseconds up to 2^53 is a float8.
+-- the epoch; -infinity as the lowest bigint, which also stands for unset,
+-- infinity as the highest), and back. Exact both ways: extract() gives a
+-- numeric, and the way back multiplies intervals by whole seconds and
+-- microseconds, each exact in a float8.
 CREATE OR REPLACE FUNCTION inbox._backlog_micros(at timestamptz)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN at = '-infinity' THEN -9223372036854775807 - 1
+        WHEN at = 'infinity' THEN 9223372036854775807
         ELSE (extract(epoch FROM at) * 1000000)::bigint END;
 $$;
 
@@ -421,7 +424,9 @@ LANGUAGE sql STABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN micros IS NULL OR micros = -9223372036854775807 - 1 THEN timestamptz '-infinity'
-        ELSE timestamptz 'epoch' + micros * interval '1 microsecond' END;
+        WHEN micros = 9223372036854775807 THEN timestamptz 'infinity'
+        ELSE timestamptz 'epoch' + (micros / 1000000) * interval '1 second'
+            + (micros % 1000000) * interval '1 microsecond' END;
 $$;
 
 -- A RECEIVED or FAILED row received before the backlog floor or its
