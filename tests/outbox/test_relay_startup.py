@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import psycopg
 import pytest
@@ -54,16 +55,34 @@ def retry_lines(relay: RelayProcess, action: str) -> list[str]:
     return [e["event"] for e in relay.log_entries() if e.get("action") == action]
 
 
+def stop_timeline(relay: RelayProcess, signalled: float) -> str:
+    """The relay's log lines from the signal on, each with its time after the
+    signal: a slow stop shows whether it waited before its "stopped" line (its
+    own stop), after it (closing) or in the exit."""
+    lines = []
+    for entry in relay.log_entries():
+        at = datetime.fromisoformat(entry["ts"].replace("Z", "+00:00")).timestamp() - signalled
+        if at >= -0.5:
+            lines.append(f"{at:+.2f}s {entry.get('action')}: {entry.get('event', '')[:120]}")
+    return "\n".join(lines)
+
+
 def assert_clean_stop(relay: RelayProcess, sig: int = signal.SIGTERM) -> None:
-    started = time.monotonic()
+    started, signalled = time.monotonic(), time.time()
     relay.proc.send_signal(sig)
     assert relay.proc.wait(10) == 0, relay.output()
+    took = time.monotonic() - started
     # The bound, sized for `make test` (-n 6 on 2 cores) beside other work: with
     # load average 25-29 on this 2-core machine a stop while waiting for
     # PostgreSQL took 0.02-0.4 s from the signal to the exit (cli.main.entry ends
     # the process without the interpreter's teardown, which alone took 3.7-6.0 s
-    # at that load); 5 s is over 10 times that, and still what an operator calls prompt.
-    assert time.monotonic() - started < 5, "the relay must stop promptly"
+    # at that load), and 0.06-0.37 s in 30 stops at load 31-37 with the signal at
+    # any moment of the wait (a closed port, a missing database); 5 s is over 10
+    # times that, and still what an operator calls prompt.
+    assert took < 5, (  # not a race: promptness is the behaviour under test
+        f"the relay must stop promptly: {took:.2f}s, load average {os.getloadavg()[0]:.1f}; after the signal:\n"
+        + stop_timeline(relay, signalled)
+    )
     assert "Traceback" not in relay.output()
     # Every line is a JSON log entry: nothing spilled onto the console.
     assert all(line.startswith("{") for line in relay.output().splitlines()), relay.output()
