@@ -26,6 +26,11 @@ from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
+# How long a relay process may take to reach its first retry line or start: a
+# wait that the line itself ends, not a bound. Its imports alone took over 20 s
+# with load average 40-80 on 2 cores (several test runs on the machine).
+START = 120
+
 
 def with_port(url: str, port: int) -> str:
     parts = psycopg.conninfo.conninfo_to_dict(url)
@@ -95,7 +100,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
     upstream = psycopg.conninfo.conninfo_to_dict(database_url)["port"]
     url = with_port(database_url, port)
     relay = relays("relay-pg-late", url, nats_server.url, relay_poll_interval="200ms")
-    wait_for(lambda: retry_lines(relay, "db_retry"), 20, "a PostgreSQL retry line")
+    wait_for(lambda: retry_lines(relay, "db_retry"), START, "a PostgreSQL retry line")
     time.sleep(3)  # not a race: the rate limit's window must pass (quick attempts, a line per 5 s)
     assert relay.proc.poll() is None, relay.output()
     lines = retry_lines(relay, "db_retry")
@@ -109,7 +114,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
     forwarder = TcpProxy(int(upstream), port=port, start=False)
     forwarder.start()
     try:
-        relay.wait_started(30)
+        relay.wait_started(START)
         ids = emit(database_url, 20)
         wait_for(lambda: status_counts(database_url) == {"COMPLETED": len(ids)}, 20, "events published")
         assert_clean_stop(relay)
@@ -121,7 +126,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
 def test_a_signal_stops_the_relay_while_it_waits_for_postgresql(nats_server, relays, sig):
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
     relay = relays("relay-pg-down", url, nats_server.url)
-    wait_for(lambda: retry_lines(relay, "db_retry"), 20, "a PostgreSQL retry line")
+    wait_for(lambda: retry_lines(relay, "db_retry"), START, "a PostgreSQL retry line")
     assert_clean_stop(relay, sig)
     assert any(e.get("action") == "stopped" for e in relay.log_entries())
 
@@ -130,7 +135,7 @@ def test_a_missing_database_is_waited_for_like_an_unreachable_server(database_ur
     """libpq gives connection failures no SQLSTATE, and text is never matched:
     a refused login or a missing database is retried, its reason logged."""
     relay = relays("relay-no-db", with_dbname(database_url, "no_such_db"), nats_server.url)
-    wait_for(lambda: retry_lines(relay, "db_retry"), 20, "a PostgreSQL retry line")
+    wait_for(lambda: retry_lines(relay, "db_retry"), START, "a PostgreSQL retry line")
     [line] = retry_lines(relay, "db_retry")[:1]
     assert (
         "database no_such_db (OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset)" in line
@@ -144,7 +149,7 @@ def test_a_missing_database_is_waited_for_like_an_unreachable_server(database_ur
 def test_a_signal_stops_the_relay_while_it_waits_for_nats(database_url, relays, sig):
     port = free_port()
     relay = relays("relay-nats-down", database_url, f"nats://user:secret@127.0.0.1:{port}")
-    wait_for(lambda: retry_lines(relay, "nats_error"), 20, "a NATS retry line")
+    wait_for(lambda: retry_lines(relay, "nats_error"), START, "a NATS retry line")
     time.sleep(3)  # not a race: the rate limit's window must pass (nats-py retries every 250 ms, a line per 5 s)
     lines = retry_lines(relay, "nats_error")
     assert 1 <= len(lines) <= 2, lines
