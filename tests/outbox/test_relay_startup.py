@@ -167,7 +167,7 @@ def run_relay(env: dict[str, str]) -> subprocess.CompletedProcess:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START,  # a start that ends in one line: as long as any start may take
     )
 
 
