@@ -8,6 +8,7 @@ real processes."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 from support.inbox import (
@@ -133,3 +134,49 @@ async def test_a_replay_that_finds_the_handler_away_waits_and_is_not_spent(
     assert "failures" not in meta or meta["failures"] == 0, meta
     assert len(dlq) == 1  # the 422's notice only
     assert consumer.metrics.value(H, "deferred") == 2 and consumer.metrics.value(H, "dead_lettered") == 1
+
+
+async def test_a_handler_away_for_one_message_only_fails_that_message_and_serves_the_others(
+    tmp_path, database_url, nats_server, handler
+):
+    """The handler answers 503 for one message every time and 200 for the
+    others, which keep coming: its first 503 is a deferral (nothing tells it
+    from an outage yet); each later one, after the handler answered calls made
+    since, is that message's own failure, so it dead-letters after max_deliver
+    (the default) failures instead of closing the gate again and again, and the
+    others are processed meanwhile."""
+    registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
+    cfg = consumer_config(database_url, nats_server.url, registry_file)
+    bad = event({"answers": [503]})
+    others: list[dict] = []
+    async with jetstream(nats_server.url) as js:
+        await add_stream(js)
+        async with running_consumer(cfg) as consumer:
+            await publish(js, bad)
+
+            def dead() -> bool:
+                row = inbox_row(database_url, bad["event_id"], H)
+                return row is not None and row["status"] == "DEAD_LETTER"
+
+            async def keep_publishing() -> None:
+                while not dead():
+                    ev = event({"answers": [200]})
+                    others.append(ev)
+                    await publish(js, ev)
+                    await asyncio.sleep(0.3)  # not a race: the pace of the trickle, nothing waits on it
+
+            trickle = asyncio.create_task(keep_publishing())
+            try:
+                await until(dead, 120, "the message the handler is away for dead-lettered")
+            finally:
+                trickle.cancel()
+            await until(lambda: consumer.metrics.value(H, "processed") == len(others), 30, "every other message")
+            up = _up(consumer)
+            dlq = await dlq_messages(js, subject=f"sea.dlq.dead.{H}")
+    row = inbox_row(database_url, bad["event_id"], H)
+    assert row["dlq_metadata"]["failures"] == cfg.max_deliver, row["dlq_metadata"]
+    assert "HTTP 503" in row["last_error"]
+    assert len(dlq) == 1
+    assert all(inbox_row(database_url, ev["event_id"], H)["status"] == "PROCESSED" for ev in others)
+    assert consumer.metrics.value(H, "deferred") >= 1 and consumer.metrics.value(H, "dead_lettered") == 1
+    assert up == 1  # the gate is open: the handler answers the others

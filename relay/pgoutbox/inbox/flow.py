@@ -80,6 +80,7 @@ from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
 from pgoutbox.inbox.settings import HandlerRuntime
 from pgoutbox.inbox.store import Inbox, settles
+from pgoutbox.inbox.tenants import Share
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -295,6 +296,7 @@ class MessageFlow:
         tracer: tracing.Tracer = tracing.OFF,
         cloudevents_source: str = cloudevents.DEFAULT_SOURCE,
         handler_gates: Mapping[str, HandlerGate] | None = None,
+        tenants: Mapping[str, Share] | None = None,
     ) -> None:
         self.inbox = inbox
         # For a handler of format "cloudevents" and a message that came without attributes.
@@ -309,6 +311,8 @@ class MessageFlow:
         self.gate = gate
         # Per handler: closed while it is away (inbox/gates.py); none: every answer is the message's.
         self.handler_gates = handler_gates or {}
+        # Per handler: its calls in flight per tenant (inbox/tenants.py); none: no limit.
+        self.tenants = tenants or {}
         self.tracing = tracer
         self.heartbeat = Heartbeat()
 
@@ -548,9 +552,11 @@ class MessageFlow:
         """Calls the handler and acts on its answer; with a span (tracing on),
         the call is its child CLIENT span (whose traceparent the handler
         receives) and the action its child settle span."""
+        gate = self.handler_gates.get(h.name)
+        call = gate.calling() if gate is not None else 0
         if span is None:
             answer = await self._ask(a, h)
-            return await self._act(a, h, row, decide(answer), answer)
+            return await self._act(a, h, row, decide(answer), answer, call)
         http = span.http("POST", h.spec.url)
         answer = await self._ask(a, h, http.headers() or None)  # untraced: the envelope's own
         http.end(answer.status, answer.error)
@@ -565,7 +571,7 @@ class MessageFlow:
             operation = "dead_letter"
         settle = span.settle(operation)
         try:
-            outcome = await self._act(a, h, row, action, answer)
+            outcome = await self._act(a, h, row, action, answer, call)
         except BaseException as exc:
             settle.end(exc)
             raise
@@ -585,31 +591,44 @@ class MessageFlow:
                 else cloudevents.derived(as_given, self.cloudevents_source)
             )
             body = payload_body(a.envelope, a.payload)
-        answer = await self.client.call(
-            h.spec.url,
-            body,
-            a.envelope,
-            handler=h.name,
-            delivery=a.delivery,
-            timeout=h.timeout,
-            received=a.received,
-            trace=trace,
-            cloudevent=attributes,
-        )
+        share = self.tenants.get(h.name)
+        if share is not None and not await share.acquire(a.envelope, self.stopping):
+            raise Stopping()  # held back for its tenant's turn until the consumer stopped
+        try:
+            answer = await self.client.call(
+                h.spec.url,
+                body,
+                a.envelope,
+                handler=h.name,
+                delivery=a.delivery,
+                timeout=h.timeout,
+                received=a.received,
+                trace=trace,
+                cloudevent=attributes,
+            )
+        finally:
+            if share is not None:
+                share.release(a.envelope)
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
         return answer
 
     async def _act(
-        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer
+        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer, call: int = 0
     ) -> Outcome:
         msg, envelope, delivery = a.msg, a.envelope, a.delivery
         message_id = envelope["message_id"]
         gate = self.handler_gates.get(h.name)
         if gate is not None:
-            if answer.away:
+            if not answer.away:
+                gate.answered(call)
+            elif not gate.own_failure(message_id):
                 return await self._went_back(a, h, gate, answer)
-            gate.answered()
+            else:
+                log.warning(
+                    "handler away for this message only (it answered others since): counted as its failure",
+                    extra={"handler": h.name, "message_id": message_id, "answer": answer.summary},
+                )
         failures = self.inbox.failures(row)
         if action is Action.PROCESSED:
             if not await self.database(lambda: self.inbox.settle_one(h.name, message_id)):

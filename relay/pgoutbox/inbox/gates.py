@@ -15,6 +15,15 @@ a timeout: anything but away) opens the gate, and that answer is the
 message's own outcome as at any other time. An away answer keeps the gate
 closed and the next probe waits a longer pause.
 
+An away answer about one message while the handler answers the others (a
+handler that resets the connection, or answers 503, for that payload every
+time) would keep the gate closing, and that message coming back, without
+end. So an away answer counts as the message's own failure, as a 500 would,
+when since its previous away answer the handler answered a call made after
+that answer (own_failure): a call made before it may be a straggler of the
+minutes before an outage, and says nothing of now. A handler that is down
+answers no call, so an outage of any length still counts nothing.
+
 The gauge pgoutbox_consumer_handler_up{handler} reads 0 while the gate is
 closed, /readyz names the handler and why, and one log line marks the start
 and one the end of each episode (actions handler_away, handler_back).
@@ -24,11 +33,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 
 from pgoutbox.core.gate import PAUSE_CAP, Gate, Outage
 from pgoutbox.core.stopping import sleep, until_stopped
 
 log = logging.getLogger(__name__)
+
+# Messages whose last away answer the gate remembers (the oldest forgotten
+# first): a forgotten one's next away answer is a deferral again.
+REMEMBERED = 10_000
 
 
 class HandlerGate(Gate):
@@ -42,6 +56,9 @@ class HandlerGate(Gate):
         self._probing = False  # a probe's message is in hand
         self._timer: asyncio.Task[None] | None = None
         self._at_least = 0.0  # a Retry-After the next pause honours
+        self._calls = 0  # calls made so far, numbered from 1
+        self._answered = 0  # the latest call answered about its message
+        self._went_back: OrderedDict[str, int] = OrderedDict()  # message id -> calls made at its away answer
         self._set_gauge(1)
 
     def _set_gauge(self, value: int) -> None:
@@ -49,6 +66,21 @@ class HandlerGate(Gate):
             self._gauge.set(value)  # type: ignore[attr-defined]
 
     # -- what the message flow reports ---------------------------------------------
+    def calling(self) -> int:
+        """A call is about to be made: its number, for answered() and own_failure()."""
+        self._calls += 1
+        return self._calls
+
+    def own_failure(self, message_id: str) -> bool:
+        """An away answer about this message: True when it is the message's
+        own failure (since its previous away answer the handler answered a
+        call made after that answer), False when it is the handler away."""
+        before = self._went_back.pop(message_id, None)
+        self._went_back[message_id] = self._calls
+        if len(self._went_back) > REMEMBERED:
+            self._went_back.popitem(last=False)
+        return before is not None and self._answered > before
+
     def away(self, reason: str, retry_after: float | None = None) -> None:
         """An answer that says the handler is away."""
         if retry_after is not None:
@@ -66,8 +98,9 @@ class HandlerGate(Gate):
             self.outage.still(reason)
         self.outage.counted(1)
 
-    def answered(self) -> None:
-        """An answer about a message: the handler is there."""
+    def answered(self, call: int = 0) -> None:
+        """An answer about a message (to call number `call`): the handler is there."""
+        self._answered = max(self._answered, call)
         if self.is_up:
             return
         if self._timer is not None:
