@@ -21,6 +21,9 @@
 --     that raises on one payload of two fails that one only; a
 --     PROCESSED duplicate is not upcast; the rows are recorded as
 --     receive_batch records them
+-- As the roles docs/reference.md gives: registering and upcasting as
+-- pgoutbox_admin, receive_batch_as as pgoutbox_consumer; the table, the
+-- private step and the test's own helpers as the owner.
 \set ON_ERROR_STOP true
 BEGIN;
 SELECT plan(32);
@@ -52,8 +55,11 @@ CREATE FUNCTION app.foreign_owned(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE 
 ALTER FUNCTION app.foreign_owned(jsonb) OWNER TO t_up_owner;
 CREATE FUNCTION app.foreign_definer(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE SECURITY DEFINER AS $$ SELECT p $$;
 ALTER FUNCTION app.foreign_definer(jsonb) OWNER TO t_up_owner;
+-- The application lets the admin name its functions (regprocedure input needs USAGE).
+GRANT USAGE ON SCHEMA app TO pgoutbox_admin;
 
--- Refusals.
+-- Refusals, as the role that registers upcasters (docs/reference.md).
+SET ROLE pgoutbox_admin;
 SELECT throws_ok(
     $$SELECT inbox.register_upcaster('order_created', 1, 'app.text_in(text)')$$, 'OB070', NULL,
     'register refuses a function that does not take jsonb'
@@ -74,7 +80,9 @@ SELECT lives_ok(
     $$SELECT inbox.register_upcaster('parcel_sent', 1, 'app.foreign_definer(jsonb)')$$,
     'a SECURITY DEFINER function of another role registers: it runs as its own owner'
 );
+RESET ROLE;
 ALTER FUNCTION app.foreign_definer(jsonb) SECURITY INVOKER;
+SET ROLE pgoutbox_admin;
 SELECT throws_ok(
     $$SELECT inbox.upcast('parcel_sent', 1, 2, '{}')$$, 'OB072', NULL,
     'an upcaster altered since so that it no longer qualifies is refused when used'
@@ -91,12 +99,14 @@ SELECT throws_ok(
     $$SELECT inbox.register_upcaster('order_created', 1, NULL)$$, 'OB070', NULL,
     'register refuses a missing function'
 );
+RESET ROLE;  -- the table itself, as its owner
 SELECT throws_ok(
     $$INSERT INTO inbox.upcasters (event_type, from_version, upcaster)
       VALUES ('order_created', 999999999, 'app.order_v1_v2(jsonb)')$$,
     '23514', NULL, 'the table itself refuses a step past the last subject version (named CHECK)'
 );
 SELECT col_is_pk('inbox', 'upcasters', ARRAY['event_type', 'from_version'], 'one upcaster per event type and version');
+SET ROLE pgoutbox_admin;
 
 -- Register, replace, unregister.
 SELECT is(
@@ -143,6 +153,7 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT inbox.upcast('refund_made', 1, 2, '{}')$$, 'OB072', NULL, 'a step that returns an array: UPCAST_FAILED'
 );
+RESET ROLE;  -- a private function: the owner's
 SELECT alike(
     (SELECT error FROM inbox._upcast_all(ARRAY[1], ARRAY['payment_made'], ARRAY[1], 2, ARRAY['{}'::jsonb])),
     'UPCAST_FAILED [OB072]: payment_made v1 -> v2: app.raises(jsonb) raised [22023] no total in%',
@@ -150,6 +161,7 @@ SELECT alike(
 );
 
 -- Gaps and the helpers.
+SET ROLE pgoutbox_admin;
 SELECT inbox.register_upcaster('order_created', 4, 'app.order_v2_v3(jsonb)');
 SELECT results_eq(
     $$SELECT from_version, missing_from FROM inbox.upcast_gaps('order_created', 5)$$,
@@ -157,10 +169,12 @@ SELECT results_eq(
     'upcast_gaps: every registered version whose chain breaks, with its first missing step'
 );
 SELECT is_empty($$SELECT * FROM inbox.upcast_gaps('order_created', 3)$$, 'no gap below v3');
+RESET ROLE;  -- the helpers live in the test's own schema
 SELECT pgoutbox_tap.upcasters_reach('order_created', 3);
 SELECT pgoutbox_tap.upcasts_to('order_created', 1, 2, '{"amount": 5}', '{"total": 5}');
 
--- receive_batch_as.
+-- receive_batch_as, as the consumer calls it.
+SET ROLE pgoutbox_consumer;
 SELECT gen_random_uuid() AS v1_id \gset
 SELECT gen_random_uuid() AS v2_id \gset
 SELECT gen_random_uuid() AS bad_id \gset
@@ -196,6 +210,7 @@ SELECT is(
     ARRAY['-', '-', 'UPCAST_FAILED [OB072]: paym', '-', '-', 'UPCAST_FAILED [OB072]: invo'],
     'only the broken messages carry an error: a step that raises on one payload of two fails that one only'
 );
+RESET ROLE;  -- reading the table behind the API
 SELECT is(
     (
         SELECT count(*)::integer FROM inbox.messages
@@ -203,6 +218,7 @@ SELECT is(
     ),
     3, 'every message is recorded, as receive_batch records it'
 );
+SET ROLE pgoutbox_consumer;
 SELECT throws_ok(
     $$SELECT * FROM inbox.receive_batch_as('billing', '{}', '{}', '{}', 0)$$, 'OB006', NULL,
     'receive_batch_as refuses version 0'

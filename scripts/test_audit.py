@@ -564,8 +564,12 @@ def _bound_list(f: ast.AST, name: str) -> list[ast.expr] | None:
 
 
 def _command_near(f: ast.AST, roles: dict[str, str | None]) -> str | None:
-    """The pgoutbox command a test's subprocess runs: a constant naming one."""
+    """The pgoutbox command a test's subprocess runs: a constant naming one (a
+    subscript's key, such as row["status"], names a column, not a command)."""
+    keys = {id(n.slice) for n in ast.walk(f) if isinstance(n, ast.Subscript)}
     for node in ast.walk(f):
+        if id(node) in keys:
+            continue
         v = _const(node)
         if v in roles and roles[v]:
             return v

@@ -22,6 +22,7 @@ from _pytest.nodeid import NodeId
 from pgoutbox.core import migrate as migrate_mod
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from support.inbox import FakeHandler
+from support.scheduling import ChainReport, LongestChainFirst, longest_chain_first
 from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +95,31 @@ def pytest_collection_modifyitems(config, items):
             suffix = "@" + "_".join(names)
             if names and not item.nodeid.endswith(suffix):
                 item._id = NodeId.parse(item.nodeid + suffix)
+        longest_chain_first(items)  # the order support.scheduling.LongestChainFirst hands them out in
     return result
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadgroup`: the longest chains first, nothing queued behind a
+    5-minute outage (support.scheduling)."""
+    if config.getvalue("dist") == "loadgroup":
+        return LongestChainFirst(config, log)
+    return None
+
+
+_chains = ChainReport()
+
+
+def pytest_runtest_logreport(report):
+    _chains.add(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _chains.workers:  # the controller of an xdist run
+        terminalreporter.write_sep("-", "chains (each group's tests added up) and workers' busy time")
+        for line in _chains.lines():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -33,6 +33,7 @@ from support.archival import (
     tasks_per_executor,
     today,
 )
+from support.roles import login
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -74,14 +75,14 @@ def sealed(conn) -> int:
 
 
 def test_spark_submit_on_a_standalone_cluster(cluster, spark, conn, database_url, tmp_path):
-    days = [today() - timedelta(days=k) for k in (12, 11, 10)]
+    # Older than both default retentions (outbox 7d, inbox 14d): every day is archived on the defaults.
+    days = [today() - timedelta(days=k) for k in (17, 16, 15)]
     for k, day in enumerate(days):
         inbox_for(conn, events(conn, day, 400 + 100 * k, context=("sea", "vibespro")[k % 2]))
     before = {(s, d): live_rows(conn, s, d) for d in days for s in (OUTBOX, INBOX)}
     env = {
-        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_archiver"),
         "OUTBOX_ARCHIVE_URI": str(tmp_path / "archive"),
-        "OUTBOX_INBOX_RETENTION": "8d",
         "OUTBOX_SPARK_READ_PARTITIONS": "4",
     }
 
@@ -97,6 +98,7 @@ def test_spark_submit_on_a_standalone_cluster(cluster, spark, conn, database_url
     env["OUTBOX_ARCHIVE_SHARED"] = "true"
 
     # 2. Executors no worker can host: a bounded wait, then one line, nothing sealed.
+    # not default: the bounded wait is what this step tests (2 min on the default)
     too_big = submit(cluster, {**env, "OUTBOX_SPARK_START_TIMEOUT": "5s"}, "--conf", "spark.executor.memory=64g")
     assert too_big.returncode == 5, too_big.stderr[-3000:]
     (line,) = ours(too_big)

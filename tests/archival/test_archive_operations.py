@@ -24,6 +24,7 @@ from pgoutbox.dev.embedded import free_port
 from pgoutbox_spark import archive, jdbc, storage
 from pgoutbox_spark import database as db
 from support.archival import archived_rows, events, inbox_for, live_rows, spark_env, today
+from support.roles import login
 
 pytestmark = pytest.mark.spark
 
@@ -168,7 +169,13 @@ def test_no_usable_archive_location_is_one_line_exit_5_and_nothing_sealed(
     monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
     two_days(conn)
     (tmp_path / "a-file").write_text("not a folder")
-    argv = ["archive", "--database-url", database_url, "--archive-uri", uri.format(tmp=tmp_path)]
+    argv = [
+        "archive",
+        "--database-url",
+        login(database_url, "pgoutbox_archiver"),
+        "--archive-uri",
+        uri.format(tmp=tmp_path),
+    ]
 
     assert cli.main([*argv, "--inbox-retention", "8d"]) == ExitCode.SPARK == 5
 

@@ -18,6 +18,7 @@ import pytest
 from pgoutbox.cli import main as cli
 from pgoutbox_spark import report
 from support.archival import events, inbox_for, today
+from support.roles import login
 
 pytestmark = pytest.mark.spark
 
@@ -140,7 +141,8 @@ def test_report_matches_sql_over_archive_and_live(spark, conn, database_url, tmp
     conn.execute("CREATE TABLE expected_events AS SELECT * FROM outbox.events")
     conn.execute("CREATE TABLE expected_messages AS SELECT * FROM inbox.messages")
     archive_uri, report_dir = tmp_path / "archive", tmp_path / "report"
-    common = ["--database-url", database_url, "--archive-uri", str(archive_uri), "--dead-letter-retention", "9d"]
+    archiver = login(database_url, "pgoutbox_archiver")
+    common = ["--database-url", archiver, "--archive-uri", str(archive_uri), "--dead-letter-retention", "9d"]
 
     # Outbox days archived and dropped; the oldest inbox day purged; the two
     # other old inbox days archived but not purged (in both places at once).
@@ -173,7 +175,7 @@ def test_report_matches_sql_over_archive_and_live(spark, conn, database_url, tmp
         "INSERT INTO expected_messages SELECT * FROM inbox.messages WHERE received_at > now() - interval '2 minutes'"
     )
 
-    assert cli.main(["report", "--database-url", database_url, "--report-uri", str(report_dir)]) == 0
+    assert cli.main(["report", "--database-url", archiver, "--report-uri", str(report_dir)]) == 0
     out = capsys.readouterr().out
     assert "delivery_report.png" in out
 
@@ -214,9 +216,8 @@ def test_the_same_job_runs_under_spark_submit(conn, database_url, tmp_path):
         **os.environ,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
-        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_archiver"),
         "OUTBOX_ARCHIVE_URI": str(tmp_path / "archive"),
-        "OUTBOX_ARCHIVE_SOURCES": "outbox",
     }
     spark_submit = Path(sys.executable).parent / "spark-submit"
     result = subprocess.run(

@@ -123,8 +123,8 @@ def test_relay_refuses_an_unknown_schema_version(database_url, nats_server, caps
 
 def test_strict_durability_refuses_what_only_warns_otherwise(database_url, nats_server, caplog):
     asyncio.run(apply_streams(nats_server.url))
-    # not default: the test is about strict durability
     with pytest.raises(ConfigError, match="NATS fsync policy not verified"):
+        # not default: the test is about strict durability
         asyncio.run(_start_and_stop(relay_config(database_url, nats_server.url, durability_strict="true")))
     caplog.clear()
     asyncio.run(_start_and_stop(relay_config(database_url, nats_server.url)))

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import psycopg
 import pytest
@@ -24,6 +25,11 @@ from support.schema import newer_schema
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
+
+# How long a relay process may take to reach its first retry line or start: a
+# wait that the line itself ends, not a bound. Its imports alone took over 20 s
+# with load average 40-80 on 2 cores (several test runs on the machine).
+START = 120
 
 
 def with_port(url: str, port: int) -> str:
@@ -54,16 +60,34 @@ def retry_lines(relay: RelayProcess, action: str) -> list[str]:
     return [e["event"] for e in relay.log_entries() if e.get("action") == action]
 
 
+def stop_timeline(relay: RelayProcess, signalled: float) -> str:
+    """The relay's log lines from the signal on, each with its time after the
+    signal: a slow stop shows whether it waited before its "stopped" line (its
+    own stop), after it (closing) or in the exit."""
+    lines = []
+    for entry in relay.log_entries():
+        at = datetime.fromisoformat(entry["ts"].replace("Z", "+00:00")).timestamp() - signalled
+        if at >= -0.5:
+            lines.append(f"{at:+.2f}s {entry.get('action')}: {entry.get('event', '')[:120]}")
+    return "\n".join(lines)
+
+
 def assert_clean_stop(relay: RelayProcess, sig: int = signal.SIGTERM) -> None:
-    started = time.monotonic()
+    started, signalled = time.monotonic(), time.time()
     relay.proc.send_signal(sig)
     assert relay.proc.wait(10) == 0, relay.output()
+    took = time.monotonic() - started
     # The bound, sized for `make test` (-n 6 on 2 cores) beside other work: with
     # load average 25-29 on this 2-core machine a stop while waiting for
     # PostgreSQL took 0.02-0.4 s from the signal to the exit (cli.main.entry ends
     # the process without the interpreter's teardown, which alone took 3.7-6.0 s
-    # at that load); 5 s is over 10 times that, and still what an operator calls prompt.
-    assert time.monotonic() - started < 5, "the relay must stop promptly"
+    # at that load), and 0.06-0.37 s in 30 stops at load 31-37 with the signal at
+    # any moment of the wait (a closed port, a missing database); 5 s is over 10
+    # times that, and still what an operator calls prompt.
+    assert took < 5, (  # not a race: promptness is the behaviour under test
+        f"the relay must stop promptly: {took:.2f}s, load average {os.getloadavg()[0]:.1f}; after the signal:\n"
+        + stop_timeline(relay, signalled)
+    )
     assert "Traceback" not in relay.output()
     # Every line is a JSON log entry: nothing spilled onto the console.
     assert all(line.startswith("{") for line in relay.output().splitlines()), relay.output()
@@ -76,7 +100,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
     upstream = psycopg.conninfo.conninfo_to_dict(database_url)["port"]
     url = with_port(database_url, port)
     relay = relays("relay-pg-late", url, nats_server.url, relay_poll_interval="200ms")
-    wait_for(lambda: retry_lines(relay, "db_retry"), 20, "a PostgreSQL retry line")
+    wait_for(lambda: retry_lines(relay, "db_retry"), START, "a PostgreSQL retry line")
     time.sleep(3)  # not a race: the rate limit's window must pass (quick attempts, a line per 5 s)
     assert relay.proc.poll() is None, relay.output()
     lines = retry_lines(relay, "db_retry")
@@ -90,7 +114,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
     forwarder = TcpProxy(int(upstream), port=port, start=False)
     forwarder.start()
     try:
-        relay.wait_started(30)
+        relay.wait_started(START)
         ids = emit(database_url, 20)
         wait_for(lambda: status_counts(database_url) == {"COMPLETED": len(ids)}, 20, "events published")
         assert_clean_stop(relay)
@@ -102,7 +126,7 @@ def test_relay_waits_for_postgresql_at_start_up_then_starts_when_it_answers(data
 def test_a_signal_stops_the_relay_while_it_waits_for_postgresql(nats_server, relays, sig):
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
     relay = relays("relay-pg-down", url, nats_server.url)
-    wait_for(lambda: retry_lines(relay, "db_retry"), 20, "a PostgreSQL retry line")
+    wait_for(lambda: retry_lines(relay, "db_retry"), START, "a PostgreSQL retry line")
     assert_clean_stop(relay, sig)
     assert any(e.get("action") == "stopped" for e in relay.log_entries())
 
@@ -111,7 +135,7 @@ def test_a_missing_database_is_waited_for_like_an_unreachable_server(database_ur
     """libpq gives connection failures no SQLSTATE, and text is never matched:
     a refused login or a missing database is retried, its reason logged."""
     relay = relays("relay-no-db", with_dbname(database_url, "no_such_db"), nats_server.url)
-    wait_for(lambda: retry_lines(relay, "db_retry"), 20, "a PostgreSQL retry line")
+    wait_for(lambda: retry_lines(relay, "db_retry"), START, "a PostgreSQL retry line")
     [line] = retry_lines(relay, "db_retry")[:1]
     assert (
         "database no_such_db (OUTBOX_DATABASE_URL or --database-url; the PG* variables when unset)" in line
@@ -125,7 +149,7 @@ def test_a_missing_database_is_waited_for_like_an_unreachable_server(database_ur
 def test_a_signal_stops_the_relay_while_it_waits_for_nats(database_url, relays, sig):
     port = free_port()
     relay = relays("relay-nats-down", database_url, f"nats://user:secret@127.0.0.1:{port}")
-    wait_for(lambda: retry_lines(relay, "nats_error"), 20, "a NATS retry line")
+    wait_for(lambda: retry_lines(relay, "nats_error"), START, "a NATS retry line")
     time.sleep(3)  # not a race: the rate limit's window must pass (nats-py retries every 250 ms, a line per 5 s)
     lines = retry_lines(relay, "nats_error")
     assert 1 <= len(lines) <= 2, lines
@@ -143,7 +167,7 @@ def run_relay(env: dict[str, str]) -> subprocess.CompletedProcess:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START,  # a start that ends in one line: as long as any start may take
     )
 
 

@@ -333,8 +333,17 @@ _ADMISSIBLE = {
 _hostile = st.one_of(st.dictionaries(_names, _values, max_size=6), st.dictionaries(_names, _values, max_size=1))
 
 
-def _refused_with_a_reason(exc: wire.InvalidMessage) -> None:
-    assert str(exc).strip(), "refused without a reason"
+def _refused_with_a_reason(exc: wire.InvalidMessage, parts) -> None:
+    """The reason is one line that names the part at fault: a header given (or
+    its CloudEvents attribute), the body, its data, or the subject."""
+    text = str(exc).lower()
+    assert text.strip() and "\n" not in text, f"refused without a one-line reason: {exc!r}"
+    named = (
+        {"body", "data", "subject"}
+        | {p.lower() for p in parts}
+        | {p.lower()[3:] for p in parts if p[:3].lower() == "ce-"}
+    )
+    assert any(part and part in text for part in named), f"the reason names no header, body or subject: {exc}"
 
 
 def test_any_binary_ce_headers_are_admitted_or_refused_with_a_reason():
@@ -349,7 +358,7 @@ def test_any_binary_ce_headers_are_admitted_or_refused_with_a_reason():
         try:
             envelope = wire.from_nats("sea.event.x.v1", body, {**_ADMISSIBLE, **headers})
         except wire.InvalidMessage as exc:
-            _refused_with_a_reason(exc)
+            _refused_with_a_reason(exc, {**_ADMISSIBLE, **headers})
             seen["refused"] += 1
             return
         assert envelope["message_id"] == FOREIGN_ID.lower()
@@ -374,7 +383,7 @@ def test_any_structured_body_is_admitted_or_refused_with_a_reason():
                 "sea.event.x.v1", json.dumps(document).encode(), {"Content-Type": "application/cloudevents+json"}
             )
         except wire.InvalidMessage as exc:
-            _refused_with_a_reason(exc)
+            _refused_with_a_reason(exc, document)
             seen["refused"] += 1
             return
         assert envelope["message_id"] == FOREIGN_ID.lower()
@@ -383,3 +392,10 @@ def test_any_structured_body_is_admitted_or_refused_with_a_reason():
 
     check()
     assert seen["admitted"] + seen["refused"] >= 100 and seen["admitted"] and seen["refused"], seen
+
+
+def test_a_value_that_is_not_utf_8_once_decoded_is_refused_naming_its_header():
+    with pytest.raises(wire.InvalidMessage) as refused:
+        wire.from_nats("sea.event.x.v1", b"{}", {**_ADMISSIBLE, "ce-source": "%C0%A0"})
+    _refused_with_a_reason(refused.value, {"ce-source"})
+    assert "ce-source" in str(refused.value)

@@ -213,7 +213,10 @@ def from_binary(headers: Mapping[str, str]) -> dict[str, str] | None:
         attribute = name[3:].lower()
         if attribute not in _KNOWN and not _NAME.fullmatch(attribute):
             raise NotACloudEvent(f"header {name[:80]!r} does not name a CloudEvents attribute (ce- then a-z, 0-9)")
-        decoded = value if "%" not in value and value[:1] != '"' else decode(value)
+        try:
+            decoded = value if "%" not in value and value[:1] != '"' else decode(value)
+        except NotACloudEvent as exc:  # the reason names the header at fault
+            raise NotACloudEvent(f"header {name[:80]} {exc}") from None
         if attributes.get(attribute, decoded) != decoded:
             raise NotACloudEvent(f"header ce-{attribute} is given twice, with different values")
         attributes[attribute] = decoded

@@ -1,0 +1,98 @@
+"""How `make test` spreads the server tier over its workers (`--dist loadgroup`),
+and the chains it measures.
+
+A group (tests/conftest.py `_GROUPS`) runs on one worker, one test after the
+other: its chain. The run lasts at least as long as its longest chain, plus
+whatever that chain waited before it started. pytest-xdist 3.8 hands out the
+work units (a group, or a test of no group) largest first by test count, and
+gives a worker a second unit as soon as it has two tests or fewer left: a
+one-test group that lasts five minutes went out among the single tests, late,
+and had another unit queued behind it on its worker. `LongestChainFirst`
+hands out the groups longest chain first (`CHAINS`, then the tests of no
+group) and queues nothing behind a group that is still running on a worker of
+its own (`ALONE`): the three outages of five minutes start at once, side by
+side, each on its worker, mostly waiting while the other workers take the rest.
+
+`ChainReport` prints, at the end of a run under xdist, each group's chain
+(its tests' durations added up) and each worker's busy time: the figures
+tests/README.md gives."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from xdist.scheduler import LoadGroupScheduling
+
+# The groups, longest chain first (seconds measured on the 2-core machine: tests/README.md).
+CHAINS = (
+    "jetstream-away-cluster",
+    "jetstream-away",
+    "handler-outage",
+    "chaos",
+    "spark",
+    "outage",
+    "spark-cluster",
+    "spark-ops",
+    "browser",
+    "chaos-cluster-faults",
+    "chaos-cluster",
+    "chaos-check",
+    "install",
+)
+# Groups that wait through a 5-minute outage on the defaults: nothing waits behind them.
+ALONE = frozenset({"jetstream-away", "jetstream-away-cluster", "handler-outage"})
+
+
+def group_of(nodeid: str) -> str | None:
+    """The group a node id names (`path::test@group`), as LoadGroupScheduling reads it."""
+    return nodeid.rsplit("@", 1)[-1] if nodeid.rfind("@") > nodeid.rfind("]") else None
+
+
+def longest_chain_first(items: list[Any]) -> None:
+    """Sorts the collected items (in place, stably): the groups by CHAINS, then
+    every other test in collection order. Every worker collects the same order,
+    which LongestChainFirst keeps."""
+    rank = {name: i for i, name in enumerate(CHAINS)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid) or "", len(rank)))
+
+
+class LongestChainFirst(LoadGroupScheduling):
+    def __init__(self, config: Any, log: Any = None) -> None:
+        super().__init__(config, log)
+        config.option.loadscopereorder = False  # the collection's order, not the count of tests per unit
+
+    def _reschedule(self, node: Any) -> None:
+        for scope, unit in self.assigned_work.get(node, {}).items():
+            if scope in ALONE and not all(unit.values()):
+                return  # its worker takes more once the outage test is over
+        super()._reschedule(node)
+
+
+class ChainReport:
+    """Durations added up per group and per worker, from the controller's reports."""
+
+    def __init__(self) -> None:
+        self.chains: dict[str, float] = defaultdict(float)
+        self.tests: dict[str, int] = defaultdict(int)
+        self.workers: dict[str, float] = defaultdict(float)
+
+    def add(self, report: Any) -> None:
+        group = group_of(report.nodeid)
+        if group:
+            self.chains[group] += report.duration
+            self.tests[group] += report.when == "call"
+        node = getattr(report, "node", None)
+        if node is not None:
+            self.workers[node.gateway.id] += report.duration
+
+    def lines(self) -> list[str]:
+        out = [
+            f"{name:24} {self.chains[name]:7.0f} s  {self.tests[name]:3} tests" for name in self._longest(self.chains)
+        ]
+        out.append("worker busy: " + ", ".join(f"{w} {self.workers[w]:.0f} s" for w in sorted(self.workers)))
+        return out
+
+    @staticmethod
+    def _longest(chains: dict[str, float]) -> list[str]:
+        return sorted(chains, key=lambda name: -chains[name])
