@@ -31,6 +31,14 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
       process plus OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in a process
       of its own, pgoutbox.dev.otlp), in --rounds interleaved rounds, with the
       medians and what tracing costs per message. `--only i` runs (a) and (i).
+  (j) `pgoutbox consume` with default settings, the same manifest of format
+      "pgoutbox" (one POST per message) and of format "batch" (one POST per
+      fetch, up to batch_size 32, one result per message), on the same handler
+      process (/noop answers a message, /batch a batch): the no-op handler
+      above (never the bottleneck), and a handler on the standard library's
+      ThreadingHTTPServer (a thread and a parse per request, as a small
+      Python service has), in --rounds interleaved rounds, with the medians.
+      `--only j` runs (a) and (j).
 
 Every `pgoutbox consume` runs as the login docs/consumer.md gives it (a member
 of pgoutbox_consumer only), with the README's manifest (timeout 10s,
@@ -48,12 +56,14 @@ with the default durability (synchronous_commit on).
     .venv/bin/python bench/consumer_bench.py --only g [--rounds 3]          # (a) and (g) only
     .venv/bin/python bench/consumer_bench.py --only h [--rounds 3]          # (a) and (h) only
     .venv/bin/python bench/consumer_bench.py --only i [--rounds 3]          # (a) and (i) only
+    .venv/bin/python bench/consumer_bench.py --only j [--rounds 3]          # (a) and (j) only
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -112,7 +122,7 @@ class _Noop(asyncio.Protocol):
         if buf[:3] == b"PRI":  # the HTTP/2 connection preface: prior knowledge h2c
             self._h2_start(buf)
             return
-        pos, answered = 0, 0
+        pos, answered, answers = 0, 0, []
         while (end := buf.find(b"\r\n\r\n", pos)) >= 0:
             at = buf.find(b"\r\nContent-Length:", pos, end)
             if at < 0:
@@ -122,11 +132,15 @@ class _Noop(asyncio.Protocol):
             length = int(buf[at + 17 : buf.find(b"\r\n", at + 2)]) if at >= 0 else 0
             if end + 4 + length > len(buf):
                 break
+            if buf.startswith(b"POST /batch", pos):  # a batch handler: one result per message
+                answers.append(_batch_answer(buf[end + 4 : end + 4 + length]))
+            else:
+                answers.append(NOOP_RESPONSE)
             pos = end + 4 + length
             answered += 1
         self.buffer = buf[pos:]
         if answered:
-            self.transport.write(NOOP_RESPONSE * answered)
+            self.transport.write(b"".join(answers))
 
     def _h2_start(self, data: bytes) -> None:
         import h2.config
@@ -151,6 +165,13 @@ class _Noop(asyncio.Protocol):
         self.transport.write(self.h2.data_to_send())
 
 
+def _batch_answer(body: bytes) -> bytes:
+    """A batch handler's 200: every message processed (docs/consumer.md, "Batch handlers")."""
+    results = [{"message_id": m["envelope"]["message_id"], "status": 200} for m in json.loads(body)["messages"]]
+    out = json.dumps({"results": results}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: keep-alive\r\n\r\n%s" % (len(out), out)
+
+
 async def _serve_noop(port: int) -> None:
     server = await asyncio.get_running_loop().create_server(_Noop, "127.0.0.1", port, backlog=1024)
     print("ready", flush=True)
@@ -158,9 +179,30 @@ async def _serve_noop(port: int) -> None:
         await server.serve_forever()
 
 
-def _start_noop_handler() -> tuple[subprocess.Popen, str]:
+def _serve_stdlib(port: int) -> None:
+    """(j): a handler as a small Python service is written: http.server, a thread per connection."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            answer = _batch_answer(body) if self.path == "/batch" else NOOP_RESPONSE
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+def _start_noop_handler(kind: str = "--serve-noop") -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-noop", str(port)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, kind, str(port)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc, f"http://127.0.0.1:{port}/noop"
 
@@ -436,6 +478,7 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     n, only = args.messages, args.only
+    noop_url, noop_pid = url, handler_pid
 
     async def consume(
         handler: str,
@@ -444,20 +487,24 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
         settings: list[str] | None = None,
         profile: str | None = None,
         manifest_extra: str = "",
+        path: str | None = None,
+        url: str | None = None,
+        handler_pid: int | None = None,
     ) -> dict[str, float]:
         told = args.setting + (settings or [])
+        target = url or noop_url
         return await _consume(
             js,
             workdir,
             pg,
             nats_url,
-            url,
+            target if path is None else target.replace("/noop", path),
             handler,
             n,
             processes,
             pythonpath,
             told,
-            handler_pid,
+            handler_pid or noop_pid,
             profile,
             manifest_extra,
         )
@@ -523,6 +570,8 @@ async def _run(args, pg: EmbeddedPostgres, nats_url: str, url: str, workdir: Pat
             await _upcast_step(args, pg, consume)
         if "i" in only:
             await _traces_off_on(args, consume)
+        if "j" in only:
+            await _batch_format(args, consume)
     finally:
         await nc.close()
 
@@ -723,6 +772,45 @@ async def _traces_off_on(args, consume) -> None:
     )
 
 
+# -- (j) handlers of format "batch" --------------------------------------------------
+async def _batch_format(args, consume) -> None:
+    print(
+        f"(j) pgoutbox consume, default settings: format pgoutbox (a POST per message) and format batch "
+        f"(a POST per fetch) on the same handler process, {args.rounds} interleaved round(s)"
+    )
+    stdlib, stdlib_url = _start_noop_handler("--serve-stdlib")
+    handlers = {"no-op": (None, None), "http.server": (stdlib_url, stdlib.pid)}
+    kinds = [(h, f) for h in handlers for f in ("pgoutbox", "batch")]
+    rounds = []
+    try:
+        for r in range(1, args.rounds + 1):
+            ticks = machine.cpu_ticks()
+            got = {}
+            for h, f in kinds:
+                url, pid = handlers[h]
+                extra = 'format = "batch"\n' if f == "batch" else ""
+                name = f"{f}_{h.replace('.', '').replace('-', '')}{r}"
+                got[(h, f)] = await consume(
+                    name, manifest_extra=extra, path="/batch" if f == "batch" else None, url=url, handler_pid=pid
+                )
+            rounds.append(got)
+            print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
+            for h, f in kinds:
+                res, ref = got[(h, f)], None if f == "pgoutbox" else ("pgoutbox", got[(h, "pgoutbox")]["rate"])
+                _line(f"{h} handler, format {f}", res["rate"], res["cpu_us"], res["pg_us"], ref)
+    finally:
+        stdlib.kill()
+        stdlib.wait()
+    print(f" median of {len(rounds)} round(s):")
+    for h, f in kinds:
+        med = {m: statistics.median(g[(h, f)][m] for g in rounds) for m in rounds[0][(h, f)]}
+        ref = None
+        if f == "batch":
+            ref = ("pgoutbox", statistics.median(g[(h, "pgoutbox")]["rate"] for g in rounds))
+        _line(f"{h} handler, format {f}", med["rate"], med["cpu_us"], med["pg_us"], ref)
+        print(f"  {'':58s} handler CPU {med['handler_us']:5.0f} us/msg", flush=True)
+
+
 def main(args) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="pgoutbox-consumer-bench-"))
     workdir.chmod(0o755)  # PostgreSQL runs as another user
@@ -753,6 +841,9 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-noop":
         asyncio.run(_serve_noop(int(sys.argv[2])))
         sys.exit(0)
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-stdlib":
+        _serve_stdlib(int(sys.argv[2]))
+        sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--processes", default="1,2,4", help="consumer process counts for (e)")
@@ -761,8 +852,8 @@ if __name__ == "__main__":
         "--setting", action="append", default=[], metavar="OUTBOX_X=V", help="for the consumer processes (repeatable)"
     )
     parser.add_argument("--indb-fetch", type=int, default=256, help="fetch size of the batched in-database loop")
-    parser.add_argument("--only", default="abcdefghi", help="the parts to run (a always)")
-    parser.add_argument("--rounds", type=int, default=3, help="(g), (h), (i): interleaved rounds")
+    parser.add_argument("--only", default="abcdefghij", help="the parts to run (a always)")
+    parser.add_argument("--rounds", type=int, default=3, help="(g), (h), (i), (j): interleaved rounds")
     parser.add_argument("--ref-batch", type=int, default=CONCURRENCY, help="(g): fetch size of the reference loops")
     parser.add_argument(
         "--consume-variant",

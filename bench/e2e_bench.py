@@ -35,7 +35,11 @@ bisected further between the highest rate that held and the lowest that did
 not), and the hypervisor's steal over the run.
 
     .venv/bin/python bench/e2e_bench.py [--rates 200,500,1000,2000,3000] [--consumers 1] [--seconds 15]
-        [--find-max N] [--code COMMIT,.] [--profile DIR]
+        [--find-max N] [--code COMMIT,.] [--profile DIR] [--format batch]
+
+--format batch: the same manifest with `format = "batch"` (docs/consumer.md, "Batch
+handlers"): the handler receives a fetch per request and records each message's arrival
+when the request reaches it, answering 200 for each.
 
 With --hold MINUTES (docs/benchmarks.md, "Held snapshot"): for each --code in
 turn, a pipeline of its own whose schema that code's migrations built (the
@@ -110,9 +114,14 @@ def serve_handler(port: int) -> None:
                         length = int(value)
                     elif name == b"pgoutbox-message-id":
                         message_id = value.strip().decode()
-                if length:
-                    await reader.readexactly(length)
-                if head.startswith(b"GET /"):
+                body = await reader.readexactly(length) if length else b""
+                if b"\r\nPgoutbox-Batch-Size:" in head:  # a batch handler: a result per message
+                    ids = [m["envelope"]["message_id"] for m in json.loads(body)["messages"]]
+                    for mid in ids:
+                        arrivals.setdefault(mid, now)
+                    out = json.dumps({"results": [{"message_id": mid, "status": 200} for mid in ids]}).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(out) + out)
+                elif head.startswith(b"GET /"):
                     body = (json.dumps(arrivals) if head.startswith(b"GET /arrivals") else str(len(arrivals))).encode()
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
                 else:
@@ -171,10 +180,23 @@ LOGINS = {"writer": "pgoutbox_writer", "relay": "pgoutbox_relay", "consumer": "p
 class Pipeline:
     """PostgreSQL, NATS, the handler, the relay and the consumers, all ours."""
 
-    def __init__(self, root: Path, codes: list[str], profile: str | None = None, schema_code: str = "."):
+    def __init__(
+        self,
+        root: Path,
+        codes: list[str],
+        profile: str | None = None,
+        schema_code: str = ".",
+        fmt: str = "pgoutbox",
+        statements: bool = False,
+    ):
         self.root = root
+        self.format = fmt  # the handler's format: "pgoutbox" (a POST per message) or "batch"
         self.schema_code = schema_code  # whose migrations build the schema ("." = this checkout)
-        self.pg = EmbeddedPostgres(root / "pg", settings={"max_wal_size": "4GB"})
+        settings = {"max_wal_size": "4GB"}
+        if statements:  # --statements: every statement's time and buffers, nested ones included
+            settings |= {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+        self.statements = statements
+        self.pg = EmbeddedPostgres(root / "pg", settings=settings)
         self.nats = EmbeddedNats(root / "nats")
         self.handler: subprocess.Popen | None = None
         self.handler_url = ""
@@ -235,6 +257,8 @@ class Pipeline:
                 migrate.migrate(conn)
             for party, group in LOGINS.items():
                 conn.execute(f"CREATE ROLE e2e_{party} LOGIN IN ROLE {group}")
+            if self.statements:
+                conn.execute("CREATE EXTENSION pg_stat_statements")
         port = free_port()
         self.handler = subprocess.Popen(
             [sys.executable, __file__, "--handler", str(port)], stdout=subprocess.PIPE, text=True
@@ -247,7 +271,7 @@ class Pipeline:
         manifests.mkdir()
         (manifests / "orders.toml").write_text(  # the README's manifest
             f'[[handler]]\nname = "orders"\nurl = "{self.handler_url}/orders"\nsubjects = ["{SUBJECT}"]\n'
-            'timeout = "10s"\nmax_deliver = 5\n'
+            'timeout = "10s"\nmax_deliver = 5\n' + ('format = "batch"\n' if self.format == "batch" else "")
         )
         for argv in (
             ["streams", "--streams-file", str(streams)],
@@ -490,12 +514,62 @@ HOLD = ("BEGIN ISOLATION LEVEL REPEATABLE READ", "SELECT count(*) FROM pg_class"
 
 
 def dead_tuples(url: str) -> int:
+    return table_stats(url)[0]
+
+
+def table_stats(url: str) -> tuple[int, int]:
+    """Dead tuples and autovacuum runs so far, outbox.* and inbox.*."""
     with psycopg.connect(url, autocommit=True) as conn:
-        return int(
-            conn.execute(
-                "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE schemaname IN ('outbox', 'inbox')"
-            ).fetchone()[0]
-        )
+        dead, vacuums = conn.execute(
+            "SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(autovacuum_count), 0)"
+            " FROM pg_stat_user_tables WHERE schemaname IN ('outbox', 'inbox')"
+        ).fetchone()
+        return int(dead), int(vacuums)
+
+
+# A server process's part, from its title (`postgres: <user> <db> ...` for a session).
+PARTS = {
+    "e2e_relay": "relay",
+    "e2e_consumer": "consumer",
+    "e2e_writer": "writers",
+    "autovacuum worker": "autovacuum",
+}
+
+
+def cpu_by_part(pg: EmbeddedPostgres, seen: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """The server's CPU so far by part (relay, consumer, writers, autovacuum, other);
+    `seen` keeps each process's last reading, so that one that exited still counts up to it.
+    `exited` is the rest: what processes that exited spent after their last reading (mostly
+    autovacuum workers, which live seconds) and the postmaster's own."""
+    postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
+    total = machine.cpu_seconds(postmaster, reaped_children=True)
+    for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            title = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            part = next((v for k, v in PARTS.items() if title.startswith(f"postgres: {k}")), "other")
+            cpu = machine.cpu_seconds(int(child))
+            total += cpu
+            seen[int(child)] = (part, cpu)
+    parts = {"relay": 0.0, "consumer": 0.0, "writers": 0.0, "autovacuum": 0.0, "other": 0.0}
+    for part, cpu in seen.values():
+        parts[part] += cpu
+    parts["exited"] = total - sum(parts.values())
+    parts["total"] = total
+    return parts
+
+
+def statement_stats(url: str) -> dict[tuple[int, bool], tuple[str, int, float, int, int]]:
+    """pg_stat_statements so far: (queryid, top level) -> (text, calls, ms, shared buffers
+    touched, of them read in from outside shared_buffers)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT queryid, toplevel, min(left(query, 200)), sum(calls),"
+            " sum(total_exec_time), sum(shared_blks_hit + shared_blks_read), sum(shared_blks_read)"
+            " FROM pg_stat_statements WHERE queryid IS NOT NULL GROUP BY 1, 2"
+        ).fetchall()
+    return {
+        (q, t): (" ".join(text.split())[:110], int(c), float(ms), int(b), int(r)) for q, t, text, c, ms, b, r in rows
+    }
 
 
 def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) -> list[dict]:
@@ -513,16 +587,29 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
     )
     begun = time.monotonic()
     samples: list[tuple[float, float, int]] = []  # (monotonic, PostgreSQL CPU seconds, dead tuples)
+    seen: dict[int, tuple[str, float]] = {}
+    parts: list[tuple[float, dict[str, float]]] = []  # (monotonic, CPU seconds by part)
+    # (monotonic, pg_stat_statements) at each minute's edge only: reading it costs the server
+    stats: list[tuple[float, dict]] = []
+    next_stats = begun + lead + 1 - 60
     holder: psycopg.Connection | None = None
     held_at = released_at = 0.0
     while writer.poll() is None:
         now = time.monotonic()
-        samples.append((now, postgres_cpu_seconds(pipe.pg), dead_tuples(pipe.pg.url)))
+        dead, vacuums = table_stats(pipe.pg.url)
+        samples.append((now, postgres_cpu_seconds(pipe.pg), dead))
+        parts.append((now, cpu_by_part(pipe.pg, seen) | {"vacuums": float(vacuums)}))
+        if pipe.statements and now >= next_stats:
+            stats.append((now, statement_stats(pipe.pg.url)))
+            next_stats += 60
         if holder is None and not held_at and now - begun >= lead + 1:
             holder = psycopg.connect(pipe.pg.url, autocommit=True, application_name="bench: held snapshot")
             for stmt in HOLD:
                 holder.execute(stmt)
             held_at = time.monotonic()
+            if pipe.statements:
+                stats.append((held_at, statement_stats(pipe.pg.url)))
+                next_stats = held_at + 60
         if holder is not None and now - held_at >= hold * 60:
             holder.execute("ROLLBACK")
             holder.close()
@@ -541,6 +628,9 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
         time.sleep(0.5)
     arrivals = pipe.arrivals()
     samples.append((time.monotonic(), postgres_cpu_seconds(pipe.pg), dead_tuples(pipe.pg.url)))
+    parts.append((time.monotonic(), cpu_by_part(pipe.pg, seen) | {"vacuums": float(table_stats(pipe.pg.url)[1])}))
+    if pipe.statements:
+        stats.append((time.monotonic(), statement_stats(pipe.pg.url)))
 
     # The relay's side, commit -> marked published (PostgreSQL's clock), per minute from the hold's start.
     with psycopg.connect(pipe.pg.url, autocommit=True) as conn:
@@ -557,6 +647,9 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
     def cpu_at(t: float) -> float:
         return min(samples, key=lambda x: abs(x[0] - t))[1]
 
+    def nearest(series: list, t: float):
+        return min(series, key=lambda x: abs(x[0] - t))[1] if series else {}
+
     rows = []
     start = run["started"] + 1.0
     # Minutes counted from the hold's start (the first one may begin less than a minute before it).
@@ -570,6 +663,19 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
         q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [float("nan")] * 99
         dead = min(samples, key=lambda x: abs(x[0] - hi))[2]
         phase = "before" if hi <= held_at + 1 else ("held" if lo < released_at - 1 else "released")
+        p_lo, p_hi = nearest(parts, lo), nearest(parts, hi)
+        s_lo, s_hi = nearest(stats, lo), nearest(stats, hi)
+        statements = {}
+        for key, (text, calls, ms, blocks, read) in s_hi.items():
+            c0, ms0, b0, r0 = s_lo.get(key, (text, 0, 0.0, 0, 0))[1:]
+            if calls > c0:
+                statements[f"{'top' if key[1] else 'nested'} {key[0]}"] = (
+                    text,
+                    calls - c0,
+                    ms - ms0,
+                    blocks - b0,
+                    read - r0,
+                )
         rows.append(
             {
                 "minute": f"{(lo - held_at) / 60:+.0f}",
@@ -582,6 +688,9 @@ def run_hold(pipe: Pipeline, code: str, rate: int, hold: float, writers: int) ->
                 "dead": dead,
                 "events": n,
                 "missing": missing,
+                "cpu_parts_us": {k: (p_hi[k] - p_lo.get(k, 0.0)) / max(n, 1) * 1e6 for k in p_hi if k != "vacuums"},
+                "autovacuums": int(p_hi.get("vacuums", 0) - p_lo.get("vacuums", 0)),
+                "statements": statements,
             }
         )
     return rows
@@ -611,6 +720,17 @@ def report_hold(results: dict[str, list[dict]]) -> None:
             )
         print(f"  {label:14s} | " + " | ".join(cells), flush=True)
     for c in codes:
+        print(f"  {c}: PostgreSQL CPU us/event by part (server processes by their title)")
+        names = list(results[c][0]["cpu_parts_us"])
+        print("    minute          | " + " | ".join(f"{k:>10s}" for k in names) + " | autovacuum runs")
+        for r in results[c]:
+            print(
+                f"    {r['minute']:>4s} {r['phase']:10s} | "
+                + " | ".join(f"{r['cpu_parts_us'].get(k, 0.0):10.0f}" for k in names)
+                + f" | {r['autovacuums']}"
+            )
+        report_statements(c, results[c])
+    for c in codes:
         base = [r for r in results[c] if r["phase"] == "before"]
         held = [r for r in results[c] if r["phase"] == "held"]
         if base and held:
@@ -619,6 +739,33 @@ def report_hold(results: dict[str, list[dict]]) -> None:
                 f"  {c}: worst held minute p99 {max(r['p99'] for r in held) / p99:.1f}x the minute before,"
                 f" PostgreSQL CPU per event {max(r['cpu_us'] for r in held) / cpu:.2f}x"
             )
+
+
+def report_statements(code: str, rows: list[dict]) -> None:
+    """The statements that took the most time over the run (pg_stat_statements, nested
+    ones included, so a function and its statements both appear): per event, time (us) and
+    shared buffers, the minute before the hold, its first, middle and last minute."""
+    if not any(r["statements"] for r in rows):
+        return
+    before = [r for r in rows if r["phase"] == "before"][-1:]
+    held = [r for r in rows if r["phase"] == "held"]
+    picked = before + ([held[0], held[len(held) // 2], held[-1]] if held else [])
+    totals: dict[str, float] = {}
+    for r in rows:
+        for k, (_, _, ms, _, _) in r["statements"].items():
+            totals[k] = totals.get(k, 0.0) + ms
+    print(
+        f"  {code}: statements by time, per event: us / shared buffers touched, of them read in (calls per 100 events)"
+    )
+    print("    " + " | ".join(f"minute {r['minute']:>3s}" for r in picked) + " | statement")
+    for k in sorted(totals, key=totals.get, reverse=True)[:25]:
+        text = next(r["statements"][k][0] for r in rows if k in r["statements"])
+        cells = []
+        for r in picked:
+            _, calls, ms, blocks, read = r["statements"].get(k, ("", 0, 0.0, 0, 0))
+            n = max(r["events"], 1)
+            cells.append(f"{ms * 1000 / n:6.1f} / {blocks / n:6.1f}, {read / n:5.2f} ({calls * 100 / n:4.0f})")
+        print("    " + " | ".join(cells) + f" | {k.split()[0]} {text}")
 
 
 def main() -> int:
@@ -653,6 +800,12 @@ def main() -> int:
     ap.add_argument(
         "--hold", type=float, default=0.0, metavar="MINUTES", help="a snapshot held this long at the first rate"
     )
+    ap.add_argument("--format", default="pgoutbox", choices=("pgoutbox", "batch"), help="the handler's format")
+    ap.add_argument(
+        "--statements",
+        action="store_true",
+        help="with --hold: pg_stat_statements loaded, its figures per minute (time and buffers per event)",
+    )
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     consumers = [int(c) for c in args.consumers.split(",")]
@@ -674,7 +827,7 @@ def main() -> int:
         results = {}
         try:
             for i, c in enumerate(codes):
-                pipe = Pipeline(root / f"hold-{i}", [c], schema_code=c)
+                pipe = Pipeline(root / f"hold-{i}", [c], schema_code=c, statements=args.statements)
                 pipe.root.mkdir()
                 pipe.root.chmod(0o755)
                 try:
@@ -689,10 +842,11 @@ def main() -> int:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return 0
-    pipe = Pipeline(root, codes, args.profile)
+    pipe = Pipeline(root, codes, args.profile, fmt=args.format)
     print(
         "e2e bench: emit commit -> relay -> JetStream -> pgoutbox consume -> HTTP handler; product defaults,"
-        f" least-privileged logins; {args.writers} writers; code {', '.join(codes)}; {machine.load()}",
+        f" least-privileged logins; {args.writers} writers; code {', '.join(codes)}; handler format {args.format};"
+        f" {machine.load()}",
         flush=True,
     )
     ticks = machine.cpu_ticks()

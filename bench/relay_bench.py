@@ -103,7 +103,7 @@ def postgres_cpu_seconds(pg: EmbeddedPostgres) -> float:
     postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
     total = machine.cpu_seconds(postmaster, reaped_children=True)
     for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a child that exited meanwhile
             total += machine.cpu_seconds(int(child))
     return total
 

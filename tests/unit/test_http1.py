@@ -248,3 +248,25 @@ async def test_waiting_for_a_place_to_connect_is_not_the_handlers_time():
     await pool.aclose()
     server.close()
     assert [a.status for a in answers] == [200] * 2 * FRESH_AT_ONCE
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n0123\r\n6\r\n456789\r\n0\r\n\r\n",
+    ],
+)
+async def test_a_kept_2xx_body_is_returned_whole_and_one_longer_than_kept_is_an_error(raw):
+    """A batch handler's results (post's keep): all of a 2xx body up to keep
+    bytes; a longer one is a broken answer, never a cut one read as results."""
+    async with RawServer([raw]) as server:
+        pool = Http1Pool(4, 4.0)
+        target = Target.parse(server.url)
+        whole = await pool.post(target, b"{}", b"", 2.0, keep=10)
+        plain = await pool.post(target, b"{}", b"", 2.0)  # not asked for: nothing kept
+        with pytest.raises(HttpError, match="exceeds 9 bytes"):
+            await pool.post(target, b"{}", b"", 2.0, keep=9)
+        await pool.aclose()
+    assert (whole.status, whole.body) == (200, b"0123456789")
+    assert (plain.status, plain.body, plain.text) == (200, b"", "")

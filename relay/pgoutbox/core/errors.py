@@ -63,6 +63,8 @@ class SqlState(enum.StrEnum):
     AUDIT_IMMUTABLE = "OB060"
     NOT_SEALED = "OB061"
     SEAL_BROKEN = "OB062"
+    BATCH_ANSWER_MALFORMED = "OB063"  # the consumer, as a batch handler's messages' last_error
+    BATCH_RESULT_INVALID = "OB064"  # the consumer, as one message's last_error of a batch handler
     INVALID_UPCASTER = "OB070"
     UPCAST_MISSING = "OB071"
     UPCAST_FAILED = "OB072"
@@ -241,6 +243,8 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.AUDIT_IMMUTABLE: IllegalTransition,
     SqlState.NOT_SEALED: ArchivalRefused,
     SqlState.SEAL_BROKEN: ArchiveMismatch,
+    SqlState.BATCH_ANSWER_MALFORMED: PolicyViolation,
+    SqlState.BATCH_RESULT_INVALID: PolicyViolation,
     SqlState.INVALID_UPCASTER: PolicyViolation,
     SqlState.UPCAST_MISSING: PolicyViolation,
     SqlState.UPCAST_FAILED: PolicyViolation,

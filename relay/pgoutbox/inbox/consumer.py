@@ -22,7 +22,10 @@ counting a failure, so that an outage of any length only delays them.
 
 Backpressure: a fetch never asks for more messages than the handler has free
 slots (`concurrency`), so nothing waits unprocessed while its ack_wait runs;
-`max_ack_pending` bounds the same thing on the server side.
+`max_ack_pending` bounds the same thing on the server side. A message held
+back for its tenant's turn (tenants.py) lends its slot to the fetch while it
+waits, kept alive by the heartbeat: then max_ack_pending alone bounds what
+is in hand.
 
 Start-up waits for NATS and PostgreSQL for as long as they are unreachable
 (one log line per attempt, at most every few seconds, no traceback); a bad
@@ -59,7 +62,7 @@ from pgoutbox.core.backoff import Every, reconnect_delays, retrying
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
-from pgoutbox.inbox import dlq
+from pgoutbox.inbox import dlq, tenants
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.flow import DatabaseGate, MessageFlow, transient
@@ -127,6 +130,11 @@ class Slots:
             self.free += count
             if self._freed is not None:
                 self._freed.set()
+
+    def take_back(self, count: int) -> None:
+        """A slot lent by a message held back for its tenant's turn (tenants.py)
+        is its own again: the next fetch waits for it to be given back."""
+        self.free -= count
 
 
 class Linger:
@@ -218,6 +226,14 @@ class Consumer:
             tracer=self.tracing,
             cloudevents_source=cfg.cloudevents_source,
             handler_gates=self.handler_gates,
+            tenants={
+                h.name: tenants.Share(
+                    h.tenant_concurrency,
+                    self.metrics.tenant_held.labels(h.name),
+                    self.metrics.tenant_holds.labels(h.name),
+                )
+                for h in self.handlers
+            },
         )
         await self._bind_all()
         self._started = True
@@ -398,6 +414,8 @@ class Consumer:
             )
             for kind, sub, batch in subscriptions:
                 slots = self._slots.setdefault((h.name, kind), Slots(h.concurrency if kind == "events" else 1))
+                if kind == "events":  # held messages lend their slots to the event fetch
+                    self.flow.tenants[h.name].lender = slots
                 self._loops.append(asyncio.create_task(self._fetch_loop(h, sub, slots, batch)))
 
     async def _bind(self, h: HandlerRuntime) -> list[tuple[str, Puller, int]]:

@@ -73,6 +73,7 @@ from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, PolicyViola
 from pgoutbox.core.gate import Gate, Outage
 from pgoutbox.core.stopping import sleep
 from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
+from pgoutbox.inbox import batch as batches
 from pgoutbox.inbox import dlq
 from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, payload_body, request_body
@@ -80,6 +81,7 @@ from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
 from pgoutbox.inbox.settings import HandlerRuntime
 from pgoutbox.inbox.store import Inbox, settles
+from pgoutbox.inbox.tenants import Share
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -295,6 +297,7 @@ class MessageFlow:
         tracer: tracing.Tracer = tracing.OFF,
         cloudevents_source: str = cloudevents.DEFAULT_SOURCE,
         handler_gates: Mapping[str, HandlerGate] | None = None,
+        tenants: Mapping[str, Share] | None = None,
     ) -> None:
         self.inbox = inbox
         # For a handler of format "cloudevents" and a message that came without attributes.
@@ -309,8 +312,12 @@ class MessageFlow:
         self.gate = gate
         # Per handler: closed while it is away (inbox/gates.py); none: every answer is the message's.
         self.handler_gates = handler_gates or {}
+        # Per handler: its calls in flight per tenant (inbox/tenants.py); none: no limit.
+        self.tenants = tenants or {}
         self.tracing = tracer
         self.heartbeat = Heartbeat()
+        # Handlers of format "batch": which batch in flight holds each ordering key.
+        self.lanes = batches.Lanes()
 
     async def handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         """Processes the messages of one fetch, and calls done(msg, outcome)
@@ -363,7 +370,7 @@ class MessageFlow:
 
     async def _handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
-        work = []
+        work: list[Awaitable[None]] = []
         # Tracing is decided once per fetch: off, no message pays for it.
         fetched_ns = time.time_ns() if self.tracing.on else 0
         for msg in msgs:
@@ -372,12 +379,31 @@ class MessageFlow:
                 work.append(self._run(msg, self._unreadable(msg, h, got), done))
             else:
                 admitted.append(got)
+        # A handler of format "batch" gets one call for the fetch; it takes its
+        # ordering keys now, before the first wait, so batches go in fetch order.
+        batch = self.lanes.enter(h.name, admitted) if h.spec.format == "batch" else None
+        try:
+            await self._handle_admitted(admitted, h, done, work, fetched_ns, batch)
+        finally:
+            if batch is not None:
+                batch.leave()
+
+    async def _handle_admitted(
+        self,
+        admitted: list[Admitted],
+        h: HandlerRuntime,
+        done: Done,
+        work: list[Awaitable[None]],
+        fetched_ns: int,
+        batch: batches.Batch | None,
+    ) -> None:
         try:
             rows = await self.database(lambda: self._receive_all(h, admitted))
         except Exception as exc:
             for a in admitted:
                 done(a.msg, None if isinstance(exc, Stopping) else exc)
             admitted, rows = [], []
+        called: list[tuple[Admitted, dict[str, Any]]] = []  # format "batch": the messages of its one call
         for a, row in zip(admitted, rows, strict=True):
             if isinstance(row, str):
                 work.append(self._run(a.msg, self._unreadable(a.msg, h, row), done))
@@ -390,8 +416,15 @@ class MessageFlow:
             else:
                 if h.spec.version is not None:
                     a = a.given_as(h.spec.version, row.get("upcast_payload"))
+                if batch is not None:
+                    called.append((a, row))
+                    continue
                 process = self._traced(a, h, row, fetched_ns) if fetched_ns else self._process(a, h, row)
                 work.append(self._run(a.msg, process, done))
+        if batch is not None and called:
+            batch.start([a for a, _ in called], lambda body, ids: self._ask_batch(h, body, ids))
+            for index, (a, row) in enumerate(called):
+                work.append(self._run(a.msg, self._process(a, h, row, answer=batch.answer_of(index)), done))
         if len(work) == 1:
             await work[0]
         elif work:
@@ -517,10 +550,15 @@ class MessageFlow:
         return outcome
 
     async def _process(
-        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], span: tracing.ProcessSpan | None = None
+        self,
+        a: Admitted,
+        h: HandlerRuntime,
+        row: dict[str, Any],
+        span: tracing.ProcessSpan | None = None,
+        answer: Awaitable[tuple[HandlerAnswer, int]] | None = None,
     ) -> Outcome:
         try:
-            return await self._call(a, h, row, span)
+            return await self._call(a, h, row, span, answer)
         except Stopping:
             raise
         except Exception as exc:
@@ -543,11 +581,21 @@ class MessageFlow:
         return Outcome.DEAD_LETTERED
 
     async def _call(
-        self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], span: tracing.ProcessSpan | None = None
+        self,
+        a: Admitted,
+        h: HandlerRuntime,
+        row: dict[str, Any],
+        span: tracing.ProcessSpan | None = None,
+        given: Awaitable[tuple[HandlerAnswer, int]] | None = None,
     ) -> Outcome:
         """Calls the handler and acts on its answer; with a span (tracing on),
         the call is its child CLIENT span (whose traceparent the handler
-        receives) and the action its child settle span."""
+        receives) and the action its child settle span. `given`: the
+        message's answer from its batch's call instead (format "batch"),
+        and that call's number."""
+        if given is not None:
+            answer, call = await given
+            return await self._act(a, h, row, decide(answer), answer, call)
         gate = self.handler_gates.get(h.name)
         call = gate.calling() if gate is not None else 0
         if span is None:
@@ -587,20 +635,45 @@ class MessageFlow:
                 else cloudevents.derived(as_given, self.cloudevents_source)
             )
             body = payload_body(a.envelope, a.payload)
-        answer = await self.client.call(
-            h.spec.url,
-            body,
-            a.envelope,
-            handler=h.name,
-            delivery=a.delivery,
-            timeout=h.timeout,
-            received=a.received,
-            trace=trace,
-            cloudevent=attributes,
-        )
+        share = self.tenants.get(h.name)
+        if share is not None and not await share.acquire(a.envelope, self.stopping):
+            raise Stopping()  # held back for its tenant's turn until the consumer stopped
+        try:
+            answer = await self.client.call(
+                h.spec.url,
+                body,
+                a.envelope,
+                handler=h.name,
+                delivery=a.delivery,
+                timeout=h.timeout,
+                received=a.received,
+                trace=trace,
+                cloudevent=attributes,
+            )
+        finally:
+            if share is not None:
+                share.release(a.envelope)
         self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
         self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
         return answer
+
+    async def _ask_batch(self, h: HandlerRuntime, body: bytes, ids: list[str]) -> tuple[list[HandlerAnswer], int]:
+        """One call of a handler of format "batch" (inbox/batch.py), counted as
+        one call: each message's answer, and the call's number for its gate.
+        A batch with any message answered tells the gate so before any of its
+        messages' away answers is judged: the handler answered a call made
+        after their previous away answers (HandlerGate.own_failure)."""
+        gate = self.handler_gates.get(h.name)
+        call = gate.calling() if gate is not None else 0
+        answer, kept = await self.client.call_batch(
+            h.spec.url, body, handler=h.name, count=len(ids), timeout=h.timeout, keep=batches.ANSWER_KEPT
+        )
+        self.metrics.handler_latency.labels(h.name).observe(answer.elapsed)
+        self.metrics.handler_calls.labels(h.name, answer_of(answer.status)).inc()
+        each = batches.answers(answer, kept, ids)
+        if gate is not None and not all(e.away for e in each):
+            gate.answered(call)
+        return each, call
 
     async def _act(
         self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer, call: int = 0

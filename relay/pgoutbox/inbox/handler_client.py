@@ -196,26 +196,41 @@ class HandlerClient:
         handler call's own span, when tracing is on); `cloudevent`: the
         attributes of a handler of format "cloudevents" (then `body` is
         payload_body())."""
+        if cloudevent is None:
+            lines = _header_lines(envelope, handler, delivery, received, trace)
+        else:
+            lines = cloudevent_lines(cloudevent, envelope, handler, delivery, received, trace)
+        answer, _ = await self._post(url, body, lines, timeout)
+        return answer
+
+    async def call_batch(
+        self, url: str, body: bytes, *, handler: str, count: int, timeout: float, keep: int
+    ) -> tuple[HandlerAnswer, bytes]:
+        """POSTs a batch handler's request (inbox/batch.py builds `body`, of
+        `count` messages): the answer, and the body of a 2xx one (at most
+        `keep` bytes; a longer one is a broken answer)."""
+        lines = f"Content-Type: application/json\r\nPgoutbox-Handler: {handler}\r\nPgoutbox-Batch-Size: {count}\r\n"
+        return await self._post(url, body, lines.encode(), timeout, keep)
+
+    async def _post(
+        self, url: str, body: bytes, lines: bytes, timeout: float, keep: int = 0
+    ) -> tuple[HandlerAnswer, bytes]:
         started = time.monotonic()
         try:
-            if cloudevent is None:
-                lines = _header_lines(envelope, handler, delivery, received, trace)
-            else:
-                lines = cloudevent_lines(cloudevent, envelope, handler, delivery, received, trace)
-            answer = await self._pool.post(self._target(url), body, lines, timeout)
+            answer = await self._pool.post(self._target(url), body, lines, timeout, keep)
         except TimeoutError:
-            return HandlerAnswer(None, f"timeout after {timeout:g}s", None, time.monotonic() - started)
+            return HandlerAnswer(None, f"timeout after {timeout:g}s", None, time.monotonic() - started), b""
         except HttpError as exc:
             return HandlerAnswer(
                 None, f"connection error: {exc}", None, time.monotonic() - started, unreachable=exc.away
-            )
+            ), b""
         return HandlerAnswer(
             answer.status,
             None,
             _retry_after(answer.headers.get("retry-after")),
             time.monotonic() - started,
             answer.text if answer.status >= 300 else "",
-        )
+        ), answer.body
 
     async def aclose(self) -> None:
         await self._pool.aclose()

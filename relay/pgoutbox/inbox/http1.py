@@ -93,6 +93,7 @@ class Answer:
     status: int
     headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
     text: str  # the start of the body (TEXT_KEPT characters at most)
+    body: bytes = b""  # a 2xx answer's body, when the caller asked for it (post's `keep`)
 
 
 @dataclass(eq=False)  # hashed by identity: the pool keeps a set of open ones
@@ -119,9 +120,11 @@ class Http1Pool:
         self._fresh: dict[tuple[str, str, int], asyncio.Semaphore] = {}
         self._open: set[_Connection] = set()
 
-    async def post(self, target: Target, body: bytes, headers: bytes, timeout: float) -> Answer:
+    async def post(self, target: Target, body: bytes, headers: bytes, timeout: float, keep: int = 0) -> Answer:
         """POSTs body with `headers` (complete `Name: value\\r\\n` lines);
-        TimeoutError after `timeout` seconds, HttpError without an answer."""
+        TimeoutError after `timeout` seconds, HttpError without an answer.
+        `keep`: the most bytes of a 2xx answer's body to return (a batch
+        handler's results); a longer one is an HttpError."""
         slots = self._slots.get(target.origin)
         if slots is None:
             slots = self._slots[target.origin] = asyncio.Semaphore(self._per_origin)
@@ -153,7 +156,7 @@ class Http1Pool:
                     async with asyncio.timeout_at(deadline):
                         if conn is None:
                             conn = await self._connect_fresh(target)
-                        answer = await self._send(target, conn, reused, request)
+                        answer = await self._send(target, conn, reused, request, keep)
                 except TimeoutError:
                     if conn is None:
                         raise HttpError(f"no connection within {timeout:g}s", away=True) from None
@@ -161,11 +164,13 @@ class Http1Pool:
                 if answer is not None:
                     return answer
 
-    async def _send(self, target: Target, conn: _Connection, reused: bool, request: bytes) -> Answer | None:
+    async def _send(
+        self, target: Target, conn: _Connection, reused: bool, request: bytes, keep: int = 0
+    ) -> Answer | None:
         """The request on conn, and its answer; None: a kept-alive connection
         the server closed while idle, to send it again on another one."""
         try:
-            answer, keep = await self._exchange(conn, request)
+            answer, reuse = await self._exchange(conn, request, keep)
         except _StaleConnection:
             self._drop(conn)
             if reused:
@@ -177,7 +182,7 @@ class Http1Pool:
         finally:
             if not reused:  # answered or gone: no longer fresh
                 self._fresh[target.origin].release()
-        if keep:
+        if reuse:
             conn.used_at = time.monotonic()
             self._idle.setdefault(target.origin, []).append(conn)
         else:
@@ -239,7 +244,7 @@ class Http1Pool:
         self._open.discard(conn)
         conn.close()
 
-    async def _exchange(self, conn: _Connection, request: bytes) -> tuple[Answer, bool]:
+    async def _exchange(self, conn: _Connection, request: bytes, keep: int = 0) -> tuple[Answer, bool]:
         """Sends the request and reads the answer; whether the connection can be reused."""
         reader = conn.reader
         try:
@@ -260,15 +265,22 @@ class Http1Pool:
             raise HttpError(f"the answer's headers exceed {_HEAD_LIMIT} bytes") from None
         except OSError as exc:
             raise HttpError(f"{type(exc).__name__}: {exc}") from None
-        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        reuse = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        wanted = keep if keep and 200 <= status < 300 else 0
+        # One byte more than kept: a body longer than `keep` is seen as such.
+        want = TEXT_KEPT if status >= 300 else (wanted + 1 if wanted else 0)
         try:
-            body, whole = await _body(reader, status, headers, want=TEXT_KEPT if status >= 300 else 0)
+            body, whole = await _body(reader, status, headers, want=want)
         except asyncio.IncompleteReadError:
             raise HttpError("the connection closed in the middle of the answer's body") from None
         except OSError as exc:
             raise HttpError(f"{type(exc).__name__}: {exc}") from None
+        if wanted:
+            if not whole or len(body) > wanted:
+                raise HttpError(f"the answer's body exceeds {min(wanted, _DRAIN_AT_MOST)} bytes")
+            return Answer(status, headers, "", body), reuse
         text = body[: TEXT_KEPT * 4].decode("utf-8", "replace")[:TEXT_KEPT] if body else ""
-        return Answer(status, headers, text), keep and whole
+        return Answer(status, headers, text), reuse and whole
 
     async def aclose(self) -> None:
         for conn in list(self._open):

@@ -104,6 +104,19 @@ class ConsumerMetrics:
             ["handler"],
             registry=r,
         )
+        self.tenant_held = Gauge(
+            "pgoutbox_consumer_tenant_held_messages",
+            "Messages held back now because their tenant has tenant_concurrency handler calls in flight: "
+            "recorded in the inbox, kept alive by in-progress acks, neither nak'ed nor failed",
+            ["handler"],
+            registry=r,
+        )
+        self.tenant_holds = Counter(
+            "pgoutbox_consumer_tenant_holds",
+            "Messages that waited for their tenant's turn (tenant_concurrency) before their handler call",
+            ["handler"],
+            registry=r,
+        )
         self.handler_up = Gauge(
             "pgoutbox_consumer_handler_up",
             "1 while the handler answers, 0 while it is away (no connection, 429, 502, 503, 504): its gate is "

@@ -19,6 +19,7 @@ with one or more [[handler]] tables):
     concurrency = 16
     batch_size = 32
     replay_max_attempts = 3             # 0: no automated replay
+    tenant_concurrency = 4              # calls in flight per tenant (default: concurrency / 4)
     version = 2                         # the payload version the handler is given
     format = "cloudevents"              # default "pgoutbox" (the envelope)
 
@@ -43,8 +44,15 @@ came, as before.
 
 `format`: "pgoutbox" (the default) POSTs the envelope; "cloudevents" POSTs
 a CloudEvents HTTP request in binary mode (ce-* headers, the payload as the
-body; docs/cloudevents.md). Any other value is refused (BAD_FORMAT). The
-answers mean the same either way.
+body; docs/cloudevents.md); "batch" POSTs up to `batch_size` envelopes in one
+request and takes one result per message (inbox/batch.py), so its
+`batch_size` is at most BATCH_MAX (else BAD_BATCH_SIZE). Any other value is
+refused (BAD_FORMAT). The answers mean the same either way.
+
+`tenant_concurrency`: the handler's calls in flight for one tenant (the
+Pgoutbox-Tenant-Id header; messages without one share one budget), from 1
+to its `concurrency`; the others wait their turn (inbox/tenants.py). Left
+out, it stays out of the registry (which reads as it did before it).
 
 Optional values left out stay null in the registry; the consumer fills them
 from its OUTBOX_* settings at start-up.
@@ -76,7 +84,11 @@ _ALL_VERSIONS = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.([A-Za-z0-9_-]{1,128
 _ALL_EVENTS = re.compile(r"^([A-Za-z0-9_-]{1,64})\.event\.>$")
 _STREAM = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 # What a handler is sent; the first is the default, left out of the registry.
-FORMATS = ("pgoutbox", "cloudevents")
+FORMATS = ("pgoutbox", "cloudevents", "batch")
+# The most messages in one request to a handler of format "batch": a request
+# carries each envelope whole, so its size grows with the batch, and a handler
+# answers within one timeout for all of them.
+BATCH_MAX = 1_000
 
 
 class RegistryError(ConfigError):
@@ -105,6 +117,7 @@ class HandlerSpec:
     replay_max_attempts: int | None = None
     version: int | None = None
     format: str = FORMATS[0]
+    tenant_concurrency: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -113,6 +126,8 @@ class HandlerSpec:
             del data["version"]  # a registry without versions reads as it did before them
         if self.format == FORMATS[0]:
             del data["format"]  # likewise without formats
+        if self.tenant_concurrency is None:
+            del data["tenant_concurrency"]  # likewise without per-tenant limits
         return data
 
     @property
@@ -134,6 +149,7 @@ _OPTIONAL: dict[str, Any] = {
     "concurrency": settings.positive_int,
     "batch_size": settings.positive_int,
     "replay_max_attempts": settings.non_negative_int,
+    "tenant_concurrency": settings.positive_int,
 }
 _KNOWN = {"name", "url", "subjects", "stream", "version", "format", *_OPTIONAL}
 _MAX_VERSION = 999_999_999  # a subject's version: at most 9 digits
@@ -229,6 +245,17 @@ def _handler(raw: Any, where: str) -> HandlerSpec:
             optional[key] = parse(str(value))
         except ValueError as exc:
             raise RegistryError(f"{where}: {key} = {value!r}: {exc}") from exc
+    tenant_concurrency, concurrency = optional.get("tenant_concurrency"), optional.get("concurrency")
+    if tenant_concurrency is not None and concurrency is not None and tenant_concurrency > concurrency:
+        raise RegistryError(
+            f"{where}: tenant_concurrency = {tenant_concurrency} is above concurrency = {concurrency}:"
+            " it would never hold anything back"
+        )
+    if optional.get("format") == "batch" and optional.get("batch_size", 0) > BATCH_MAX:
+        raise RegistryError(
+            f"{where}: BAD_BATCH_SIZE: batch_size of a handler of format batch is at most {BATCH_MAX},"
+            f" got {optional['batch_size']}"
+        )
     return HandlerSpec(
         name=name,
         url=url,
@@ -357,8 +384,9 @@ def load(registry_file: Path) -> list[HandlerSpec]:
     names = {f.name for f in fields(HandlerSpec)}
     handlers = []
     for raw in body:
-        optional = ({"version"}, {"format"}, {"version", "format"})
-        if not isinstance(raw, dict) or not (set(raw) == names or any(set(raw) == names - o for o in optional)):
+        # Keys a registry of an earlier release lacks: absent means the default.
+        optional = {"version", "format", "tenant_concurrency"}
+        if not isinstance(raw, dict) or not (names - optional <= set(raw) <= names):
             raise RegistryError(f"{registry_file}: unexpected handler entry; regenerate it")
         if raw.get("format", FORMATS[0]) not in FORMATS:
             raise RegistryError(f"{registry_file}: BAD_FORMAT: handler format {raw['format']!r} unknown; regenerate it")

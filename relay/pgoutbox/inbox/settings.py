@@ -12,7 +12,7 @@ from pgoutbox.core import bounds, settings
 from pgoutbox.core.backoff import Backoff, jitter_fraction
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.core.settings import option
-from pgoutbox.inbox import registry
+from pgoutbox.inbox import registry, tenants
 
 S = settings.Setting
 # A linger is a pause of a busy fetch loop: longer ones only add latency.
@@ -119,12 +119,24 @@ class ConsumerConfig:
             settings.positive_int,
         )
     )
+    tenant_concurrency: int | None = option(
+        S(
+            "tenant_concurrency",
+            "OUTBOX_CONSUMER_TENANT_CONCURRENCY",
+            None,
+            "Handler calls in flight per tenant (the Pgoutbox-Tenant-Id header; messages without one share one "
+            "budget), from 1 to the handler's concurrency; the others wait their turn, kept alive, uncounted "
+            "(default: a quarter of the handler's concurrency, at least 1)",
+            settings.positive_int,
+        )
+    )
     batch_size: int = option(
         S(
             "batch_size",
             "OUTBOX_CONSUMER_BATCH_SIZE",
             "32",
-            "Most messages asked for in one fetch (never more than free concurrency)",
+            "Most messages asked for in one fetch (never more than free concurrency), and sent in one"
+            " request to a handler of format batch (at most 1000 for one)",
             settings.positive_int,
             bound=bounds.INBOX_BATCH,
         )
@@ -274,6 +286,8 @@ class ConsumerConfig:
         settings.check_bounds(self)
         retry_backoff(self)
         replay_backoff(self)
+        if self.tenant_concurrency is not None:
+            tenants.checked(self.tenant_concurrency, self.concurrency, "OUTBOX_CONSUMER_TENANT_CONCURRENCY")
         if not 0 <= self.fetch_linger <= MAX_FETCH_LINGER or self.fetch_linger >= self.fetch_timeout:
             raise ConfigError(
                 f"OUTBOX_CONSUMER_FETCH_LINGER ({self.fetch_linger:g}s) must be from 0 to {MAX_FETCH_LINGER:g}s and "
@@ -307,6 +321,8 @@ class HandlerRuntime:
     concurrency: int
     batch_size: int
     replay_max_attempts: int
+    # Calls in flight per tenant (inbox/tenants.py).
+    tenant_concurrency: int
 
     @property
     def name(self) -> str:
@@ -328,15 +344,27 @@ def resolve(spec: registry.HandlerSpec, cfg: ConsumerConfig) -> HandlerRuntime:
             bounds.INBOX_BATCH.check(spec.batch_size)
         except ValueError as exc:
             raise ConfigError(f"handler {spec.name}: batch_size={spec.batch_size}: {exc}") from exc
+    concurrency = pick("concurrency")
+    tenant_concurrency = pick("tenant_concurrency")
+    if tenant_concurrency is None:
+        tenant_concurrency = tenants.default(concurrency)
+    tenants.checked(tenant_concurrency, concurrency, f"handler {spec.name}")
+    if spec.format == "batch" and spec.batch_size is None and cfg.batch_size > registry.BATCH_MAX:
+        # The default the manifest left to OUTBOX_CONSUMER_BATCH_SIZE, refused as the manifest's own would be.
+        raise ConfigError(
+            f"handler {spec.name} (format batch): OUTBOX_CONSUMER_BATCH_SIZE={cfg.batch_size}: BAD_BATCH_SIZE:"
+            f" at most {registry.BATCH_MAX} for a handler of format batch"
+        )
     return HandlerRuntime(
         spec=spec,
         timeout=pick("timeout", "handler_timeout"),
         ack_wait=pick("ack_wait"),
         max_deliver=pick("max_deliver"),
         max_ack_pending=pick("max_ack_pending"),
-        concurrency=pick("concurrency"),
+        concurrency=concurrency,
         batch_size=pick("batch_size"),
         replay_max_attempts=pick("replay_max_attempts"),
+        tenant_concurrency=tenant_concurrency,
     )
 
 

@@ -14,6 +14,8 @@ Fixtures:
     pgoutbox_acapture  the same for an async connection
     pgoutbox_handler   call_handler(url, event, ...): runs an HTTP handler
                        under the consumer's contract, without NATS
+                       (call_batch_handler(url, events, ...): a handler
+                       of format "batch")
 
 The same functions are importable for use without the fixtures.
 """
@@ -37,7 +39,14 @@ from pgoutbox.testing.capture import (
     contains,
     install_kit,
 )
-from pgoutbox.testing.handlers import HandlerResult, acall_handler, call_handler, event
+from pgoutbox.testing.handlers import (
+    HandlerResult,
+    acall_batch_handler,
+    acall_handler,
+    call_batch_handler,
+    call_handler,
+    event,
+)
 
 __all__ = [
     "Captured",
@@ -45,8 +54,10 @@ __all__ = [
     "HandlerResult",
     "KitMissing",
     "TransactionEnded",
+    "acall_batch_handler",
     "acall_handler",
     "acapture",
+    "call_batch_handler",
     "call_handler",
     "capture",
     "contains",

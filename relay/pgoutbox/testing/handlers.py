@@ -15,6 +15,12 @@ context; the CloudEvents binary mode for a handler of format
 What the consumer does around the call (inbox dedup, upcasting for a
 versioned handler, backoff) is not run: a test of that belongs with a real
 consumer.
+
+call_batch_handler does the same for a handler of format "batch": the
+events in one request (pgoutbox.inbox.batch), and a result per event, read
+from the answer as the consumer reads it (a malformed answer is each event's
+BATCH_ANSWER_MALFORMED failure, an unreadable result its event's
+BATCH_RESULT_INVALID).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgoutbox.core import cloudevents, wire
-from pgoutbox.inbox import handler_contract
+from pgoutbox.inbox import batch, handler_contract
 from pgoutbox.inbox.handler_client import (
     HandlerClient,
     cloudevent_lines,
@@ -144,3 +150,70 @@ def call_handler(
             cloudevents_source=cloudevents_source,
         )
     )
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A message of a batch request, as pgoutbox.inbox.batch.request_body reads one."""
+
+    envelope: dict[str, Any]
+    delivery: int
+    body: bytes
+    received: int | None = None
+
+
+async def acall_batch_handler(
+    url: str,
+    outbox_events: list[EmittedEvent] | list[Mapping[str, Any]],
+    *,
+    handler: str = "test_handler",
+    delivery: int = 1,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> list[HandlerResult]:
+    """call_batch_handler() for async tests."""
+    items = []
+    for outbox_event in outbox_events:
+        row = outbox_event.as_row() if isinstance(outbox_event, EmittedEvent) else dict(outbox_event)
+        subject, body, headers = wire.to_nats(row)
+        envelope = wire.from_nats(subject, body, headers)
+        items.append(_Item(envelope, delivery, request_body(envelope, wire.payload_bytes(body, headers))))
+    sent_body = batch.request_body(items)
+    client = HandlerClient(per_origin=1)
+    try:
+        answer, kept = await client.call_batch(
+            url, sent_body, handler=handler, count=len(items), timeout=timeout, keep=batch.ANSWER_KEPT
+        )
+    finally:
+        await client.aclose()
+    sent_headers = {
+        "Content-Type": "application/json",
+        "Pgoutbox-Handler": handler,
+        "Pgoutbox-Batch-Size": str(len(items)),
+    }
+    return [
+        HandlerResult(
+            each.status,
+            handler_contract.decide(each).value,
+            each.error,
+            each.text,
+            item.envelope,
+            sent_headers,
+            sent_body,
+        )
+        for item, each in zip(
+            items, batch.answers(answer, kept, [i.envelope["message_id"] for i in items]), strict=True
+        )
+    ]
+
+
+def call_batch_handler(
+    url: str,
+    outbox_events: list[EmittedEvent] | list[Mapping[str, Any]],
+    *,
+    handler: str = "test_handler",
+    delivery: int = 1,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> list[HandlerResult]:
+    """POSTs the events to the batch handler at `url` in one request, as the
+    consumer would, and reports each event's answer and action, in order."""
+    return asyncio.run(acall_batch_handler(url, outbox_events, handler=handler, delivery=delivery, timeout=timeout))
