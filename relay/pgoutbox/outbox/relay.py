@@ -58,6 +58,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import nats.errors
+import nats.js.errors
 import psycopg
 
 from pgoutbox.core import db, tracing
@@ -75,6 +76,15 @@ from pgoutbox.outbox.settings import RelayConfig
 from pgoutbox.outbox.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
+
+# JetStream not answering at start-up: waited for, as while the relay runs.
+_JETSTREAM_AWAY = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+)
 T = TypeVar("T")
 HAND_BACK_SCHEMA = 18  # the schema version that brought outbox.hand_back
 
@@ -216,9 +226,20 @@ class OutboxRelay:
         if specs:
             streams.check_lease(specs, cfg.lease)
         await self.publisher.connect()
+        # JetStream away at start-up (a server without it for now, a cluster
+        # without its quorum) is waited out, as it is once the relay runs: a
+        # relay restarted during an outage must not exit (the consumer waits too).
         try:
-            findings = await streams.check(self.publisher.js, cfg.lease, specs, cfg.nats_monitor_url)
-        except nats.errors.Error as exc:  # e.g. a server without JetStream
+            findings = await retrying(
+                lambda: streams.check(self.publisher.js, cfg.lease, specs, cfg.nats_monitor_url),
+                retry_on=lambda exc: isinstance(exc, _JETSTREAM_AWAY),
+                log=log,
+                line=lambda exc, attempt: (
+                    f"start-up (attempt {attempt}): JetStream not answering ({type(exc).__name__}); retrying"
+                ),
+                action="nats_retry",
+            )
+        except nats.errors.Error as exc:  # an answer that is not "away": the streams cannot be listed
             raise ConfigError(f"cannot list the JetStream streams: {exc}") from exc
         for text in findings.notices + findings.durability:
             log.warning(text, extra={"action": "startup_check"})
