@@ -41,7 +41,10 @@ SELECT is(
 );
 SET LOCAL ROLE pgoutbox_consumer;
 SELECT is(
-    (SELECT format('%s|%s|%s', unprocessed, failed, dead_letter) FROM inbox.backlog() WHERE handler = 'h'),
+    (
+        SELECT format('%s|%s|%s', unprocessed, failed, dead_letter) FROM inbox.backlog()
+        WHERE handler = 'h'
+    ),
     '1|0|0', 'and inbox.backlog() counts it'
 );
 RESET ROLE;
@@ -55,8 +58,10 @@ SELECT count(*) FROM inbox.receive_batch(
 );
 RESET ROLE;
 SELECT is(
-    format('%s|%s', pg_sequence_last_value('inbox.backlog_floor_next'),
-        pg_sequence_last_value('inbox.backlog_floor') = inbox._backlog_micros(now() - interval '1 hour')),
+    format(
+        '%s|%s', pg_sequence_last_value('inbox.backlog_floor_next'),
+        pg_sequence_last_value('inbox.backlog_floor') = inbox._backlog_micros(now() - interval '1 hour')
+    ),
     '|t', 'a message received below the candidate cancels it; the floor stays'
 );
 
@@ -80,12 +85,18 @@ SELECT count(*) FROM inbox.settle(
 SELECT count(*) FROM inbox.receive_batch(
     'h', ARRAY['00000000-0000-4000-8000-000000000004']::uuid[], ARRAY['held.event.x.v1'], ARRAY['{}']::jsonb[]
 );
-SELECT inbox.record_error('00000000-0000-4000-8000-000000000004', 'h', 'poison', dead => TRUE, replay_after => interval '0');
+SELECT
+    inbox.record_error(
+        '00000000-0000-4000-8000-000000000004', 'h', 'poison', dead => TRUE, replay_after => interval '0'
+    );
 RESET ROLE;
 SELECT setval('inbox.backlog_floor', inbox._backlog_micros(now() + interval '1 hour'));
 SET LOCAL ROLE pgoutbox_consumer;
 SELECT is(
-    (SELECT format('%s|%s|%s', unprocessed, failed, dead_letter) FROM inbox.backlog() WHERE handler = 'h'),
+    (
+        SELECT format('%s|%s|%s', unprocessed, failed, dead_letter) FROM inbox.backlog()
+        WHERE handler = 'h'
+    ),
     '0|0|1', 'a dead letter below the floor is counted'
 );
 SELECT is(
@@ -98,7 +109,10 @@ SELECT is(
 );
 SET LOCAL ROLE pgoutbox_consumer;
 SELECT is(
-    (SELECT format('%s|%s|%s', unprocessed, failed, dead_letter) FROM inbox.backlog() WHERE handler = 'h'),
+    (
+        SELECT format('%s|%s|%s', unprocessed, failed, dead_letter) FROM inbox.backlog()
+        WHERE handler = 'h'
+    ),
     '1|0|0', 'and is counted as unprocessed'
 );
 RESET ROLE;
@@ -118,7 +132,11 @@ SELECT is(
 -- Read-only: the floor is read, nothing is written.
 SELECT setval('inbox.backlog_floor_next', 1, FALSE);
 SET LOCAL transaction_read_only = on;
-SELECT is(inbox._backlog_floor(), inbox._backlog_time(inbox._backlog_micros(now())), 'read-only: the floor as it stands');
+SELECT is(
+    inbox._backlog_floor(),
+    inbox._backlog_time(inbox._backlog_micros(now())),
+    'read-only: the floor as it stands'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -234,7 +234,14 @@ $$;
 --     failed events whose retry time has come, and expired leases;
 --   * an event with an ordering_key is taken only when no earlier event of
 --     its key is unfinished (not COMPLETED), so at most one event per key is
---     in flight and a FAILED or DEAD_LETTER event holds its successors back;
+--     in flight and a FAILED or DEAD_LETTER event holds its successors back.
+--     The keys' heads (each key's first unfinished event) are found first,
+--     by a loose scan of the key index (one seek per key, up to batch_size
+--     keys): a keyed row is then a head or not by a look-up in that array,
+--     where probing the index for each row of a keyed backlog made a claim
+--     walk the whole backlog at an index probe per row to find one event
+--     per key. With more keys than batch_size the heads are not gathered
+--     and each keyed row is probed as before;
 --   * the UPDATE moves the locked rows to PROCESSING and RETURNING hands them
 --     out, with no window in which another claimer could see them as due;
 --   * plans are generic (planned once per session): planning an UPDATE over
@@ -248,7 +255,9 @@ $$;
 --     created_at range of the locked rows lets the executor skip (prune)
 --     the partitions that hold none of them, which array conditions
 --     cannot do; without it every empty partition's primary key would be
---     probed once per id.
+--     probed once per id;
+--   * jit is off: the generic plan of the heads' recursion is costed above
+--     jit_above_cost, and compiling it took seconds at every claim.
 CREATE OR REPLACE FUNCTION outbox.claim(
     worker text,
     batch_size integer,
@@ -260,6 +269,7 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 SET plan_cache_mode TO force_generic_plan
 SET enable_seqscan TO off
+SET jit TO off
 AS $$
 DECLARE
     token uuid := gen_random_uuid();
@@ -276,25 +286,54 @@ BEGIN
     END IF;
     floor_id := outbox._claim_floor();
     RETURN QUERY
-    WITH candidates AS (
+    WITH RECURSIVE heads (ordering_key, id, n) AS (
+        (
+            SELECT k.ordering_key, k.id, 1
+            FROM outbox.events AS k
+            WHERE k.ordering_key IS NOT NULL AND k.status <> 'COMPLETED'
+            ORDER BY k.ordering_key, k.id
+            LIMIT 1
+        )
+        UNION ALL
+        SELECT nk.ordering_key, nk.id, h.n + 1
+        FROM heads AS h
+        CROSS JOIN LATERAL (
+            SELECT k.ordering_key, k.id
+            FROM outbox.events AS k
+            WHERE k.ordering_key > h.ordering_key AND k.status <> 'COMPLETED'
+            ORDER BY k.ordering_key, k.id
+            LIMIT 1
+        ) AS nk
+        WHERE h.n <= batch_size
+    ),
+    head_ids AS (
+        -- NULL: more keys than batch_size, probe each keyed row instead
+        SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
+        FROM heads AS h
+    ),
+    candidates AS (
         SELECT e.id, e.created_at
         FROM outbox.events AS e
+        CROSS JOIN head_ids AS hi
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
             AND e.id >= floor_id
             AND e.available_at <= now()
             AND (
                 e.ordering_key IS NULL
-                OR NOT EXISTS (
-                    SELECT 1
-                    FROM outbox.events AS earlier
-                    WHERE earlier.ordering_key = e.ordering_key
-                        AND earlier.id < e.id
-                        AND earlier.status <> 'COMPLETED'
-                )
+                OR CASE
+                    WHEN hi.ids IS NOT NULL THEN e.id = ANY(hi.ids)
+                    ELSE NOT EXISTS (
+                        SELECT 1
+                        FROM outbox.events AS earlier
+                        WHERE earlier.ordering_key = e.ordering_key
+                            AND earlier.id < e.id
+                            AND earlier.status <> 'COMPLETED'
+                    )
+                END
             )
         ORDER BY e.id
         LIMIT batch_size
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF e SKIP LOCKED
     )
     UPDATE outbox.events AS e
     SET status = 'PROCESSING',
