@@ -61,7 +61,9 @@ def submit(cluster: SparkCluster, env: dict[str, str], *conf: str) -> subprocess
         "archive",
     ]
     full = {k: v for k, v in spark_env(**env).items() if not k.startswith("PG")}
-    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    return subprocess.run(
+        command, env=full, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )  # a deadline: spark-submit under the rest of the suite took more than 240 s
 
 
 def ours(run: subprocess.CompletedProcess) -> list[str]:

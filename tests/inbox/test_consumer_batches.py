@@ -6,9 +6,7 @@ sharing one durable."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
+import contextlib
 import urllib.request
 import uuid
 
@@ -19,7 +17,6 @@ from psycopg.rows import dict_row
 from pgoutbox import OLDEST_SCHEMA
 from pgoutbox.core import migrate
 from pgoutbox.core.backoff import Backoff
-from pgoutbox.dev.embedded import free_port
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.flow import Admitted, DatabaseGate, MessageFlow
 from pgoutbox.inbox.handler_client import request_body
@@ -40,6 +37,7 @@ from support.inbox import (
 )
 from support.roles import login
 from support.waiting import until
+from support.workers import worker
 
 H = "billing"
 SUBJECT = "sea.event.order_created.v1"
@@ -300,47 +298,39 @@ async def test_two_consumer_processes_on_one_durable_process_every_message_exact
 ):
     handler = FakeHandler()
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": [SUBJECT]}])
-    ports = [free_port(), free_port()]
-    base = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))},
+    settings = {
         "OUTBOX_DATABASE_URL": login(database_url, "pgoutbox_consumer"),
         "OUTBOX_NATS_URL": nats_server.url,
         "OUTBOX_REGISTRY_FILE": str(registry_file),
+        "OUTBOX_CONSUMER_HTTP_PORT": "0",  # any free port, the one it took read from its start line
     }
     events = [event({"delay": 0.005}) for _ in range(300)]
-    procs: list[subprocess.Popen] = []
     try:
         async with jetstream(nats_server.url) as js:
             await add_stream(js)
-            for i, port in enumerate(ports):
-                log = open(tmp_path / f"consumer{i}.log", "ab")
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "pgoutbox.cli.main", "consume"],
-                        env={**base, "OUTBOX_CONSUMER_HTTP_PORT": str(port)},
-                        stdout=log,
-                        stderr=log,
-                    )
+            with contextlib.ExitStack() as stack:
+                ports = []
+                for i in range(2):
+                    folder = tmp_path / f"consumer{i}"
+                    folder.mkdir()
+                    ports.append(stack.enter_context(worker(folder, "consume", '"consumer started"', **settings)))
+                await until(lambda: _ready(ports), 30, "both consumers ready")
+                for ev in events:
+                    await publish(js, ev)
+
+                def processed() -> int:
+                    with psycopg.connect(database_url) as conn:
+                        row = conn.execute("SELECT count(*) FROM inbox.messages WHERE status = 'PROCESSED'").fetchone()
+                    return row[0] if row else 0
+
+                await until(lambda: processed() == len(events), 60, "every message processed")
+                await until(
+                    lambda: sum(consumer_metric(p, H, "processed") for p in ports) == len(events),
+                    10,
+                    "every ack counted",
                 )
-            await until(lambda: _ready(ports), 30, "both consumers ready")
-            for ev in events:
-                await publish(js, ev)
-
-            def processed() -> int:
-                with psycopg.connect(database_url) as conn:
-                    row = conn.execute("SELECT count(*) FROM inbox.messages WHERE status = 'PROCESSED'").fetchone()
-                return row[0] if row else 0
-
-            await until(lambda: processed() == len(events), 60, "every message processed")
-            await until(
-                lambda: sum(consumer_metric(p, H, "processed") for p in ports) == len(events), 10, "every ack counted"
-            )
-            shares = [consumer_metric(p, H, "processed") for p in ports]
+                shares = [consumer_metric(p, H, "processed") for p in ports]
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
         handler.close()
     assert sorted(c.message_id for c in handler.calls) == sorted(ev["event_id"] for ev in events)
     assert all(share > 0 for share in shares), shares
