@@ -10,11 +10,8 @@ one-test group that lasts five minutes went out among the single tests, late,
 and had another unit queued behind it on its worker. `LongestChainFirst`
 hands out the groups longest chain first (`CHAINS`, then the tests of no
 group) and queues nothing behind a group that is still running on a worker of
-its own (`ALONE`) but one test of no group from the queue's end (an xdist
-worker runs a test only once it knows the next one, or is told to stop:
-alone, the outage would wait for the end of the queue, as it did, 15 minutes
-into a clean-clone run): the three outages of five minutes start at once, side
-by side, each on its worker, mostly waiting while the other workers take the rest.
+its own (`ALONE`): the three outages of five minutes start at once, side by
+side, each on its worker, mostly waiting while the other workers take the rest.
 
 `ChainReport` prints, at the end of a run under xdist, each group's chain
 (its tests' durations added up) and each worker's busy time: the figures
@@ -68,20 +65,8 @@ class LongestChainFirst(LoadGroupScheduling):
     def _reschedule(self, node: Any) -> None:
         for scope, unit in self.assigned_work.get(node, {}).items():
             if scope in ALONE and not all(unit.values()):
-                # Its worker takes more once the outage test is over. But an xdist
-                # worker runs a test only once it knows the next one (or is told to
-                # stop): alone, the outage test would wait for the end of the queue.
-                # The queue's last unit, a test of no group, goes behind it.
-                if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) < 2:
-                    self._assign_last_unit(node)
-                return
+                return  # its worker takes more once the outage test is over
         super()._reschedule(node)
-
-    def _assign_last_unit(self, node: Any) -> None:
-        scope, unit = self.workqueue.popitem(last=True)
-        self.assigned_work.setdefault(node, {})[scope] = unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some([collection.index(nodeid) for nodeid, done in unit.items() if not done])
 
 
 class ChainReport:
