@@ -257,8 +257,9 @@ async def test_healthz_fails_when_a_fetch_loop_is_dead(tmp_path, database_url, n
         await add_stream(js)
         async with running_consumer(cfg) as consumer:
             assert (await asyncio.to_thread(_get, consumer.health.port, "/healthz"))[0] == 200
-            consumer._loops[0].cancel()
-            await asyncio.sleep(0.05)
+            loop = consumer._loops[0]
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)  # the loop has ended, not a pause that may fall short
             status, health = await asyncio.to_thread(_get, consumer.health.port, "/healthz")
     assert status == 503 and health["problems"] == ["1 fetch loop(s) ended"]
 
