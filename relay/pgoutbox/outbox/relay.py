@@ -115,12 +115,17 @@ class OutboxRelay:
         )
         self.policy = RetryPolicy(cfg.retry_base, cfg.retry_cap, cfg.max_attempts)
         self.metrics = RelayMetrics()
-        # Claims and marks need not wait for the WAL flush: one lost in a
-        # PostgreSQL crash reverts to a state the lease and Nats-Msg-Id
+        # A claim commits with the database's own synchronous_commit: its
+        # commit record follows the claimed events' own in the WAL, so once it
+        # returns the events are as durable as a writer's commit makes them
+        # (with a synchronous standby: on the standby too). Without that wait,
+        # an event whose writer's wait for the standby was cancelled (visible
+        # on the primary, not yet on the standby) could be published and then
+        # vanish with its business change in a failover. Marks need not wait:
+        # one lost in a crash reverts to a state the lease and Nats-Msg-Id
         # deduplication already recover from (re-claim, re-publish, dup ack).
-        sync = cfg.synchronous_commit
-        self.claims = OutboxCalls(cfg.database_url, "claim", synchronous_commit=sync, wire_times=True)
-        self.marks = OutboxCalls(cfg.database_url, "mark", synchronous_commit=sync)
+        self.claims = OutboxCalls(cfg.database_url, "claim", wire_times=True)
+        self.marks = OutboxCalls(cfg.database_url, "mark", synchronous_commit=cfg.synchronous_commit)
         self.monitor = OutboxCalls(cfg.database_url, "backlog", wire_times=True)
         self.wakeups = Wakeups(cfg.poll_interval)
         self.stopping = asyncio.Event()

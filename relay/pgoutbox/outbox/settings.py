@@ -101,8 +101,9 @@ class RelayConfig:
             "synchronous_commit",
             "OUTBOX_RELAY_SYNCHRONOUS_COMMIT",
             "false",
-            "Wait for the WAL flush on claim/mark commits; false is safe (a lost claim or mark "
-            "is redone through the lease and deduplicated by Nats-Msg-Id)",
+            "Wait for the WAL flush on mark commits; false is safe (a lost mark is redone through "
+            "the lease and deduplicated by Nats-Msg-Id). Claims always commit with the database's "
+            "own synchronous_commit, so that no event is published before it is durable",
             boolean,
         )
     )
