@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -458,8 +459,10 @@ async def latency_run(pg_url: str, ns_url: str, rate: int, seconds: float, emit_
     }
 
 
+@functools.cache
 def export_package(root: Path, commit: str) -> str:
-    """The package of `commit`, from git, importable as `pgoutbox` (PYTHONPATH)."""
+    """The package of `commit`, from git, importable as `pgoutbox` (PYTHONPATH);
+    exported once per run (parts e and f both ask for it)."""
     return str(releases.export(Path(__file__).resolve().parents[1], commit, root / f"code-{commit}"))
 
 
