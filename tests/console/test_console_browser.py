@@ -366,8 +366,10 @@ async def test_replay_all_matching_against_a_failing_handler_ends_at_the_confirm
         c.execute("SELECT inbox.set_replay(%s, false, 'test: operator replays only')", (H,))
     async with (
         jetstream(nats_server.url) as js,
-        # not default: batches of 2, 300 ms apart: slow enough to press Stop mid-way
-        serving(url, action_batch="2", action_pause="300ms") as (base, _),
+        # not default: batches of 2, 2 s apart (22 s or more for 24): slow enough to
+        # press Stop mid-way even when the page takes seconds to load (at 300 ms
+        # apart, a run at load average 50 ended before the page showed it)
+        serving(url, action_batch="2", action_pause="2s") as (base, _),
         browser_page() as page,
     ):
         await add_stream(js)
@@ -378,7 +380,7 @@ async def test_replay_all_matching_against_a_failing_handler_ends_at_the_confirm
             await expect(page.get_by_role("dialog")).to_contain_text("touch 24 dead letter")
             await confirm(page, "INC-44: once more")
             # Every replayed message fails again and matches again; the action ends all the same.
-            await expect(page.get_by_role("status")).to_contain_text("Done: 24 of 24", timeout=30_000)
+            await expect(page.get_by_role("status")).to_contain_text("Done: 24 of 24", timeout=90_000)
             await until(lambda: _failed_again(su, ids) == 24, 60, "all 24 replayed and dead-lettered again")
             await page.reload()
             await expect(page.locator("[data-n=failed_again]")).to_have_text("24")
@@ -391,7 +393,9 @@ async def test_replay_all_matching_against_a_failing_handler_ends_at_the_confirm
             await page.get_by_role("button", name="Replay all matching").click()
             await expect(page.get_by_role("dialog")).to_contain_text("touch 24 dead letter")
             await confirm(page, "INC-45: and stop")
-            await expect(page.get_by_role("status")).to_contain_text(re.compile(r"Running: ([2-9]|1\d) of 24"))
+            await expect(page.get_by_role("status")).to_contain_text(
+                re.compile(r"Running: ([2-9]|1\d) of 24"), timeout=20_000
+            )
             await page.get_by_role("button", name="Stop").click()
             await expect(page.get_by_role("status")).to_contain_text("Stopped:", timeout=10_000)
             taken = len(_redrives(su, "INC-45: and stop"))

@@ -310,7 +310,9 @@ class SparkCluster:
             )
         )
 
-    def start(self, timeout: float = 240) -> None:
+    # A deadline the workers' registration ends, not a bound: three JVMs took over
+    # 3 minutes to start at load average 50 on 2 cores (a clean-clone run beside two soaks).
+    def start(self, timeout: float = 600) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self._spark_class(
             "org.apache.spark.deploy.master.Master",

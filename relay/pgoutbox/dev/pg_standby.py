@@ -37,13 +37,15 @@ from pgoutbox.dev.embedded import PG_BIN, EmbeddedPostgres, _as_postgres, _chown
 
 # fsync off: the standby's copy survives the primary's crash in memory (no OS
 # crash here); it spares a shared test machine the disk flushes.
+# wal_sender_timeout stays PostgreSQL's (60 s): at 5 s, pg_basebackup's WAL
+# stream, silent for longer on a loaded 2-core machine, was cut and the base
+# backup failed.
 DEFAULT_SETTINGS = {
     "wal_level": "replica",
     "max_wal_senders": "10",
     "wal_keep_size": "256MB",
     "hot_standby": "on",
     "fsync": "off",
-    "wal_sender_timeout": "5s",
     "wal_receiver_status_interval": "1s",
 }
 
@@ -117,7 +119,7 @@ class StandbyPair:
         shutil.rmtree(node.datadir, ignore_errors=True)
         node.root.mkdir(parents=True, exist_ok=True)
         _chown_postgres(node.root)
-        subprocess.run(
+        made = subprocess.run(
             _as_postgres(
                 [
                     str(PG_BIN / "pg_basebackup"),
@@ -136,10 +138,12 @@ class StandbyPair:
                     "fast",
                 ]
             ),
-            check=True,
             capture_output=True,
+            text=True,
             timeout=120,
         )
+        if made.returncode:
+            raise RuntimeError(f"pg_basebackup from port {source.port} failed: {made.stderr.strip()}")
         node.start()
         self.wait_streaming()
 
