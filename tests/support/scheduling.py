@@ -9,9 +9,17 @@ gives a worker a second unit as soon as it has two tests or fewer left: a
 one-test group that lasts five minutes went out among the single tests, late,
 and had another unit queued behind it on its worker. `LongestChainFirst`
 hands out the groups longest chain first (`CHAINS`, then the tests of no
-group) and queues nothing behind a group that is still running on a worker of
-its own (`ALONE`): the three outages of five minutes start at once, side by
-side, each on its worker, mostly waiting while the other workers take the rest.
+group) and queues one quick test behind a group that is still running on a
+worker of its own (`ALONE`), nothing more: the three outages of five minutes
+start at once, side by side, each on its worker, mostly waiting while the
+other workers take the rest. The quick test is there because an xdist worker
+runs a test only once it knows the next one (or is told to stop): alone, an
+outage waited for the end of the queue, 15 minutes into a clean-clone run.
+`longest_chain_first` puts one such test per outage at the end of the
+collection, a test of no group not marked slow (the last ones in collection
+order), so that the queue's last units are the ones to take: whatever runs
+after a 5-minute outage on its worker runs at the busiest time of the run, and
+a test of seconds is the one that does not mind.
 
 `ChainReport` prints, at the end of a run under xdist, each group's chain
 (its tests' durations added up) and each worker's busy time: the figures
@@ -51,10 +59,16 @@ def group_of(nodeid: str) -> str | None:
 
 def longest_chain_first(items: list[Any]) -> None:
     """Sorts the collected items (in place, stably): the groups by CHAINS, then
-    every other test in collection order. Every worker collects the same order,
+    every other test in collection order, but for the last quick tests (one per
+    group of ALONE), which go last: LongestChainFirst takes them from the
+    queue's end to run behind the outages. Every worker collects the same order,
     which LongestChainFirst keeps."""
     rank = {name: i for i, name in enumerate(CHAINS)}
     items.sort(key=lambda item: rank.get(group_of(item.nodeid) or "", len(rank)))
+    quick = [item for item in items if group_of(item.nodeid) is None and not item.get_closest_marker("slow")]
+    behind = quick[-len(ALONE) :]
+    moved = {id(item) for item in behind}
+    items[:] = [item for item in items if id(item) not in moved] + behind
 
 
 class LongestChainFirst(LoadGroupScheduling):
@@ -63,10 +77,30 @@ class LongestChainFirst(LoadGroupScheduling):
         config.option.loadscopereorder = False  # the collection's order, not the count of tests per unit
 
     def _reschedule(self, node: Any) -> None:
-        for scope, unit in self.assigned_work.get(node, {}).items():
+        assigned = self.assigned_work.get(node, {})
+        for scope, unit in assigned.items():
             if scope in ALONE and not all(unit.values()):
-                return  # its worker takes more once the outage test is over
+                # Its worker takes more once the outage test is over, but one quick
+                # test goes behind it now: an xdist worker runs a test only once it
+                # knows the next one (or is told to stop), so an outage test alone on
+                # its worker would not start before the end of the queue.
+                if not node.shutting_down and self._pending_of(assigned) < 2 and self._quick_unit_last():
+                    self._assign_last_unit(node)
+                return
         super()._reschedule(node)
+
+    def _quick_unit_last(self) -> bool:
+        """The queue ends with a test of no group (longest_chain_first put the quick ones last)."""
+        if not self.workqueue:
+            return False
+        unit = self.workqueue[next(reversed(self.workqueue))]
+        return all(group_of(nodeid) is None for nodeid in unit)
+
+    def _assign_last_unit(self, node: Any) -> None:
+        scope, unit = self.workqueue.popitem(last=True)
+        self.assigned_work.setdefault(node, {})[scope] = unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(nodeid) for nodeid, done in unit.items() if not done])
 
 
 class ChainReport:

@@ -1,7 +1,8 @@
 """support.scheduling: under `--dist loadgroup` the longest chains go out first,
-the three 5-minute outages each to a worker of its own with nothing queued
-behind them, and the rest to the other workers (pytest-xdist's scheduler, on
-fake workers that run nothing)."""
+the three 5-minute outages each to a worker of its own with one quick test
+queued behind them (so that the worker starts the outage at once), and the
+rest to the other workers (pytest-xdist's scheduler, on fake workers that run
+nothing)."""
 
 from __future__ import annotations
 
@@ -25,29 +26,57 @@ class FakeNode:
         self.shutting_down = True
 
 
+class FakeItem:
+    """What longest_chain_first reads of a collected test: its id and its slow marker."""
+
+    def __init__(self, nodeid: str):
+        self.nodeid = nodeid
+
+    def get_closest_marker(self, name):
+        return SimpleNamespace(name=name) if name == "slow" and "slow" in self.nodeid else None
+
+
 def _config(workers: int):
     option = SimpleNamespace(loadscopereorder=True)
     values = {"tx": [f"{workers}*popen"], "dist": "loadgroup"}
     return SimpleNamespace(option=option, getvalue=values.__getitem__)
 
 
-def _collection() -> list[str]:
+GROUPS = [
+    *(f"tests/archival/test_s.py::test_{i}@spark" for i in range(8)),
+    "tests/outbox/test_jetstream_away.py::test_away@jetstream-away",
+    *(f"tests/chaos/test_chaos.py::test_{i}@chaos" for i in range(4)),
+    "tests/inbox/test_handler_outage.py::test_out@handler-outage",
+    "tests/outbox/test_jetstream_away_cluster.py::test_away@jetstream-away-cluster",
+]
+# The tests of no group in collection order; slow ones last, as the rolling
+# upgrade is in the suite's collection.
+SINGLES = [
+    *(f"tests/a/test_a.py::test_{i}" for i in range(10)),
+    "tests/b/test_b.py::test_quick_1",
+    "tests/b/test_b.py::test_quick_2",
+    "tests/c/test_c.py::test_slow_1",
+    "tests/c/test_c.py::test_quick_3",
+    "tests/c/test_c.py::test_slow_2",
+    "tests/upgrade/test_u.py::test_slow_3",
+]
+QUICK_LAST = ["tests/b/test_b.py::test_quick_1", "tests/b/test_b.py::test_quick_2", "tests/c/test_c.py::test_quick_3"]
+
+
+def _collection(singles: list[str] = SINGLES) -> list[str]:
     """As the workers collect it: a group of many tests first (xdist's own order
     would start it first), the outages among the tests of no group."""
-    ids = [f"tests/archival/test_s.py::test_{i}@spark" for i in range(8)]
-    ids += [f"tests/a/test_a.py::test_{i}" for i in range(10)]
-    ids += ["tests/outbox/test_jetstream_away.py::test_away@jetstream-away"]
-    ids += [f"tests/chaos/test_chaos.py::test_{i}@chaos" for i in range(4)]
-    ids += ["tests/inbox/test_handler_outage.py::test_out@handler-outage"]
-    ids += [f"tests/b/test_b.py::test_{i}" for i in range(10)]
-    ids += ["tests/outbox/test_jetstream_away_cluster.py::test_away@jetstream-away-cluster"]
-    return ids
+    return GROUPS[:8] + singles[:5] + GROUPS[8:14] + singles[5:] + GROUPS[14:]
 
 
-def _run(workers: int):
-    items = [SimpleNamespace(nodeid=nodeid) for nodeid in _collection()]
+def _order(nodeids: list[str]) -> list[str]:
+    items = [FakeItem(nodeid) for nodeid in nodeids]
     longest_chain_first(items)  # what each worker's collection hook does
-    collection = [item.nodeid for item in items]
+    return [item.nodeid for item in items]
+
+
+def _run(workers: int, singles: list[str] = SINGLES):
+    collection = _order(_collection(singles))
     sched = LongestChainFirst(_config(workers))
     nodes = [FakeNode(f"gw{i}") for i in range(workers)]
     for node in nodes:
@@ -57,24 +86,62 @@ def _run(workers: int):
     return sched, nodes, collection
 
 
-def test_the_outages_start_first_each_on_its_own_worker_with_nothing_behind():
+def _names(collection: list[str], indices: list[int]) -> list[str]:
+    return [collection[i] for i in indices]
+
+
+def test_the_groups_by_chain_then_the_tests_of_no_group_and_the_last_quick_ones_at_the_end():
+    order = _order(_collection())
+    assert sorted(order) == sorted(_collection())
+    assert [group_of(n) for n in order[:3]] == ["jetstream-away-cluster", "jetstream-away", "handler-outage"]
+    singles = [n for n in order if group_of(n) is None]
+    # One quick test (not marked slow) per outage, the last ones in collection
+    # order, goes behind the slow ones; the others keep their order.
+    assert singles[-len(ALONE) :] == QUICK_LAST
+    assert singles[: -len(ALONE)] == [n for n in SINGLES if n not in QUICK_LAST]
+    assert order[-len(ALONE) :] == QUICK_LAST
+
+
+def test_the_outages_start_first_each_on_its_own_worker_with_one_quick_test_behind():
     sched, nodes, collection = _run(6)
     assert sched.config.option.loadscopereorder is False
     first = [group_of(collection[node.sent[0]]) for node in nodes]
     assert first == ["jetstream-away-cluster", "jetstream-away", "handler-outage", "chaos", "spark", None]
-    for node in nodes[:3]:
-        assert len(node.sent) == 1, [collection[i] for i in node.sent]
-    # The outage over, its worker takes more.
+    # Behind each outage one quick test from the queue's end, nothing more: an
+    # xdist worker runs its test only once it knows the next one.
+    assert [_names(collection, node.sent[1:]) for node in nodes[:3]] == [[q] for q in reversed(QUICK_LAST)]
+    # The outage over, its worker takes more from the queue's front.
     sched.mark_test_complete(nodes[0], nodes[0].sent[0])
-    assert len(nodes[0].sent) > 1 or nodes[0].shutting_down
+    taken = {i for node in nodes[1:] for i in node.sent}
+    front = next(i for i, nodeid in enumerate(collection) if group_of(nodeid) is None and i not in taken)
+    assert nodes[0].sent[2:] == [front]
 
 
 def test_with_fewer_workers_than_outages_the_third_waits_for_a_worker():
     sched, nodes, collection = _run(2)
     assert [group_of(collection[n.sent[0]]) for n in nodes] == ["jetstream-away-cluster", "jetstream-away"]
-    assert all(len(n.sent) == 1 for n in nodes)
+    assert [_names(collection, n.sent[1:]) for n in nodes] == [[QUICK_LAST[2]], [QUICK_LAST[1]]]
     sched.mark_test_complete(nodes[1], nodes[1].sent[0])
-    assert group_of(collection[nodes[1].sent[1]]) == "handler-outage"
+    assert group_of(collection[nodes[1].sent[2]]) == "handler-outage"
+    # The quick test before it done, the third outage gets one behind it.
+    sched.mark_test_complete(nodes[1], nodes[1].sent[1])
+    assert _names(collection, nodes[1].sent[3:]) == [QUICK_LAST[0]]
+
+
+def test_only_a_test_of_no_group_goes_behind_an_outage():
+    # No test of no group left to take (here none collected): the outage waits
+    # for the end of the queue rather than hold a group behind it.
+    sched, nodes, collection = _run(4, singles=[])
+    assert [group_of(collection[n.sent[0]]) for n in nodes] == [
+        "jetstream-away-cluster",
+        "jetstream-away",
+        "handler-outage",
+        "chaos",
+    ]
+    assert all(len(n.sent) == 1 for n in nodes[:3])
+    # The outage over, its worker takes the next unit as any other.
+    sched.mark_test_complete(nodes[0], nodes[0].sent[0])
+    assert group_of(collection[nodes[0].sent[1]]) == "spark"
 
 
 def test_every_outage_group_is_ranked_and_the_report_adds_up_chains():

@@ -58,6 +58,12 @@ ACK_WAIT = 30.0  # the handler's (the default), in seconds
 # bound of promptness; a worker restarted on a 2-core machine under the rest of the suite took
 # more than 60 s to deliver again (a clean-clone run, 2026-11-29).
 DEADLINE = 180
+# The writers pause while this many committed events are still on their way to
+# the handler (10 s of their 50 events/s): a machine too busy to deliver 50 events/s
+# would otherwise build a backlog without bound, and each step below waits for the
+# events committed after it, behind all of the backlog. A quiet machine delivers
+# within a second, so that the bound only holds the load back on a loaded one.
+BACKLOG = 500
 
 
 def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_server, empty_database_url):
@@ -76,7 +82,11 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
     old.run("streams", OUTBOX_NATS_URL=nats_url, OUTBOX_STREAMS_FILE=str(tmp_path / "streams.toml"))
     handler = FakeHandler()
     ledger = Ledger()
-    writers = [Writer(url, ledger, rate=25, name=f"w{i}") for i in range(2)]
+
+    def backlog() -> int:
+        return len(ledger.committed) - len(handler.calls)
+
+    writers = [Writer(url, ledger, rate=25, name=f"w{i}", backlog=backlog, most=BACKLOG) for i in range(2)]
     workers: list[Worker] = []
     try:
         old_registry = handler_registry(old, tmp_path, HANDLER, handler.url, SUBJECT, tmp_path / "old.registry.json")
@@ -178,7 +188,11 @@ def test_rolling_upgrade_from_the_previous_release(tmp_path, pg_server, nats_ser
         ("steady state, current release", new_consumer.ready_at + 1, t_end),
     ]
     report = {"events": len(ledger.committed), "handler_calls": sum(len(t) for t in delivered.calls.values())}
-    print(f"\n{report['events']} events committed, {report['handler_calls']} handler calls")
+    report["writers_held_s"] = round(max(w.held for w in writers), 1)
+    print(
+        f"\n{report['events']} events committed, {report['handler_calls']} handler calls; "
+        f"writers paused {report['writers_held_s']} s for a backlog of {BACKLOG}"
+    )
     for name, start_at, end_at in steps:
         lat = latencies(ledger, delivered, start_at, end_at)
         silence = longest_silence(delivered, start_at, end_at)
