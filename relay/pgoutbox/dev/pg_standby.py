@@ -100,17 +100,23 @@ class StandbyPair:
         return self.url(dbname)
 
     def start(self) -> str:
+        """Both nodes up; if either cannot start, neither is left running (a
+        caller whose set-up failed has nothing to stop)."""
         self.root.mkdir(parents=True, exist_ok=True)
         _chown_postgres(self.root)
-        self.primary.start()
-        with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
-            if self.synchronous:
-                conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-                conn.execute(f"ALTER SYSTEM SET synchronous_commit = '{self.synchronous_commit}'")
-            else:
-                conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
-            conn.execute("SELECT pg_reload_conf()")
-        self._base_backup(self.standby, self.primary)
+        try:
+            self.primary.start()
+            with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
+                if self.synchronous:
+                    conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                    conn.execute(f"ALTER SYSTEM SET synchronous_commit = '{self.synchronous_commit}'")
+                else:
+                    conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
+                conn.execute("SELECT pg_reload_conf()")
+            self._base_backup(self.standby, self.primary)
+        except BaseException:
+            self.stop("immediate")
+            raise
         return self.url()
 
     def _base_backup(self, node: EmbeddedPostgres, source: EmbeddedPostgres) -> None:
