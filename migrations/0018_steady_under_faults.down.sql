@@ -197,6 +197,99 @@ $$;
 
 -- ---- held snapshots
 
+-- The marks' token index and the marks as 0017 had them (status tests in
+-- the database's collation).
+DROP INDEX IF EXISTS outbox.events_claim_token_idx;
+CREATE INDEX IF NOT EXISTS events_claim_token_idx ON outbox.events (claim_token)
+WHERE status = 'PROCESSING';
+
+CREATE OR REPLACE FUNCTION outbox.mark_published(
+    claim_token uuid,
+    event_ids uuid[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
+AS $$
+DECLARE
+    marked integer;
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    UPDATE outbox.events AS e
+    SET status = 'COMPLETED', published_at = now(), last_error = NULL
+    WHERE e.claim_token = mark_published.claim_token
+        AND e.status = 'PROCESSING'
+        AND e.event_id = ANY(mark_published.event_ids);
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF marked = 0 THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013',
+                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+    END IF;
+    RETURN marked;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.mark_failed(
+    claim_token uuid,
+    event_ids uuid[],
+    errors text[],
+    retry_at timestamptz[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
+AS $$
+DECLARE
+    marked integer;
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    IF cardinality(event_ids) IS DISTINCT FROM cardinality(errors)
+        OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at)
+        OR array_ndims(errors) > 1 OR array_ndims(retry_at) > 1 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: event_ids, errors and retry_at must be one-dimensional and of the same length'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(errors) AS x (err) WHERE nullif(btrim(x.err), '') IS NULL) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: every failure needs an error text'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF EXISTS (
+        SELECT 1 FROM unnest(retry_at) AS r (at)
+        WHERE NOT (r.at >= '1900-01-01 00:00:00+00' AND r.at <= now() + interval '30 days')
+    ) THEN
+        RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: every retry_at must be NULL (dead letter) or a finite time at most 30 days ahead'
+            USING ERRCODE = 'OB008';
+    END IF;
+    UPDATE outbox.events AS e
+    SET status = CASE WHEN f.retry_at IS NULL THEN 'DEAD_LETTER' ELSE 'FAILED' END,
+        last_error = outbox._clip_error(f.error),
+        available_at = coalesce(f.retry_at, e.available_at)
+    FROM unnest(event_ids, errors, retry_at) AS f (event_id, error, retry_at)
+    WHERE e.claim_token = mark_failed.claim_token
+        AND e.status = 'PROCESSING'
+        AND e.event_id = f.event_id;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF marked = 0 THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013';
+    END IF;
+    RETURN marked;
+END;
+$$;
+
 -- claim and backlog as 0017 defined them (from the bottom of the index).
 CREATE OR REPLACE FUNCTION outbox.claim(
     worker text,

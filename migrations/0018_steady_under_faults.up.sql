@@ -157,7 +157,7 @@ BEGIN
         available_at = now(),
         last_error = outbox._clip_error(hand_back.reason)
     WHERE e.claim_token = hand_back.claim_token
-        AND e.status = 'PROCESSING'
+        AND e.status = 'PROCESSING' COLLATE "C"  -- events_claim_token_idx only
         AND e.event_id = ANY(hand_back.event_ids);
     GET DIAGNOSTICS marked = ROW_COUNT;
     PERFORM set_config('pgoutbox.hand_back', '', TRUE);
@@ -965,6 +965,121 @@ COMMENT ON FUNCTION inbox.settle(text, uuid[], uuid[], text[]) IS
 REVOKE ALL ON FUNCTION inbox._backlog_micros(timestamptz), inbox._backlog_time(bigint),
 inbox._lower_backlog_floor(timestamptz), inbox.tg_messages__lower_backlog_floor_on_insert(),
 inbox.tg_messages__lower_backlog_floor(), inbox._backlog_floor() FROM public;
+
+-- The marks' token index, its predicate in collation "C" (sql/10_outbox_events.sql):
+-- a mark walked events_claimable_idx whole under a held snapshot. Built while
+-- emit waits (a partitioned table's index cannot be built CONCURRENTLY; it
+-- holds only PROCESSING rows, but the build reads every event kept);
+-- partitions indexed beforehand (docs/upgrading.md) are attached, not built.
+DROP INDEX IF EXISTS outbox.events_claim_token_idx;
+CREATE INDEX IF NOT EXISTS events_claim_token_idx ON outbox.events (claim_token)
+WHERE status = 'PROCESSING' COLLATE "C";
+
+-- generated from sql/30_outbox_api.sql: outbox.mark_published
+-- Marks the claim's events COMPLETED. Rows no longer held by claim_token (the
+-- lease expired and another relay took them) are left alone: fencing. Returns
+-- how many were marked; raises STALE_CLAIM when it could mark none of them.
+-- (enable_seqscan off: see claim; the token's index probe in an empty
+-- partition costs next to nothing. The status test in collation "C" makes
+-- events_claim_token_idx the only index the plan can walk, whatever the
+-- statistics say: sql/10_outbox_events.sql.)
+CREATE OR REPLACE FUNCTION outbox.mark_published(
+    claim_token uuid,
+    event_ids uuid[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
+AS $$
+DECLARE
+    marked integer;
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    UPDATE outbox.events AS e
+    SET status = 'COMPLETED', published_at = now(), last_error = NULL
+    WHERE e.claim_token = mark_published.claim_token
+        AND e.status = 'PROCESSING' COLLATE "C"  -- events_claim_token_idx only
+        AND e.event_id = ANY(mark_published.event_ids);
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF marked = 0 THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013',
+                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+    END IF;
+    RETURN marked;
+END;
+$$;
+COMMENT ON FUNCTION outbox.mark_published(uuid, uuid[]) IS
+'PROCESSING -> COMPLETED for the events still held by claim_token; returns the count.';
+-- end generated
+
+-- generated from sql/30_outbox_api.sql: outbox.mark_failed
+-- Records failed publishes. Parallel arrays: event_ids[i] failed with
+-- errors[i]; it becomes FAILED, due again at retry_at[i], or DEAD_LETTER when
+-- retry_at[i] is NULL (the relay's retry policy decided to give up). A retry
+-- time lies at most 30 days ahead: further is a parked event nobody sees.
+CREATE OR REPLACE FUNCTION outbox.mark_failed(
+    claim_token uuid,
+    event_ids uuid[],
+    errors text[],
+    retry_at timestamptz[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+SET plan_cache_mode TO force_generic_plan
+SET enable_seqscan TO off
+AS $$
+DECLARE
+    marked integer;
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    IF cardinality(event_ids) IS DISTINCT FROM cardinality(errors)
+        OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at)
+        OR array_ndims(errors) > 1 OR array_ndims(retry_at) > 1 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: event_ids, errors and retry_at must be one-dimensional and of the same length'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(errors) AS x (err) WHERE nullif(btrim(x.err), '') IS NULL) THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: every failure needs an error text'
+            USING ERRCODE = 'OB006';
+    END IF;
+    IF EXISTS (
+        SELECT 1 FROM unnest(retry_at) AS r (at)
+        WHERE NOT (r.at >= '1900-01-01 00:00:00+00' AND r.at <= now() + interval '30 days')
+    ) THEN
+        RAISE EXCEPTION 'TIMESTAMP_OUT_OF_RANGE: every retry_at must be NULL (dead letter) or a finite time at most 30 days ahead'
+            USING ERRCODE = 'OB008';
+    END IF;
+    UPDATE outbox.events AS e
+    SET status = CASE WHEN f.retry_at IS NULL THEN 'DEAD_LETTER' ELSE 'FAILED' END,
+        last_error = outbox._clip_error(f.error),
+        available_at = coalesce(f.retry_at, e.available_at)
+    FROM unnest(event_ids, errors, retry_at) AS f (event_id, error, retry_at)
+    WHERE e.claim_token = mark_failed.claim_token
+        AND e.status = 'PROCESSING' COLLATE "C"  -- events_claim_token_idx only
+        AND e.event_id = f.event_id;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF marked = 0 THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013';
+    END IF;
+    RETURN marked;
+END;
+$$;
+COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid[], text[], timestamptz[]) IS
+'PROCESSING -> FAILED (retry at retry_at[i]) or DEAD_LETTER (retry_at[i] NULL); returns the count.';
+-- end generated
 
 -- ---- backfill: a handler that joins late replays the outbox's history
 

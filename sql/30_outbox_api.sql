@@ -356,7 +356,9 @@ COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
 -- lease expired and another relay took them) are left alone: fencing. Returns
 -- how many were marked; raises STALE_CLAIM when it could mark none of them.
 -- (enable_seqscan off: see claim; the token's index probe in an empty
--- partition costs next to nothing.)
+-- partition costs next to nothing. The status test in collation "C" makes
+-- events_claim_token_idx the only index the plan can walk, whatever the
+-- statistics say: sql/10_outbox_events.sql.)
 CREATE OR REPLACE FUNCTION outbox.mark_published(
     claim_token uuid,
     event_ids uuid[]
@@ -378,7 +380,7 @@ BEGIN
     UPDATE outbox.events AS e
     SET status = 'COMPLETED', published_at = now(), last_error = NULL
     WHERE e.claim_token = mark_published.claim_token
-        AND e.status = 'PROCESSING'
+        AND e.status = 'PROCESSING' COLLATE "C"  -- events_claim_token_idx only
         AND e.event_id = ANY(mark_published.event_ids);
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
@@ -439,7 +441,7 @@ BEGIN
         available_at = coalesce(f.retry_at, e.available_at)
     FROM unnest(event_ids, errors, retry_at) AS f (event_id, error, retry_at)
     WHERE e.claim_token = mark_failed.claim_token
-        AND e.status = 'PROCESSING'
+        AND e.status = 'PROCESSING' COLLATE "C"  -- events_claim_token_idx only
         AND e.event_id = f.event_id;
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
@@ -490,7 +492,7 @@ BEGIN
         available_at = now(),
         last_error = outbox._clip_error(hand_back.reason)
     WHERE e.claim_token = hand_back.claim_token
-        AND e.status = 'PROCESSING'
+        AND e.status = 'PROCESSING' COLLATE "C"  -- events_claim_token_idx only
         AND e.event_id = ANY(hand_back.event_ids);
     GET DIAGNOSTICS marked = ROW_COUNT;
     PERFORM set_config('pgoutbox.hand_back', '', TRUE);
