@@ -197,8 +197,8 @@ $$;
 
 -- ---- held snapshots
 
--- The marks' token index and the marks as 0017 had them (status tests in
--- the database's collation).
+-- The marks' token index, the marks and the inbox's per-message moves as
+-- 0017 had them (status tests in the database's collation).
 DROP INDEX IF EXISTS outbox.events_claim_token_idx;
 CREATE INDEX IF NOT EXISTS events_claim_token_idx ON outbox.events (claim_token)
 WHERE status = 'PROCESSING';
@@ -287,6 +287,81 @@ BEGIN
             USING ERRCODE = 'OB013';
     END IF;
     RETURN marked;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION inbox.mark_processed(message_id uuid, handler text)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    PERFORM inbox._check_message(message_id, handler);
+    UPDATE inbox.messages AS m
+    SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL
+    WHERE m.message_id = mark_processed.message_id AND m.handler = mark_processed.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_move(message_id, handler, 'PROCESSED');
+    END IF;
+    RETURN row;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION inbox.record_error(
+    message_id uuid,
+    handler text,
+    error text,
+    dead boolean DEFAULT FALSE,
+    replay_after interval DEFAULT NULL
+)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    PERFORM inbox._check_message(message_id, handler);
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    IF dead IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: dead must be true or false' USING ERRCODE = 'OB006';
+    END IF;
+    IF replay_after IS NOT NULL
+        AND (NOT dead OR replay_after < interval '0' OR replay_after > interval '366 days') THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: replay_after needs dead => true and an interval from 0 to 366 days, got %', replay_after
+            USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE inbox.messages AS m
+    SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
+        last_error = outbox._clip_error(record_error.error),
+        -- A new dead letter drops the previous one's notice (dlq_stream,
+        -- dlq_stream_sequence): inbox.record_dlq_notice() names the new one.
+        dlq_metadata = CASE WHEN dead THEN m.dlq_metadata - ARRAY['dlq_stream', 'dlq_stream_sequence']
+            ELSE m.dlq_metadata END
+        || jsonb_build_object('failures', coalesce((m.dlq_metadata ->> 'failures')::integer, 0) + 1)
+        || CASE WHEN NOT dead THEN '{}'::jsonb ELSE
+            jsonb_build_object(
+                'dead_lettered_at', now(),
+                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0) + 1,
+                'replay_attempts', coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
+                'next_replay_at', now() + replay_after
+            )
+        END
+    WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
+        AND m.status IN ('RECEIVED', 'FAILED')
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_move(message_id, handler, CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END);
+    END IF;
+    RETURN row;
 END;
 $$;
 

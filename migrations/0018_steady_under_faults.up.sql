@@ -1081,6 +1081,106 @@ COMMENT ON FUNCTION outbox.mark_failed(uuid, uuid[], text[], timestamptz[]) IS
 'PROCESSING -> FAILED (retry at retry_at[i]) or DEAD_LETTER (retry_at[i] NULL); returns the count.';
 -- end generated
 
+-- generated from sql/50_inbox.sql: inbox.mark_processed
+-- The status test is written in collation "C" (for text equality the same
+-- test) so that no partial index's predicate can be proved from it and the
+-- plan probes the primary key whatever the statistics say. Written plainly it
+-- proves messages_unprocessed_idx's (status <> 'PROCESSED'), and an ANALYZE
+-- that saw no unsettled row prices a walk of that whole index at one page:
+-- under a snapshot held by another session, every settled message's RECEIVED
+-- entry (inbox.settle keeps out of it another way).
+CREATE OR REPLACE FUNCTION inbox.mark_processed(message_id uuid, handler text)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    PERFORM inbox._check_message(message_id, handler);
+    UPDATE inbox.messages AS m
+    SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL
+    WHERE m.message_id = mark_processed.message_id AND m.handler = mark_processed.handler
+        AND m.status COLLATE "C" IN ('RECEIVED', 'FAILED')
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_move(message_id, handler, 'PROCESSED');
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.mark_processed(uuid, text) IS
+'RECEIVED/FAILED -> PROCESSED; in the handler''s own transaction for in-database handlers.';
+-- end generated
+
+-- generated from sql/50_inbox.sql: inbox.record_error
+-- Records a handler failure: FAILED (transient, will be redelivered) or,
+-- with dead => true, DEAD_LETTER (poison, or the last allowed failure).
+-- Either way dlq_metadata.failures counts it: the consumer dead-letters on
+-- the failure that reaches the handler's max_deliver, so that deliveries
+-- cut short by an outage or a crash (which record no failure) never do.
+-- A dead letter gets its replay bookkeeping in dlq_metadata (keys listed in
+-- sql/60_inbox_replay.sql): replay_after schedules the next automated replay
+-- from now; NULL parks the row (replay off for the handler, or cap reached)
+-- until an operator redrives it. The retry policy (backoff, jitter, cap) is
+-- the consumer's configuration; the database only records its decision.
+CREATE OR REPLACE FUNCTION inbox.record_error(
+    message_id uuid,
+    handler text,
+    error text,
+    dead boolean DEFAULT FALSE,
+    replay_after interval DEFAULT NULL
+)
+RETURNS inbox.messages
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.messages;
+BEGIN
+    PERFORM inbox._check_message(message_id, handler);
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    IF dead IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: dead must be true or false' USING ERRCODE = 'OB006';
+    END IF;
+    IF replay_after IS NOT NULL
+        AND (NOT dead OR replay_after < interval '0' OR replay_after > interval '366 days') THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: replay_after needs dead => true and an interval from 0 to 366 days, got %', replay_after
+            USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE inbox.messages AS m
+    SET status = CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END,
+        last_error = outbox._clip_error(record_error.error),
+        -- A new dead letter drops the previous one's notice (dlq_stream,
+        -- dlq_stream_sequence): inbox.record_dlq_notice() names the new one.
+        dlq_metadata = CASE WHEN dead THEN m.dlq_metadata - ARRAY['dlq_stream', 'dlq_stream_sequence']
+            ELSE m.dlq_metadata END
+        || jsonb_build_object('failures', coalesce((m.dlq_metadata ->> 'failures')::integer, 0) + 1)
+        || CASE WHEN NOT dead THEN '{}'::jsonb ELSE
+            jsonb_build_object(
+                'dead_lettered_at', now(),
+                'dead_letters', coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 0) + 1,
+                'replay_attempts', coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0),
+                'next_replay_at', now() + replay_after
+            )
+        END
+    WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
+        AND m.status COLLATE "C" IN ('RECEIVED', 'FAILED')  -- the primary key only: see mark_processed
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_move(message_id, handler, CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END);
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
+'RECEIVED/FAILED -> FAILED, or -> DEAD_LETTER with dead => true (and the next replay after replay_after).';
+-- end generated
+
 -- ---- backfill: a handler that joins late replays the outbox's history
 
 -- generated from sql/68_backfill.sql: outbox.backfill_span

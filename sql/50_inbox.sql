@@ -222,6 +222,13 @@ BEGIN
 END;
 $$;
 
+-- The status test is written in collation "C" (for text equality the same
+-- test) so that no partial index's predicate can be proved from it and the
+-- plan probes the primary key whatever the statistics say. Written plainly it
+-- proves messages_unprocessed_idx's (status <> 'PROCESSED'), and an ANALYZE
+-- that saw no unsettled row prices a walk of that whole index at one page:
+-- under a snapshot held by another session, every settled message's RECEIVED
+-- entry (inbox.settle keeps out of it another way).
 CREATE OR REPLACE FUNCTION inbox.mark_processed(message_id uuid, handler text)
 RETURNS inbox.messages
 LANGUAGE plpgsql
@@ -235,7 +242,7 @@ BEGIN
     UPDATE inbox.messages AS m
     SET status = 'PROCESSED', processed_at = greatest(now(), m.received_at), last_error = NULL
     WHERE m.message_id = mark_processed.message_id AND m.handler = mark_processed.handler
-        AND m.status IN ('RECEIVED', 'FAILED')
+        AND m.status COLLATE "C" IN ('RECEIVED', 'FAILED')
     RETURNING * INTO row;
     IF NOT FOUND THEN
         PERFORM inbox._refuse_move(message_id, handler, 'PROCESSED');
@@ -300,7 +307,7 @@ BEGIN
             )
         END
     WHERE m.message_id = record_error.message_id AND m.handler = record_error.handler
-        AND m.status IN ('RECEIVED', 'FAILED')
+        AND m.status COLLATE "C" IN ('RECEIVED', 'FAILED')  -- the primary key only: see mark_processed
     RETURNING * INTO row;
     IF NOT FOUND THEN
         PERFORM inbox._refuse_move(message_id, handler, CASE WHEN dead THEN 'DEAD_LETTER' ELSE 'FAILED' END);

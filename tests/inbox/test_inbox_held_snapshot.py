@@ -196,3 +196,63 @@ def test_a_replayed_dead_letter_below_the_floor_is_counted(database_url, consume
         assert [r[0] for r in replayed] == [dead]
         assert backlog(consumer) == {"h": (1, 0, 0)}
         assert floor_us(conn) <= micros(conn, dead)
+
+
+def update_buffers(explained: psycopg.Connection, sql: str, args: tuple) -> int:
+    """Shared buffers the UPDATE of inbox.messages inside one call read (auto_explain, nested)."""
+    notes: list[str] = []
+
+    def note(d: psycopg.errors.Diagnostic) -> None:
+        notes.append(d.message_primary or "")
+
+    explained.add_notice_handler(note)
+    try:
+        explained.execute(sql, args)
+    finally:
+        explained.remove_notice_handler(note)
+    total = 0
+    for text in notes:
+        if "UPDATE inbox.messages" in text:
+            plan = json.loads(text[text.index("{") :])
+            total += plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+    assert total > 0, notes
+    return total
+
+
+def outcome_buffers(explained: psycopg.Connection) -> tuple[int, int]:
+    """(mark_processed, record_error) of one message each, as a consumer session makes them:
+    its sixth call on, with the plan PostgreSQL keeps for the session."""
+    figures = (0, 0)
+    for _ in range(6):
+        done, failed = receive(explained, 2)
+        figures = (
+            update_buffers(explained, "SELECT inbox.mark_processed(%s, 'h')", (done,)),
+            update_buffers(explained, "SELECT inbox.record_error(%s, 'h', 'boom')", (failed,)),
+        )
+        settle(explained, [failed])  # no unsettled message left behind
+    return figures
+
+
+@pytest.mark.slow
+def test_a_message_outcome_past_20000_dead_entries_reads_as_many_buffers_as_on_a_clean_table(
+    database_url, consumer_url, explained_url
+):
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn,
+        psycopg.connect(consumer_url, autocommit=True) as consumer,
+        psycopg.connect(explained_url, autocommit=True) as explained,
+    ):
+        settle(consumer, receive(consumer, 100))
+        clean = outcome_buffers(explained)
+
+        with held_snapshot(database_url):
+            for _ in range(20):
+                settle(consumer, receive(consumer, 1000))
+            # ANALYZE counts live rows only: it sees no unsettled message, while
+            # messages_unprocessed_idx holds the 20,000 RECEIVED entries the hold keeps.
+            # A plan made after it must still probe the primary key.
+            conn.execute("ANALYZE inbox.messages")
+            held = outcome_buffers(explained)
+
+    for name, before, after in zip(("mark_processed", "record_error"), clean, held, strict=True):
+        assert after <= 2 * before + 20, f"{name} read {after} buffers past 20,000 dead entries, {before} when clean"
