@@ -61,8 +61,13 @@ def dead_letters(superuser_url: str) -> dict[str, int]:
 
 @contextlib.asynccontextmanager
 async def seeded(console_db, tmp_path, nats_server, handler):
-    """A consumer (with its replayer) whose handler answered 422 to every message of SEEDED."""
+    """A consumer (with its replayer) whose handler answered 422 to every message of SEEDED.
+    Automated replays are switched off first, as an operator would (inbox.set_replay): on the
+    defaults they fall due 30 to 60 s in, within a loaded run, and would move the counts a test
+    reads; the operator's replays still run."""
     su, _ = console_db
+    with psycopg.connect(su, autocommit=True) as c:
+        c.execute("SELECT inbox.set_replay(%s, false, 'test: operator replays only')", (H,))
     registry_file = write_registry(tmp_path, [{"name": H, "url": handler.url, "subjects": list(SEEDED)}])
     cfg = default_consumer_config(worker_url(su, "pgoutbox_consumer"), nats_server.url, registry_file)
     handler.answers = [422]
@@ -108,12 +113,8 @@ async def test_an_admin_replays_a_group_and_watches_its_count_fall_as_the_handle
     admin, password = person(su, "pgoutbox_admin")
     emit(worker_url(su, "pgoutbox_writer"), 4)  # an outbox backlog for the overview (no relay runs)
     images = Path(os.environ.get("CONSOLE_SCREENSHOTS") or tmp_path)
-    with psycopg.connect(su, autocommit=True) as c:
-        # The counts below fall by the operator's replay only: on the defaults, automated
-        # replays of the seeded dead letters fall due 30 to 60 s in, within a loaded run.
-        c.execute("SELECT inbox.set_replay(%s, false, 'test: operator replays only')", (H,))
     async with (
-        seeded(console_db, tmp_path, nats_server, handler),
+        seeded(console_db, tmp_path, nats_server, handler),  # the counts fall by the operator's replay only
         # not default: the test watches the overview's trend fill up: a sample a second, not every 30 s
         serving(url, sample_interval="1s") as (base, console),
         browser_page() as page,

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import nats
+import nats.errors
+import nats.js.errors
 import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -85,8 +87,17 @@ async def stream_messages(nats_url: str, stream: str = "SEA_EVENTS") -> list:
                 stream=stream,
                 config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
             )
+            # A loaded machine's JetStream may answer a pull with 503 (no
+            # responders yet) or nothing within a fetch: that delays the read,
+            # up to a minute, and only a stream that lacks messages fails it.
+            deadline = asyncio.get_running_loop().time() + 60
             while len(out) < total:
-                out.extend(await sub.fetch(min(1000, total - len(out)), timeout=5))
+                try:
+                    out.extend(await sub.fetch(min(1000, total - len(out)), timeout=5))
+                except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
             await sub.unsubscribe()
         return out
     finally:
