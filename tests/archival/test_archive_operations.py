@@ -335,7 +335,14 @@ def test_two_archiver_processes_at_once_both_exit_0(conn, database_url, tmp_path
     procs = [
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
     ]
-    outputs = [p.communicate(timeout=300) for p in procs]
+    try:
+        # Two Sparks at once on a loaded 2-core machine: the suite's Spark deadline (600 s).
+        outputs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:  # a timeout leaves neither archiver running after the test
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
     assert [p.returncode for p in procs] == [0, 0], outputs
     # the state column: a `done` line ("... removed by <who>") is the other archiver's day
