@@ -33,7 +33,7 @@
 --     a writer cannot drop
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(76);
+SELECT plan(77);
 \ir fixtures/events.sql
 \ir fixtures/archival.sql
 
@@ -244,7 +244,36 @@ SELECT throws_ok(
     'a partition changed after its audit is not dropped'
 );
 SELECT has_table('outbox', :'p40', 'the tampered partition is still there');
+-- Schedule rows of delivered events, one on the day dropped and one on a day kept.
+INSERT INTO outbox.schedules (event_id, created_at, context, deliver_at, emitted_by)
+WITH done AS (
+    SELECT
+        e.id,
+        e.event_id,
+        e.created_at,
+        e.context,
+        (e.created_at AT TIME ZONE 'UTC')::date AS day
+    FROM outbox.events AS e
+    WHERE e.status = 'COMPLETED'
+)
+
+SELECT DISTINCT ON (d.day)
+    d.event_id,
+    d.created_at,
+    d.context,
+    d.created_at AS deliver_at,
+    'fixture' AS emitted_by
+FROM done AS d
+WHERE d.day IN (:'d9', :'d3')
+ORDER BY d.day, d.id;
 SELECT is(outbox.drop_archived(:'p9'), 3::bigint, 'an audited partition is dropped: its row count');
+SELECT is(
+    (
+        SELECT array_agg((s.created_at AT TIME ZONE 'UTC')::date) FROM outbox.schedules AS s
+        WHERE s.emitted_by = 'fixture'
+    ),
+    ARRAY[:'d3'::date], 'the dropped day''s schedule rows go with it, other days'' stay'
+);
 SELECT hasnt_table('outbox', :'p9', 'the partition is gone as a table');
 SELECT is(
     (

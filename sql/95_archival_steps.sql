@@ -357,6 +357,12 @@ BEGIN
     DELETE FROM outbox.dlq_entries AS x
     WHERE x.side = 'outbox' AND x.created_at >= (part_day::timestamp AT TIME ZONE 'UTC')
         AND x.created_at < ((part_day + 1)::timestamp AT TIME ZONE 'UTC');
+    -- Its scheduled events' rows (sql/10_outbox_events.sql), all delivered: a
+    -- day with a pending scheduled event is not archivable. Else they would
+    -- stay for good, a row per reminder ever sent.
+    DELETE FROM outbox.schedules AS s
+    WHERE s.created_at >= (part_day::timestamp AT TIME ZONE 'UTC')
+        AND s.created_at < ((part_day + 1)::timestamp AT TIME ZONE 'UTC');
     UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
     WHERE id = standing.id;
     RETURN standing.row_count;
