@@ -110,15 +110,24 @@ def explained_url(database_url):
     return url
 
 
-@pytest.mark.slow
-def test_inbox_backlog_past_20000_dead_entries_reads_as_many_buffers_as_on_a_clean_table(
-    database_url, consumer_url, explained_url
-):
+@contextmanager
+def sessions(
+    database_url: str, consumer_url: str, explained_url: str
+) -> Iterator[tuple[psycopg.Connection, psycopg.Connection, psycopg.Connection]]:
+    """The owner's session, a consumer's, and a consumer's that auto_explain reports to."""
     with (
         psycopg.connect(database_url, autocommit=True) as conn,
         psycopg.connect(consumer_url, autocommit=True) as consumer,
         psycopg.connect(explained_url, autocommit=True) as explained,
     ):
+        yield conn, consumer, explained
+
+
+@pytest.mark.slow
+def test_inbox_backlog_past_20000_dead_entries_reads_as_many_buffers_as_on_a_clean_table(
+    database_url, consumer_url, explained_url
+):
+    with sessions(database_url, consumer_url, explained_url) as (conn, consumer, explained):
         settle(consumer, receive(consumer, 100))
         pending = receive(consumer, 20)
         move_floor_past(consumer, conn, 0)
@@ -237,11 +246,7 @@ def outcome_buffers(explained: psycopg.Connection) -> tuple[int, int]:
 def test_a_message_outcome_past_20000_dead_entries_reads_as_many_buffers_as_on_a_clean_table(
     database_url, consumer_url, explained_url
 ):
-    with (
-        psycopg.connect(database_url, autocommit=True) as conn,
-        psycopg.connect(consumer_url, autocommit=True) as consumer,
-        psycopg.connect(explained_url, autocommit=True) as explained,
-    ):
+    with sessions(database_url, consumer_url, explained_url) as (conn, consumer, explained):
         settle(consumer, receive(consumer, 100))
         clean = outcome_buffers(explained)
 
