@@ -23,6 +23,7 @@ import pytest
 
 from pgoutbox_spark import database as db
 from support.archival import (
+    SPARK_DEADLINE,
     SparkCluster,
     archived_rows,
     events,
@@ -61,9 +62,7 @@ def submit(cluster: SparkCluster, env: dict[str, str], *conf: str) -> subprocess
         "archive",
     ]
     full = {k: v for k, v in spark_env(**env).items() if not k.startswith("PG")}
-    return subprocess.run(
-        command, env=full, capture_output=True, text=True, timeout=600, cwd=ROOT
-    )  # a deadline: spark-submit under the rest of the suite took more than 240 s
+    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=SPARK_DEADLINE, cwd=ROOT)
 
 
 def ours(run: subprocess.CompletedProcess) -> list[str]:

@@ -23,7 +23,7 @@ from pgoutbox.core.errors import ExitCode
 from pgoutbox.dev.embedded import free_port
 from pgoutbox_spark import archive, jdbc, storage
 from pgoutbox_spark import database as db
-from support.archival import archived_rows, events, inbox_for, live_rows, spark_env, today
+from support.archival import SPARK_DEADLINE, archived_rows, events, inbox_for, live_rows, spark_env, today
 from support.roles import login
 
 pytestmark = pytest.mark.spark
@@ -336,8 +336,7 @@ def test_two_archiver_processes_at_once_both_exit_0(conn, database_url, tmp_path
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
     ]
     try:
-        # Two Sparks at once on a loaded 2-core machine: the suite's Spark deadline (600 s).
-        outputs = [p.communicate(timeout=600) for p in procs]
+        outputs = [p.communicate(timeout=SPARK_DEADLINE) for p in procs]  # two Sparks at once
     finally:
         for p in procs:  # a timeout leaves neither archiver running after the test
             if p.poll() is None:

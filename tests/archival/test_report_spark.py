@@ -17,7 +17,7 @@ import pytest
 
 from pgoutbox.cli import main as cli
 from pgoutbox_spark import report
-from support.archival import events, inbox_for, today
+from support.archival import SPARK_DEADLINE, events, inbox_for, today
 from support.roles import login
 
 pytestmark = pytest.mark.spark
@@ -237,7 +237,7 @@ def test_the_same_job_runs_under_spark_submit(conn, database_url, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=SPARK_DEADLINE,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert f"{day}  removed" in result.stdout

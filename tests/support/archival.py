@@ -23,6 +23,12 @@ from pgoutbox.dev.embedded import free_port
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 VENV_BIN = Path(sys.executable).parent
+# How long a test waits for a Spark job in a process of its own: a deadline
+# against a hang, not a bound on speed. On 2 cores, beside the rest of the
+# suite and a CPU-bound process, one archival spark-submit took more than
+# 600 s (2026-11-29); a wait for executors ends on its own after
+# OUTBOX_SPARK_START_TIMEOUT.
+SPARK_DEADLINE = 1800
 
 
 def spark_home() -> Path:
