@@ -25,7 +25,7 @@ demo: setup ## Run the demo on an embedded PostgreSQL + NATS under .data/
 
 test: setup ## Run the whole test suite: the unit tier first (seconds), then pgTAP and pytest on real PostgreSQL and NATS (WORKERS=n)
 	@$(PYTEST) -q tests/unit
-	@$(PYTEST) -q $(XDIST) --ignore=tests/unit
+	@$(PYTEST) -q $(XDIST) --durations=25 --ignore=tests/unit
 
 test/unit: setup ## The unit tier only: no server, in-memory fakes (seconds)
 	@$(PYTEST) -q tests/unit
