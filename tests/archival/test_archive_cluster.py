@@ -15,6 +15,7 @@ checks. spark-submit spark/pgoutbox_spark/submit.py archive:
 
 from __future__ import annotations
 
+import os
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -57,6 +58,7 @@ def submit(cluster: SparkCluster, env: dict[str, str], *conf: str) -> subprocess
         *("--jars", "/usr/share/java/postgresql.jar"),
         *("--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"),
         *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
+        *("--conf", f"spark.executor.extraJavaOptions={os.environ['SPARK_SUBMIT_OPTS']}"),  # tests/conftest.py
         *conf,
         str(ROOT / "spark" / "pgoutbox_spark" / "submit.py"),
         "archive",

@@ -22,6 +22,11 @@ from support.inbox import add_stream, event, inbox_row, jetstream, publish
 
 ROOT = Path(__file__).resolve().parents[2]
 H = "order_totals"
+# How much later than its idle time a process may end: never sooner is the
+# point; the upper bound only says it does end. With the suite beside a
+# CPU-bound process on 2 cores (load average 19) it ended 4.5 s late
+# (2026-11-29), past the 4 s allowed before.
+EXIT_SLACK = 10.0
 
 
 async def test_the_example_commits_business_change_and_marker_together(database_url, nats_server):
@@ -147,8 +152,8 @@ async def test_idle_exit_ends_the_example_n_seconds_after_the_last_message(datab
     assert len(out.splitlines()) == 3, out
     # ... and it ends N seconds after the last one (not sooner; not much later: the idle
     # time counts from the last message's handling, which a loaded machine can slow).
-    # not a race: the idle time is what this tests; 4 s of slack for a loaded 2-core machine
-    assert idle - 0.1 <= ended - last <= idle + 4.0, ended - last
+    # not a race: the idle time is what this tests; slack for a loaded 2-core machine (EXIT_SLACK)
+    assert idle - 0.1 <= ended - last <= idle + EXIT_SLACK, ended - last
 
 
 async def test_idle_exit_without_any_message_exits_zero_after_n_seconds(database_url, nats_server):
@@ -165,8 +170,8 @@ async def test_idle_exit_without_any_message_exits_zero_after_n_seconds(database
                 proc.kill()
                 proc.wait()
     assert code == 0, proc.communicate()[1]
-    # not a race: the idle time (1 s) is what this tests; 4 s of slack for a loaded 2-core machine
-    assert 0.9 <= waited <= 1 + 4.0, waited
+    # not a race: the idle time (1 s) is what this tests; slack for a loaded 2-core machine (EXIT_SLACK)
+    assert 0.9 <= waited <= 1 + EXIT_SLACK, waited
 
 
 async def test_a_versioned_in_database_handler_gets_upcast_payloads_and_dead_letters_what_cannot_be(database_url):

@@ -23,6 +23,11 @@ from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
+# How long a backlog may take to drain: a deadline against a stuck relay, not a
+# bound on speed. 30,000 events took more than 60 s with the suite beside a
+# CPU-bound process on 2 cores (load average 19, 2026-11-29).
+DRAIN = 300
+
 
 def event_ids(url: str, status: str | None = None) -> list[str]:
     with psycopg.connect(url, autocommit=True) as conn:
@@ -124,7 +129,7 @@ def test_kill_9_mid_batch_then_restart_publishes_each_event_exactly_once(databas
         "relay-b", database_url, nats_server.url, relay_batch_size="200", relay_lease="3s", relay_publish_timeout="2s"
     )
     second.start().wait_started()
-    wait_for(all_completed(database_url, n), 60, "every event COMPLETED")
+    wait_for(all_completed(database_url, n), DRAIN, "every event COMPLETED")
     assert_exactly_once(database_url, nats_server.url)
     with psycopg.connect(database_url, autocommit=True) as conn:
         retaken = conn.execute(
@@ -179,7 +184,7 @@ def test_nats_stopped_under_load_then_restarted_loses_nothing(database_url, nats
     finally:
         emitter.stop()
     assert emitter.emitted > 500
-    wait_for(all_completed(database_url, emitter.emitted), 60, "the backlog to drain")
+    wait_for(all_completed(database_url, emitter.emitted), DRAIN, "the backlog to drain")
     assert_exactly_once(database_url, nats_server.url)
     actions = {e.get("action") for e in relay.log_entries()}
     assert {"nats_disconnected", "nats_reconnected"} <= actions
@@ -215,7 +220,7 @@ def test_postgresql_restarted_under_load_relay_reconnects_and_loses_nothing(own_
     assert relay.proc.poll() is None, "the relay must survive the restart"
     committed = len(event_ids(url))
     assert committed >= emitter.emitted > 500
-    wait_for(all_completed(url, committed), 60, "the backlog to drain")
+    wait_for(all_completed(url, committed), DRAIN, "the backlog to drain")
     assert_exactly_once(url, nats_server.url)
     actions = [e.get("action") for e in relay.log_entries()]
     assert "db_retry" in actions or "listen_lost" in actions
@@ -240,7 +245,7 @@ def test_sigterm_finishes_the_in_flight_batches_and_exits_0(database_url, nats_s
     assert any(e.get("action") == "stopping" for e in relay.log_entries())
     after = relays("relay-u", database_url, nats_server.url)
     after.start().wait_started()
-    wait_for(all_completed(database_url, n), 60, "the rest to drain")
+    wait_for(all_completed(database_url, n), DRAIN, "the rest to drain")
     assert_exactly_once(database_url, nats_server.url)
 
 
