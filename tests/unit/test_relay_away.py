@@ -121,7 +121,9 @@ async def test_when_jetstream_answers_info_but_not_publishes_each_probe_claims_o
         batches = publisher.batches
         await until(lambda: publisher.batches >= batches + 5, 10, "five probe publishes")
         assert set(publisher.batch_sizes[batches:]) == {1}  # a probe risks one event, not a batch
-        assert all(store.events[i]["attempts"] == 0 for i in ids)
+        # A probe's event counts its claim until it is handed back: one may be in flight now.
+        in_flight = [i for i in ids if store.status(i) == "PROCESSING"]
+        assert len(in_flight) <= 1 and all(store.events[i]["attempts"] == 0 for i in ids if i not in in_flight)
         publisher.away = None
         await until(lambda: all(store.status(i) == "COMPLETED" for i in ids), 10, "all published")
 
