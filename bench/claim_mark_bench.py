@@ -5,7 +5,8 @@ an earlier commit's, on one PostgreSQL 15 with pg_stat_statements, in
 interleaved rounds.
 
 Each round builds the backlog afresh (one database per schema, created from
-that commit's migrations), VACUUM ANALYZEs it, then claims and marks in a loop
+that commit's migrations; emitted as a login in pgoutbox_writer only),
+VACUUM ANALYZEs it, then claims and marks, as a login in pgoutbox_relay only, in a loop
 until nothing is left, and prints per event: the loop's wall time, and for the
 claim and the mark (and the statements nested in them) time and shared
 buffers from pg_stat_statements. Separates the drain's cost in these two
@@ -31,6 +32,7 @@ from machine import cpu_ticks, load, steal_since
 from pgoutbox.dev.embedded import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parents[1]
+WRITER, RELAY = "bench_writer", "bench_relay"  # logins in pgoutbox_writer, pgoutbox_relay only
 
 
 def migrations_of(commit: str, into: Path) -> Path:
@@ -60,6 +62,10 @@ def build(pg: EmbeddedPostgres, name: str, migrations: Path, events: int) -> Non
             conn.execute(path.read_text())  # a file of statements, no parameters: the simple protocol
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         conn.execute("SELECT outbox.create_partitions()")
+        for login, group in ((WRITER, "pgoutbox_writer"), (RELAY, "pgoutbox_relay")):  # roles are per server
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login,)).fetchone() is None:
+                conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE {group}")
+    with psycopg.connect(pg.dsn(name).replace("postgres@", f"{WRITER}@"), autocommit=True) as conn:
         for start in range(0, events, 1000):
             with conn.transaction():
                 for n in range(start, min(events, start + 1000)):
@@ -67,12 +73,16 @@ def build(pg: EmbeddedPostgres, name: str, migrations: Path, events: int) -> Non
                         "SELECT outbox.emit(%s::text, %s::text, %s::text, %s::jsonb, %s::text)",
                         ("order", str(n), "OrderPlaced", f'{{"schema_version": 1, "n": {n}}}', "orders"),
                     )
+    with psycopg.connect(pg.dsn(name), autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE outbox.events")
 
 
 def drain(pg: EmbeddedPostgres, name: str, batch: int) -> tuple[int, float, list[tuple]]:
-    with psycopg.connect(pg.dsn(name), autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_statements_reset()")
+    with (
+        psycopg.connect(pg.dsn(name), autocommit=True) as owner,
+        psycopg.connect(pg.dsn(name).replace("postgres@", f"{RELAY}@"), autocommit=True) as conn,
+    ):
+        owner.execute("SELECT pg_stat_statements_reset()")
         started, done = time.perf_counter(), 0
         while True:
             rows = conn.execute(
@@ -83,7 +93,7 @@ def drain(pg: EmbeddedPostgres, name: str, batch: int) -> tuple[int, float, list
             conn.execute("SELECT outbox.mark_published(%s::uuid, %s::uuid[])", (rows[0][0], [r[1] for r in rows]))
             done += len(rows)
         elapsed = time.perf_counter() - started
-        statements = conn.execute(
+        statements = owner.execute(
             "SELECT toplevel, calls, total_exec_time, shared_blks_hit + shared_blks_read,"
             " left(regexp_replace(query, '\\s+', ' ', 'g'), 80)"
             " FROM pg_stat_statements"
