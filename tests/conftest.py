@@ -21,6 +21,7 @@ from _pytest.nodeid import NodeId
 
 from pgoutbox.core import migrate as migrate_mod
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
+from support.archival import TEST_JVM_OPTIONS
 from support.inbox import FakeHandler
 from support.scheduling import ChainReport, LongestChainFirst, longest_chain_first
 from support.waiting import wait_for
@@ -28,13 +29,7 @@ from support.waiting import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "pgoutbox_template"
 
-# The suite's JVMs (Spark drivers, a cluster's daemons; executors get the same
-# through spark.executor.extraJavaOptions) live seconds to minutes: the JIT's
-# first tier and the serial collector. The optimising compiler's threads,
-# compiling for a long life, nearly doubled their CPU (a short local session:
-# 41.8 against 23.1 s, 2026-11-29) on a machine of 2 cores that the whole
-# suite shares. How fast the JVM runs, not what Spark or pgoutbox do.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# The suite's JVMs on the JIT's first tier (support.archival.TEST_JVM_OPTIONS).
 for _name in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
     os.environ.setdefault(_name, TEST_JVM_OPTIONS)
 _counter = itertools.count()

@@ -15,7 +15,6 @@ checks. spark-submit spark/pgoutbox_spark/submit.py archive:
 
 from __future__ import annotations
 
-import os
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from pgoutbox_spark import database as db
 from support.archival import (
     SPARK_DEADLINE,
+    TEST_JVM_OPTIONS,
     SparkCluster,
     archived_rows,
     events,
@@ -58,7 +58,7 @@ def submit(cluster: SparkCluster, env: dict[str, str], *conf: str) -> subprocess
         *("--jars", "/usr/share/java/postgresql.jar"),
         *("--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"),
         *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
-        *("--conf", f"spark.executor.extraJavaOptions={os.environ['SPARK_SUBMIT_OPTS']}"),  # tests/conftest.py
+        *("--conf", f"spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}"),
         *conf,
         str(ROOT / "spark" / "pgoutbox_spark" / "submit.py"),
         "archive",
