@@ -38,12 +38,12 @@ WRITER, RELAY = "bench_writer", "bench_relay"  # logins in pgoutbox_writer, pgou
 def migrations_of(commit: str, into: Path) -> Path:
     """The up migrations of `commit`, written to a folder of their own."""
     into.mkdir(parents=True)
-    names = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{commit}:migrations"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
+    listing = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{commit}:migrations"], capture_output=True, text=True
+    )
+    if listing.returncode != 0:
+        raise SystemExit(f"claim_mark_bench: --before {commit}: no migrations/ at that commit in {ROOT}")
+    names = listing.stdout.split()
     for name in names:
         if name.endswith(".up.sql"):
             text = subprocess.run(
@@ -111,6 +111,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.events < 1 or args.rounds < 1 or not 1 <= args.batch <= 10000:  # claim's own bounds for the batch
+        ap.error("--events and --rounds must be at least 1, --batch from 1 to 10000")
     start = cpu_ticks()
     print(f"claim + mark alone: {args.events} events, batches of {args.batch}; {load()}")
     with tempfile.TemporaryDirectory(prefix="pgoutbox-claim-mark-") as tmp:
