@@ -358,7 +358,9 @@ class SparkCluster:
 
     @staticmethod
     def _json(port: int) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/", timeout=5) as response:
+        # A hang guard, not a bound: a worker's UI answered in more than 5 s
+        # beside the suite and a CPU-bound process (2026-11-29).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/", timeout=60) as response:
             return json.loads(response.read())
 
     def master(self) -> dict:
