@@ -15,6 +15,11 @@ relay's other sessions, WAL, autovacuum), which bench/relay_bench.py measures
 as a whole.
 
     .venv/bin/python bench/claim_mark_bench.py --before COMMIT [--events 20000] [--batch 500] [--rounds 3]
+        [--tenants N]
+
+--tenants N: the events belong to N tenants in turn (t0, t1, ..., as a
+multi-tenant application emits them; 0: no tenant), to price the fair order of
+claims with 1 and with 1,000 tenants (docs/benchmarks.md, issue 36).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def migrations_of(commit: str, into: Path) -> Path:
     return into
 
 
-def build(pg: EmbeddedPostgres, name: str, migrations: Path, events: int) -> None:
+def build(pg: EmbeddedPostgres, name: str, migrations: Path, events: int, tenants: int) -> None:
     with psycopg.connect(pg.dsn(), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -70,8 +75,15 @@ def build(pg: EmbeddedPostgres, name: str, migrations: Path, events: int) -> Non
             with conn.transaction():
                 for n in range(start, min(events, start + 1000)):
                     conn.execute(
-                        "SELECT outbox.emit(%s::text, %s::text, %s::text, %s::jsonb, %s::text)",
-                        ("order", str(n), "OrderPlaced", f'{{"schema_version": 1, "n": {n}}}', "orders"),
+                        "SELECT outbox.emit(%s::text, %s::text, %s::text, %s::jsonb, %s::text, tenant_id => %s::text)",
+                        (
+                            "order",
+                            str(n),
+                            "OrderPlaced",
+                            f'{{"schema_version": 1, "n": {n}}}',
+                            "orders",
+                            f"t{n % tenants}" if tenants else None,
+                        ),
                     )
     with psycopg.connect(pg.dsn(name), autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE outbox.events")
@@ -110,11 +122,17 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=20000)
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tenants", type=int, default=0, help="events spread over this many tenants in turn (0: none)")
     args = ap.parse_args()
     if args.events < 1 or args.rounds < 1 or not 1 <= args.batch <= 10000:  # claim's own bounds for the batch
         ap.error("--events and --rounds must be at least 1, --batch from 1 to 10000")
+    if args.tenants < 0:
+        ap.error("--tenants must be 0 or more")
     start = cpu_ticks()
-    print(f"claim + mark alone: {args.events} events, batches of {args.batch}; {load()}")
+    print(
+        f"claim + mark alone: {args.events} events of {args.tenants or 'no'} tenant(s),"
+        f" batches of {args.batch}; {load()}"
+    )
     with tempfile.TemporaryDirectory(prefix="pgoutbox-claim-mark-") as tmp:
         root = Path(tmp)
         root.chmod(0o755)  # the postgres user runs the server in it
@@ -129,7 +147,7 @@ def main() -> int:
                 order = list(schemas) if r % 2 == 0 else list(reversed(schemas))
                 for label in order:
                     name = "before" if label == args.before else "this"
-                    build(pg, name, schemas[label], args.events)
+                    build(pg, name, schemas[label], args.events, args.tenants)
                     done, elapsed, statements = drain(pg, name, args.batch)
                     print(f"round {r + 1} {label:>9}: {1e6 * elapsed / done:6.1f} us of wall time per event")
                     for top, calls, ms, buffers, query in statements:
