@@ -15,11 +15,14 @@ relay's other sessions, WAL, autovacuum), which bench/relay_bench.py measures
 as a whole.
 
     .venv/bin/python bench/claim_mark_bench.py --before COMMIT [--events 20000] [--batch 500] [--rounds 3]
-        [--tenants N]
+        [--tenants N] [--scheduled N]
 
 --tenants N: the events belong to N tenants in turn (t0, t1, ..., as a
 multi-tenant application emits them; 0: no tenant), to price the fair order of
 claims with 1 and with 1,000 tenants (docs/benchmarks.md, issue 36).
+--scheduled N: before the backlog, N events emitted with deliver_after => 1 day
+(reminders, as a scheduling application keeps them waiting), which no claim of
+the drain may take: what waiting events cost each claim.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def migrations_of(commit: str, into: Path) -> Path:
     return into
 
 
-def build(pg: EmbeddedPostgres, name: str, migrations: Path, events: int, tenants: int) -> None:
+def build(pg: EmbeddedPostgres, name: str, migrations: Path, events: int, tenants: int, scheduled: int) -> None:
     with psycopg.connect(pg.dsn(), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -71,6 +74,12 @@ def build(pg: EmbeddedPostgres, name: str, migrations: Path, events: int, tenant
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login,)).fetchone() is None:
                 conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE {group}")
     with psycopg.connect(pg.dsn(name).replace("postgres@", f"{WRITER}@"), autocommit=True) as conn:
+        if scheduled:
+            conn.execute(
+                "SELECT count(outbox.emit('reminder'::varchar, g::text, 'Remind', '{\"schema_version\": 1}'::jsonb,"
+                " context => 'orders', deliver_after => interval '1 day')) FROM generate_series(1, %s) AS g",
+                (scheduled,),
+            )
         for start in range(0, events, 1000):
             with conn.transaction():
                 for n in range(start, min(events, start + 1000)):
@@ -123,15 +132,16 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tenants", type=int, default=0, help="events spread over this many tenants in turn (0: none)")
+    ap.add_argument("--scheduled", type=int, default=0, help="events waiting for tomorrow, emitted first (0: none)")
     args = ap.parse_args()
     if args.events < 1 or args.rounds < 1 or not 1 <= args.batch <= 10000:  # claim's own bounds for the batch
         ap.error("--events and --rounds must be at least 1, --batch from 1 to 10000")
-    if args.tenants < 0:
-        ap.error("--tenants must be 0 or more")
+    if args.tenants < 0 or args.scheduled < 0:
+        ap.error("--tenants and --scheduled must be 0 or more")
     start = cpu_ticks()
     print(
         f"claim + mark alone: {args.events} events of {args.tenants or 'no'} tenant(s),"
-        f" batches of {args.batch}; {load()}"
+        f" {args.scheduled} scheduled for tomorrow waiting, batches of {args.batch}; {load()}"
     )
     with tempfile.TemporaryDirectory(prefix="pgoutbox-claim-mark-") as tmp:
         root = Path(tmp)
@@ -147,7 +157,7 @@ def main() -> int:
                 order = list(schemas) if r % 2 == 0 else list(reversed(schemas))
                 for label in order:
                     name = "before" if label == args.before else "this"
-                    build(pg, name, schemas[label], args.events, args.tenants)
+                    build(pg, name, schemas[label], args.events, args.tenants, args.scheduled)
                     done, elapsed, statements = drain(pg, name, args.batch)
                     print(f"round {r + 1} {label:>9}: {1e6 * elapsed / done:6.1f} us of wall time per event")
                     for top, calls, ms, buffers, query in statements:

@@ -1028,6 +1028,36 @@ DROP FUNCTION IF EXISTS outbox.tg_discarded_events__audit();
 
 -- ---- emit: a caller's id, a delivery time, a cheap common case
 
+-- Scheduled events go back into the claim's id-ordered walk (where schema
+-- 17's claim passes them by until due); their ids stay as claims left them.
+DROP INDEX IF EXISTS outbox.events_scheduled_idx;
+DROP INDEX IF EXISTS outbox.events_claimable_idx;
+CREATE INDEX IF NOT EXISTS events_claimable_idx ON outbox.events (id)
+WHERE status IN ('PENDING', 'FAILED', 'PROCESSING');
+
+CREATE OR REPLACE TRIGGER _100_guard_content
+BEFORE UPDATE OF
+id, event_id, context, aggregate_type, aggregate_id, event_type, event_version, subject,
+payload, headers, correlation_id, causation_id, tenant_id, ordering_key, occurred_at, created_at
+ON outbox.events
+FOR EACH ROW
+WHEN (
+    (
+        new.id, new.event_id, new.context, new.aggregate_type, new.aggregate_id,
+        new.event_type, new.event_version, new.subject, new.payload, new.headers,
+        new.correlation_id, new.causation_id, new.tenant_id, new.ordering_key,
+        new.occurred_at, new.created_at
+    )
+    IS DISTINCT FROM
+    (
+        old.id, old.event_id, old.context, old.aggregate_type, old.aggregate_id,
+        old.event_type, old.event_version, old.subject, old.payload, old.headers,
+        old.correlation_id, old.causation_id, old.tenant_id, old.ordering_key,
+        old.occurred_at, old.created_at
+    )
+)
+EXECUTE FUNCTION outbox.tg_events__forbid_content_change();
+
 -- Scheduled events keep their available_at and are published when due by
 -- the relays of version 17 (their fallback poll); outbox.schedules,
 -- outbox.event_keys and outbox.cancel_log go. Callers of emit's options

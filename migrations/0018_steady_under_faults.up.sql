@@ -410,7 +410,9 @@ BEGIN
         END IF;
         SELECT least(min(e.id), coalesce(pg_sequence_last_value('outbox.events_id_seq'), 0) + 1) INTO next_id
         FROM outbox.events AS e
-        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= floor_id;
+        WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+            AND e.id >= floor_id;
         IF next_id > floor_id THEN
             -- An abort between these leaves the wait at its maximum: step 2
             -- then drops the candidate.
@@ -430,7 +432,9 @@ BEGIN
     END IF;
     SELECT coalesce(min(e.id), next_id) INTO floor_id
     FROM outbox.events AS e
-    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING') AND e.id >= floor_id AND e.id < next_id;
+    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+        AND e.id >= floor_id AND e.id < next_id;
     PERFORM setval('outbox.claim_floor', floor_id), setval('outbox.claim_floor_next', 1, FALSE);
     RETURN floor_id;
 END;
@@ -440,9 +444,21 @@ $$;
 -- generated from sql/30_outbox_api.sql: outbox.claim
 -- Claims up to batch_size due events for worker, under a lease, and returns
 -- them with a fresh claim token. One statement:
+--   * scheduled events fallen due come first (released: from
+--     events_scheduled_idx, in due order, a range that holds only what is
+--     due, however many wait for later); each takes a new id from the
+--     events' sequence as it moves to PROCESSING (moved), so that it joins
+--     the id-ordered queue now, above the claim floor, which a lease that
+--     expires then finds like any other. Why the new id never falls below
+--     the floor: the claim takes its transaction id first (after
+--     _claim_floor), then locks and renumbers; a candidate floor published
+--     before the new id was drawn lies at most at the sequence's value
+--     then + 1, below it; one published after belongs to a step 2 that
+--     waits for this transaction's id, and so sees the row;
 --   * the CTE picks candidates in id order from events_claimable_idx and locks
 --     them FOR UPDATE SKIP LOCKED, so concurrent claimers walk past each
---     other's rows instead of queueing on them, and LIMIT bounds the batch;
+--     other's rows instead of queueing on them, and LIMIT bounds the batch
+--     (what the released events left of it);
 --   * it starts at the claim floor (outbox._claim_floor, moved up just
 --     before): below it nothing is claimable, only the index entries of
 --     finished events, which a snapshot held by another session keeps from
@@ -459,7 +475,7 @@ $$;
 --     walk the whole backlog at an index probe per row to find one event
 --     per key. With more keys than batch_size the heads are not gathered
 --     and each keyed row is probed as before;
---   * the UPDATE moves the locked rows to PROCESSING and RETURNING hands them
+--   * the UPDATEs move the locked rows to PROCESSING and RETURNING hands them
 --     out, with no window in which another claimer could see them as due;
 --   * plans are generic (planned once per session): planning an UPDATE over
 --     every partition costs more than executing it. The locked keys reach
@@ -502,6 +518,7 @@ BEGIN
             USING ERRCODE = 'OB006';
     END IF;
     floor_id := outbox._claim_floor();
+    PERFORM pg_current_xact_id();  -- before any released event draws its new id (above)
     RETURN QUERY
     WITH RECURSIVE heads (ordering_key, id, n) AS (
         (
@@ -528,11 +545,22 @@ BEGIN
         SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
         FROM heads AS h
     ),
+    released AS (
+        SELECT e.id, e.created_at
+        FROM outbox.events AS e
+        WHERE e.status = 'PENDING' AND e.claimed_at IS NULL AND e.ordering_key IS NULL
+            AND e.available_at > e.created_at
+            AND e.available_at <= now()
+        ORDER BY e.available_at
+        LIMIT batch_size
+        FOR UPDATE OF e SKIP LOCKED
+    ),
     candidates AS (
         SELECT e.id, e.created_at
         FROM outbox.events AS e
         CROSS JOIN head_ids AS hi
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
             AND e.id >= floor_id
             AND e.available_at <= now()
             AND (
@@ -549,21 +577,41 @@ BEGIN
                 END
             )
         ORDER BY e.id
-        LIMIT batch_size
+        LIMIT batch_size - (SELECT count(*) FROM released)
         FOR UPDATE OF e SKIP LOCKED
+    ),
+    moved AS (
+        UPDATE outbox.events AS e
+        SET id = DEFAULT,
+            status = 'PROCESSING',
+            attempts = e.attempts + 1,
+            claimed_at = now(),
+            claimed_by = worker,
+            claim_token = token,
+            available_at = now() + lease
+        WHERE e.id = ANY(ARRAY(SELECT r.id FROM released AS r))
+            AND e.created_at = ANY(ARRAY(SELECT r.created_at FROM released AS r))
+            AND e.created_at >= (SELECT min(r.created_at) FROM released AS r)
+            AND e.created_at <= (SELECT max(r.created_at) FROM released AS r)
+        RETURNING e.*
+    ),
+    claimed AS (
+        UPDATE outbox.events AS e
+        SET status = 'PROCESSING',
+            attempts = e.attempts + 1,
+            claimed_at = now(),
+            claimed_by = worker,
+            claim_token = token,
+            available_at = now() + lease
+        WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
+            AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
+            AND e.created_at >= (SELECT min(c.created_at) FROM candidates AS c)
+            AND e.created_at <= (SELECT max(c.created_at) FROM candidates AS c)
+        RETURNING e.*
     )
-    UPDATE outbox.events AS e
-    SET status = 'PROCESSING',
-        attempts = e.attempts + 1,
-        claimed_at = now(),
-        claimed_by = worker,
-        claim_token = token,
-        available_at = now() + lease
-    WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
-        AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
-        AND e.created_at >= (SELECT min(c.created_at) FROM candidates AS c)
-        AND e.created_at <= (SELECT max(c.created_at) FROM candidates AS c)
-    RETURNING e.*;
+    SELECT m.* FROM moved AS m
+    UNION ALL
+    SELECT c.* FROM claimed AS c;
 END;
 $$;
 COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
@@ -1599,13 +1647,21 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
     SELECT outbox._check_context(backlog.context);
-    -- Two branches so that each is served by its own partial index.
-    -- A discarded dead letter (outbox.discarded_events) is parked for good:
-    -- counted nowhere here.
+    -- Three branches so that each is served by its own partial index (the
+    -- scheduled events' one is not walked from the floor: they keep their
+    -- ids until claimed). A discarded dead letter (outbox.discarded_events)
+    -- is parked for good: counted nowhere here.
     WITH unfinished AS (
         SELECT e.context, e.status, e.created_at, e.available_at
         FROM outbox.events AS e
+        WHERE e.status = 'PENDING' AND e.claimed_at IS NULL AND e.ordering_key IS NULL
+            AND e.available_at > e.created_at
+            AND (backlog.context IS NULL OR e.context = backlog.context)
+        UNION ALL
+        SELECT e.context, e.status, e.created_at, e.available_at
+        FROM outbox.events AS e
         WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
             AND e.id >= (
                 -- (a standby cannot read an unlogged sequence: from the bottom there)
                 SELECT CASE WHEN pg_is_in_recovery() THEN -9223372036854775807 - 1
@@ -1629,12 +1685,15 @@ AS $$
         count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER'),
         min(u.created_at) FILTER (WHERE u.status <> 'DEAD_LETTER'),
         count(u.status) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
-        -- greatest(): a row stored by an older version with available_at
-        -- -infinity is due and very old, not an error (interval has no infinity).
-        now() - greatest(
-            min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now()),
-            timestamptz '0001-01-01 00:00:00+00'
-        ),
+        -- A row stored by an older version with available_at -infinity is
+        -- due and very old, not an error (interval has no infinity); with
+        -- nothing due, NULL (greatest() would skip the NULL and make it
+        -- 2,000 years).
+        now() - CASE
+            WHEN min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now())
+                < timestamptz '0001-01-01 00:00:00+00' THEN timestamptz '0001-01-01 00:00:00+00'
+            ELSE min(u.available_at) FILTER (WHERE u.status <> 'DEAD_LETTER' AND u.available_at <= now())
+        END,
         count(u.status) FILTER (WHERE u.status = 'PROCESSING'),
         count(u.status) FILTER (WHERE u.status = 'FAILED'),
         count(u.status) FILTER (WHERE u.status = 'DEAD_LETTER')
@@ -1892,11 +1951,15 @@ BEGIN
             format('LOCK TABLE outbox.%I IN SHARE ROW EXCLUSIVE MODE', partition_name), lock_timeout
         );
     END IF;
-    -- Index lookups only (events_claimable_idx, events_dead_letter_idx, which
-    -- holds the discarded ones too, the primary key): claims and marks lock every partition, so they wait for
-    -- as long as this transaction holds the lock. No count here.
+    -- Index lookups only (events_claimable_idx, events_scheduled_idx,
+    -- events_dead_letter_idx, which holds the discarded ones too, the primary
+    -- key): claims and marks lock every partition, so they wait for as long
+    -- as this transaction holds the lock. No count here.
     EXECUTE format(
-        'SELECT EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''PENDING'', ''FAILED'', ''PROCESSING'')),'
+        'SELECT EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''PENDING'', ''FAILED'', ''PROCESSING'')'
+        ' AND (status <> ''PENDING'' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL OR available_at <= created_at))'
+        ' OR EXISTS (SELECT 1 FROM outbox.%1$I WHERE status = ''PENDING'' AND claimed_at IS NULL'
+        ' AND ordering_key IS NULL AND available_at > created_at),'
         ' EXISTS (SELECT 1 FROM outbox.%1$I WHERE status = ''DEAD_LETTER''),'
         ' (SELECT min(id) FROM outbox.%1$I), (SELECT max(id) FROM outbox.%1$I)',
         partition_name
@@ -2059,6 +2122,47 @@ CREATE TABLE IF NOT EXISTS outbox.schedules (
 CREATE INDEX IF NOT EXISTS schedules_deliver_at_idx ON outbox.schedules (deliver_at);
 COMMENT ON TABLE outbox.schedules IS
 'Events emitted with a delivery time: when each falls due, its context, who emitted it.';
+
+-- Scheduled events waiting for their time leave the claim's id-ordered walk
+-- for an index by time of their own (sql/10_outbox_events.sql), and take a
+-- new id as they are first claimed (outbox.claim), which the content guard
+-- lets through for that move only. Both indexes are built while emit waits
+-- (a partitioned table's index cannot be built CONCURRENTLY); they hold
+-- only unfinished rows, but the build reads every event kept.
+DROP INDEX IF EXISTS outbox.events_claimable_idx;
+CREATE INDEX IF NOT EXISTS events_claimable_idx ON outbox.events (id)
+WHERE status IN ('PENDING', 'FAILED', 'PROCESSING')
+AND (status <> 'PENDING' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL OR available_at <= created_at);
+CREATE INDEX IF NOT EXISTS events_scheduled_idx ON outbox.events (available_at)
+WHERE status = 'PENDING' AND claimed_at IS NULL AND ordering_key IS NULL AND available_at > created_at;
+
+CREATE OR REPLACE TRIGGER _100_guard_content
+BEFORE UPDATE OF
+id, event_id, context, aggregate_type, aggregate_id, event_type, event_version, subject,
+payload, headers, correlation_id, causation_id, tenant_id, ordering_key, occurred_at, created_at
+ON outbox.events
+FOR EACH ROW
+WHEN (
+    (
+        new.event_id, new.context, new.aggregate_type, new.aggregate_id,
+        new.event_type, new.event_version, new.subject, new.payload, new.headers,
+        new.correlation_id, new.causation_id, new.tenant_id, new.ordering_key,
+        new.occurred_at, new.created_at
+    )
+    IS DISTINCT FROM
+    (
+        old.event_id, old.context, old.aggregate_type, old.aggregate_id,
+        old.event_type, old.event_version, old.subject, old.payload, old.headers,
+        old.correlation_id, old.causation_id, old.tenant_id, old.ordering_key,
+        old.occurred_at, old.created_at
+    )
+    OR new.id IS DISTINCT FROM old.id AND NOT (
+        new.id > old.id AND new.status = 'PROCESSING'
+        AND old.status = 'PENDING' AND old.claimed_at IS NULL AND old.ordering_key IS NULL
+        AND old.available_at > old.created_at
+    )
+)
+EXECUTE FUNCTION outbox.tg_events__forbid_content_change();
 
 -- Scheduled events cancelled before they fell due (PENDING -> DEAD_LETTER),
 -- written by the update guard itself so that no path around outbox.cancel()

@@ -81,8 +81,24 @@ WITH (
 
 -- Claim scan: claim() walks this partial index in id order; it holds only
 -- unfinished rows, so it stays small however long partitions are kept.
+-- Scheduled events waiting for their time are not in it (the second term),
+-- but in events_scheduled_idx below.
 CREATE INDEX IF NOT EXISTS events_claimable_idx ON outbox.events (id)
-WHERE status IN ('PENDING', 'FAILED', 'PROCESSING');
+WHERE status IN ('PENDING', 'FAILED', 'PROCESSING')
+AND (status <> 'PENDING' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL OR available_at <= created_at);
+
+-- Scheduled events (emit's deliver_at / deliver_after) not yet claimed, by
+-- delivery time: PENDING, never claimed, due after their commit, without an
+-- ordering_key. In id order they would lie among the events emitted since,
+-- and every claim would step over each of them (a heap visit apiece: a
+-- year of reminders made every claim walk them all) and hold the claim
+-- floor at the oldest. claim() takes those fallen due from here, in due
+-- order, and gives each a new id at that claim: it joins the id-ordered
+-- queue at its delivery time, above the floor (outbox.claim says why).
+-- A keyed one keeps its place in its key's id order, and so stays in
+-- events_claimable_idx, walked like any event.
+CREATE INDEX IF NOT EXISTS events_scheduled_idx ON outbox.events (available_at)
+WHERE status = 'PENDING' AND claimed_at IS NULL AND ordering_key IS NULL AND available_at > created_at;
 
 -- Per-key ordering: "is there an earlier unfinished event with my key?"
 CREATE INDEX IF NOT EXISTS events_unfinished_key_idx ON outbox.events (ordering_key, id)
@@ -103,8 +119,9 @@ WHERE status = 'PROCESSING' COLLATE "C";
 CREATE INDEX IF NOT EXISTS events_dead_letter_idx ON outbox.events (context)
 WHERE status = 'DEAD_LETTER';
 
--- The claim floor: every claimable row (PENDING, FAILED, PROCESSING) has an
--- id at or above it, so claim() and backlog() start their walk of
+-- The claim floor: every row of events_claimable_idx (claimable, PENDING,
+-- FAILED or PROCESSING, and not a scheduled event waiting) has an id at or
+-- above it, so claim() and backlog() start their walk of
 -- events_claimable_idx there. Without it, each walk starts at the lowest id
 -- of the index and steps over every entry of the events finished since
 -- vacuum last ran: a few hundred while vacuum keeps up, but while another

@@ -534,6 +534,9 @@ FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__check_policies();
 -- The event's content never changes. A trigger limited to UPDATEs that name
 -- a content column (UPDATE OF), so that claim and mark, which set only
 -- delivery columns, neither fire it nor pay for comparing 16 columns.
+-- One exception, the id (the row's place in the claim order, not the
+-- event's content): a scheduled event (events_scheduled_idx's rows) takes
+-- a higher one as it is first claimed, PENDING -> PROCESSING (outbox.claim).
 CREATE OR REPLACE TRIGGER _100_guard_content
 BEFORE UPDATE OF
 id, event_id, context, aggregate_type, aggregate_id, event_type, event_version, subject,
@@ -542,17 +545,22 @@ ON outbox.events
 FOR EACH ROW
 WHEN (
     (
-        new.id, new.event_id, new.context, new.aggregate_type, new.aggregate_id,
+        new.event_id, new.context, new.aggregate_type, new.aggregate_id,
         new.event_type, new.event_version, new.subject, new.payload, new.headers,
         new.correlation_id, new.causation_id, new.tenant_id, new.ordering_key,
         new.occurred_at, new.created_at
     )
     IS DISTINCT FROM
     (
-        old.id, old.event_id, old.context, old.aggregate_type, old.aggregate_id,
+        old.event_id, old.context, old.aggregate_type, old.aggregate_id,
         old.event_type, old.event_version, old.subject, old.payload, old.headers,
         old.correlation_id, old.causation_id, old.tenant_id, old.ordering_key,
         old.occurred_at, old.created_at
+    )
+    OR new.id IS DISTINCT FROM old.id AND NOT (
+        new.id > old.id AND new.status = 'PROCESSING'
+        AND old.status = 'PENDING' AND old.claimed_at IS NULL AND old.ordering_key IS NULL
+        AND old.available_at > old.created_at
     )
 )
 EXECUTE FUNCTION outbox.tg_events__forbid_content_change();

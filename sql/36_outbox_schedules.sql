@@ -4,9 +4,11 @@
 --
 -- Scheduling rides on available_at ("when may a relay take this row next",
 -- 10_outbox_events.sql): an event emitted with a delivery time is born
--- PENDING with available_at at that time, so claim passes it by until then
--- and archival keeps its day (a PENDING row is an open row). No new status,
--- and no column: outbox.events keeps the row type claim returns.
+-- PENDING with available_at at that time, and archival keeps its day (a
+-- PENDING row is an open row). No new status, and no column: outbox.events
+-- keeps the row type claim returns. Until it is claimed, such an event lies
+-- in events_scheduled_idx by its time, not in the claim's id-ordered walk
+-- (10_outbox_events.sql), so that a year of reminders costs a claim nothing.
 
 -- When an event emitted with deliver_at or deliver_after falls due, checked:
 -- one of the two, finite, not more than a minute in the past (a clock a

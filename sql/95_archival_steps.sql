@@ -50,11 +50,15 @@ BEGIN
             format('LOCK TABLE outbox.%I IN SHARE ROW EXCLUSIVE MODE', partition_name), lock_timeout
         );
     END IF;
-    -- Index lookups only (events_claimable_idx, events_dead_letter_idx, which
-    -- holds the discarded ones too, the primary key): claims and marks lock every partition, so they wait for
-    -- as long as this transaction holds the lock. No count here.
+    -- Index lookups only (events_claimable_idx, events_scheduled_idx,
+    -- events_dead_letter_idx, which holds the discarded ones too, the primary
+    -- key): claims and marks lock every partition, so they wait for as long
+    -- as this transaction holds the lock. No count here.
     EXECUTE format(
-        'SELECT EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''PENDING'', ''FAILED'', ''PROCESSING'')),'
+        'SELECT EXISTS (SELECT 1 FROM outbox.%1$I WHERE status IN (''PENDING'', ''FAILED'', ''PROCESSING'')'
+        ' AND (status <> ''PENDING'' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL OR available_at <= created_at))'
+        ' OR EXISTS (SELECT 1 FROM outbox.%1$I WHERE status = ''PENDING'' AND claimed_at IS NULL'
+        ' AND ordering_key IS NULL AND available_at > created_at),'
         ' EXISTS (SELECT 1 FROM outbox.%1$I WHERE status = ''DEAD_LETTER''),'
         ' (SELECT min(id) FROM outbox.%1$I), (SELECT max(id) FROM outbox.%1$I)',
         partition_name

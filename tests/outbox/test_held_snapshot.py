@@ -2,7 +2,9 @@
 keeps vacuum from removing the row versions claim and mark leave behind.
 The claim floor (outbox._claim_floor) keeps claim's walk short all the same,
 without ever passing over a claimable event; outbox.oldest_snapshots() names
-the holder. Each test runs the workers' calls as a login in the group the
+the holder. Scheduled events waiting for their time neither hold the floor
+back nor lengthen the walk, and one fallen due is claimed with an id above
+the floor, where its expired lease is found. Each test runs the workers' calls as a login in the group the
 docs give them."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -21,6 +24,15 @@ from support.waiting import until, wait_for
 EMIT = (
     "SELECT count(outbox.emit('order', g::text, 'order_created', jsonb_build_object('schema_version', 1),"
     " context => 'held')) FROM generate_series(1, %s) AS g"
+)
+SCHEDULE = (
+    "SELECT count(outbox.emit('order'::varchar, g::text, 'remind', jsonb_build_object('schema_version', 1),"
+    " context => 'held', deliver_after => %s)) FROM generate_series(1, %s) AS g"
+)
+# events_claimable_idx's predicate (sql/10_outbox_events.sql)
+CLAIMABLE = (
+    "status IN ('PENDING', 'FAILED', 'PROCESSING') AND (status <> 'PENDING' OR claimed_at IS NOT NULL"
+    " OR ordering_key IS NOT NULL OR available_at <= created_at)"
 )
 BUFFERS = re.compile(r"Buffers: shared hit=(\d+)(?: read=(\d+))?")
 
@@ -142,8 +154,7 @@ def test_a_claim_and_its_mark_past_200000_dead_entries_read_as_many_buffers_as_o
             # autovacuum that ran during the drain rewrites them; the walk below shows them.)
             # Walked from the bottom, as claim did before the floor, the index costs thousands of buffers.
             walk = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT min(id) FROM outbox.events"
-                " WHERE status IN ('PENDING', 'FAILED', 'PROCESSING')"
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT min(id) FROM outbox.events WHERE {CLAIMABLE}"
             ).fetchone()[0][0]["Plan"]
             assert walk["Shared Hit Blocks"] + walk["Shared Read Blocks"] > 50 * clean
 
@@ -285,6 +296,66 @@ def test_a_requeued_dead_letter_below_the_floor_is_claimed(database_url, relay_u
         admin.execute("SELECT outbox.requeue(ARRAY[%s]::uuid[], 'fixed the subject')", (event_id,))
         claimed = relay.execute("SELECT event_id FROM outbox.claim('t', 10, '30 seconds')").fetchall()
         assert [r[0] for r in claimed] == [event_id]
+
+
+def test_scheduled_events_waiting_neither_hold_the_floor_nor_lengthen_a_claim(database_url, relay_url):
+    """20,000 reminders due tomorrow, emitted among the day's events: the floor
+    passes them, and a claim reads as many buffers as with none waiting (it
+    stepped over each of them, a heap visit apiece, before they had an index of
+    their own). They stay counted as unpublished."""
+    writer_url = login(database_url, "pgoutbox_writer")
+    notes: list[str] = []
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn,
+        psycopg.connect(writer_url, autocommit=True) as writer,
+        psycopg.connect(relay_url, autocommit=True) as relay,
+    ):
+        relay.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+        writer.execute(EMIT, (100,))
+        drain(relay, 100)
+        writer.execute(EMIT, (20,))
+        clean = claim_buffers(relay, notes)
+        drain(relay, 100)
+
+        writer.execute(SCHEDULE, (timedelta(days=1), 20_000))
+        writer.execute(EMIT, (100,))
+        assert drain(relay, 100) == 100
+        move_floor_past(relay, conn, conn.execute("SELECT max(id) FROM outbox.events").fetchone()[0] - 1)
+        writer.execute(EMIT, (20,))
+        waiting = claim_buffers(relay, notes)
+        unpublished = conn.execute("SELECT unpublished FROM outbox.backlog('held')").fetchone()[0]
+
+    assert waiting <= 2 * clean + 20, f"claim read {waiting} buffers beside 20,000 waiting, {clean} with none"
+    assert unpublished == 20_000 + 20
+
+
+def test_a_scheduled_event_fallen_due_is_reclaimed_when_its_lease_expires(database_url, relay_url):
+    """Due, it is claimed with a new id, above the floor that had passed its
+    old one; the relay that claimed it dies (no mark): once the lease ends, the
+    next claim takes it again through the id-ordered walk, same id."""
+    writer_url = login(database_url, "pgoutbox_writer")
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn,
+        psycopg.connect(writer_url, autocommit=True) as writer,
+        psycopg.connect(relay_url, autocommit=True) as relay,
+    ):
+        event_id = writer.execute(
+            "SELECT outbox.emit('order'::varchar, 'r', 'remind', '{\"schema_version\": 1}', context => 'held',"
+            " deliver_after => interval '2 seconds')"
+        ).fetchone()[0]
+        old_id = conn.execute("SELECT id FROM outbox.events WHERE event_id = %s", (event_id,)).fetchone()[0]
+        writer.execute(EMIT, (30,))
+        drain(relay, 10)
+        move_floor_past(relay, conn, conn.execute("SELECT max(id) FROM outbox.events").fetchone()[0] - 1)
+        assert claim_floor(conn) > old_id
+
+        def claimed(lease: str) -> list[tuple[str, int]]:
+            return relay.execute("SELECT event_id, id FROM outbox.claim('t', 10, %s::interval)", (lease,)).fetchall()
+
+        first = wait_for(lambda: claimed("1 second"), 30, "the scheduled event to fall due", interval=0.1)
+        assert [e for e, _ in first] == [event_id] and first[0][1] > old_id
+        again = wait_for(lambda: claimed("30 seconds"), 30, "its lease to expire", interval=0.1)
+        assert again == first
 
 
 def test_oldest_snapshots_names_the_holder_but_not_its_query(database_url):
