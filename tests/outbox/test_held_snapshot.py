@@ -125,6 +125,18 @@ def drain(relay: psycopg.Connection, batch: int) -> int:
             done += relay.execute("SELECT outbox.mark_published(%s, %s)", (token, ids)).fetchone()[0]
 
 
+def clean_table_figures(writer: psycopg.Connection, relay: psycopg.Connection, notes: list[str]) -> tuple[int, int]:
+    """The buffers a claim of 10 and its mark read on a table whose 100 events
+    were all published; notes collect the relay's auto_explain notices."""
+    relay.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+    writer.execute(EMIT, (100,))
+    drain(relay, 100)
+    writer.execute(EMIT, (20,))
+    claim, mark = claim_buffers(relay, notes), mark_buffers(relay, notes)
+    drain(relay, 100)
+    return claim, mark
+
+
 @pytest.mark.slow
 def test_a_claim_and_its_mark_past_200000_dead_entries_read_as_many_buffers_as_on_a_clean_table(
     database_url, relay_url
@@ -136,13 +148,7 @@ def test_a_claim_and_its_mark_past_200000_dead_entries_read_as_many_buffers_as_o
         psycopg.connect(writer_url, autocommit=True) as writer,
         psycopg.connect(relay_url, autocommit=True) as relay,
     ):
-        relay.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
-        writer.execute(EMIT, (100,))
-        drain(relay, 100)
-        writer.execute(EMIT, (20,))
-        clean = claim_buffers(relay, notes)
-        clean_mark = mark_buffers(relay, notes)
-        drain(relay, 100)
+        clean, clean_mark = clean_table_figures(writer, relay, notes)
 
         with held_snapshot(database_url):
             writer.execute(EMIT, (100_000,))
@@ -310,12 +316,7 @@ def test_scheduled_events_waiting_neither_hold_the_floor_nor_lengthen_a_claim(da
         psycopg.connect(writer_url, autocommit=True) as writer,
         psycopg.connect(relay_url, autocommit=True) as relay,
     ):
-        relay.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
-        writer.execute(EMIT, (100,))
-        drain(relay, 100)
-        writer.execute(EMIT, (20,))
-        clean = claim_buffers(relay, notes)
-        drain(relay, 100)
+        clean, _ = clean_table_figures(writer, relay, notes)
 
         writer.execute(SCHEDULE, (timedelta(days=1), 20_000))
         writer.execute(EMIT, (100,))
