@@ -1246,7 +1246,9 @@ COMMENT ON FUNCTION inbox.record_error(uuid, text, text, boolean, interval) IS
 -- ---- backfill: a handler that joins late replays the outbox's history
 
 -- generated from sql/68_backfill.sql: outbox.backfill_span
--- What the outbox holds of a handler's subjects in [from_at, until_at): how
+-- What the outbox holds of a handler's subjects in [from_at, until_at) (a
+-- scheduled event not yet due left out, as backfill_page leaves it; the later
+-- events of its key are counted, though that page holds them back): how
 -- many events, the first and last created_at among them, and the oldest
 -- created_at the outbox keeps at all (older days were archived and dropped:
 -- a range starting before it is not whole here). The plan the command prints
@@ -1268,7 +1270,8 @@ BEGIN
     SELECT count(*), min(e.created_at), max(e.created_at), (SELECT min(k.created_at) FROM outbox.events AS k)
     FROM outbox.events AS e
     WHERE e.subject = ANY(backfill_span.subjects)
-        AND e.created_at >= backfill_span.from_at AND e.created_at < backfill_span.until_at;
+        AND e.created_at >= backfill_span.from_at AND e.created_at < backfill_span.until_at
+        AND NOT (e.status = 'PENDING' AND e.claimed_at IS NULL AND e.available_at > now());
 END;
 $$;
 COMMENT ON FUNCTION outbox.backfill_span(text[], timestamptz, timestamptz) IS
@@ -1278,10 +1281,14 @@ COMMENT ON FUNCTION outbox.backfill_span(text[], timestamptz, timestamptz) IS
 -- generated from sql/68_backfill.sql: outbox.backfill_page
 -- One page of a backfill: the events of the handler's subjects created in
 -- [from_at, until_at) with an id above after_id, in id order, whatever their
--- status. Id order is emit order within an ordering key (outbox.emit holds
--- the key's lock until commit), so a backfill that delivers pages in order,
--- one event after the other, keeps every key's order; after_id is the
--- resume point. The columns are those the relay publishes (wire.to_nats).
+-- status, but one: a scheduled event not yet due is no history yet. It and
+-- the later events of its key are left out (they would reach the handler
+-- before their time, or before it); the relay publishes them when it falls
+-- due, and the handler's consumer takes them then. Id order is emit order
+-- within an ordering key (outbox.emit holds the key's lock until commit), so
+-- a backfill that delivers pages in order, one event after the other, keeps
+-- every key's order; after_id is the resume point. The columns are those the
+-- relay publishes (wire.to_nats).
 CREATE OR REPLACE FUNCTION outbox.backfill_page(
     subjects text[],
     from_at timestamptz,
@@ -1327,6 +1334,16 @@ BEGIN
     WHERE e.id > backfill_page.after_id
         AND e.subject = ANY(backfill_page.subjects)
         AND e.created_at >= backfill_page.from_at AND e.created_at < backfill_page.until_at
+        AND NOT (e.status = 'PENDING' AND e.claimed_at IS NULL AND e.available_at > now())
+        AND NOT (
+            e.ordering_key IS NOT NULL AND EXISTS (
+                SELECT 1
+                FROM outbox.events AS k
+                -- (status <> 'COMPLETED': events_unfinished_key_idx's predicate)
+                WHERE k.ordering_key = e.ordering_key AND k.id < e.id AND k.status <> 'COMPLETED'
+                    AND k.status = 'PENDING' AND k.claimed_at IS NULL AND k.available_at > now()
+            )
+        )
     ORDER BY e.id
     LIMIT backfill_page.page_size;
 END;
