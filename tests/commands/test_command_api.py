@@ -92,7 +92,11 @@ def test_a_retry_gets_the_first_answer_and_starts_nothing(start_api, database_ur
 
 
 def test_a_retry_fired_while_the_first_is_running_waits_and_gets_the_same_run(start_api, database_url):
-    base = start_api(1.5)
+    # The first request holds its transaction 20 s: the retry must reach the
+    # database inside that window. With 1.5 s a quiet clean-clone run (9
+    # workers on 2 cores, load 8) once saw the first commit before the retry
+    # asked, and no lock wait ever came.
+    base = start_api(20)
     answers: dict[str, tuple[int, dict]] = {}
     first = threading.Thread(target=lambda: answers.__setitem__("first", post(base, "cmd-1")))
     first.start()
