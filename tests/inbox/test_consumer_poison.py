@@ -259,7 +259,9 @@ async def test_healthz_fails_when_a_fetch_loop_is_dead(tmp_path, database_url, n
             assert (await asyncio.to_thread(_get, consumer.health.port, "/healthz"))[0] == 200
             loop = consumer._loops[0]
             loop.cancel()
-            await asyncio.gather(loop, return_exceptions=True)  # the loop has ended, not a pause that may fall short
+            # The loop has ended, not a pause that may fall short; bounded, so
+            # that a cancellation the loop loses fails here rather than hangs.
+            await asyncio.wait_for(asyncio.gather(loop, return_exceptions=True), 30)
             status, health = await asyncio.to_thread(_get, consumer.health.port, "/healthz")
     assert status == 503 and health["problems"] == ["1 fetch loop(s) ended"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pgoutbox.core.stopping import sleep, until_stopped
+from pgoutbox.core.stopping import sleep, until_stopped, wait_set
 
 
 async def test_a_stop_ends_an_awaitable_that_swallows_the_first_cancellation():
@@ -47,3 +47,23 @@ async def test_a_sleep_ends_at_the_stop():
     asyncio.get_running_loop().call_later(0.05, stopping.set)
     assert await asyncio.wait_for(sleep(30, stopping), 5) is False
     assert await sleep(0.01, asyncio.Event()) is True
+
+
+async def test_wait_set_answers_whether_the_event_was_set_in_time():
+    event = asyncio.Event()
+    assert await wait_set(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await wait_set(event, 5) is True
+    assert await wait_set(event, 0) is True  # already set: no wait at all
+
+
+async def test_a_cancellation_that_lands_as_the_event_is_set_is_raised_not_lost():
+    # asyncio.wait_for on Python 3.11 returns True here and the task runs on:
+    # a fetch loop cancelled that way never ended and its awaiter hung.
+    event = asyncio.Event()
+    waiting = asyncio.create_task(wait_set(event, 10))
+    await asyncio.sleep(0)  # the task now waits on the event
+    event.set()
+    waiting.cancel()  # in the same loop iteration
+    done, _ = await asyncio.wait({waiting}, timeout=5)
+    assert done and waiting.cancelled()

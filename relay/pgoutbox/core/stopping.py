@@ -27,12 +27,24 @@ async def until_stopped(aw: Awaitable[Any], stopping: asyncio.Event) -> bool:
     return False
 
 
+async def wait_set(event: asyncio.Event, seconds: float | None) -> bool:
+    """Waits up to `seconds` for `event`; True when it is set.
+
+    Not asyncio.wait_for: on Python 3.11 it returns the result of an event
+    set in the same loop iteration as a cancellation, and the cancellation is
+    lost; a loop that waits that way then runs on after its task was
+    cancelled, and whoever awaits the task waits forever. asyncio.timeout
+    waits in the task itself, so the cancellation is raised."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 async def sleep(seconds: float, stopping: asyncio.Event) -> bool:
     """Sleeps unless `stopping` is set first; True when the whole sleep passed."""
-    if stopping.is_set():
-        return False
-    try:
-        await asyncio.wait_for(stopping.wait(), seconds)
-    except TimeoutError:
-        return True
-    return False
+    return not await wait_set(stopping, seconds)

@@ -55,7 +55,6 @@ reported exactly once to the consumer, which gives back its slot.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -71,7 +70,7 @@ from pgoutbox.core import cloudevents, db, tracing
 from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
 from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, PolicyViolation, SqlState, one_line
 from pgoutbox.core.gate import Gate, Outage
-from pgoutbox.core.stopping import sleep
+from pgoutbox.core.stopping import sleep, wait_set
 from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
 from pgoutbox.inbox import batch as batches
 from pgoutbox.inbox import dlq
@@ -177,8 +176,7 @@ class Heartbeat:
     async def run(self) -> None:
         """Until cancelled: also while the consumer drains its in-flight messages."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._shorter.wait(), self._tick)
+            await wait_set(self._shorter, self._tick)
             self._shorter.clear()
             now = time.monotonic()
             late = [(key, msg, interval) for key, (msg, due, interval) in self._due.items() if due <= now]

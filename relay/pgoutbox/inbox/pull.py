@@ -27,6 +27,8 @@ from typing import Any
 
 import nats.errors
 
+from pgoutbox.core.stopping import wait_set
+
 # Beyond the request's own expiry: how long to wait for its 408 before
 # taking the request as lost (a reconnect drops pending pull requests).
 _GRACE = 1.0
@@ -94,9 +96,7 @@ class Puller:
             if left <= 0:
                 break
             self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), left)
-            except TimeoutError:
+            if not await wait_set(self._arrived, left):
                 break
         self._ended.discard(reply)
 

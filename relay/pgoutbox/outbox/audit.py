@@ -60,6 +60,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import db
 from pgoutbox.core.errors import ConfigError, SchemaMismatch, wrap_exceptions
+from pgoutbox.core.stopping import wait_set
 from pgoutbox.core.wire import MSG_ID
 
 # The stream-info error JetStream answers for a stream that does not exist.
@@ -426,8 +427,7 @@ async def _stream_pass(
     try:
         await pull()
         while not done.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), 1.0)
+            await wait_set(done, 1.0)
             if nc.is_closed:
                 raise nats.errors.ConnectionClosedError
             if time.monotonic() - activity[0] > 10:  # a request (or its expiry status) got lost: ask again

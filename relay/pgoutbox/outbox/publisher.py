@@ -40,6 +40,7 @@ from nats.js import JetStreamContext
 from pgoutbox.core import broker, wire
 from pgoutbox.core.cloudevents import DEFAULT_SOURCE
 from pgoutbox.core.errors import BrokerUnavailable
+from pgoutbox.core.stopping import wait_set
 from pgoutbox.core.wire import HEADER_FRAMING, PERMANENT, PublishError, message_size
 
 log = logging.getLogger(__name__)
@@ -184,10 +185,7 @@ class Publisher:
         return self.nc is not None and self.nc.is_connected
 
     async def wait_connected(self, timeout: float | None = None) -> bool:
-        try:
-            await asyncio.wait_for(self._connected.wait(), timeout)
-        except TimeoutError:
-            pass
+        await wait_set(self._connected, timeout)
         return self.connected
 
     async def connect(self) -> None:
