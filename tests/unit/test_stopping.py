@@ -62,7 +62,7 @@ async def test_a_cancellation_that_lands_as_the_event_is_set_is_raised_not_lost(
     # a fetch loop cancelled that way never ended and its awaiter hung.
     event = asyncio.Event()
     waiting = asyncio.create_task(wait_set(event, 10))
-    await asyncio.sleep(0)  # the task now waits on the event
+    await asyncio.sleep(0)  # not a race: one loop turn runs the ready task to its wait on the event
     event.set()
     waiting.cancel()  # in the same loop iteration
     done, _ = await asyncio.wait({waiting}, timeout=5)
