@@ -72,7 +72,11 @@ def test_the_ledger_check_catches_a_consumer_that_acks_first(tmp_path):
     anchor = "        delivery = msg.metadata.num_delivered\n"
     assert anchor in text, "inbox/flow.py MessageFlow.handle changed: update the sabotage"
     # Acks first, then takes its time to record: a kill lands in that window.
-    sabotage = "        await msg.ack()  # SABOTAGE: ack before the inbox\n        await asyncio.sleep(0.5)\n"
+    # 50 ms a message: admission goes message by message, and at 0.5 s the
+    # drain after the load (15 messages/s) outlasted the 5-minute wait for
+    # quiescence; at 50 ms the run is over in about a minute, and each of its
+    # four kills still finds messages in the window.
+    sabotage = "        await msg.ack()  # SABOTAGE: ack before the inbox\n        await asyncio.sleep(0.05)\n"
     flow.write_text(text.replace(anchor, anchor + sabotage, 1))
     # Consumer kills only, at a rate that keeps messages in flight at each
     # one: what an acked message in flight becomes is the point. No poison
