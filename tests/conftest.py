@@ -23,7 +23,7 @@ from pgoutbox.core import migrate as migrate_mod
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from support.archival import TEST_JVM_OPTIONS
 from support.inbox import FakeHandler
-from support.scheduling import ChainReport, LongestChainFirst, longest_chain_first
+from support.scheduling import ChainReport, LongestChainFirst, cpu_seconds, longest_chain_first
 from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,6 +119,17 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 _chains = ChainReport()
+_cpu_mark = [cpu_seconds()]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    # The CPU since the previous phase's report, on the report (xdist
+    # carries a report's attributes to the controller's ChainReport).
+    report = yield
+    now = cpu_seconds()
+    report.cpu, _cpu_mark[0] = now - _cpu_mark[0], now
+    return report
 
 
 def pytest_runtest_logreport(report):

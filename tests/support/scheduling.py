@@ -27,6 +27,7 @@ tests/README.md gives."""
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from typing import Any
 
@@ -105,16 +106,34 @@ class LongestChainFirst(LoadGroupScheduling):
         node.send_runtest_some([collection.index(nodeid) for nodeid, done in unit.items() if not done])
 
 
+def cpu_seconds() -> float:
+    """CPU this process and its waited-for children have used: a test's
+    commands, Spark jobs and chaos runs (subprocess.run waits for them, and
+    they for theirs); not the servers a fixture detaches (PostgreSQL, NATS)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class ChainReport:
-    """Durations added up per group and per worker, from the controller's reports."""
+    """Durations (and CPU, where a worker measured it: `cpu` on the report)
+    added up per group and per worker, from the controller's reports; on a
+    machine whose cores are all busy, CPU is what a shorter run must take
+    away, not wall time."""
+
+    TOP = 15  # tests listed by CPU
 
     def __init__(self) -> None:
         self.chains: dict[str, float] = defaultdict(float)
         self.tests: dict[str, int] = defaultdict(int)
         self.workers: dict[str, float] = defaultdict(float)
+        self.chain_cpu: dict[str, float] = defaultdict(float)
+        self.test_cpu: dict[str, float] = defaultdict(float)
 
     def add(self, report: Any) -> None:
         group = group_of(report.nodeid)
+        cpu = getattr(report, "cpu", 0.0)
+        self.chain_cpu[group or "(no group)"] += cpu
+        self.test_cpu[report.nodeid] += cpu
         if group:
             self.chains[group] += report.duration
             self.tests[group] += report.when == "call"
@@ -124,9 +143,13 @@ class ChainReport:
 
     def lines(self) -> list[str]:
         out = [
-            f"{name:24} {self.chains[name]:7.0f} s  {self.tests[name]:3} tests" for name in self._longest(self.chains)
+            f"{name:24} {self.chains[name]:7.0f} s  {self.tests[name]:3} tests  {self.chain_cpu[name]:6.0f} s cpu"
+            for name in self._longest(self.chains)
         ]
+        out.append(f"{'(no group)':24} {'':9}  {'':9}  {self.chain_cpu['(no group)']:6.0f} s cpu")
         out.append("worker busy: " + ", ".join(f"{w} {self.workers[w]:.0f} s" for w in sorted(self.workers)))
+        out.append(f"CPU of the tests and their waited commands: {sum(self.test_cpu.values()):.0f} s; the most:")
+        out += [f"  {self.test_cpu[t]:6.1f} s  {t}" for t in self._longest(self.test_cpu)[: self.TOP]]
         return out
 
     @staticmethod

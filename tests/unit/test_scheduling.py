@@ -149,7 +149,18 @@ def test_every_outage_group_is_ranked_and_the_report_adds_up_chains():
     report = ChainReport()
     node = SimpleNamespace(gateway=SimpleNamespace(id="gw0"))
     for when, duration in (("setup", 1.0), ("call", 30.0), ("teardown", 2.0)):
-        report.add(SimpleNamespace(nodeid="t.py::test_x@chaos", duration=duration, when=when, node=node))
-    report.add(SimpleNamespace(nodeid="t.py::test_y", duration=4.0, when="call", node=node))
+        report.add(SimpleNamespace(nodeid="t.py::test_x@chaos", duration=duration, when=when, node=node, cpu=3.0))
+    report.add(SimpleNamespace(nodeid="t.py::test_y", duration=4.0, when="call", node=node, cpu=10.0))
+    report.add(SimpleNamespace(nodeid="t.py::test_z", duration=1.0, when="call", node=node))  # measured nowhere
     assert report.chains == {"chaos": 33.0} and report.tests["chaos"] == 1
-    assert report.lines()[-1] == "worker busy: gw0 37 s"
+    assert report.chain_cpu == {"chaos": 9.0, "(no group)": 10.0}
+    lines = report.lines()
+    assert lines[0].split() == ["chaos", "33", "s", "1", "tests", "9", "s", "cpu"]
+    assert lines[1].split() == ["(no", "group)", "10", "s", "cpu"]
+    assert lines[2] == "worker busy: gw0 38 s"
+    assert lines[3:] == [
+        "CPU of the tests and their waited commands: 19 s; the most:",
+        "    10.0 s  t.py::test_y",
+        "     9.0 s  t.py::test_x@chaos",
+        "     0.0 s  t.py::test_z",
+    ]
