@@ -48,10 +48,10 @@ _counter = itertools.count()
 #   spark-ops, spark: the tests on a SparkSession (a JVM on 2 cores, 20-30 s to
 #                  start, one per worker that needs it), in two groups: one
 #                  would be the run's longest chain;
-#   spark-jobs:    Spark jobs run as commands (`pgoutbox archive` and
-#                  `backfill` from an archive, spark-submit), which start JVMs
-#                  of their own: in the `spark` chain they made it the run's
-#                  longest (694 s, 349 of them theirs);
+#                  The Spark jobs run as commands (`pgoutbox archive`, backfill
+#                  from an archive, spark-submit) stay in `spark`: a chain of
+#                  their own ran beside the others, and every JVM started
+#                  slower on the two busy cores (the server tier 728 -> 1,075 s);
 #   install:       PGXS installs the extension into the one PostgreSQL installation;
 #   browser:       the console's tests: headless Chromium processes, and the
 #                  password-checking PostgreSQL they share (tests/console/conftest.py).
@@ -70,7 +70,6 @@ _GROUPS = {
     "tests/outbox/test_held_snapshot.py": "outage",
     "tests/archival/test_archive_cluster.py": "spark-cluster",
     "tests/archival/test_archive_operations.py": "spark-ops",
-    "tests/backfill/test_backfill_sources.py": "spark-jobs",
     "tests/install/": "install",
     "tests/console/": "browser",
     "tests/outbox/test_jetstream_away.py": "jetstream-away",

@@ -209,7 +209,6 @@ def test_report_matches_sql_over_archive_and_live(spark, conn, database_url, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("spark-jobs")  # its own JVMs, not the session's (tests/conftest.py)
 def test_the_same_job_runs_under_spark_submit(conn, database_url, tmp_path):
     day = today() - timedelta(days=10)
     events(conn, day, 30, context="sea")

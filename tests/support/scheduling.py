@@ -41,7 +41,6 @@ CHAINS = (
     "handler-outage",
     "outage",
     "chaos-check",
-    "spark-jobs",
     "chaos",
     "spark",
     "spark-cluster",
