@@ -22,6 +22,7 @@ from _pytest.nodeid import NodeId
 from pgoutbox.core import migrate as migrate_mod
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from support.archival import TEST_JVM_OPTIONS
+from support.census import Census
 from support.inbox import FakeHandler
 from support.scheduling import ChainReport, LongestChainFirst, cpu_seconds, longest_chain_first
 from support.waiting import wait_for
@@ -135,10 +136,25 @@ def pytest_runtest_logreport(report):
     _chains.add(report)
 
 
+_census: list[Census] = []
+
+
+def pytest_configure(config):
+    # The main process of an xdist run: what every process of the run used.
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", default=None):
+        _census.append(Census())
+        _census[0].start()
+
+
 def pytest_terminal_summary(terminalreporter):
     if _chains.workers:  # the controller of an xdist run
         terminalreporter.write_sep("-", "chains (each group's tests added up) and workers' busy time")
         for line in _chains.lines():
+            terminalreporter.write_line(line)
+    if _census:
+        _census[0].stop()
+        terminalreporter.write_sep("-", "CPU by kind of process, every process started after pytest (support.census)")
+        for line in _census[0].lines():
             terminalreporter.write_line(line)
 
 
