@@ -28,6 +28,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def hold_ports(*ports: int) -> list[socket.socket]:
+    """Keeps the ports of a server that is down for the server: a socket bound
+    to each, not listening (a client is refused as before), which the
+    kernel's ephemeral ports and free_port() then step over. Without it, in
+    a restart minutes later, the port could have become another process's:
+    a cluster node lost its 5-minute outage's restart that way. The server
+    binds again over it (SO_REUSEADDR on both sides, and this one never
+    listens); release_ports closes them first all the same."""
+    held = []
+    for port in ports:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:  # someone has it already: nothing left to keep
+            s.close()
+            continue
+        held.append(s)
+    return held
+
+
+def release_ports(held: list[socket.socket]) -> None:
+    for s in held:
+        s.close()
+    held.clear()
+
+
 def _as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
@@ -70,6 +97,7 @@ class EmbeddedPostgres:
     root: Path
     port: int = 0
     settings: dict[str, str] = field(default_factory=dict)
+    held: list[socket.socket] = field(default_factory=list, repr=False)  # the port, while stopped
 
     @property
     def datadir(self) -> Path:
@@ -117,6 +145,7 @@ class EmbeddedPostgres:
         if self.running():
             self._pg_ctl("stop", "-m", "fast")
         self.port = self.port or free_port()
+        release_ports(self.held)
         options = {
             "port": str(self.port),
             "listen_addresses": "127.0.0.1",
@@ -131,6 +160,7 @@ class EmbeddedPostgres:
     def stop(self, mode: str = "fast") -> None:
         if self.running():
             self._pg_ctl("stop", "-m", mode, "-w")
+            self.held = hold_ports(self.port)
 
     def reload(self) -> None:
         """Re-reads pg_hba.conf and postgresql.conf (pg_ctl reload)."""
@@ -149,6 +179,7 @@ class EmbeddedNats:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     extra_args: list[str] = field(default_factory=list)
+    held: list[socket.socket] = field(default_factory=list, repr=False)  # the port, while stopped
 
     @property
     def url(self) -> str:
@@ -161,6 +192,7 @@ class EmbeddedNats:
     def start(self) -> str:
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
+        release_ports(self.held)
         offset = self.log.stat().st_size if self.log.exists() else 0
         self.process = subprocess.Popen(
             [
@@ -202,6 +234,7 @@ class EmbeddedNats:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+            self.held = hold_ports(self.port)
         self.process = None
 
     def restart(self) -> None:

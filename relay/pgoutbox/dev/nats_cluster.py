@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import nats
 import nats.js.errors
 from nats.js.api import ClusterInfo
 
-from .embedded import EmbeddedNats, free_port
+from .embedded import EmbeddedNats, free_port, hold_ports, release_ports
 from .tcp_proxy import TcpProxy
 
 CLUSTER_NAME = "pgoutbox"
@@ -62,6 +63,7 @@ class NatsCluster:
     route_ports: list[int] = field(default_factory=list)
     proxies: dict[tuple[int, int], TcpProxy] = field(default_factory=dict)
     monitor_ports: list[int] = field(default_factory=list)
+    held: dict[int, list[socket.socket]] = field(default_factory=dict, repr=False)  # a killed node's ports
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -114,6 +116,7 @@ class NatsCluster:
         return self.urls
 
     def start_node(self, i: int) -> None:
+        release_ports(self.held.pop(i, []))
         self.nodes[i].start()
 
     def wait_for_jetstream(self, timeout: float = 30) -> None:
@@ -167,6 +170,8 @@ class NatsCluster:
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGKILL)
             process.wait()
+            # Its client, route and monitor ports stay its own until it starts again.
+            self.held[i] = hold_ports(self.nodes[i].port, self.route_ports[i], self.monitor_ports[i])
         self.nodes[i].process = None
 
     def restart(self, i: int) -> None:
@@ -187,6 +192,10 @@ class NatsCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+            release_ports(node.held)
+        for held in self.held.values():
+            release_ports(held)
+        self.held.clear()
         for proxy in self.proxies.values():
             proxy.close()
 
