@@ -7,6 +7,8 @@ tests/cli/test_command_errors.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 
 import nats
@@ -290,3 +292,20 @@ def test_an_unexpected_exception_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(status, "run", broken)
     with pytest.raises(KeyError):
         cli.main(["status"])
+
+
+def test_each_command_name_is_its_module_and_a_command_imports_only_itself():
+    assert [mod.COMMAND for mod in cli.COMMANDS] == list(cli.COMMAND_NAMES)
+    # In a fresh interpreter: `pgoutbox status` parses its line without nats-py
+    # or httpx, and `pgoutbox --help` lists every command.
+    probe = (
+        "import sys; from pgoutbox.cli import main as cli; "
+        "cli.build_parser(cli._chosen(['status', '--json'])).parse_args(['status']); "
+        "print(sorted(m for m in ('nats', 'httpx', 'pgoutbox.cli.relay') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    assert cli._chosen(["--version"]) is None and cli._chosen(["nosuch"]) is None
+    assert cli._chosen(["dead-letters", "list"]) == "dead-letters"
+    helped = subprocess.run([sys.executable, "-m", "pgoutbox.cli.main", "--help"], capture_output=True, text=True)
+    assert all(name in helped.stdout for name in cli.COMMAND_NAMES), helped.stdout

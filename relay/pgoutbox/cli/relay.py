@@ -8,9 +8,11 @@ import difflib
 import logging
 import os
 import signal
+from collections.abc import Callable
 
 from pgoutbox.cli import event_loop
 from pgoutbox.core import logs as json_logs
+from pgoutbox.core.settings import Setting
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox.relay import OutboxRelay
 
@@ -34,16 +36,22 @@ def run(cfg: relay_settings.RelayConfig, args: argparse.Namespace) -> int:
     }
     try:
         json_logs.setup(cfg.log_level)
-        _warn_unknown_variables({s.env for group in args.settings_groups.values() for s in group})
+        _warn_unknown_variables(args.settings_groups)
         return event_loop.run(_main(cfg, early))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _warn_unknown_variables(known: set[str]) -> None:
+def _warn_unknown_variables(all_settings: Callable[[], dict[str, tuple[Setting, ...]]]) -> None:
     """An OUTBOX_* variable no command knows is a typo or a stale name: it
-    would otherwise be ignored without a word."""
+    would otherwise be ignored without a word. (The other commands' settings,
+    which import every command, are read only when the relay's own do not
+    account for a variable.)"""
+    own = {s.env for s in SETTINGS}
+    if all(k in own for k in os.environ if k.startswith("OUTBOX_")):
+        return
+    known = {s.env for group in all_settings().values() for s in group}
     for name in sorted(k for k in os.environ if k.startswith("OUTBOX_") and k not in known):
         close = difflib.get_close_matches(name, known, n=1)
         log.warning(

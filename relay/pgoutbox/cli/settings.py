@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
-    groups = args.settings_groups
+    groups = args.settings_groups()
     if args.markdown:
         print(settings.markdown_table(groups))
     else:
