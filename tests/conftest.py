@@ -45,10 +45,12 @@ _counter = itertools.count()
 #   outage:        kills, outages and failovers under load, whose timeouts a
 #                  starved machine would trip; and the 200,000 dead row
 #                  versions of the held-snapshot test (a CPU-heavy minute);
-#   spark-cluster: the standalone Spark cluster (master, workers, spark-submit);
 #   spark-ops, spark: the tests on a SparkSession (a JVM on 2 cores, 20-30 s to
 #                  start, one per worker that needs it), in two groups: one
-#                  would be the run's longest chain;
+#                  would be the run's longest chain. The standalone Spark
+#                  cluster's test (master, workers, spark-submit) is in
+#                  spark-ops: it reads the archive back through that chain's
+#                  SparkSession, where a chain of its own started a third;
 #                  The Spark jobs run as commands (`pgoutbox archive`, backfill
 #                  from an archive, spark-submit) stay in `spark`: a chain of
 #                  their own ran beside the others, and every JVM started
@@ -69,7 +71,7 @@ _GROUPS = {
     "tests/inbox/test_consumer_crash.py": "outage",
     "tests/outbox/test_relay_processes.py": "outage",
     "tests/outbox/test_held_snapshot.py": "outage",
-    "tests/archival/test_archive_cluster.py": "spark-cluster",
+    "tests/archival/test_archive_cluster.py": "spark-ops",
     "tests/archival/test_archive_operations.py": "spark-ops",
     "tests/install/": "install",
     "tests/console/": "browser",

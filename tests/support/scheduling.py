@@ -43,7 +43,6 @@ CHAINS = (
     "chaos-check",
     "chaos",
     "spark",
-    "spark-cluster",
     "spark-ops",
     "chaos-cluster-faults",
     "browser",
