@@ -24,7 +24,8 @@ demo: setup ## Run the demo on an embedded PostgreSQL + NATS under .data/
 	@$(PY) -m pgoutbox.dev.demo
 
 test: setup ## Run the whole test suite: the unit tier first (seconds), then pgTAP and pytest on real PostgreSQL and NATS (WORKERS=n)
-	@$(PYTEST) -q tests/unit
+	@# The Spark JVMs' class archive (tests/support/jvm_archive.py) on the other core meanwhile.
+	@$(PY) tests/support/jvm_archive.py & archive=$$!; $(PYTEST) -q tests/unit; unit=$$?; wait $$archive; exit $$unit
 	@$(PYTEST) -q $(XDIST) --durations=25 --ignore=tests/unit
 
 test/unit: setup ## The unit tier only: no server, in-memory fakes (seconds)

@@ -20,6 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgoutbox.dev.embedded import free_port
+from support import jvm_archive
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 VENV_BIN = Path(sys.executable).parent
@@ -34,9 +35,10 @@ SPARK_DEADLINE = 1800
 # optimising compiler's threads, compiling for a long life, nearly doubled
 # their CPU (a short local session: 41.8 against 23.1 s, 2026-11-29) on a
 # machine of 2 cores that the whole suite shares. How fast the JVM runs, not
-# what Spark or pgoutbox do. tests/conftest.py sets them for every Spark
-# process the suite starts.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# what Spark or pgoutbox do. With them, the class archive `make test` builds
+# (support.jvm_archive). tests/conftest.py sets them for every Spark process
+# the suite starts.
+TEST_JVM_OPTIONS = jvm_archive.options()
 
 
 def spark_home() -> Path:
