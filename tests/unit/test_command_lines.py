@@ -7,6 +7,7 @@ tests/cli/test_command_errors.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -309,3 +310,21 @@ def test_each_command_name_is_its_module_and_a_command_imports_only_itself():
     assert cli._chosen(["dead-letters", "list"]) == "dead-letters"
     helped = subprocess.run([sys.executable, "-m", "pgoutbox.cli.main", "--help"], capture_output=True, text=True)
     assert all(name in helped.stdout for name in cli.COMMAND_NAMES), helped.stdout
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`pgoutbox settings | head -1`: exit 141 and nothing on stderr, not a
+    BrokenPipeError traceback. The reader is gone before the command writes
+    (its end of the pipe closed first), so every write meets the closed pipe."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from pgoutbox.cli.main import entry; entry()", "settings"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, b"")

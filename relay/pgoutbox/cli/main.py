@@ -205,8 +205,14 @@ def entry() -> NoReturn:  # pragma: no cover - the process itself ends here
     own does first (wait for the non-daemon threads, run the atexit handlers,
     flush the logs and the console) and skips the teardown. An exception
     main() lets escape (a bug) ends the process the usual way, traceback
-    first."""
-    code = main()
+    first. A reader of the output that stops early (`pgoutbox settings |
+    head`) ends the command quietly, as it ends `cat`: exit 141, no
+    traceback."""
+    try:
+        code = main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush writes nowhere
+        code = 141  # 128 + SIGPIPE, what a shell reports for a command its pipe's reader left
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
