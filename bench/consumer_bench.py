@@ -601,6 +601,21 @@ def _loop(fn, n: int, **kwargs):
     return run
 
 
+# --paced: the hand-written inbox loop in a moderate rate's rhythm (500/s reaches a
+# consumer lingering 10 ms as fetches of about 5), against the same loop saturated:
+# the least CPU per message a consumer built on these parts pays at that rate, per
+# message of its saturated cost.
+PACED_FETCH, PACED_PAUSE = 5, 0.010
+
+
+def _ratio(key: str, got: dict[str, dict[str, float]]) -> str:
+    if key == "ref":
+        return ""
+    if key == "paced":
+        return f"= CPU {got[key]['cpu_us'] / got['ref']['cpu_us']:4.2f} x saturated"
+    return f"= {got[key]['rate'] / got['ref']['rate']:4.2f} x hand-written"
+
+
 def _gline(name: str, r: dict[str, float], ratio: str = "") -> None:
     print(
         f"  {name:44s} {r['rate']:7,.0f} msg/s {ratio:28s} | Python {r['cpu_us']:5.0f}  PostgreSQL"
@@ -627,6 +642,8 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
         "ref": "hand-written inbox (INSERT, POST, UPDATE)",
         "consume": "pgoutbox consume, defaults",
     }
+    if args.paced:
+        names["paced"] = f"hand-written inbox, fetches of {PACED_FETCH} {PACED_PAUSE * 1000:g} ms apart"
     before = None
     if args.before:
         before = _before_package(Path(tempfile.mkdtemp(prefix="pgoutbox-before-")), args.before)
@@ -663,6 +680,23 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
                 handler_pid,
             ),
         }
+        if args.paced:
+            got["paced"] = await _reference(
+                js,
+                f"g_paced{r}",
+                _loop(
+                    reference_loops.hand_written_inbox,
+                    n // 4,
+                    url=url,
+                    database_url=pg.url,
+                    concurrency=CONCURRENCY,
+                    batch=PACED_FETCH,
+                    handler=f"g_paced{r}",
+                    pause=PACED_PAUSE,
+                ),
+                pg,
+                handler_pid,
+            )
         # This checkout and --before take turns at going first: the second of
         # two back-to-back drains came out ~14 % faster in an A/A run.
         order = ["consume", "before"] if before is not None else ["consume"]
@@ -681,14 +715,13 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
         rounds.append(got)
         print(f" round {r}: {machine.steal_since(ticks)}; {machine.load()}")
         for key, name in names.items():
-            ratio = f"= {got[key]['rate'] / got['ref']['rate']:4.2f} x hand-written" if key != "ref" else ""
-            _gline(name, got[key], ratio)
+            _gline(name, got[key], _ratio(key, got))
     print(f" median of {len(rounds)} round(s):")
     for key, name in names.items():
         median = {m: statistics.median(g[key][m] for g in rounds) for m in rounds[0][key]}
-        ratios = [g[key]["rate"] / g["ref"]["rate"] for g in rounds]
-        ratio = f"= {statistics.median(ratios):4.2f} x hand-written" if key != "ref" else ""
-        _gline(name, median, ratio)
+        measure = "cpu_us" if key == "paced" else "rate"  # what _ratio divides: the median of each round's ratio
+        ratio = statistics.median(g[key][measure] / g["ref"][measure] for g in rounds)
+        _gline(name, median, _ratio(key, {key: {measure: ratio}, "ref": {measure: 1.0}}))
     for key, side in (("consume", "this"), ("before", "before")):
         if key in names:
             ratio = statistics.median(g[key]["rate"] / g["ref"]["rate"] for g in rounds)
@@ -855,6 +888,11 @@ if __name__ == "__main__":
     parser.add_argument("--only", default="abcdefghij", help="the parts to run (a always)")
     parser.add_argument("--rounds", type=int, default=3, help="(g), (h), (i), (j): interleaved rounds")
     parser.add_argument("--ref-batch", type=int, default=CONCURRENCY, help="(g): fetch size of the reference loops")
+    parser.add_argument(
+        "--paced",
+        action="store_true",
+        help=f"(g): also the hand-written inbox loop fetching {PACED_FETCH} every {PACED_PAUSE * 1000:g} ms",
+    )
     parser.add_argument(
         "--consume-variant",
         action="append",
