@@ -97,9 +97,7 @@ async def measure(db_url: str, nats_url: str, cycles: int, interval: float) -> d
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--cycles", type=int, default=400, help="paced cycles of 5 a round (of 500: a 25th)"
-    )
+    ap.add_argument("--cycles", type=int, default=400, help="paced cycles of 5 a round (of 500: a 25th)")
     ap.add_argument("--interval", default="10ms", help="the pause between paced cycles (the relay's claim interval)")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
