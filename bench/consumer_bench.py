@@ -166,7 +166,7 @@ class _Noop(asyncio.Protocol):
 
 
 def _batch_answer(body: bytes) -> bytes:
-    """A batch handler's 200: every message processed (docs/consumer.md, "Batch handlers")."""
+    """A batch handler's 200: every message processed (docs/handlers.md, "Batch handlers")."""
     results = [{"message_id": m["envelope"]["message_id"], "status": 200} for m in json.loads(body)["messages"]]
     out = json.dumps({"results": results}).encode()
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: keep-alive\r\n\r\n%s" % (len(out), out)
@@ -735,7 +735,7 @@ async def _against_hand_written(args, js, pg: EmbeddedPostgres, url: str, handle
 
 
 # -- (h) the cost of an upcast step ---------------------------------------------
-# tick v1 {"n": i, ...} -> v2 {"count": i, ...}: a renamed field, as in docs/consumer.md.
+# tick v1 {"n": i, ...} -> v2 {"count": i, ...}: a renamed field, as in docs/in-database.md.
 TICK_UPCASTER = """
 CREATE SCHEMA IF NOT EXISTS bench;
 CREATE OR REPLACE FUNCTION bench.tick_v1_v2(p jsonb) RETURNS jsonb

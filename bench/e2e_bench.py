@@ -37,7 +37,7 @@ not), and the hypervisor's steal over the run.
     .venv/bin/python bench/e2e_bench.py [--rates 200,500,1000,2000,3000] [--consumers 1] [--seconds 15]
         [--find-max N] [--code COMMIT,.] [--profile DIR] [--format batch]
 
---format batch: the same manifest with `format = "batch"` (docs/consumer.md, "Batch
+--format batch: the same manifest with `format = "batch"` (docs/handlers.md, "Batch
 handlers"): the handler receives a fetch per request and records each message's arrival
 when the request reaches it, answering 200 for each.
 

@@ -1,6 +1,6 @@
 """A handler of format "batch", runnable, stdlib only: it keeps a running
 total per order of the `total` of each order_created event, and answers one
-result per message (docs/consumer.md, "Batch handlers").
+result per message (docs/handlers.md, "Batch handlers").
 
     python examples/batch_handler.py [--port 8081]
 

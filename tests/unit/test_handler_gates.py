@@ -25,7 +25,7 @@ from pgoutbox.inbox.handler_client import HandlerAnswer
         (HandlerAnswer(422, None, None, 0.1), False),
         (HandlerAnswer(404, None, None, 0.1), False),
         (HandlerAnswer(200, None, None, 0.1), False),
-        (HandlerAnswer(None, "timeout after 5s", None, 5.0), False),  # the message's own: docs/consumer.md
+        (HandlerAnswer(None, "timeout after 5s", None, 5.0), False),  # the message's own: docs/handlers.md
         (HandlerAnswer(None, "connection error: not an HTTP/1.x answer", None, 0.1), False),
     ],
 )

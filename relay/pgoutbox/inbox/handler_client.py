@@ -34,7 +34,7 @@ _TEXT_LIMIT = TEXT_KEPT
 
 # Answers that say the handler cannot take any message now, not what it makes
 # of this one: a proxy with no handler behind it (502, 504), a handler
-# unavailable (503) or throttling its callers (429). docs/consumer.md,
+# unavailable (503) or throttling its callers (429). docs/handlers.md,
 # "A handler that is away", says why 429 is one and a timeout is not.
 AWAY_STATUSES = frozenset({429, 502, 503, 504})
 

@@ -2,8 +2,8 @@
 with a body already serialised, on kept-alive connections, per origin.
 
 Why not httpx: for this request httpx (httpcore, h11, its request and
-response models) cost most of the consumer's CPU per message (docs/consumer.md,
-"What a message costs"); the request here is one `writer.write` of bytes
+response models) cost most of the consumer's CPU per message (docs/benchmarks.md,
+"The consumer bench"); the request here is one `writer.write` of bytes
 built once, and the answer needs only its status, a few headers and the
 start of its body.
 
