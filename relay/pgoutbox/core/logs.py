@@ -31,7 +31,8 @@ def setup(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # httpx logs every request at INFO: far too chatty for a consumer.
+    # httpx logs each request at INFO: the relay's one start-up request to the NATS
+    # monitoring endpoint would be a line that tells an operator nothing.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
