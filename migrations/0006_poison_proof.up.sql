@@ -1,5 +1,5 @@
 -- 0006_poison_proof (up): bad input is refused with a code, and the outbox's
--- invariants hold for its owner too (issue 11).
+-- invariants hold for its owner too.
 --
 --   * emit (the INSERT policy trigger) refuses what no relay could deliver:
 --     times outside 1900-9999 or infinite (TIMESTAMP_OUT_OF_RANGE), header

@@ -1,5 +1,5 @@
 -- 0008_broker_loss_repair (up): repair after the broker lost messages it
--- had acknowledged (`pgoutbox audit --repair`, issue 15).
+-- had acknowledged (`pgoutbox audit --repair`).
 --
 --   * outbox.requeue_completed(event_ids, reason, published_before, row_ids):
 --     COMPLETED -> PENDING, all or nothing, for events the audit found

@@ -1,6 +1,6 @@
 -- 0009_inbox_batches (up): the consumer records a whole fetch in the inbox,
 -- and settles its outcomes, with one call each instead of one call per
--- message (issue 13: the inbox cost far below the HTTP call's).
+-- message (so that the inbox costs far below the HTTP call).
 --
 --   * inbox.receive_batch(handler, message_ids, subjects, envelopes):
 --     inbox.receive() for every message of a fetch, one row back for each;

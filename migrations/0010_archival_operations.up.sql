@@ -1,4 +1,4 @@
--- 0010_archival_operations (up): archival as operators run it (issue 16).
+-- 0010_archival_operations (up): archival as operators run it.
 --
 --   * outbox.archive_seal and outbox.seal_figures(): the row count and
 --     checksum of a sealed partition, taken once right after its seal and

@@ -1,6 +1,6 @@
--- 0011_emit_path (up): what a business transaction pays for outbox.emit()
--- (issue 13), measured by bench/emit_bench.py; docs/relay.md, "What emit
--- costs", has the figures. Every policy, code and guarantee stays.
+-- 0011_emit_path (up): what a business transaction pays for outbox.emit(),
+-- measured by bench/emit_bench.py; docs/relay.md, "What emit costs", has the
+-- figures. Every policy, code and guarantee stays.
 --
 --   * the INSERT policy trigger first tests a row with one small expression
 --     (plpgsql prepares each expression anew in every transaction), and only

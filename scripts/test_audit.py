@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Audits the test suite against its own rules (issue 33) and prints the
-issue's table: the figures when the audit was written, and now.
+"""Audits the test suite against its own rules and prints a table of
+its findings: the figures when the audit was written, and now.
 
     python scripts/test_audit.py            # the table
     python scripts/test_audit.py --list     # every finding, one a line
@@ -52,7 +52,7 @@ OWNER_MARK = "# as owner:"
 RACE_MARK = "# not a race:"
 SQL_OWNER_MARK = "-- as owner:"
 
-# The issue's table (issue 33), and the figures this script gave on main when it was written.
+# The audit's table, and the figures this script gave on main when it was written.
 ROWS = [
     ("helper", "test functions run through shared helpers that change defaults"),
     ("setting", "settings a test changes without a `# not default:` reason"),
@@ -62,7 +62,7 @@ ROWS = [
     ("cannot-fail", "property tests that assert nothing"),
     ("cluster-kind", "cluster fault kinds never run under the ledger"),
 ]
-# `--root` on `git archive 1f20f9b` (main when written); the issue read 91, 19, 122 + 12, 14 of 22, 34, 7, 4 by hand
+# `--root` on `git archive 1f20f9b` (main when written); a count by hand read 91, 19, 122 + 12, 14 of 22, 34, 7, 4
 BEFORE = {
     "helper": 92,
     "setting": 93,

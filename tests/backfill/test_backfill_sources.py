@@ -1,5 +1,5 @@
 """`pgoutbox backfill` over the whole history, from its three sources, with
-real processes (issue 37's must-show): 30 days of events; the archive
+real processes: 30 days of events; the archive
 holds the 20 oldest, archived and dropped by `pgoutbox archive` run as a
 pgoutbox_archiver login on Spark; the outbox keeps the last 10; the
 handler's stream holds the last 2 (published as the relay publishes).

@@ -1,7 +1,7 @@
 """examples/command_api.py end to end: the real process, a real PostgreSQL,
 its login a member of pgoutbox_writer only, requests over HTTP.
 
-Must show (issue 25): 50 parallel duplicates of one command give one workflow
+What it shows: 50 parallel duplicates of one command give one workflow
 run and 50 identical answers; and a retry fired while the first request is
 still running gets the first one's run id."""
 

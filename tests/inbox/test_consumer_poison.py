@@ -1,4 +1,4 @@
-"""No single message stops the consumer (issue 11, points 2, 3 and 6): DLQ
+"""No single message stops the consumer: DLQ
 notices that fit under max_payload, a connection the server closes
 re-established, foreign producers' messages processed with a well-formed
 envelope or sent to `.invalid` with a reason naming the culprit, start-up

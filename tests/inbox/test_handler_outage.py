@@ -1,4 +1,4 @@
-"""A handler process stopped for 5 minutes while events flow (issue 30),
+"""A handler process stopped for 5 minutes while events flow,
 with real processes on the defaults (only addresses and ports set), each
 worker with a least-privileged login: every event reaches the handler
 exactly once after it is back, none is dead-lettered (nor FAILED), no

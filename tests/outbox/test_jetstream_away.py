@@ -1,6 +1,6 @@
 """A single nats-server restarted on the same port without JetStream for 5
 minutes while 100 events are emitted, then back with JetStream and its old
-store (issue 30), with real processes on the defaults: one `pgoutbox relay`
+store, with real processes on the defaults: one `pgoutbox relay`
 as a login granted only pgoutbox_relay (every setting at its default but the
 addresses and the HTTP port), events emitted by a login granted only
 pgoutbox_writer. Every event reaches the stream exactly once, none is

@@ -1,6 +1,6 @@
 """A 3-node JetStream cluster (stream replicas 3) that loses 2 of its nodes,
-the stream's leader among them, for 5 minutes while 100 events are emitted
-(issue 30), with real processes on the defaults (as in
+the stream's leader among them, for 5 minutes while 100 events are emitted,
+with real processes on the defaults (as in
 test_jetstream_away.py): every event reaches the stream exactly once, none is
 dead-lettered, no operator acts; /readyz said why meanwhile; the gauge went
 0, then 1. An xdist group of its own (a chain of about 6 minutes).

@@ -1,7 +1,7 @@
 """A message JetStream refuses (over the stream's max_msg_size, under the
 server's max_payload) is the message's own failure: it still dead-letters
 (MAX_PAYLOAD), and starts no "JetStream away" episode; a relay on the
-defaults as a login granted only pgoutbox_relay (issue 30)."""
+defaults as a login granted only pgoutbox_relay."""
 
 from __future__ import annotations
 

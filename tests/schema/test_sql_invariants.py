@@ -1,7 +1,7 @@
-"""Invariants of issue 11 that need COMMIT or several sessions: the wake-up
+"""Invariants that need COMMIT or several sessions: the wake-up
 throttle one writer cannot change for another, and TRUNCATE / DETACH of a
 partition refused for the table's owner (the superuser that migrated it).
-And of issue 13: emit's shortcuts (one test for a row that breaks no rule,
+And emit's shortcuts (one test for a row that breaks no rule,
 one for plainly fine headers) refuse exactly what the full checks refuse."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/test_audit.py: the suite's own rules (issue 33), counted. A finding
+"""scripts/test_audit.py: the suite's own rules, counted. A finding
 that tests/audit_baseline.txt does not list fails here: a helper or test that
 changes a default without a `# not default: <why>` line, a command under test
 run as the superuser, a pgTAP file that never switches role, a race."""
