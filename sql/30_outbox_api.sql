@@ -298,6 +298,8 @@ DECLARE
     token uuid := gen_random_uuid();
     floor_id bigint;
     released integer := 0;
+    fair boolean;
+    after_tenant text COLLATE "C" := coalesce(current_setting('pgoutbox.claim_after_tenant', TRUE), '');
 BEGIN
     PERFORM outbox._check_text(worker, 'worker', 256);
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > 10000 THEN
@@ -346,33 +348,216 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    -- More ids given out above the floor than this claim takes: a backlog,
+    -- and claiming in id order would serve its tenant alone until it drains.
+    fair := coalesce(pg_sequence_last_value('outbox.events_id_seq'), 0) - (batch_size - released) > floor_id;
+    IF NOT fair THEN
+        RETURN QUERY
+        WITH RECURSIVE heads (ordering_key, id, n) AS (
+            (
+                SELECT k.ordering_key, k.id, 1
+                FROM outbox.events AS k
+                WHERE k.ordering_key IS NOT NULL AND k.status <> 'COMPLETED'
+                ORDER BY k.ordering_key, k.id
+                LIMIT 1
+            )
+            UNION ALL
+            SELECT nk.ordering_key, nk.id, h.n + 1
+            FROM heads AS h
+            CROSS JOIN LATERAL (
+                SELECT k.ordering_key, k.id
+                FROM outbox.events AS k
+                WHERE k.ordering_key > h.ordering_key AND k.status <> 'COMPLETED'
+                ORDER BY k.ordering_key, k.id
+                LIMIT 1
+            ) AS nk
+            WHERE h.n <= batch_size
+        ),
+        head_ids AS (
+            -- NULL: more keys than batch_size, probe each keyed row instead
+            SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
+            FROM heads AS h
+        ),
+        candidates AS (
+            SELECT e.id, e.created_at
+            FROM outbox.events AS e
+            CROSS JOIN head_ids AS hi
+            WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                AND e.id >= floor_id
+                AND e.available_at <= now()
+                AND (
+                    e.ordering_key IS NULL
+                    OR CASE
+                        WHEN hi.ids IS NOT NULL THEN e.id = ANY(hi.ids)
+                        ELSE NOT EXISTS (
+                            SELECT 1
+                            FROM outbox.events AS earlier
+                            WHERE earlier.ordering_key = e.ordering_key
+                                AND earlier.id < e.id
+                                AND earlier.status <> 'COMPLETED'
+                        )
+                    END
+                )
+            ORDER BY e.id
+            LIMIT batch_size - released
+            FOR UPDATE OF e SKIP LOCKED
+        )
+        UPDATE outbox.events AS e
+        SET status = 'PROCESSING',
+            attempts = e.attempts + 1,
+            claimed_at = now(),
+            claimed_by = worker,
+            claim_token = token,
+            available_at = now() + lease
+        WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
+            AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
+            AND e.created_at >= (SELECT min(c.created_at) FROM candidates AS c)
+            AND e.created_at <= (SELECT max(c.created_at) FROM candidates AS c)
+        RETURNING e.*;
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH RECURSIVE heads (ordering_key, id, n) AS (
+            (
+                SELECT k.ordering_key, k.id, 1
+                FROM outbox.events AS k
+                WHERE k.ordering_key IS NOT NULL AND k.status <> 'COMPLETED'
+                ORDER BY k.ordering_key, k.id
+                LIMIT 1
+            )
+            UNION ALL
+            SELECT nk.ordering_key, nk.id, h.n + 1
+            FROM heads AS h
+            CROSS JOIN LATERAL (
+                SELECT k.ordering_key, k.id
+                FROM outbox.events AS k
+                WHERE k.ordering_key > h.ordering_key AND k.status <> 'COMPLETED'
+                ORDER BY k.ordering_key, k.id
+                LIMIT 1
+            ) AS nk
+            WHERE h.n <= batch_size
+        ),
+        head_ids AS (
+            -- NULL: more keys than batch_size, probe each keyed row instead
+            SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
+            FROM heads AS h
+        ),
+    -- the tenants with claimable rows, from the one after the last tenant
+    -- the previous claim of this session met, wrapping round: at most
+    -- batch_size of them, one descent each
+    tenants (tkey, wrapped, n) AS (
         (
-            SELECT k.ordering_key, k.id, 1
-            FROM outbox.events AS k
-            WHERE k.ordering_key IS NOT NULL AND k.status <> 'COMPLETED'
-            ORDER BY k.ordering_key, k.id
+            SELECT f.tkey, f.wrapped, 1
+            FROM (
+                (
+                    SELECT (coalesce(e.tenant_id, '') COLLATE "C") AS tkey, FALSE AS wrapped
+                    FROM outbox.events AS e
+                    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND (coalesce(e.tenant_id, '') COLLATE "C") > after_tenant
+                        AND e.id >= floor_id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    LIMIT 1
+                )
+                UNION ALL
+                (
+                    SELECT (coalesce(e.tenant_id, '') COLLATE "C"), TRUE
+                    FROM outbox.events AS e
+                    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.id >= floor_id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    LIMIT 1
+                )
+            ) AS f
             LIMIT 1
         )
         UNION ALL
-        SELECT nk.ordering_key, nk.id, h.n + 1
-        FROM heads AS h
+        SELECT nt.tkey, nt.wrapped, t.n + 1
+        FROM tenants AS t
         CROSS JOIN LATERAL (
-            SELECT k.ordering_key, k.id
-            FROM outbox.events AS k
-            WHERE k.ordering_key > h.ordering_key AND k.status <> 'COMPLETED'
-            ORDER BY k.ordering_key, k.id
+            SELECT f.tkey, f.wrapped
+            FROM (
+                (
+                    SELECT (coalesce(e.tenant_id, '') COLLATE "C") AS tkey, t.wrapped
+                    FROM outbox.events AS e
+                    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND (coalesce(e.tenant_id, '') COLLATE "C") > t.tkey
+                        AND e.id >= floor_id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    LIMIT 1
+                )
+                UNION ALL
+                (
+                    SELECT (coalesce(e.tenant_id, '') COLLATE "C"), TRUE
+                    FROM outbox.events AS e
+                    WHERE NOT t.wrapped
+                        AND e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.id >= floor_id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    LIMIT 1
+                )
+            ) AS f
             LIMIT 1
-        ) AS nk
-        WHERE h.n <= batch_size
+        ) AS nt
+        WHERE t.n < batch_size - released AND NOT (nt.wrapped AND nt.tkey > after_tenant)
     ),
-    head_ids AS (
-        -- NULL: more keys than batch_size, probe each keyed row instead
-        SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
-        FROM heads AS h
+    shares AS (
+        SELECT
+            t.tkey,
+            coalesce(w.weight, 1) AS weight,
+            greatest(1, (batch_size - released) * coalesce(w.weight, 1) / sum(coalesce(w.weight, 1)) OVER ())::integer AS share
+        FROM tenants AS t
+        LEFT JOIN outbox.tenant_weights AS w ON w.tenant_key = t.tkey
     ),
-    candidates AS (
+    -- each tenant's share, its oldest due rows, from its own range
+    shared AS (
+        SELECT s.tkey, s.weight, c.id, c.created_at
+        FROM shares AS s
+        CROSS JOIN head_ids AS hi
+        CROSS JOIN LATERAL (
+            SELECT e.id, e.created_at
+            FROM outbox.events AS e
+            WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                AND (coalesce(e.tenant_id, '') COLLATE "C") = s.tkey
+                AND e.id >= floor_id
+                AND e.available_at <= now()
+                AND (
+                    e.ordering_key IS NULL
+                    OR CASE
+                        WHEN hi.ids IS NOT NULL THEN e.id = ANY(hi.ids)
+                        ELSE NOT EXISTS (
+                            SELECT 1
+                            FROM outbox.events AS earlier
+                            WHERE earlier.ordering_key = e.ordering_key
+                                AND earlier.id < e.id
+                                AND earlier.status <> 'COMPLETED'
+                        )
+                    END
+                )
+            ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+            LIMIT s.share
+            FOR UPDATE OF e SKIP LOCKED
+        ) AS c
+    ),
+    -- by weighted rounds when the shares (at least one row each) add up to more
+    fair_part AS (
+        SELECT r.id, r.created_at
+        FROM (
+            SELECT sh.id, sh.created_at, sh.weight, row_number() OVER (PARTITION BY sh.tkey ORDER BY sh.id) AS rn
+            FROM shared AS sh
+        ) AS r
+        ORDER BY r.rn::float8 / r.weight, r.id
+        LIMIT batch_size - released
+    ),
+    -- what the shares left, in id order (the oldest first): the tenants
+    -- whose due rows outnumber their share, and the rows whose tenant was
+    -- not met
+    rest AS (
         SELECT e.id, e.created_at
         FROM outbox.events AS e
         CROSS JOIN head_ids AS hi
@@ -393,26 +578,95 @@ BEGIN
                     )
                 END
             )
+            AND NOT e.id = ANY(ARRAY(SELECT fp.id FROM fair_part AS fp))
         ORDER BY e.id
-        LIMIT batch_size - released
+        LIMIT batch_size - released - (SELECT count(*) FROM fair_part)
         FOR UPDATE OF e SKIP LOCKED
+    ),
+    picked AS (
+        SELECT fp.id, fp.created_at FROM fair_part AS fp
+        UNION ALL
+        SELECT r.id, r.created_at FROM rest AS r
+    ),
+    claimed AS (
+        UPDATE outbox.events AS e
+        SET status = 'PROCESSING',
+            attempts = e.attempts + 1,
+            claimed_at = now(),
+            claimed_by = worker,
+            claim_token = token,
+            available_at = now() + lease
+        WHERE e.id = ANY(ARRAY(SELECT p.id FROM picked AS p))
+            AND e.created_at = ANY(ARRAY(SELECT p.created_at FROM picked AS p))
+            AND e.created_at >= (SELECT min(p.created_at) FROM picked AS p)
+            AND e.created_at <= (SELECT max(p.created_at) FROM picked AS p)
+        RETURNING e AS ev, e.id, e.tenant_id
+    ),
+    resume AS (
+        SELECT set_config('pgoutbox.claim_after_tenant', coalesce((SELECT t.tkey FROM tenants AS t ORDER BY t.n DESC LIMIT 1), after_tenant), FALSE)
     )
-    UPDATE outbox.events AS e
-    SET status = 'PROCESSING',
-        attempts = e.attempts + 1,
-        claimed_at = now(),
-        claimed_by = worker,
-        claim_token = token,
-        available_at = now() + lease
-    WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
-        AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
-        AND e.created_at >= (SELECT min(c.created_at) FROM candidates AS c)
-        AND e.created_at <= (SELECT max(c.created_at) FROM candidates AS c)
-    RETURNING e.*;
+    -- each tenant's first event, then each one's second, ...: a tenant with
+    -- a few due events is published at the head of the batch, not behind
+    -- a backlog's share
+    SELECT (x.ev).*
+    FROM (
+        SELECT c.ev, c.id, row_number() OVER (PARTITION BY coalesce(c.tenant_id, '') ORDER BY c.id) AS rn
+        FROM claimed AS c
+    ) AS x
+    CROSS JOIN resume
+    ORDER BY x.rn, x.id;
 END;
 $$;
 COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
 'Claims up to batch_size due events (new, retry due, or lease expired) under a lease.';
+
+-- Sets a tenant's weight in fair claims (claim above): a claim that meets
+-- several tenants gives each a share of its batch in proportion to its
+-- weight, 1 for every tenant not set. tenant_id NULL names the events
+-- without a tenant. Weight 1 removes the setting. Every change is written to
+-- outbox.tenant_weight_log with the caller and the reason, and logged.
+-- Returns the weight it had.
+CREATE OR REPLACE FUNCTION outbox.set_tenant_weight(tenant_id text, weight integer, reason text)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    tkey text COLLATE "C" := coalesce(set_tenant_weight.tenant_id, '');
+    before integer;
+BEGIN
+    IF set_tenant_weight.tenant_id IS NOT NULL
+        AND (set_tenant_weight.tenant_id ~ '[\r\n]|^\s|\s$|^$' OR length(set_tenant_weight.tenant_id) > 255) THEN
+        RAISE EXCEPTION 'INVALID_TENANT: tenant_id % is not one emit accepts (1-255 characters, no CR / LF, no white space at either end)', quote_literal(left(set_tenant_weight.tenant_id, 100))
+            USING ERRCODE = 'OB027';
+    END IF;
+    IF weight IS NULL OR weight < 1 OR weight > 1000 THEN
+        RAISE EXCEPTION 'INVALID_TENANT_WEIGHT: weight must be between 1 and 1000, got %', coalesce(weight::text, 'NULL')
+            USING ERRCODE = 'OB026';
+    END IF;
+    PERFORM outbox._check_text(reason, 'a weight''s reason', 1000, TRUE);
+    -- one change at a time per tenant, so that the log's before is right
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.tenant_weight:' || tkey, 0));
+    SELECT w.weight INTO before FROM outbox.tenant_weights AS w WHERE w.tenant_key = tkey;
+    before := coalesce(before, 1);
+    IF weight = 1 THEN
+        DELETE FROM outbox.tenant_weights AS w WHERE w.tenant_key = tkey;
+    ELSE
+        INSERT INTO outbox.tenant_weights AS w (tenant_key, weight, changed_by)
+        VALUES (tkey, weight, session_user)
+        ON CONFLICT (tenant_key) DO UPDATE
+        SET weight = excluded.weight, changed_at = now(), changed_by = excluded.changed_by;
+    END IF;
+    INSERT INTO outbox.tenant_weight_log (tenant_key, weight_before, weight_after, changed_by, reason)
+    VALUES (tkey, before, weight, session_user, reason);
+    RAISE LOG 'pgoutbox: tenant % weight % -> % by %: %',
+        coalesce(quote_literal(set_tenant_weight.tenant_id), 'NULL (no tenant)'), before, weight, session_user, reason;
+    RETURN before;
+END;
+$$;
+COMMENT ON FUNCTION outbox.set_tenant_weight(text, integer, text) IS
+'Sets a tenant''s weight (1-1000) in fair claims (admins), audited in outbox.tenant_weight_log.';
 
 -- Marks the claim's events COMPLETED. Rows no longer held by claim_token (the
 -- lease expired and another relay took them) are left alone: fencing. Returns
