@@ -227,7 +227,7 @@ $$;
 
 -- Claims up to batch_size due events for worker, under a lease, and returns
 -- them with a fresh claim token. Scheduled events fallen due first, then the
--- rest of the batch, each one statement; the first runs only when a probe
+-- rest of the batch, each one statement (the second is the claim proper); the first runs only when a probe
 -- finds one (below), so that a claim costs what it did without them:
 --   * scheduled events waiting for their time lie in events_scheduled_idx,
 --     by time, not in the id-ordered walk (10_outbox_events.sql). Those
@@ -245,14 +245,41 @@ $$;
 --     partitions): as a CTE of the claim, that scan and its UPDATE cost
 --     every claim about 200 µs (a probe and an UPDATE prepared over every
 --     partition), which a claim of five events at moderate rates felt;
---   * the CTE picks candidates in id order from events_claimable_idx and locks
---     them FOR UPDATE SKIP LOCKED, so concurrent claimers walk past each
---     other's rows instead of queueing on them, and LIMIT bounds the batch
---     (what the scheduled events left of it);
---   * it starts at the claim floor (outbox._claim_floor, moved up just
---     before): below it nothing is claimable, only the index entries of
---     finished events, which a snapshot held by another session keeps from
---     vacuum, and the walk stays as short with it as without;
+--   * fair between tenants when there is a backlog, as one statement of two
+--     lanes. Oldest first alone, a tenant that commits a backlog (an import,
+--     a replay) would hold every other tenant's events behind it until it
+--     drained. So when more ids were given out above the claim floor than
+--     the batch takes (a backlog; a test of two sequences), the tenant lane
+--     steps from one tenant with waiting due rows to the next in
+--     events_tenant_waiting_idx (a loose scan, one descent per tenant: a
+--     tenant with nothing due costs nothing; from after the last tenant this
+--     session's previous claim met, so that with more tenants than the
+--     batch has rows every tenant comes round), gives each tenant a share
+--     of the batch by weight (outbox.tenant_weights, 1 if not set) and
+--     takes the share from that tenant's own range, weighted rounds
+--     deciding when the rounded shares add up to more. Without a backlog
+--     the tenant lane is skipped (its anchor is gated by the test), and a
+--     claim costs what it did. In-flight rows are not in that index, so
+--     that neither the step nor a share walks a backlog's thousands of
+--     claimed rows;
+--   * the id lane takes the rest of the batch, at least one row, in id order
+--     from events_claimable_idx: the oldest due events (expired leases
+--     too, which only this lane sees), so nothing waits for ever however
+--     many tenants share the batch. Both lanes lock FOR UPDATE SKIP LOCKED,
+--     so concurrent claimers walk past each other's rows instead of
+--     queueing on them; LIMIT bounds the batch (what the scheduled events
+--     left of it);
+--   * the batch comes back each tenant's first event first, then each
+--     one's second, ...: the relay publishes in that order, so that a
+--     tenant with a few due events is published at the head of the
+--     batch, not behind a backlog's share;
+--   * both lanes start at the claim floor (outbox._claim_floor, moved up
+--     just before): below it nothing is claimable, only the index entries
+--     of finished events, which a snapshot held by another session keeps
+--     from vacuum, and the walk stays as short with it as without (in the
+--     tenant index the floor bounds the id within a tenant, so a share
+--     starts above it; the step to the next tenant reads the entries
+--     below it on the index page, without a heap visit);
 --   * available_at <= now() covers all three sources at once: new events,
 --     failed events whose retry time has come, and expired leases;
 --   * an event with an ordering_key is taken only when no earlier event of
@@ -349,103 +376,37 @@ BEGIN
         END IF;
     END IF;
     -- More ids given out above the floor than this claim takes: a backlog,
-    -- and claiming in id order would serve its tenant alone until it drains.
+    -- which oldest first would serve alone until it drains (see above).
     fair := coalesce(pg_sequence_last_value('outbox.events_id_seq'), 0) - (batch_size - released) > floor_id;
-    IF NOT fair THEN
-        RETURN QUERY
-        WITH RECURSIVE heads (ordering_key, id, n) AS (
-            (
-                SELECT k.ordering_key, k.id, 1
-                FROM outbox.events AS k
-                WHERE k.ordering_key IS NOT NULL AND k.status <> 'COMPLETED'
-                ORDER BY k.ordering_key, k.id
-                LIMIT 1
-            )
-            UNION ALL
-            SELECT nk.ordering_key, nk.id, h.n + 1
-            FROM heads AS h
-            CROSS JOIN LATERAL (
-                SELECT k.ordering_key, k.id
-                FROM outbox.events AS k
-                WHERE k.ordering_key > h.ordering_key AND k.status <> 'COMPLETED'
-                ORDER BY k.ordering_key, k.id
-                LIMIT 1
-            ) AS nk
-            WHERE h.n <= batch_size
-        ),
-        head_ids AS (
-            -- NULL: more keys than batch_size, probe each keyed row instead
-            SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
-            FROM heads AS h
-        ),
-        candidates AS (
-            SELECT e.id, e.created_at
-            FROM outbox.events AS e
-            CROSS JOIN head_ids AS hi
-            WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
-                AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
-                AND e.id >= floor_id
-                AND e.available_at <= now()
-                AND (
-                    e.ordering_key IS NULL
-                    OR CASE
-                        WHEN hi.ids IS NOT NULL THEN e.id = ANY(hi.ids)
-                        ELSE NOT EXISTS (
-                            SELECT 1
-                            FROM outbox.events AS earlier
-                            WHERE earlier.ordering_key = e.ordering_key
-                                AND earlier.id < e.id
-                                AND earlier.status <> 'COMPLETED'
-                        )
-                    END
-                )
-            ORDER BY e.id
-            LIMIT batch_size - released
-            FOR UPDATE OF e SKIP LOCKED
-        )
-        UPDATE outbox.events AS e
-        SET status = 'PROCESSING',
-            attempts = e.attempts + 1,
-            claimed_at = now(),
-            claimed_by = worker,
-            claim_token = token,
-            available_at = now() + lease
-        WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
-            AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
-            AND e.created_at >= (SELECT min(c.created_at) FROM candidates AS c)
-            AND e.created_at <= (SELECT max(c.created_at) FROM candidates AS c)
-        RETURNING e.*;
-        RETURN;
-    END IF;
     RETURN QUERY
     WITH RECURSIVE heads (ordering_key, id, n) AS (
-            (
-                SELECT k.ordering_key, k.id, 1
-                FROM outbox.events AS k
-                WHERE k.ordering_key IS NOT NULL AND k.status <> 'COMPLETED'
-                ORDER BY k.ordering_key, k.id
-                LIMIT 1
-            )
-            UNION ALL
-            SELECT nk.ordering_key, nk.id, h.n + 1
-            FROM heads AS h
-            CROSS JOIN LATERAL (
-                SELECT k.ordering_key, k.id
-                FROM outbox.events AS k
-                WHERE k.ordering_key > h.ordering_key AND k.status <> 'COMPLETED'
-                ORDER BY k.ordering_key, k.id
-                LIMIT 1
-            ) AS nk
-            WHERE h.n <= batch_size
-        ),
-        head_ids AS (
-            -- NULL: more keys than batch_size, probe each keyed row instead
-            SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
-            FROM heads AS h
-        ),
-    -- the tenants with claimable rows, from the one after the last tenant
-    -- the previous claim of this session met, wrapping round: at most
-    -- batch_size of them, one descent each
+        (
+            SELECT k.ordering_key, k.id, 1
+            FROM outbox.events AS k
+            WHERE k.ordering_key IS NOT NULL AND k.status <> 'COMPLETED'
+            ORDER BY k.ordering_key, k.id
+            LIMIT 1
+        )
+        UNION ALL
+        SELECT nk.ordering_key, nk.id, h.n + 1
+        FROM heads AS h
+        CROSS JOIN LATERAL (
+            SELECT k.ordering_key, k.id
+            FROM outbox.events AS k
+            WHERE k.ordering_key > h.ordering_key AND k.status <> 'COMPLETED'
+            ORDER BY k.ordering_key, k.id
+            LIMIT 1
+        ) AS nk
+        WHERE h.n <= batch_size
+    ),
+    head_ids AS (
+        -- NULL: more keys than batch_size, probe each keyed row instead
+        SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
+        FROM heads AS h
+    ),
+    -- the tenants with due rows waiting (not in flight), from the one after
+    -- the last tenant the previous claim of this session met, wrapping
+    -- round: one descent each, as many as the batch has rows for them
     tenants (tkey, wrapped, n) AS (
         (
             SELECT f.tkey, f.wrapped, 1
@@ -453,8 +414,10 @@ BEGIN
                 (
                     SELECT (coalesce(e.tenant_id, '') COLLATE "C") AS tkey, FALSE AS wrapped
                     FROM outbox.events AS e
-                    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                    WHERE fair
+                        AND e.status IN ('PENDING', 'FAILED')
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.available_at <= now()
                         AND (coalesce(e.tenant_id, '') COLLATE "C") > after_tenant
                         AND e.id >= floor_id
                     ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
@@ -464,8 +427,10 @@ BEGIN
                 (
                     SELECT (coalesce(e.tenant_id, '') COLLATE "C"), TRUE
                     FROM outbox.events AS e
-                    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                    WHERE fair
+                        AND e.status IN ('PENDING', 'FAILED')
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.available_at <= now()
                         AND e.id >= floor_id
                     ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
                     LIMIT 1
@@ -482,8 +447,9 @@ BEGIN
                 (
                     SELECT (coalesce(e.tenant_id, '') COLLATE "C") AS tkey, t.wrapped
                     FROM outbox.events AS e
-                    WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                    WHERE e.status IN ('PENDING', 'FAILED')
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.available_at <= now()
                         AND (coalesce(e.tenant_id, '') COLLATE "C") > t.tkey
                         AND e.id >= floor_id
                     ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
@@ -494,8 +460,9 @@ BEGIN
                     SELECT (coalesce(e.tenant_id, '') COLLATE "C"), TRUE
                     FROM outbox.events AS e
                     WHERE NOT t.wrapped
-                        AND e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+                        AND e.status IN ('PENDING', 'FAILED')
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.available_at <= now()
                         AND e.id >= floor_id
                     ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
                     LIMIT 1
@@ -503,13 +470,13 @@ BEGIN
             ) AS f
             LIMIT 1
         ) AS nt
-        WHERE t.n < batch_size - released AND NOT (nt.wrapped AND nt.tkey > after_tenant)
+        WHERE t.n < batch_size - released - 1 AND NOT (nt.wrapped AND nt.tkey > after_tenant)
     ),
     shares AS (
         SELECT
             t.tkey,
             coalesce(w.weight, 1) AS weight,
-            greatest(1, (batch_size - released) * coalesce(w.weight, 1) / sum(coalesce(w.weight, 1)) OVER ())::integer AS share
+            ceil((batch_size - released - 1) * coalesce(w.weight, 1)::numeric / sum(coalesce(w.weight, 1)) OVER ())::integer AS share
         FROM tenants AS t
         LEFT JOIN outbox.tenant_weights AS w ON w.tenant_key = t.tkey
     ),
@@ -521,7 +488,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT e.id, e.created_at
             FROM outbox.events AS e
-            WHERE e.status IN ('PENDING', 'FAILED', 'PROCESSING')
+            WHERE e.status IN ('PENDING', 'FAILED')
                 AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                 AND (coalesce(e.tenant_id, '') COLLATE "C") = s.tkey
                 AND e.id >= floor_id
@@ -544,19 +511,23 @@ BEGIN
             FOR UPDATE OF e SKIP LOCKED
         ) AS c
     ),
-    -- by weighted rounds when the shares (at least one row each) add up to more
+    -- by weighted rounds (a tenant of weight w takes its next row every 1/w)
+    -- when the shares, rounded up, add up to more; one row is left to the
+    -- id order below, so that the oldest due event (an expired lease, a
+    -- retry) is taken at every claim however many tenants share the rest
     fair_part AS (
         SELECT r.id, r.created_at
         FROM (
             SELECT sh.id, sh.created_at, sh.weight, row_number() OVER (PARTITION BY sh.tkey ORDER BY sh.id) AS rn
             FROM shared AS sh
         ) AS r
-        ORDER BY r.rn::float8 / r.weight, r.id
-        LIMIT batch_size - released
+        ORDER BY (r.rn - 1)::float8 / r.weight, r.id
+        LIMIT batch_size - released - 1
     ),
-    -- what the shares left, in id order (the oldest first): the tenants
-    -- whose due rows outnumber their share, and the rows whose tenant was
-    -- not met
+    -- what the shares left, in id order from the claim floor (the oldest
+    -- first): the tenants whose due rows outnumber their share, the rows
+    -- of tenants not met, and expired leases (in flight, so not in the
+    -- tenant index)
     rest AS (
         SELECT e.id, e.created_at
         FROM outbox.events AS e
@@ -602,6 +573,8 @@ BEGIN
             AND e.created_at <= (SELECT max(p.created_at) FROM picked AS p)
         RETURNING e AS ev, e.id, e.tenant_id
     ),
+    -- where the next claim of this session starts its step (session-wide:
+    -- a claim is a transaction of its own)
     resume AS (
         SELECT set_config('pgoutbox.claim_after_tenant', coalesce((SELECT t.tkey FROM tenants AS t ORDER BY t.n DESC LIMIT 1), after_tenant), FALSE)
     )
