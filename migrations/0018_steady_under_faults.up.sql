@@ -623,7 +623,11 @@ BEGIN
     ),
     -- the tenants with due rows waiting (not in flight), from the one after
     -- the last tenant the previous claim of this session met, wrapping
-    -- round: one descent each, as many as the batch has rows for them
+    -- round: one descent each, as many as the batch has rows for them. Each
+    -- step lands on the tenant's newest entry (the index holds ids
+    -- descending), where a tenant with due rows has them, not on the oldest,
+    -- where it has the entries of every event it finished since vacuum
+    -- last ran (a snapshot held by another session keeps them)
     tenants (tkey, wrapped, n) AS (
         (
             SELECT f.tkey, f.wrapped, 1
@@ -637,7 +641,7 @@ BEGIN
                         AND e.available_at <= now()
                         AND (coalesce(e.tenant_id, '') COLLATE "C") > after_tenant
                         AND e.id >= floor_id
-                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
                 )
                 UNION ALL
@@ -649,7 +653,7 @@ BEGIN
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                         AND e.available_at <= now()
                         AND e.id >= floor_id
-                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
                 )
             ) AS f
@@ -669,7 +673,7 @@ BEGIN
                         AND e.available_at <= now()
                         AND (coalesce(e.tenant_id, '') COLLATE "C") > t.tkey
                         AND e.id >= floor_id
-                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
                 )
                 UNION ALL
@@ -681,7 +685,7 @@ BEGIN
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                         AND e.available_at <= now()
                         AND e.id >= floor_id
-                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
                 )
             ) AS f
@@ -697,7 +701,8 @@ BEGIN
         FROM tenants AS t
         LEFT JOIN outbox.tenant_weights AS w ON w.tenant_key = t.tkey
     ),
-    -- each tenant's share, its oldest due rows, from its own range
+    -- each tenant's share, its oldest due rows, from its own range, from
+    -- the floor up
     shared AS (
         SELECT s.tkey, s.weight, c.id, c.created_at
         FROM shares AS s
@@ -723,7 +728,7 @@ BEGIN
                         )
                     END
                 )
-            ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+            ORDER BY e.id
             LIMIT s.share
             FOR UPDATE OF e SKIP LOCKED
         ) AS c
@@ -2301,17 +2306,17 @@ GRANT EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) TO pgoutbo
 -- that blocks writes (emit) while it reads the claimable rows of every
 -- partition: docs/upgrading.md says what that costs and when to migrate.
 -- Fair claims: the rows of events_claimable_idx that wait (not those in
--- flight, PROCESSING), by tenant, then id. claim() steps from one tenant
--- with due rows to the next (a loose scan: one descent per tenant, so a
--- tenant with nothing due costs nothing) and takes each tenant's share from
--- its own range. In-flight rows are left out so that neither step walks a
+-- flight, PROCESSING), by tenant, then id, newest first. claim() steps from
+-- one tenant with due rows to the next (a loose scan: one descent per
+-- tenant, landing on its newest rows, so a tenant with nothing due costs
+-- nothing) and takes each tenant's share from its own range. In-flight rows are left out so that neither step walks a
 -- backlog's thousands of claimed rows; an expired lease is taken in id
 -- order (claim). Events without a tenant are the tenant '' (emit refuses ''
 -- as a tenant id). Collation "C": bytewise comparison, cheaper than the
 -- database's collation, and any total order will do. No column of
 -- outbox.events: claim() returns its row type, and relays of the previous
 -- release keep running on a migrated schema.
-CREATE INDEX IF NOT EXISTS events_tenant_waiting_idx ON outbox.events ((coalesce(tenant_id, '') COLLATE "C"), id)
+CREATE INDEX IF NOT EXISTS events_tenant_waiting_idx ON outbox.events ((coalesce(tenant_id, '') COLLATE "C"), id DESC)
 WHERE status IN ('PENDING', 'FAILED')
 AND (status <> 'PENDING' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL OR available_at <= created_at);
 

@@ -101,17 +101,17 @@ CREATE INDEX IF NOT EXISTS events_scheduled_idx ON outbox.events (available_at)
 WHERE status = 'PENDING' AND claimed_at IS NULL AND ordering_key IS NULL AND available_at > created_at;
 
 -- Fair claims: the rows of events_claimable_idx that wait (not those in
--- flight, PROCESSING), by tenant, then id. claim() steps from one tenant
--- with due rows to the next (a loose scan: one descent per tenant, so a
--- tenant with nothing due costs nothing) and takes each tenant's share from
--- its own range. In-flight rows are left out so that neither step walks a
+-- flight, PROCESSING), by tenant, then id, newest first. claim() steps from
+-- one tenant with due rows to the next (a loose scan: one descent per
+-- tenant, landing on its newest rows, so a tenant with nothing due costs
+-- nothing) and takes each tenant's share from its own range. In-flight rows are left out so that neither step walks a
 -- backlog's thousands of claimed rows; an expired lease is taken in id
 -- order (claim). Events without a tenant are the tenant '' (emit refuses ''
 -- as a tenant id). Collation "C": bytewise comparison, cheaper than the
 -- database's collation, and any total order will do. No column of
 -- outbox.events: claim() returns its row type, and relays of the previous
 -- release keep running on a migrated schema.
-CREATE INDEX IF NOT EXISTS events_tenant_waiting_idx ON outbox.events ((coalesce(tenant_id, '') COLLATE "C"), id)
+CREATE INDEX IF NOT EXISTS events_tenant_waiting_idx ON outbox.events ((coalesce(tenant_id, '') COLLATE "C"), id DESC)
 WHERE status IN ('PENDING', 'FAILED')
 AND (status <> 'PENDING' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL OR available_at <= created_at);
 

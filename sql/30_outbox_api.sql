@@ -406,7 +406,11 @@ BEGIN
     ),
     -- the tenants with due rows waiting (not in flight), from the one after
     -- the last tenant the previous claim of this session met, wrapping
-    -- round: one descent each, as many as the batch has rows for them
+    -- round: one descent each, as many as the batch has rows for them. Each
+    -- step lands on the tenant's newest entry (the index holds ids
+    -- descending), where a tenant with due rows has them, not on the oldest,
+    -- where it has the entries of every event it finished since vacuum
+    -- last ran (a snapshot held by another session keeps them)
     tenants (tkey, wrapped, n) AS (
         (
             SELECT f.tkey, f.wrapped, 1
@@ -420,7 +424,7 @@ BEGIN
                         AND e.available_at <= now()
                         AND (coalesce(e.tenant_id, '') COLLATE "C") > after_tenant
                         AND e.id >= floor_id
-                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
                 )
                 UNION ALL
@@ -432,7 +436,7 @@ BEGIN
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                         AND e.available_at <= now()
                         AND e.id >= floor_id
-                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
                 )
             ) AS f
@@ -452,7 +456,7 @@ BEGIN
                         AND e.available_at <= now()
                         AND (coalesce(e.tenant_id, '') COLLATE "C") > t.tkey
                         AND e.id >= floor_id
-                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
                 )
                 UNION ALL
@@ -464,7 +468,7 @@ BEGIN
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                         AND e.available_at <= now()
                         AND e.id >= floor_id
-                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
                 )
             ) AS f
@@ -480,7 +484,8 @@ BEGIN
         FROM tenants AS t
         LEFT JOIN outbox.tenant_weights AS w ON w.tenant_key = t.tkey
     ),
-    -- each tenant's share, its oldest due rows, from its own range
+    -- each tenant's share, its oldest due rows, from its own range, from
+    -- the floor up
     shared AS (
         SELECT s.tkey, s.weight, c.id, c.created_at
         FROM shares AS s
@@ -506,7 +511,7 @@ BEGIN
                         )
                     END
                 )
-            ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id
+            ORDER BY e.id
             LIMIT s.share
             FOR UPDATE OF e SKIP LOCKED
         ) AS c
