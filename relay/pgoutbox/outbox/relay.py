@@ -290,6 +290,7 @@ class OutboxRelay:
 
     async def _claim_loop(self, out: asyncio.Queue[Batch | None]) -> None:
         cfg = self.cfg
+        size = cfg.batch_size
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
@@ -301,20 +302,22 @@ class OutboxRelay:
                 continue
             self.wakeups.arm()
             started = time.monotonic()
-            rows = await self._claim(cfg.batch_size, started)
+            rows = await self._claim(size, started)
             if rows is None:
                 continue
             if rows:
                 self._in_flight += 1
                 self.metrics.batch_size.observe(len(rows))
                 await out.put(Batch(rows, started))
-                if len(rows) == cfg.batch_size:
+                if len(rows) == size:
+                    size = self._drain_size(rows, size)
                     continue  # a full batch: more may be due, claim again without waiting
                 if self._schedules_near:  # the next of several scheduled events, on time too
                     await self._next_scheduled()
             else:
                 self._progress()  # nothing claimable is not "stuck"
                 await self._next_scheduled()
+            size = cfg.batch_size
             # A short batch took everything due. What commits next notifies,
             # or falls in a throttle window whose re-check is scheduled. The
             # next claim comes no sooner than claim_interval after this one,
@@ -325,6 +328,19 @@ class OutboxRelay:
             await self.wakeups.pause(started + cfg.claim_interval - time.monotonic())
             await self.wakeups.wait()
         await out.put(None)
+
+    def _drain_size(self, rows: list[dict[str, Any]], size: int) -> int:
+        """The next claim's size while a backlog drains. A full batch of several
+        tenants is a fair claim beside another tenant's backlog (outbox.claim):
+        the quiet tenants' events in the next batches wait behind every message
+        already sent (up to publish_batches batches, in one connection's order),
+        so until the backlog has drained the relay claims a share of its
+        batch_size per publish slot: fewer of the backlog's messages ahead of
+        theirs, at more claims per event."""
+        small = max(1, self.cfg.batch_size // (2 * self.cfg.publish_batches))
+        if size == small or len({r["tenant_id"] for r in rows}) > 1:
+            return small
+        return self.cfg.batch_size
 
     async def _claim(self, batch_size: int, started: float) -> list[dict[str, Any]] | None:
         """One claim; None when it failed (logged, and paced by a stop-aware pause)."""
