@@ -476,9 +476,16 @@ $$;
 --     takes the share from that tenant's own range, weighted rounds
 --     deciding when the rounded shares add up to more. Without a backlog
 --     the tenant lane is skipped (its anchor is gated by the test), and a
---     claim costs what it did. In-flight rows are not in that index, so
---     that neither the step nor a share walks a backlog's thousands of
---     claimed rows;
+--     claim costs what it did; with one tenant met, its share is 0 and the
+--     id lane takes its rows as before. In-flight rows are not in that
+--     index, so that neither the step nor a share walks a backlog's
+--     thousands of claimed rows. A share's ORDER BY (tenant DESC, id) is
+--     an order only that index gives (read backwards): with ORDER BY id
+--     the generic plan walked events_claimable_idx, filtering by tenant.
+--     created_at <= now() prunes, at run time, the partitions made ahead,
+--     whose indexes every step and share would otherwise descend too (a
+--     row dated ahead, which only an owner's INSERT can make, is left to
+--     the id lane);
 --   * the id lane takes the rest of the batch, at least one row, in id order
 --     from events_claimable_idx: the oldest due events (expired leases
 --     too, which only this lane sees), so nothing waits for ever however
@@ -639,6 +646,7 @@ BEGIN
                         AND e.status IN ('PENDING', 'FAILED')
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                         AND e.available_at <= now()
+                        AND e.created_at <= now()
                         AND (coalesce(e.tenant_id, '') COLLATE "C") > after_tenant
                         AND e.id >= floor_id
                     ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
@@ -652,6 +660,7 @@ BEGIN
                         AND e.status IN ('PENDING', 'FAILED')
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                         AND e.available_at <= now()
+                        AND e.created_at <= now()
                         AND e.id >= floor_id
                     ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
@@ -671,6 +680,7 @@ BEGIN
                     WHERE e.status IN ('PENDING', 'FAILED')
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                         AND e.available_at <= now()
+                        AND e.created_at <= now()
                         AND (coalesce(e.tenant_id, '') COLLATE "C") > t.tkey
                         AND e.id >= floor_id
                     ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
@@ -684,6 +694,7 @@ BEGIN
                         AND e.status IN ('PENDING', 'FAILED')
                         AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
                         AND e.available_at <= now()
+                        AND e.created_at <= now()
                         AND e.id >= floor_id
                     ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
                     LIMIT 1
@@ -697,7 +708,11 @@ BEGIN
         SELECT
             t.tkey,
             coalesce(w.weight, 1) AS weight,
-            ceil((batch_size - released - 1) * coalesce(w.weight, 1)::numeric / sum(coalesce(w.weight, 1)) OVER ())::integer AS share
+            CASE
+                WHEN count(*) OVER () > 1
+                    THEN ceil((batch_size - released - 1) * coalesce(w.weight, 1)::numeric / sum(coalesce(w.weight, 1)) OVER ())::integer
+                ELSE 0  -- one tenant: the id lane takes its rows as well
+            END AS share
         FROM tenants AS t
         LEFT JOIN outbox.tenant_weights AS w ON w.tenant_key = t.tkey
     ),
@@ -715,6 +730,7 @@ BEGIN
                 AND (coalesce(e.tenant_id, '') COLLATE "C") = s.tkey
                 AND e.id >= floor_id
                 AND e.available_at <= now()
+                AND e.created_at <= now()
                 AND (
                     e.ordering_key IS NULL
                     OR CASE
@@ -728,7 +744,7 @@ BEGIN
                         )
                     END
                 )
-            ORDER BY e.id
+            ORDER BY (coalesce(e.tenant_id, '') COLLATE "C") DESC, e.id
             LIMIT s.share
             FOR UPDATE OF e SKIP LOCKED
         ) AS c
