@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -330,15 +331,20 @@ class OutboxRelay:
         await out.put(None)
 
     def _drain_size(self, rows: list[dict[str, Any]], size: int) -> int:
-        """The next claim's size while a backlog drains. A full batch of several
-        tenants is a fair claim beside another tenant's backlog (outbox.claim):
-        the quiet tenants' events in the next batches wait behind every message
-        already sent (up to publish_batches batches, in one connection's order),
-        so until the backlog has drained the relay claims a share of its
-        batch_size per publish slot: fewer of the backlog's messages ahead of
-        theirs, at more claims per event."""
-        small = max(1, self.cfg.batch_size // (2 * self.cfg.publish_batches))
-        if size == small or len({r["tenant_id"] for r in rows}) > 1:
+        """The next claim's size while a backlog drains. A full batch mostly of
+        one tenant, with others' events in it, is a fair claim beside that
+        tenant's backlog (outbox.claim): the other tenants' events in the next
+        batches wait behind every message already sent (up to publish_batches
+        batches, in one connection's order), so until the backlog has drained
+        the relay claims batch_size / publish_batches at a time: fewer of the
+        backlog's messages ahead of theirs, at more claims per event. Batches
+        shared among many busy tenants, none most of it, keep the full size
+        (that is throughput, and no one waits behind another)."""
+        small = max(1, self.cfg.batch_size // self.cfg.publish_batches)
+        if size == small:
+            return small
+        tenants = Counter(r["tenant_id"] for r in rows)
+        if len(tenants) > 1 and 2 * max(tenants.values()) > len(rows):
             return small
         return self.cfg.batch_size
 
