@@ -8,8 +8,8 @@ Per schema, with a snapshot held (REPEATABLE READ, open) from before the
 first emit to the end:
   1. drain: --backlog events of the tenant 'bulk' committed at once, then
      claims of 500 (the relay's batch_size) each followed by its mark and by
-     5 events of the ten quiet tenants in turn (their traffic), until
-     nothing is due;
+     5 events of the ten quiet tenants in turn (their traffic), until a
+     claim comes back short;
   2. after: --claims rounds of 5 quiet events then a claim of 500 (a relay
      at moderate rates: about 5 rows a claim) and its mark, every entry the
      drain left still in the indexes;
@@ -81,7 +81,7 @@ def run(pg: EmbeddedPostgres, name: str, migrations: Path, backlog: int, claims:
         if backlog:
             owner.execute("SELECT pg_stat_statements_reset()")
             writer.execute(BACKLOG, (backlog,))
-            while claim_and_mark(relay):
+            while claim_and_mark(relay) == 500:
                 n = quiet(writer, 5, n)
             calls, us, buffers = claim_figures(owner)
             out.append(f"drain  {calls:5d} claims {us:8.0f} us {buffers:7.0f} buffers per claim")
