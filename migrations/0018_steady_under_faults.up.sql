@@ -444,8 +444,9 @@ $$;
 -- generated from sql/30_outbox_api.sql: outbox.claim
 -- Claims up to batch_size due events for worker, under a lease, and returns
 -- them with a fresh claim token. Scheduled events fallen due first, then the
--- rest of the batch, each one statement (the second is the claim proper); the first runs only when a probe
--- finds one (below), so that a claim costs what it did without them:
+-- rest of the batch, each one statement (the second is the claim proper);
+-- the first runs only when a probe finds one (below), so that a claim costs
+-- what it did without them:
 --   * scheduled events waiting for their time lie in events_scheduled_idx,
 --     by time, not in the id-ordered walk (10_outbox_events.sql). Those
 --     fallen due (a range of that index that holds only what is due, however
@@ -502,8 +503,9 @@ $$;
 --     of finished events, which a snapshot held by another session keeps
 --     from vacuum, and the walk stays as short with it as without (in the
 --     tenant index the floor bounds the id within a tenant, so a share
---     starts above it; the step to the next tenant reads the entries
---     below it on the index page, without a heap visit);
+--     starts above it; a step lands on a tenant's newest entry, and passes
+--     the entries below the floor on the index page, without a heap visit,
+--     only for a tenant with nothing waiting);
 --   * available_at <= now() covers all three sources at once: new events,
 --     failed events whose retry time has come, and expired leases;
 --   * an event with an ordering_key is taken only when no earlier event of
