@@ -12,12 +12,12 @@ first emit to the end:
      claim comes back short;
   2. after: --claims rounds of 5 quiet events then a claim of 500 (a relay
      at moderate rates: about 5 rows a claim) and its mark, every entry the
-     drain left still in the indexes;
+     drain left still in the indexes (after --settle such rounds unmeasured);
   3. the same rounds on a fresh database with nothing held (clean).
 Prints per phase the claim's time and shared buffers per call
 (pg_stat_statements, the top-level call: its nested statements included).
 
-    .venv/bin/python bench/fair_held.py [--before main] [--backlog 100000] [--claims 200]
+    .venv/bin/python bench/fair_held.py [--before main] [--backlog 100000] [--claims 200] [--settle 0]
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def claim_figures(owner: psycopg.Connection) -> tuple[int, float, float]:
     return calls, 1000 * float(ms or 0) / max(calls, 1), float(buffers or 0) / max(calls, 1)
 
 
-def run(pg: EmbeddedPostgres, name: str, migrations: Path, backlog: int, claims: int, hold: bool) -> list[str]:
+def run(
+    pg: EmbeddedPostgres, name: str, migrations: Path, backlog: int, claims: int, settle: int, hold: bool
+) -> list[str]:
     build(pg, name, migrations, 0, 0, 0)
     out = []
     with (
@@ -85,6 +87,9 @@ def run(pg: EmbeddedPostgres, name: str, migrations: Path, backlog: int, claims:
                 n = quiet(writer, 5, n)
             calls, us, buffers = claim_figures(owner)
             out.append(f"drain  {calls:5d} claims {us:8.0f} us {buffers:7.0f} buffers per claim")
+        for _ in range(settle):  # the floor catches up with the drain's end first
+            n = quiet(writer, 5, n)
+            claim_and_mark(relay)
         owner.execute("SELECT pg_stat_statements_reset()")
         for _ in range(claims):
             n = quiet(writer, 5, n)
@@ -101,6 +106,7 @@ def main() -> int:
     ap.add_argument("--before", default="main", metavar="COMMIT")
     ap.add_argument("--backlog", type=int, default=100000)
     ap.add_argument("--claims", type=int, default=200)
+    ap.add_argument("--settle", type=int, default=0, help="claims after the drain before the figures start")
     args = ap.parse_args()
     start = cpu_ticks()
     print(f"fair claims under a held snapshot: backlog {args.backlog}, {args.claims} claims after; {load()}")
@@ -116,7 +122,7 @@ def main() -> int:
         try:
             for label, migrations in schemas.items():
                 for hold in (True, False):
-                    lines = run(pg, "db", migrations, args.backlog if hold else 0, args.claims, hold)
+                    lines = run(pg, "db", migrations, args.backlog if hold else 0, args.claims, args.settle, hold)
                     for line in lines:
                         print(f"{label:>9} {'held ' if hold else 'clean'} {line}")
         finally:

@@ -9,9 +9,10 @@
 --   * a tenant's weight is its share of a claim; weight 1 removes it
 --   * only pgoutbox_admin sets weights; each change is logged; bad
 --     arguments are refused with their codes
+--   * without a backlog above the claim floor, id order as before
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(18);
+SELECT plan(19);
 
 CREATE FUNCTION pg_temp.emit(tenant text, n integer, key text DEFAULT NULL)
 RETURNS SETOF uuid
@@ -168,6 +169,25 @@ SELECT results_eq(
     $$SELECT * FROM pg_temp.tenants_of('w8', 8)$$,
     $$VALUES ('heavy', 5::bigint), ('light', 3::bigint)$$,
     'and the two share the 7 alike (4 and 3), the oldest event besides'
+);
+RESET ROLE;
+
+-- No backlog above the claim floor (the batch takes all there is): id order,
+-- the tenant lane skipped. Last, as the floor is a sequence (not rolled back).
+SET LOCAL ROLE pgoutbox_relay;
+SELECT count(*) FROM outbox.claim('w9', 1000, '1 minute');
+RESET ROLE;
+SELECT count(*) FROM pg_temp.emit('big', 4);
+SELECT count(*) FROM pg_temp.emit('a', 1);
+SELECT setval(
+    'outbox.claim_floor',
+    (SELECT max(e.id) - 4 FROM outbox.events AS e)  -- the first of the five
+);
+SET LOCAL ROLE pgoutbox_relay;
+SELECT results_eq(
+    $$SELECT * FROM pg_temp.tenants_of('w9', 4)$$,
+    $$VALUES ('big', 4::bigint)$$,
+    'four ids above the floor for a claim of four: no backlog, the oldest four in id order'
 );
 RESET ROLE;
 
