@@ -1026,6 +1026,11 @@ DROP FUNCTION IF EXISTS outbox.tg_discarded_events__audit();
 
 -- ---- fairness: fair claims across tenants
 
+DROP FUNCTION IF EXISTS outbox.set_tenant_weight(text, integer, text);
+DROP TABLE IF EXISTS outbox.tenant_weight_log;
+DROP TABLE IF EXISTS outbox.tenant_weights;
+DROP INDEX IF EXISTS outbox.events_tenant_waiting_idx;
+
 -- ---- emit: a caller's id, a delivery time, a cheap common case
 
 -- Scheduled events go back into the claim's id-ordered walk (where schema

@@ -100,6 +100,48 @@ AND (status <> 'PENDING' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL O
 CREATE INDEX IF NOT EXISTS events_scheduled_idx ON outbox.events (available_at)
 WHERE status = 'PENDING' AND claimed_at IS NULL AND ordering_key IS NULL AND available_at > created_at;
 
+-- Fair claims: the rows of events_claimable_idx that wait (not those in
+-- flight, PROCESSING), by tenant, then id, newest first. claim() steps from
+-- one tenant with due rows to the next (a loose scan: one descent per
+-- tenant, landing on its newest rows, so a tenant with nothing due costs
+-- nothing) and takes each tenant's share from its own range. In-flight rows are left out so that neither step walks a
+-- backlog's thousands of claimed rows; an expired lease is taken in id
+-- order (claim). Events without a tenant are the tenant '' (emit refuses ''
+-- as a tenant id). Collation "C": bytewise comparison, cheaper than the
+-- database's collation, and any total order will do. No column of
+-- outbox.events: claim() returns its row type, and relays of the previous
+-- release keep running on a migrated schema.
+CREATE INDEX IF NOT EXISTS events_tenant_waiting_idx ON outbox.events ((coalesce(tenant_id, '') COLLATE "C"), id DESC)
+WHERE status IN ('PENDING', 'FAILED')
+AND (status <> 'PENDING' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL OR available_at <= created_at);
+
+-- A tenant's weight in fair claims (outbox.set_tenant_weight, admins): its
+-- share of a claim that meets several tenants, against 1 for every tenant
+-- not listed. tenant_key is the claim's key: '' for events without a tenant.
+CREATE TABLE IF NOT EXISTS outbox.tenant_weights (
+    tenant_key text COLLATE "C" PRIMARY KEY,
+    weight integer NOT NULL,
+    changed_at timestamptz NOT NULL DEFAULT now(),
+    changed_by text NOT NULL,
+    CONSTRAINT weight_in_range CHECK (weight BETWEEN 1 AND 1000)
+);
+COMMENT ON TABLE outbox.tenant_weights IS
+'Tenants'' weights in fair claims (1 when not listed); set with outbox.set_tenant_weight().';
+
+-- Every change of a weight: who, when, from what to what, and why.
+CREATE TABLE IF NOT EXISTS outbox.tenant_weight_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant_key text NOT NULL,
+    weight_before integer NOT NULL,
+    weight_after integer NOT NULL,
+    changed_at timestamptz NOT NULL DEFAULT now(),
+    changed_by text NOT NULL,
+    reason text NOT NULL,
+    CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
+);
+COMMENT ON TABLE outbox.tenant_weight_log IS
+'Who changed which tenant''s weight in fair claims, when, from what to what and why.';
+
 -- Per-key ordering: "is there an earlier unfinished event with my key?"
 CREATE INDEX IF NOT EXISTS events_unfinished_key_idx ON outbox.events (ordering_key, id)
 WHERE ordering_key IS NOT NULL AND status <> 'COMPLETED';

@@ -227,8 +227,9 @@ $$;
 
 -- Claims up to batch_size due events for worker, under a lease, and returns
 -- them with a fresh claim token. Scheduled events fallen due first, then the
--- rest of the batch, each one statement; the first runs only when a probe
--- finds one (below), so that a claim costs what it did without them:
+-- rest of the batch, each one statement (the second is the claim proper);
+-- the first runs only when a probe finds one (below), so that a claim costs
+-- what it did without them:
 --   * scheduled events waiting for their time lie in events_scheduled_idx,
 --     by time, not in the id-ordered walk (10_outbox_events.sql). Those
 --     fallen due (a range of that index that holds only what is due, however
@@ -245,14 +246,49 @@ $$;
 --     partitions): as a CTE of the claim, that scan and its UPDATE cost
 --     every claim about 200 µs (a probe and an UPDATE prepared over every
 --     partition), which a claim of five events at moderate rates felt;
---   * the CTE picks candidates in id order from events_claimable_idx and locks
---     them FOR UPDATE SKIP LOCKED, so concurrent claimers walk past each
---     other's rows instead of queueing on them, and LIMIT bounds the batch
---     (what the scheduled events left of it);
---   * it starts at the claim floor (outbox._claim_floor, moved up just
---     before): below it nothing is claimable, only the index entries of
---     finished events, which a snapshot held by another session keeps from
---     vacuum, and the walk stays as short with it as without;
+--   * fair between tenants when there is a backlog, as one statement of two
+--     lanes. Oldest first alone, a tenant that commits a backlog (an import,
+--     a replay) would hold every other tenant's events behind it until it
+--     drained. So when more ids were given out above the claim floor than
+--     the batch takes (a backlog; a test of two sequences), the tenant lane
+--     steps from one tenant with waiting due rows to the next in
+--     events_tenant_waiting_idx (a loose scan, one descent per tenant: a
+--     tenant with nothing due costs nothing; from after the last tenant this
+--     session's previous claim met, so that with more tenants than the
+--     batch has rows every tenant comes round), gives each tenant a share
+--     of the batch by weight (outbox.tenant_weights, 1 if not set) and
+--     takes the share from that tenant's own range, weighted rounds
+--     deciding when the rounded shares add up to more. Without a backlog
+--     the tenant lane is skipped (its anchor is gated by the test), and a
+--     claim costs what it did; with one tenant met, its share is 0 and the
+--     id lane takes its rows as before. In-flight rows are not in that
+--     index, so that neither the step nor a share walks a backlog's
+--     thousands of claimed rows. A share's ORDER BY (tenant DESC, id) is
+--     an order only that index gives (read backwards): with ORDER BY id
+--     the generic plan walked events_claimable_idx, filtering by tenant.
+--     created_at <= now() prunes, at run time, the partitions made ahead,
+--     whose indexes every step and share would otherwise descend too (a
+--     row dated ahead, which only an owner's INSERT can make, is left to
+--     the id lane);
+--   * the id lane takes the rest of the batch, at least one row, in id order
+--     from events_claimable_idx: the oldest due events (expired leases
+--     too, which only this lane sees), so nothing waits for ever however
+--     many tenants share the batch. Both lanes lock FOR UPDATE SKIP LOCKED,
+--     so concurrent claimers walk past each other's rows instead of
+--     queueing on them; LIMIT bounds the batch (what the scheduled events
+--     left of it);
+--   * the batch comes back each tenant's first event first, then each
+--     one's second, ...: the relay publishes in that order, so that a
+--     tenant with a few due events is published at the head of the
+--     batch, not behind a backlog's share;
+--   * both lanes start at the claim floor (outbox._claim_floor, moved up
+--     just before): below it nothing is claimable, only the index entries
+--     of finished events, which a snapshot held by another session keeps
+--     from vacuum, and the walk stays as short with it as without (in the
+--     tenant index the floor bounds the id within a tenant, so a share
+--     starts above it; a step lands on a tenant's newest entry, and passes
+--     the entries below the floor on the index page, without a heap visit,
+--     only for a tenant with nothing waiting);
 --   * available_at <= now() covers all three sources at once: new events,
 --     failed events whose retry time has come, and expired leases;
 --   * an event with an ordering_key is taken only when no earlier event of
@@ -298,6 +334,8 @@ DECLARE
     token uuid := gen_random_uuid();
     floor_id bigint;
     released integer := 0;
+    fair boolean;
+    after_tenant text COLLATE "C" := coalesce(current_setting('pgoutbox.claim_after_tenant', TRUE), '');
 BEGIN
     PERFORM outbox._check_text(worker, 'worker', 256);
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > 10000 THEN
@@ -346,6 +384,9 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    -- More ids given out above the floor than this claim takes: a backlog,
+    -- which oldest first would serve alone until it drains (see above).
+    fair := coalesce(pg_sequence_last_value('outbox.events_id_seq'), 0) - (batch_size - released) > floor_id;
     RETURN QUERY
     WITH RECURSIVE heads (ordering_key, id, n) AS (
         (
@@ -372,7 +413,145 @@ BEGIN
         SELECT CASE WHEN count(*) <= batch_size THEN coalesce(array_agg(h.id), '{}') END AS ids
         FROM heads AS h
     ),
-    candidates AS (
+    -- the tenants with due rows waiting (not in flight), from the one after
+    -- the last tenant the previous claim of this session met, wrapping
+    -- round: one descent each, as many as the batch has rows for them. Each
+    -- step lands on the tenant's newest entry (the index holds ids
+    -- descending), where a tenant with due rows has them, not on the oldest,
+    -- where it has the entries of every event it finished since vacuum
+    -- last ran (a snapshot held by another session keeps them)
+    tenants (tkey, wrapped, n) AS (
+        (
+            SELECT f.tkey, f.wrapped, 1
+            FROM (
+                (
+                    SELECT (coalesce(e.tenant_id, '') COLLATE "C") AS tkey, FALSE AS wrapped
+                    FROM outbox.events AS e
+                    WHERE fair
+                        AND e.status IN ('PENDING', 'FAILED')
+                        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.available_at <= now()
+                        AND e.created_at <= now()
+                        AND (coalesce(e.tenant_id, '') COLLATE "C") > after_tenant
+                        AND e.id >= floor_id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
+                    LIMIT 1
+                )
+                UNION ALL
+                (
+                    SELECT (coalesce(e.tenant_id, '') COLLATE "C"), TRUE
+                    FROM outbox.events AS e
+                    WHERE fair
+                        AND e.status IN ('PENDING', 'FAILED')
+                        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.available_at <= now()
+                        AND e.created_at <= now()
+                        AND e.id >= floor_id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
+                    LIMIT 1
+                )
+            ) AS f
+            LIMIT 1
+        )
+        UNION ALL
+        SELECT nt.tkey, nt.wrapped, t.n + 1
+        FROM tenants AS t
+        CROSS JOIN LATERAL (
+            SELECT f.tkey, f.wrapped
+            FROM (
+                (
+                    SELECT (coalesce(e.tenant_id, '') COLLATE "C") AS tkey, t.wrapped
+                    FROM outbox.events AS e
+                    WHERE e.status IN ('PENDING', 'FAILED')
+                        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.available_at <= now()
+                        AND e.created_at <= now()
+                        AND (coalesce(e.tenant_id, '') COLLATE "C") > t.tkey
+                        AND e.id >= floor_id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
+                    LIMIT 1
+                )
+                UNION ALL
+                (
+                    SELECT (coalesce(e.tenant_id, '') COLLATE "C"), TRUE
+                    FROM outbox.events AS e
+                    WHERE NOT t.wrapped
+                        AND e.status IN ('PENDING', 'FAILED')
+                        AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                        AND e.available_at <= now()
+                        AND e.created_at <= now()
+                        AND e.id >= floor_id
+                    ORDER BY (coalesce(e.tenant_id, '') COLLATE "C"), e.id DESC
+                    LIMIT 1
+                )
+            ) AS f
+            LIMIT 1
+        ) AS nt
+        WHERE t.n < batch_size - released - 1 AND NOT (nt.wrapped AND nt.tkey > after_tenant)
+    ),
+    shares AS (
+        SELECT
+            t.tkey,
+            coalesce(w.weight, 1) AS weight,
+            CASE
+                WHEN count(*) OVER () > 1
+                    THEN ceil((batch_size - released - 1) * coalesce(w.weight, 1)::numeric / sum(coalesce(w.weight, 1)) OVER ())::integer
+                ELSE 0  -- one tenant: the id lane takes its rows as well
+            END AS share
+        FROM tenants AS t
+        LEFT JOIN outbox.tenant_weights AS w ON w.tenant_key = t.tkey
+    ),
+    -- each tenant's share, its oldest due rows, from its own range, from
+    -- the floor up
+    shared AS (
+        SELECT s.tkey, s.weight, c.id, c.created_at
+        FROM shares AS s
+        CROSS JOIN head_ids AS hi
+        CROSS JOIN LATERAL (
+            SELECT e.id, e.created_at
+            FROM outbox.events AS e
+            WHERE e.status IN ('PENDING', 'FAILED')
+                AND (e.status <> 'PENDING' OR e.claimed_at IS NOT NULL OR e.ordering_key IS NOT NULL OR e.available_at <= e.created_at)
+                AND (coalesce(e.tenant_id, '') COLLATE "C") = s.tkey
+                AND e.id >= floor_id
+                AND e.available_at <= now()
+                AND e.created_at <= now()
+                AND (
+                    e.ordering_key IS NULL
+                    OR CASE
+                        WHEN hi.ids IS NOT NULL THEN e.id = ANY(hi.ids)
+                        ELSE NOT EXISTS (
+                            SELECT 1
+                            FROM outbox.events AS earlier
+                            WHERE earlier.ordering_key = e.ordering_key
+                                AND earlier.id < e.id
+                                AND earlier.status <> 'COMPLETED'
+                        )
+                    END
+                )
+            ORDER BY (coalesce(e.tenant_id, '') COLLATE "C") DESC, e.id
+            LIMIT s.share
+            FOR UPDATE OF e SKIP LOCKED
+        ) AS c
+    ),
+    -- by weighted rounds (a tenant of weight w takes its next row every 1/w)
+    -- when the shares, rounded up, add up to more; one row is left to the
+    -- id order below, so that the oldest due event (an expired lease, a
+    -- retry) is taken at every claim however many tenants share the rest
+    fair_part AS (
+        SELECT r.id, r.created_at
+        FROM (
+            SELECT sh.id, sh.created_at, sh.weight, row_number() OVER (PARTITION BY sh.tkey ORDER BY sh.id) AS rn
+            FROM shared AS sh
+        ) AS r
+        ORDER BY (r.rn - 1)::float8 / r.weight, r.id
+        LIMIT batch_size - released - 1
+    ),
+    -- what the shares left, in id order from the claim floor (the oldest
+    -- first): the tenants whose due rows outnumber their share, the rows
+    -- of tenants not met, and expired leases (in flight, so not in the
+    -- tenant index)
+    rest AS (
         SELECT e.id, e.created_at
         FROM outbox.events AS e
         CROSS JOIN head_ids AS hi
@@ -393,26 +572,97 @@ BEGIN
                     )
                 END
             )
+            AND NOT e.id = ANY(ARRAY(SELECT fp.id FROM fair_part AS fp))
         ORDER BY e.id
-        LIMIT batch_size - released
+        LIMIT batch_size - released - (SELECT count(*) FROM fair_part)
         FOR UPDATE OF e SKIP LOCKED
+    ),
+    picked AS (
+        SELECT fp.id, fp.created_at FROM fair_part AS fp
+        UNION ALL
+        SELECT r.id, r.created_at FROM rest AS r
+    ),
+    claimed AS (
+        UPDATE outbox.events AS e
+        SET status = 'PROCESSING',
+            attempts = e.attempts + 1,
+            claimed_at = now(),
+            claimed_by = worker,
+            claim_token = token,
+            available_at = now() + lease
+        WHERE e.id = ANY(ARRAY(SELECT p.id FROM picked AS p))
+            AND e.created_at = ANY(ARRAY(SELECT p.created_at FROM picked AS p))
+            AND e.created_at >= (SELECT min(p.created_at) FROM picked AS p)
+            AND e.created_at <= (SELECT max(p.created_at) FROM picked AS p)
+        RETURNING e AS ev, e.id, e.tenant_id
+    ),
+    -- where the next claim of this session starts its step (session-wide:
+    -- a claim is a transaction of its own)
+    resume AS (
+        SELECT set_config('pgoutbox.claim_after_tenant', coalesce((SELECT t.tkey FROM tenants AS t ORDER BY t.n DESC LIMIT 1), after_tenant), FALSE)
     )
-    UPDATE outbox.events AS e
-    SET status = 'PROCESSING',
-        attempts = e.attempts + 1,
-        claimed_at = now(),
-        claimed_by = worker,
-        claim_token = token,
-        available_at = now() + lease
-    WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates AS c))
-        AND e.created_at = ANY(ARRAY(SELECT c.created_at FROM candidates AS c))
-        AND e.created_at >= (SELECT min(c.created_at) FROM candidates AS c)
-        AND e.created_at <= (SELECT max(c.created_at) FROM candidates AS c)
-    RETURNING e.*;
+    -- each tenant's first event, then each one's second, ...: a tenant with
+    -- a few due events is published at the head of the batch, not behind
+    -- a backlog's share
+    SELECT (x.ev).*
+    FROM (
+        SELECT c.ev, c.id, row_number() OVER (PARTITION BY coalesce(c.tenant_id, '') ORDER BY c.id) AS rn
+        FROM claimed AS c
+    ) AS x
+    CROSS JOIN resume
+    ORDER BY x.rn, x.id;
 END;
 $$;
 COMMENT ON FUNCTION outbox.claim(text, integer, interval) IS
 'Claims up to batch_size due events (new, retry due, or lease expired) under a lease.';
+
+-- Sets a tenant's weight in fair claims (claim above): a claim that meets
+-- several tenants gives each a share of its batch in proportion to its
+-- weight, 1 for every tenant not set. tenant_id NULL names the events
+-- without a tenant. Weight 1 removes the setting. Every change is written to
+-- outbox.tenant_weight_log with the caller and the reason, and logged.
+-- Returns the weight it had.
+CREATE OR REPLACE FUNCTION outbox.set_tenant_weight(tenant_id text, weight integer, reason text)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    tkey text COLLATE "C" := coalesce(set_tenant_weight.tenant_id, '');
+    before integer;
+BEGIN
+    IF set_tenant_weight.tenant_id IS NOT NULL
+        AND (set_tenant_weight.tenant_id ~ '[\r\n]|^\s|\s$|^$' OR length(set_tenant_weight.tenant_id) > 255) THEN
+        RAISE EXCEPTION 'INVALID_TENANT: tenant_id % is not one emit accepts (1-255 characters, no CR / LF, no white space at either end)', quote_literal(left(set_tenant_weight.tenant_id, 100))
+            USING ERRCODE = 'OB027';
+    END IF;
+    IF weight IS NULL OR weight < 1 OR weight > 1000 THEN
+        RAISE EXCEPTION 'INVALID_TENANT_WEIGHT: weight must be between 1 and 1000, got %', coalesce(weight::text, 'NULL')
+            USING ERRCODE = 'OB026';
+    END IF;
+    PERFORM outbox._check_text(reason, 'a weight''s reason', 1000, TRUE);
+    -- one change at a time per tenant, so that the log's before is right
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.tenant_weight:' || tkey, 0));
+    SELECT w.weight INTO before FROM outbox.tenant_weights AS w WHERE w.tenant_key = tkey;
+    before := coalesce(before, 1);
+    IF weight = 1 THEN
+        DELETE FROM outbox.tenant_weights AS w WHERE w.tenant_key = tkey;
+    ELSE
+        INSERT INTO outbox.tenant_weights AS w (tenant_key, weight, changed_by)
+        VALUES (tkey, weight, session_user)
+        ON CONFLICT (tenant_key) DO UPDATE
+        SET weight = excluded.weight, changed_at = now(), changed_by = excluded.changed_by;
+    END IF;
+    INSERT INTO outbox.tenant_weight_log (tenant_key, weight_before, weight_after, changed_by, reason)
+    VALUES (tkey, before, weight, session_user, reason);
+    RAISE LOG 'pgoutbox: tenant % weight % -> % by %: %',
+        coalesce(quote_literal(set_tenant_weight.tenant_id), 'NULL (no tenant)'), before, weight, session_user, reason;
+    RETURN before;
+END;
+$$;
+COMMENT ON FUNCTION outbox.set_tenant_weight(text, integer, text) IS
+'Sets a tenant''s weight (1-1000) in fair claims (admins), audited in outbox.tenant_weight_log.';
 
 -- Marks the claim's events COMPLETED. Rows no longer held by claim_token (the
 -- lease expired and another relay took them) are left alone: fencing. Returns

@@ -78,6 +78,9 @@ inbox.redrive(text, uuid[], text),
 inbox.set_replay(text, boolean, text)
 TO pgoutbox_admin;
 GRANT EXECUTE ON FUNCTION outbox.requeue_completed(uuid[], text, timestamptz, bigint[]) TO pgoutbox_admin;
+-- Tenants' weights in fair claims (sql/30_outbox_api.sql), audited.
+GRANT EXECUTE ON FUNCTION outbox.set_tenant_weight(text, integer, text) TO pgoutbox_admin;
+GRANT SELECT ON outbox.tenant_weights, outbox.tenant_weight_log TO pgoutbox_admin;
 
 -- Read-only functions every worker uses for health and start-up checks; the
 -- relay keeps partitions created ahead as part of its housekeeping.

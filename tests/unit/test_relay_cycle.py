@@ -189,3 +189,23 @@ async def test_traced_a_batch_is_one_producer_span_linked_to_each_events_creatio
     assert all(1900 < k.attributes["pgoutbox.outbox.wait_ms"] < 60_000 for k in span.links)
     assert span.attributes["error.type"] == "BAD_HEADER" and span.attributes["pgoutbox.failed_count"] == 1
     assert span.status.status_code is StatusCode.ERROR
+
+
+def test_a_backlog_beside_other_tenants_is_drained_in_smaller_claims():
+    cfg = relay_settings.load(
+        environ={},
+        overrides={"database_url": "postgresql://fake@127.0.0.1:1/fake", "nats_url": "nats://127.0.0.1:1"},
+    )
+    relay = OutboxRelay(cfg, FakePublisher())  # type: ignore[arg-type]
+    full, small = cfg.batch_size, cfg.batch_size // cfg.publish_batches
+
+    def batch(counts: dict[str | None, int]) -> list[dict[str, str | None]]:
+        return [{"tenant_id": t} for t, n in counts.items() for _ in range(n)]
+
+    # one tenant's backlog, with a few events of others in the batch: smaller claims
+    assert relay._drain_size(batch({"bulk": full - 3, "a": 2, None: 1}), full) == small
+    # and so on until a claim comes back short (the loop then claims batch_size again)
+    assert relay._drain_size(batch({"b": small}), small) == small
+    # one tenant alone, or many busy tenants none of which has most of the batch: full claims
+    assert relay._drain_size(batch({"bulk": full}), full) == full
+    assert relay._drain_size(batch({f"t{i}": full // 10 for i in range(10)}), full) == full

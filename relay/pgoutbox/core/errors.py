@@ -46,6 +46,8 @@ class SqlState(enum.StrEnum):
     DELIVERY_TOO_FAR = "OB023"  # deliver_at / deliver_after more than 366 days ahead
     NOT_CANCELLABLE = "OB024"  # outbox.cancel of an event not waiting for its delivery time
     CANCEL_NOT_ALLOWED = "OB025"  # outbox.cancel by neither the emitting login nor pgoutbox_admin
+    INVALID_TENANT_WEIGHT = "OB026"  # outbox.set_tenant_weight with a weight not from 1 to 1000
+    INVALID_TENANT = "OB027"  # outbox.set_tenant_weight with a tenant id emit would refuse
     MESSAGE_NOT_DEAD_LETTER = "OB030"
     MESSAGE_NOT_REPLAYABLE = "OB031"
     NOT_COMPLETED = "OB040"
@@ -268,6 +270,8 @@ _CLASSES: dict[SqlState, type[PgOutboxError]] = {
     SqlState.DELIVERY_TOO_FAR: PolicyViolation,
     SqlState.NOT_CANCELLABLE: IllegalTransition,
     SqlState.CANCEL_NOT_ALLOWED: PolicyViolation,
+    SqlState.INVALID_TENANT_WEIGHT: PolicyViolation,
+    SqlState.INVALID_TENANT: PolicyViolation,
 }
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -290,6 +291,7 @@ class OutboxRelay:
 
     async def _claim_loop(self, out: asyncio.Queue[Batch | None]) -> None:
         cfg = self.cfg
+        size = cfg.batch_size
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
@@ -301,20 +303,22 @@ class OutboxRelay:
                 continue
             self.wakeups.arm()
             started = time.monotonic()
-            rows = await self._claim(cfg.batch_size, started)
+            rows = await self._claim(size, started)
             if rows is None:
                 continue
             if rows:
                 self._in_flight += 1
                 self.metrics.batch_size.observe(len(rows))
                 await out.put(Batch(rows, started))
-                if len(rows) == cfg.batch_size:
+                if len(rows) == size:
+                    size = self._drain_size(rows, size)
                     continue  # a full batch: more may be due, claim again without waiting
                 if self._schedules_near:  # the next of several scheduled events, on time too
                     await self._next_scheduled()
             else:
                 self._progress()  # nothing claimable is not "stuck"
                 await self._next_scheduled()
+            size = cfg.batch_size
             # A short batch took everything due. What commits next notifies,
             # or falls in a throttle window whose re-check is scheduled. The
             # next claim comes no sooner than claim_interval after this one,
@@ -325,6 +329,24 @@ class OutboxRelay:
             await self.wakeups.pause(started + cfg.claim_interval - time.monotonic())
             await self.wakeups.wait()
         await out.put(None)
+
+    def _drain_size(self, rows: list[dict[str, Any]], size: int) -> int:
+        """The next claim's size while a backlog drains. A full batch mostly of
+        one tenant, with others' events in it, is a fair claim beside that
+        tenant's backlog (outbox.claim): the other tenants' events in the next
+        batches wait behind every message already sent (up to publish_batches
+        batches, in one connection's order), so until the backlog has drained
+        the relay claims batch_size / publish_batches at a time: fewer of the
+        backlog's messages ahead of theirs, at more claims per event. Batches
+        shared among many busy tenants, none most of it, keep the full size
+        (that is throughput, and no one waits behind another)."""
+        small = max(1, self.cfg.batch_size // self.cfg.publish_batches)
+        if size == small:
+            return small
+        tenants = Counter(r["tenant_id"] for r in rows)
+        if len(tenants) > 1 and 2 * max(tenants.values()) > len(rows):
+            return small
+        return self.cfg.batch_size
 
     async def _claim(self, batch_size: int, started: float) -> list[dict[str, Any]] | None:
         """One claim; None when it failed (logged, and paced by a stop-aware pause)."""
