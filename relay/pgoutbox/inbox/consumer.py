@@ -61,6 +61,7 @@ from pgoutbox.core import broker, db, tracing
 from pgoutbox.core.backoff import Every, reconnect_delays, retrying
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgoutbox.core.health import HealthServer
+from pgoutbox.core.jetstream import Puller
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.inbox import dlq, tenants
 from pgoutbox.inbox import settings as cs
@@ -70,7 +71,6 @@ from pgoutbox.inbox.flow import MessageFlow, transient
 from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerClient
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
-from pgoutbox.inbox.pull import Puller
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
 from pgoutbox.inbox.store import Inbox
