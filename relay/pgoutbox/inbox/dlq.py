@@ -39,6 +39,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -319,6 +320,7 @@ def origin(msg: Any) -> tuple[str | None, int | None]:
     return msg.stream, msg.seq
 
 
+@dataclass(kw_only=True)
 class DeadLetters:
     """The consumer's dead-letter path, off its happy path: a message
     dead-lettered in hand (its notice published, then its inbox row
@@ -326,24 +328,13 @@ class DeadLetters:
     inbox (its `.invalid` notice, then acked). Inbox calls run through the
     database gate, like the flow's."""
 
-    def __init__(
-        self,
-        *,
-        inbox: Inbox,
-        nc: Any,
-        js: Any,
-        gate: DatabaseGate,
-        stopping: asyncio.Event,
-        retry_backoff: Backoff,
-        replay_backoff: Backoff,
-    ) -> None:
-        self.inbox = inbox
-        self.nc = nc
-        self.js = js
-        self.gate = gate
-        self.stopping = stopping
-        self.retry_backoff = retry_backoff
-        self.replay_backoff = replay_backoff
+    inbox: Inbox
+    nc: Any
+    js: Any
+    gate: DatabaseGate
+    stopping: asyncio.Event
+    retry_backoff: Backoff
+    replay_backoff: Backoff
 
     def use(self, nc: Any, js: Any) -> None:
         """The connection to publish on, after the consumer re-established it."""
