@@ -401,7 +401,9 @@ class _StreamReader:
     LOST = 10.0
 
     def __init__(self, nc: nats.NATS, js: JetStreamContext, view: StreamView, consumer: str, spill: _Spill, fetch: int):
-        self.nc, self.js, self.view, self.consumer, self.spill, self.fetch = nc, js, view, consumer, spill, fetch
+        self.nc, self.js = nc, js
+        self.view, self.consumer = view, consumer
+        self.spill, self.fetch = spill, fetch
         self.next = jetstream.next_subject(view.name, consumer)
         self.request = jetstream.pull_request(fetch, expires=2.0)
         self.inbox = nc.new_inbox()
@@ -451,12 +453,15 @@ class _StreamReader:
             self.done.set()
 
     async def _request_ended(self) -> None:
+        """Done when the consumer has nothing pending, else the next request."""
         if (await self.js.consumer_info(self.view.name, self.consumer)).num_pending == 0:
             self.done.set()
         else:
             await self._pull()
 
     async def _take(self, msg: Msg) -> None:
+        """A stream message's event id into the spill (foreign: not a UUID);
+        done at the view's last sequence, the next request once a batch is in."""
         try:
             raw = uuid.UUID((msg.headers or {}).get(MSG_ID)).bytes
             self.spill.bucket(raw).write(raw)
