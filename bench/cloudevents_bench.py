@@ -67,9 +67,12 @@ def measure(number: int, repeat: int) -> dict[str, float]:
 
     from pgoutbox.inbox import dlq, flow, handler_client
 
+    # A build older than core.wire.envelope_from has it in inbox/dlq.py.
+    envelope_from = wire.envelope_from if hasattr(wire, "envelope_from") else dlq.envelope_from
+
     def admit() -> str:
         """The consumer's Python work on one message before the inbox call (MessageFlow._admit, stored())."""
-        envelope = dlq.envelope_from(subject, body, headers)
+        envelope = envelope_from(subject, body, headers)
         raw = wire.payload_bytes(body, headers) if hasattr(wire, "payload_bytes") else body
         admitted = flow.Admitted(None, envelope, 1, handler_client.request_body(envelope, raw))
         return admitted.stored()

@@ -14,7 +14,7 @@ max_deliver counts its failures in the inbox (see flow), so no message
 depends on JetStream's MAX_DELIVERIES advisory, which nobody is guaranteed
 to receive, and no outage or crash uses up its deliveries.
 
-While PostgreSQL is away the fetch loops wait (flow.DatabaseGate): nothing
+While PostgreSQL is away the fetch loops wait (database_gate.DatabaseGate): nothing
 is fetched that could not be recorded, and the messages in hand wait for it.
 While a handler is away its fetch loops wait too (gates.HandlerGate), but for
 one probe of one message with growing pauses: its messages go back without
@@ -61,15 +61,16 @@ from pgoutbox.core import broker, db, tracing
 from pgoutbox.core.backoff import Every, reconnect_delays, retrying
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgoutbox.core.health import HealthServer
+from pgoutbox.core.jetstream import Puller
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.inbox import dlq, tenants
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
-from pgoutbox.inbox.flow import DatabaseGate, MessageFlow, transient
+from pgoutbox.inbox.database_gate import DatabaseGate
+from pgoutbox.inbox.flow import MessageFlow, transient
 from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerClient
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
-from pgoutbox.inbox.pull import Puller
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
 from pgoutbox.inbox.store import Inbox
