@@ -83,12 +83,12 @@ import nats
 import psycopg
 import psycopg.sql
 
+from harness import nats_cluster
+from harness.nats_cluster import NatsCluster
 from pgoutbox.core import migrate
 from pgoutbox.core import settings as core_settings
 from pgoutbox.core.backoff import Backoff
-from pgoutbox.dev import nats_cluster
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
-from pgoutbox.dev.nats_cluster import NatsCluster
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as consumer_settings
 from pgoutbox.outbox import away
