@@ -12,7 +12,7 @@ CloudEvents commit), on the same row and the same machine:
 
 Each figure is the best of --repeat runs of --number calls (CPU microseconds
 per call), each build in its own subprocess with its package first on PYTHONPATH
-(pgoutbox.dev.releases.export), alternating builds --rounds times. The relay
+(harness.releases.export), alternating builds --rounds times. The relay
 and consumer benchmarks give the figures per event of the whole processes
 (relay_bench.py --parts e --before, consumer_bench.py --only g --before).
 
@@ -32,8 +32,9 @@ import time
 import timeit
 from pathlib import Path
 
+import checkout  # noqa: F401  (the checkout's root on sys.path, for harness/)
 import machine
-from pgoutbox.dev import releases
+from harness import releases
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW = {

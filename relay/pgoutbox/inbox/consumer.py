@@ -58,7 +58,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import broker, db, tracing
-from pgoutbox.core.backoff import Every, reconnect_delays, retrying
+from pgoutbox.core.backoff import Every, Retrier, retrying
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.jetstream import Puller
@@ -353,7 +353,7 @@ class Consumer:
             )
             await self._stop_loops()
             self._bound.clear()
-            delays = reconnect_delays()
+            retry = Retrier(self.stopping, every=0.0)  # a line for each failure
             while not self.stopping.is_set():
                 try:
                     await self._connect()
@@ -364,16 +364,17 @@ class Consumer:
                     log.info("NATS connection re-established", extra={"action": "nats_reestablished"})
                     break
                 except Exception as exc:
-                    log.error(
-                        "re-establishing the NATS connection failed (%r); trying again",
-                        exc,
-                        extra={"action": "nats_rebind_failed"},
-                    )
+                    if retry.failed():
+                        log.error(
+                            "re-establishing the NATS connection failed (%r); trying again",
+                            exc,
+                            extra={"action": "nats_rebind_failed"},
+                        )
                     await self._stop_loops()
                     self._bound.clear()
                     failed, self.nc = self.nc, None
                     await self._close_nats(failed)
-                    await sleep(next(delays), self.stopping)
+                    await retry.pause()
 
     # -- JetStream ----------------------------------------------------------
     def _consumer_config(self, h: HandlerRuntime, subjects: list[str], description: str) -> ConsumerConfig:
