@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from pgoutbox.core import db
-from pgoutbox.core.backoff import Every, reconnect_delays
+from pgoutbox.core.backoff import Retrier
 from pgoutbox.core.errors import DatabaseUnavailable
 from pgoutbox.core.gate import Gate, Outage
 
@@ -80,15 +80,16 @@ class DatabaseGate(Gate):
         self._watch = asyncio.create_task(self._until_back())
 
     async def _until_back(self) -> None:
-        delays, every = reconnect_delays(), Every(30.0)
+        # Not stop-aware: close() cancels this task when the consumer stops.
+        retry = Retrier(every=30.0)
         while True:
-            await asyncio.sleep(next(delays))
+            await retry.pause()
             try:
                 await self._probe()
                 break
             except Exception as exc:
                 self.outage.still(str(exc))
-                if every():
+                if retry.failed():
                     log.warning("PostgreSQL still away: %s", exc, extra={"action": "db_retry"})
         episode = self.open()
         log.info(
