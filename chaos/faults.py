@@ -294,7 +294,7 @@ def handler_down(pipeline: Pipeline, rng: random.Random) -> str:
     minutes in the long profiles): connections refused, requests on open
     ones unanswered. The consumer's gate of that handler closes: its
     messages wait, with no failure counted, until a probe finds it back
-    (docs/consumer.md, "A handler that is away")."""
+    (docs/handlers.md, "A handler that is away")."""
     assert pipeline.app is not None
     seconds = rng.uniform(*pipeline.profile.away_seconds)
     pipeline.app.down()
@@ -331,7 +331,7 @@ UPCAST_FAILURES = ("assert", "raise", "divide")
 def _register_upcaster(pipeline: Pipeline) -> None:
     """The upcaster v1 -> v2 of the ledger's event type: created by the
     schema owner, registered through the SQL API by a pgoutbox_admin login
-    (docs/consumer.md, "Payload versions")."""
+    (docs/in-database.md, "Payload versions")."""
     with psycopg.connect(pipeline.database_url, autocommit=True) as conn:
         conn.execute(UPCASTER)
     with psycopg.connect(pipeline.url_as("admin"), autocommit=True) as conn:

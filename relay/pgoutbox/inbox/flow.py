@@ -44,7 +44,7 @@ acks, while the consumer stops fetching; an outage of any length only
 delays. NATS away: nats-py reconnects; a message whose ack or nak was lost is
 redelivered after ack_wait, and the inbox tells what was already done. A
 handler is called again for a message it already answered only when its
-outcome did not commit after its answer: docs/consumer.md lists the cases.
+outcome did not commit after its answer: docs/handlers.md lists the cases.
 
 Every other error while a message is admitted, recorded, handled, settled
 or dead-lettered is that message's outcome: `.invalid` before the inbox,
