@@ -19,6 +19,222 @@ BEGIN
 END;
 $$;
 
+-- ---- one home for each SQL shape
+
+-- The definitions of version 17, each written out again, then the shared
+-- helpers go.
+
+CREATE OR REPLACE FUNCTION outbox.set_notify_throttle(throttle interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF throttle IS NULL OR throttle < interval '0' OR throttle > interval '1 minute' THEN
+        RAISE EXCEPTION 'INVALID_SETTING: notify_throttle % is not an interval from 0 to 1 minute', coalesce(throttle::text, 'NULL')
+            USING ERRCODE = 'OB007';
+    END IF;
+    INSERT INTO outbox.wakeup_policy AS p (singleton, notify_throttle)
+    VALUES (TRUE, throttle)
+    ON CONFLICT (singleton) DO UPDATE
+    SET notify_throttle = excluded.notify_throttle, changed_at = now(), changed_by = session_user;
+    RETURN throttle;
+END;
+$$;
+COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS
+'Sets the minimum gap between two wake-ups for every writer (admins); relays read it at start-up.';
+
+CREATE OR REPLACE FUNCTION inbox.set_stream_max_age(max_age interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_age IS NULL OR max_age <= interval '0' OR max_age > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: max_age must be positive and at most 100 years, got %', max_age
+            USING ERRCODE = 'OB006';
+    END IF;
+    INSERT INTO inbox.retention_policy AS p (singleton, stream_max_age)
+    VALUES (TRUE, max_age)
+    ON CONFLICT (singleton) DO UPDATE
+    SET stream_max_age = excluded.stream_max_age, changed_at = now(), changed_by = session_user;
+    RETURN max_age;
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
+'Sets the inbox retention floor to the longest max_age of the streams feeding this inbox (admins).';
+
+CREATE OR REPLACE FUNCTION inbox.set_command_retry_window(retry_window interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retry_window IS NULL OR retry_window <= interval '0' OR retry_window > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: retry_window must be positive and at most 100 years, got %', retry_window
+            USING ERRCODE = 'OB006';
+    END IF;
+    INSERT INTO inbox.command_policy AS p (singleton, retry_window)
+    VALUES (TRUE, set_command_retry_window.retry_window)
+    ON CONFLICT (singleton) DO UPDATE
+    SET retry_window = excluded.retry_window, changed_at = now(), changed_by = session_user;
+    RETURN retry_window;
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_command_retry_window(interval) IS
+'Sets the command retention floor to the longest time a client may retry a command (admins).';
+
+-- Deletes an audited inbox day in one statement, hashing exactly the rows
+-- it deletes (DELETE ... RETURNING), and rolls back unless they match the
+-- audit row: a row changed, added or removed since the audit aborts it.
+-- Already purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived(day date)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    standing outbox.archive_audit;
+    n bigint;
+    sum_hash numeric;
+BEGIN
+    PERFORM outbox._check_day(day);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('inbox.messages', day));
+    standing := outbox._standing_audit('inbox.messages', day);
+    IF standing.removed_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM inbox._check_floor(day);
+    PERFORM set_config('pgoutbox.inbox_purge', 'on', true);
+    EXECUTE format(
+        'WITH gone AS (DELETE FROM inbox.messages AS m'
+        ' WHERE m.received_at >= $1 AND m.received_at < $2 RETURNING m.*)'
+        ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
+        outbox._row_hash_sql('inbox.messages')
+    ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
+    PERFORM set_config('pgoutbox.inbox_purge', '', true);
+    IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
+        RAISE EXCEPTION 'ARCHIVE_MISMATCH: inbox day % changed since audit %', day, standing.id
+            USING ERRCODE = 'OB053',
+                  DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
+                      standing.row_count, standing.checksum, n, sum_hash),
+                  HINT = 'Nothing was removed (the delete is rolled back).';
+    END IF;
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.purge_archived(date) IS
+'Deletes an audited inbox day whose deleted rows hash exactly to its audit row; all or nothing.';
+
+-- Deletes an audited day of command keys like purge_archived does an inbox
+-- day: one statement, hashing exactly the rows it deletes, rolled back
+-- unless they match the audit row (a key claimed again since the audit
+-- aborts it). A claim waiting on a deleted key claims it afresh
+-- (claim_command). Already purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived_commands(day date)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    standing outbox.archive_audit;
+    n bigint;
+    sum_hash numeric;
+BEGIN
+    PERFORM outbox._check_day(day);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('inbox.commands', day));
+    standing := outbox._standing_audit('inbox.commands', day);
+    IF standing.removed_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM inbox._check_command_floor(day);
+    PERFORM set_config('pgoutbox.command_purge', 'on', true);
+    EXECUTE format(
+        'WITH gone AS (DELETE FROM inbox.commands AS c'
+        ' WHERE c.first_claimed_at >= $1 AND c.first_claimed_at < $2 RETURNING c.*)'
+        ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
+        outbox._row_hash_sql('inbox.commands')
+    ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
+    PERFORM set_config('pgoutbox.command_purge', '', true);
+    IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
+        RAISE EXCEPTION 'ARCHIVE_MISMATCH: command day % changed since audit %', day, standing.id
+            USING ERRCODE = 'OB053',
+                  DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
+                      standing.row_count, standing.checksum, n, sum_hash),
+                  HINT = 'Nothing was removed (the delete is rolled back).';
+    END IF;
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
+'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';
+
+-- Rows leave inbox.messages only through inbox.purge_archived(), which sets
+-- pgoutbox.inbox_purge for its own transaction. TRUNCATE never.
+CREATE OR REPLACE FUNCTION inbox.tg_messages__forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting('pgoutbox.inbox_purge', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.messages only by audited archival (inbox.purge_archived)'
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- No ad-hoc removal: a key that disappears lets its command run twice.
+-- Rows leave only through inbox.purge_archived_commands(), which sets
+-- pgoutbox.command_purge for its own transaction. TRUNCATE never.
+CREATE OR REPLACE FUNCTION inbox.tg_commands__forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting('pgoutbox.command_purge', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.commands only by audited archival (inbox.purge_archived_commands)'
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_messages__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_messages__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+
+REVOKE ALL ON FUNCTION inbox.tg_messages__forbid_delete(), inbox.tg_commands__forbid_delete() FROM public;
+
+DROP FUNCTION IF EXISTS inbox.tg_forbid_delete();
+DROP FUNCTION IF EXISTS inbox._purge_audited(text, date);
+DROP FUNCTION IF EXISTS outbox._set_policy(text, text, interval);
+
 -- ---- broker faults
 
 DROP FUNCTION IF EXISTS outbox.hand_back(uuid, uuid[], text);

@@ -3638,6 +3638,228 @@ outbox.dlq_stop(bigint),
 outbox.dlq_action_progress(bigint)
 TO pgoutbox_admin;
 
+-- ---- one home for each SQL shape: one audited purge, one delete guard, one policy setter
+
+-- Definitions that were written twice or three times now share one private
+-- helper; every public function keeps its signature, grants, codes and
+-- behaviour.
+
+-- generated from sql/05_helpers.sql: outbox._set_policy
+-- Sets the one value `setting` of a singleton policy table
+-- (outbox.wakeup_policy, inbox.retention_policy, inbox.command_policy: one
+-- row, keyed by `singleton`, with a named CHECK on the value) and records
+-- who changed it when. The admins' setter checks the value first, with its
+-- own code; the table's CHECK stands behind it. Returns the value.
+CREATE OR REPLACE FUNCTION outbox._set_policy(policy text, setting text, value interval)
+RETURNS interval
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format(
+        'INSERT INTO %s AS p (singleton, %I) VALUES (TRUE, $1)'
+        ' ON CONFLICT (singleton) DO UPDATE'
+        ' SET %I = excluded.%I, changed_at = now(), changed_by = session_user',
+        policy, setting, setting, setting
+    ) USING value;
+    RETURN value;
+END;
+$$;
+-- end generated
+
+-- generated from sql/40_outbox_wakeup.sql: outbox.set_notify_throttle
+CREATE OR REPLACE FUNCTION outbox.set_notify_throttle(throttle interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF throttle IS NULL OR throttle < interval '0' OR throttle > interval '1 minute' THEN
+        RAISE EXCEPTION 'INVALID_SETTING: notify_throttle % is not an interval from 0 to 1 minute', coalesce(throttle::text, 'NULL')
+            USING ERRCODE = 'OB007';
+    END IF;
+    RETURN outbox._set_policy('outbox.wakeup_policy', 'notify_throttle', throttle);
+END;
+$$;
+COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS
+'Sets the minimum gap between two wake-ups for every writer (admins); relays read it at start-up.';
+-- end generated
+
+-- generated from sql/94_archival_listing.sql: inbox.set_stream_max_age
+CREATE OR REPLACE FUNCTION inbox.set_stream_max_age(max_age interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_age IS NULL OR max_age <= interval '0' OR max_age > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: max_age must be positive and at most 100 years, got %', max_age
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN outbox._set_policy('inbox.retention_policy', 'stream_max_age', max_age);
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
+'Sets the inbox retention floor to the longest max_age of the streams feeding this inbox (admins).';
+-- end generated
+
+-- generated from sql/94_archival_listing.sql: inbox.set_command_retry_window
+CREATE OR REPLACE FUNCTION inbox.set_command_retry_window(retry_window interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retry_window IS NULL OR retry_window <= interval '0' OR retry_window > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: retry_window must be positive and at most 100 years, got %', retry_window
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN outbox._set_policy('inbox.command_policy', 'retry_window', retry_window);
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_command_retry_window(interval) IS
+'Sets the command retention floor to the longest time a client may retry a command (admins).';
+-- end generated
+
+-- generated from sql/50_inbox.sql: inbox.tg_forbid_delete
+-- No ad-hoc removal from an inbox table: rows leave only through its audited
+-- purge (TG_ARGV[1]), which sets the flag TG_ARGV[0] to 'on' for its own
+-- transaction. TRUNCATE never. One guard for inbox.messages
+-- (sql/91_archival_audit.sql) and inbox.commands (sql/65_inbox_commands.sql).
+CREATE OR REPLACE FUNCTION inbox.tg_forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting(TG_ARGV[0], true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave %.% only by audited archival (%)', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_ARGV[1]
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- end generated
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.inbox_purge', 'inbox.purge_archived');
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.inbox_purge', 'inbox.purge_archived');
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
+
+DROP FUNCTION IF EXISTS inbox.tg_messages__forbid_delete();
+DROP FUNCTION IF EXISTS inbox.tg_commands__forbid_delete();
+
+-- generated from sql/95_archival_steps.sql: inbox._purge_audited
+-- Deletes an audited inbox day of source (inbox.messages by received_at,
+-- inbox.commands by first_claimed_at) in one statement, hashing exactly the
+-- rows it deletes (DELETE ... RETURNING), and rolls back unless they match
+-- the audit row: a row changed, added or removed since the audit aborts it.
+-- The day must be past the source's floor (_check_floor,
+-- _check_command_floor); the delete guard lets the rows go while the
+-- source's purge flag is on. Already purged: returns 0. The one audited
+-- purge of both inbox tables.
+CREATE OR REPLACE FUNCTION inbox._purge_audited(source text, day date)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    messages boolean := source = 'inbox.messages';
+    flag text := CASE WHEN messages THEN 'pgoutbox.inbox_purge' ELSE 'pgoutbox.command_purge' END;
+    standing outbox.archive_audit;
+    n bigint;
+    sum_hash numeric;
+BEGIN
+    PERFORM outbox._check_day(day);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key(source, day));
+    standing := outbox._standing_audit(source, day);
+    IF standing.removed_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    IF messages THEN
+        PERFORM inbox._check_floor(day);
+    ELSE
+        PERFORM inbox._check_command_floor(day);
+    END IF;
+    PERFORM set_config(flag, 'on', true);
+    EXECUTE format(
+        'WITH gone AS (DELETE FROM %s AS d'
+        ' WHERE d.%I >= $1 AND d.%I < $2 RETURNING d.*)'
+        ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
+        source,
+        CASE WHEN messages THEN 'received_at' ELSE 'first_claimed_at' END,
+        CASE WHEN messages THEN 'received_at' ELSE 'first_claimed_at' END,
+        outbox._row_hash_sql(source)
+    ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
+    PERFORM set_config(flag, '', true);
+    IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
+        RAISE EXCEPTION 'ARCHIVE_MISMATCH: % day % changed since audit %',
+            CASE WHEN messages THEN 'inbox' ELSE 'command' END, day, standing.id
+            USING ERRCODE = 'OB053',
+                  DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
+                      standing.row_count, standing.checksum, n, sum_hash),
+                  HINT = 'Nothing was removed (the delete is rolled back).';
+    END IF;
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN n;
+END;
+$$;
+-- end generated
+
+-- generated from sql/95_archival_steps.sql: inbox.purge_archived
+-- Deletes an audited inbox day whose deleted rows hash exactly to its audit
+-- row, all or nothing (_purge_audited). Already purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived(day date)
+RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT inbox._purge_audited('inbox.messages', day);
+$$;
+COMMENT ON FUNCTION inbox.purge_archived(date) IS
+'Deletes an audited inbox day whose deleted rows hash exactly to its audit row; all or nothing.';
+-- end generated
+
+-- generated from sql/95_archival_steps.sql: inbox.purge_archived_commands
+-- Deletes an audited day of command keys like purge_archived does an inbox
+-- day (_purge_audited): a key claimed again since the audit aborts it. A
+-- claim waiting on a deleted key claims it afresh (claim_command). Already
+-- purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived_commands(day date)
+RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT inbox._purge_audited('inbox.commands', day);
+$$;
+COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
+'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';
+-- end generated
+
+REVOKE ALL ON FUNCTION
+outbox._set_policy(text, text, interval),
+inbox.tg_forbid_delete(),
+inbox._purge_audited(text, date)
+FROM public;
+
 INSERT INTO outbox.schema_migrations (version, name)
 VALUES (18, '0018_steady_under_faults')
 ON CONFLICT (version) DO NOTHING;

@@ -84,28 +84,13 @@ FOR EACH ROW EXECUTE FUNCTION inbox.tg_commands__guard_update();
 -- No ad-hoc removal: a key that disappears lets its command run twice.
 -- Rows leave only through inbox.purge_archived_commands(), which sets
 -- pgoutbox.command_purge for its own transaction. TRUNCATE never.
-CREATE OR REPLACE FUNCTION inbox.tg_commands__forbid_delete()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF TG_OP = 'TRUNCATE'
-        OR current_setting('pgoutbox.command_purge', true) IS DISTINCT FROM 'on' THEN
-        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.commands only by audited archival (inbox.purge_archived_commands)'
-            USING ERRCODE = 'OB012';
-    END IF;
-    RETURN NULL;
-END;
-$$;
-
 CREATE OR REPLACE TRIGGER _100_forbid_delete
 BEFORE DELETE ON inbox.commands
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
 
 CREATE OR REPLACE TRIGGER _100_forbid_truncate
 BEFORE TRUNCATE ON inbox.commands
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
 
 -- The command a call is about: a handler name like the message inbox's, and
 -- a key of 1-256 characters that is not blank: not white space only, tabs
