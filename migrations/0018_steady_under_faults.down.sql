@@ -178,6 +178,28 @@ $$;
 COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
 'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';
 
+-- The exact number of rows an action would touch now, over all its batches.
+CREATE OR REPLACE FUNCTION outbox.dlq_count(
+    filter jsonb DEFAULT '{}'::jsonb,
+    action text DEFAULT 'replay'
+)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
+        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
+            USING ERRCODE = 'OB106';
+    END IF;
+    RETURN (SELECT count(*) FROM outbox._dlq_targets(filter, action));
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
+'How many dead letters outbox.dlq_replay / dlq_discard / dlq_restore would touch for this filter (all batches).';
+
 -- Rows leave inbox.messages only through inbox.purge_archived(), which sets
 -- pgoutbox.inbox_purge for its own transaction. TRUNCATE never.
 CREATE OR REPLACE FUNCTION inbox.tg_messages__forbid_delete()
@@ -234,6 +256,9 @@ REVOKE ALL ON FUNCTION inbox.tg_messages__forbid_delete(), inbox.tg_commands__fo
 DROP FUNCTION IF EXISTS inbox.tg_forbid_delete();
 DROP FUNCTION IF EXISTS inbox._purge_audited(text, date);
 DROP FUNCTION IF EXISTS outbox._set_policy(text, text, interval);
+DROP FUNCTION IF EXISTS outbox._check_dlq_action(text, boolean);
+DROP FUNCTION IF EXISTS outbox._stale_claim(uuid, uuid[], boolean);
+DROP FUNCTION IF EXISTS outbox._check_claim(uuid, uuid[]);
 
 -- ---- broker faults
 

@@ -143,10 +143,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     IF nullif(btrim(reason), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: a hand-back needs a reason' USING ERRCODE = 'OB006';
     END IF;
@@ -162,8 +159,7 @@ BEGIN
     GET DIAGNOSTICS marked = ROW_COUNT;
     PERFORM set_config('pgoutbox.hand_back', '', TRUE);
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013';
+        PERFORM outbox._stale_claim(claim_token, event_ids, FALSE);
     END IF;
     RETURN marked;
 END;
@@ -1059,10 +1055,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     UPDATE outbox.events AS e
     SET status = 'COMPLETED', published_at = now(), last_error = NULL
     WHERE e.claim_token = mark_published.claim_token
@@ -1070,9 +1063,7 @@ BEGIN
         AND e.event_id = ANY(mark_published.event_ids);
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013',
-                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+        PERFORM outbox._stale_claim(claim_token, event_ids, TRUE);
     END IF;
     RETURN marked;
 END;
@@ -1102,10 +1093,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     IF cardinality(event_ids) IS DISTINCT FROM cardinality(errors)
         OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at)
         OR array_ndims(errors) > 1 OR array_ndims(retry_at) > 1 THEN
@@ -1133,8 +1121,7 @@ BEGIN
         AND e.event_id = f.event_id;
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013';
+        PERFORM outbox._stale_claim(claim_token, event_ids, FALSE);
     END IF;
     RETURN marked;
 END;
@@ -2274,7 +2261,7 @@ END;
 $$;
 -- end generated
 
--- generated from sql/40_outbox_wakeup.sql: outbox._wakeup_is_due
+-- generated from sql/15_outbox_wakeup.sql: outbox._wakeup_is_due
 -- Whether the next wake-up is due. Not due while the due time lies ahead, by
 -- at most the largest throttle (1 minute): a clock set back further cannot
 -- mute wake-ups for long. A sequence never set (fresh, or reset by a crash)
@@ -2477,7 +2464,7 @@ BEGIN
     ) THEN
         PERFORM outbox._lower_claim_floor(NEW.id);
     END IF;
-    -- The row passed: wake the relays if a wake-up is due (40_outbox_wakeup.sql).
+    -- The row passed: wake the relays if a wake-up is due (15_outbox_wakeup.sql).
     IF outbox._wakeup_is_due() THEN
         PERFORM outbox._wake_relays(NEW.context);
     END IF;
@@ -3405,17 +3392,6 @@ COMMENT ON FUNCTION outbox.dlq_restore(jsonb, text, integer) IS
 'Restores up to max_rows discarded dead letters matching a filter to DEAD_LETTER, audited; call until 0.';
 -- end generated
 
--- generated from sql/67_dead_letters.sql: outbox._dlq_action_function
--- The function an action runs as, by name: its grant is the action's.
-CREATE OR REPLACE FUNCTION outbox._dlq_action_function(action text)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-    SELECT format('outbox.dlq_%s(jsonb, text, integer)', action);
-$$;
--- end generated
-
 -- generated from sql/67_dead_letters.sql: outbox.dlq_prepare
 -- Fixes the set an action will touch (the rows dlq_count counts now) and
 -- returns the action's id and that number. Only a role that may run the
@@ -3434,13 +3410,7 @@ DECLARE
     n bigint;
 BEGIN
     PERFORM outbox._check_dlq_filter(filter);
-    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
-        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
-            USING ERRCODE = 'OB106';
-    END IF;
-    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(action), 'EXECUTE') THEN
-        RAISE EXCEPTION 'permission denied for function dlq_%', action USING ERRCODE = '42501';
-    END IF;
+    PERFORM outbox._check_dlq_action(action, TRUE);
     DELETE FROM outbox.dlq_actions AS a WHERE a.created_at < now() - interval '7 days';
     INSERT INTO outbox.dlq_actions (action, filter) VALUES (dlq_prepare.action, dlq_prepare.filter)
     RETURNING id INTO new_id;
@@ -3506,9 +3476,7 @@ BEGIN
     PERFORM outbox._check_text(reason, 'a bulk action''s reason', 1000, TRUE);
     PERFORM outbox._check_max_rows(max_rows);
     a := outbox._dlq_action(action_id);
-    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(a.action), 'EXECUTE') THEN
-        RAISE EXCEPTION 'permission denied for function dlq_%', a.action USING ERRCODE = '42501';
-    END IF;
+    PERFORM outbox._check_dlq_action(a.action, TRUE);
     IF a.stopped_at IS NOT NULL OR a.finished_at IS NOT NULL THEN
         RETURN 0;
     END IF;
@@ -3624,7 +3592,6 @@ COMMENT ON FUNCTION outbox.dlq_action_progress(bigint) IS
 REVOKE ALL ON FUNCTION
 outbox._dlq_apply(text, text, bigint[], timestamptz[], uuid[], text[]),
 outbox._dlq_act_on(jsonb, text, text, integer),
-outbox._dlq_action_function(text),
 outbox._dlq_action(bigint),
 outbox.dlq_prepare(jsonb, text),
 outbox.dlq_act(bigint, text, integer),
@@ -3638,7 +3605,8 @@ outbox.dlq_stop(bigint),
 outbox.dlq_action_progress(bigint)
 TO pgoutbox_admin;
 
--- ---- one home for each SQL shape: one audited purge, one delete guard, one policy setter
+-- ---- one home for each SQL shape: one audited purge, one delete guard, one policy setter,
+-- one check of a mark's claim, one check of a dead-letter action
 
 -- Definitions that were written twice or three times now share one private
 -- helper; every public function keeps its signature, grants, codes and
@@ -3667,7 +3635,7 @@ END;
 $$;
 -- end generated
 
--- generated from sql/40_outbox_wakeup.sql: outbox.set_notify_throttle
+-- generated from sql/15_outbox_wakeup.sql: outbox.set_notify_throttle
 CREATE OR REPLACE FUNCTION outbox.set_notify_throttle(throttle interval)
 RETURNS interval
 LANGUAGE plpgsql
@@ -3854,7 +3822,95 @@ COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
 'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';
 -- end generated
 
+-- generated from sql/30_outbox_api.sql: outbox._check_claim
+-- What a relay's mark (mark_published, mark_failed, hand_back) names: its
+-- claim's token and the ids of the events it marks (_check_ids).
+CREATE OR REPLACE FUNCTION outbox._check_claim(claim_token uuid, event_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+END;
+$$;
+-- end generated
+
+-- generated from sql/30_outbox_api.sql: outbox._stale_claim
+-- A mark that found none of the given events still held by its claim: the
+-- lease expired and another relay re-claimed them (mark_published's error
+-- says so; a relay that gets it from mark_failed or hand_back has nothing
+-- left to undo either).
+CREATE OR REPLACE FUNCTION outbox._stale_claim(claim_token uuid, event_ids uuid[], with_hint boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF with_hint THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013',
+                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+    END IF;
+    RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+        USING ERRCODE = 'OB013';
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._check_dlq_action
+-- An action of the dead-letter functions: replay, discard or restore
+-- (OB106 otherwise). With may_act, also that session_user may run it: its
+-- grant is that of the action's own function (outbox.dlq_replay, ...), so
+-- only a role that may act by filter may prepare or take an action's
+-- targets (42501 otherwise).
+CREATE OR REPLACE FUNCTION outbox._check_dlq_action(action text, may_act boolean)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
+        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
+            USING ERRCODE = 'OB106';
+    END IF;
+    IF may_act AND NOT has_function_privilege(
+        session_user, format('outbox.dlq_%s(jsonb, text, integer)', action), 'EXECUTE'
+    ) THEN
+        RAISE EXCEPTION 'permission denied for function dlq_%', action USING ERRCODE = '42501';
+    END IF;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_count
+-- The exact number of rows an action would touch now, over all its batches.
+CREATE OR REPLACE FUNCTION outbox.dlq_count(
+    filter jsonb DEFAULT '{}'::jsonb,
+    action text DEFAULT 'replay'
+)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    PERFORM outbox._check_dlq_action(action, FALSE);
+    RETURN (SELECT count(*) FROM outbox._dlq_targets(filter, action));
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
+'How many dead letters outbox.dlq_replay / dlq_discard / dlq_restore would touch for this filter (all batches).';
+-- end generated
+
 REVOKE ALL ON FUNCTION
+outbox._check_claim(uuid, uuid[]),
+outbox._stale_claim(uuid, uuid[], boolean),
+outbox._check_dlq_action(text, boolean),
 outbox._set_policy(text, text, interval),
 inbox.tg_forbid_delete(),
 inbox._purge_audited(text, date)

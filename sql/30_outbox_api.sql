@@ -348,10 +348,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     UPDATE outbox.events AS e
     SET status = 'COMPLETED', published_at = now(), last_error = NULL
     WHERE e.claim_token = mark_published.claim_token
@@ -359,9 +356,7 @@ BEGIN
         AND e.event_id = ANY(mark_published.event_ids);
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013',
-                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+        PERFORM outbox._stale_claim(claim_token, event_ids, TRUE);
     END IF;
     RETURN marked;
 END;
@@ -389,10 +384,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     IF cardinality(event_ids) IS DISTINCT FROM cardinality(errors)
         OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at)
         OR array_ndims(errors) > 1 OR array_ndims(retry_at) > 1 THEN
@@ -420,8 +412,7 @@ BEGIN
         AND e.event_id = f.event_id;
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013';
+        PERFORM outbox._stale_claim(claim_token, event_ids, FALSE);
     END IF;
     RETURN marked;
 END;
@@ -453,10 +444,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     IF nullif(btrim(reason), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: a hand-back needs a reason' USING ERRCODE = 'OB006';
     END IF;
@@ -472,14 +460,48 @@ BEGIN
     GET DIAGNOSTICS marked = ROW_COUNT;
     PERFORM set_config('pgoutbox.hand_back', '', TRUE);
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013';
+        PERFORM outbox._stale_claim(claim_token, event_ids, FALSE);
     END IF;
     RETURN marked;
 END;
 $$;
 COMMENT ON FUNCTION outbox.hand_back(uuid, uuid[], text) IS
 'PROCESSING -> PENDING, due now, with the claim''s attempt undone (the broker did not answer); returns the count.';
+
+-- What a relay's mark (mark_published, mark_failed, hand_back) names: its
+-- claim's token and the ids of the events it marks (_check_ids).
+CREATE OR REPLACE FUNCTION outbox._check_claim(claim_token uuid, event_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+END;
+$$;
+
+-- A mark that found none of the given events still held by its claim: the
+-- lease expired and another relay re-claimed them (mark_published's error
+-- says so; a relay that gets it from mark_failed or hand_back has nothing
+-- left to undo either).
+CREATE OR REPLACE FUNCTION outbox._stale_claim(claim_token uuid, event_ids uuid[], with_hint boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF with_hint THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013',
+                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+    END IF;
+    RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+        USING ERRCODE = 'OB013';
+END;
+$$;
 
 -- Operator redrive: DEAD_LETTER -> PENDING with attempts reset, recorded in
 -- outbox.requeue_log by the update guard. All or nothing.
