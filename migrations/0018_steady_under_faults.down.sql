@@ -200,6 +200,71 @@ $$;
 COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
 'How many dead letters outbox.dlq_replay / dlq_discard / dlq_restore would touch for this filter (all batches).';
 
+-- Stores a claimed command's result: IN_PROGRESS -> DONE. Every later claim
+-- returns this result. At most 1 MiB of JSON: it is an answer, not a store.
+CREATE OR REPLACE FUNCTION inbox.complete_command(handler text, command_key text, result jsonb)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF result IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a result is required (JSON null is one)' USING ERRCODE = 'OB006';
+    END IF;
+    IF octet_length(result::text) > 1048576 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: result is % bytes of JSON, more than 1048576 (1 MiB)', octet_length(result::text)
+            USING ERRCODE = 'OB009';
+    END IF;
+    UPDATE inbox.commands AS c
+    SET status = 'DONE', result = complete_command.result, settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = complete_command.handler AND c.command_key = complete_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, 'DONE');
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.complete_command(text, text, jsonb) IS
+'IN_PROGRESS -> DONE with the command''s result, which every later claim returns.';
+
+-- Records that a claimed command's work failed: IN_PROGRESS -> FAILED. The
+-- next claim of the key claims it again (a retry runs the command again).
+-- Also the way out for a command left IN_PROGRESS by a crash between two
+-- transactions (claim committed, work never finished).
+CREATE OR REPLACE FUNCTION inbox.fail_command(handler text, command_key text, error text)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE inbox.commands AS c
+    SET status = 'FAILED', last_error = outbox._clip_error(fail_command.error),
+        settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = fail_command.handler AND c.command_key = fail_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, 'FAILED');
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.fail_command(text, text, text) IS
+'IN_PROGRESS -> FAILED with an error; the next claim of the key claims it again.';
+
 -- Rows leave inbox.messages only through inbox.purge_archived(), which sets
 -- pgoutbox.inbox_purge for its own transaction. TRUNCATE never.
 CREATE OR REPLACE FUNCTION inbox.tg_messages__forbid_delete()
@@ -259,6 +324,7 @@ DROP FUNCTION IF EXISTS outbox._set_policy(text, text, interval);
 DROP FUNCTION IF EXISTS outbox._check_dlq_action(text, boolean);
 DROP FUNCTION IF EXISTS outbox._stale_claim(uuid, uuid[], boolean);
 DROP FUNCTION IF EXISTS outbox._check_claim(uuid, uuid[]);
+DROP FUNCTION IF EXISTS inbox._settle_command(text, text, text, jsonb, text);
 
 -- ---- broker faults
 

@@ -3606,7 +3606,8 @@ outbox.dlq_action_progress(bigint)
 TO pgoutbox_admin;
 
 -- ---- one home for each SQL shape: one audited purge, one delete guard, one policy setter,
--- one check of a mark's claim, one check of a dead-letter action
+-- one check of a mark's claim, one check of a dead-letter action,
+-- one writer of a command's outcome
 
 -- Definitions that were written twice or three times now share one private
 -- helper; every public function keeps its signature, grants, codes and
@@ -3907,7 +3908,89 @@ COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
 'How many dead letters outbox.dlq_replay / dlq_discard / dlq_restore would touch for this filter (all batches).';
 -- end generated
 
+-- generated from sql/65_inbox_commands.sql: inbox._settle_command
+-- Settles a claimed command: IN_PROGRESS -> DONE with its result, or FAILED
+-- with its error (clipped like every recorded error), and returns the row;
+-- any other move is refused (_refuse_command_move). The one writer of a
+-- command's outcome, under complete_command and fail_command.
+CREATE OR REPLACE FUNCTION inbox._settle_command(
+    handler text, command_key text, status text, result jsonb, error text
+)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    UPDATE inbox.commands AS c
+    SET status = _settle_command.status,
+        result = CASE WHEN _settle_command.status = 'DONE' THEN _settle_command.result ELSE c.result END,
+        last_error = CASE
+            WHEN _settle_command.status = 'FAILED' THEN outbox._clip_error(_settle_command.error) ELSE c.last_error
+        END,
+        settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = _settle_command.handler AND c.command_key = _settle_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, status);
+    END IF;
+    RETURN row;
+END;
+$$;
+-- end generated
+
+-- generated from sql/65_inbox_commands.sql: inbox.complete_command
+-- Stores a claimed command's result: IN_PROGRESS -> DONE. Every later claim
+-- returns this result. At most 1 MiB of JSON: it is an answer, not a store.
+CREATE OR REPLACE FUNCTION inbox.complete_command(handler text, command_key text, result jsonb)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF result IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a result is required (JSON null is one)' USING ERRCODE = 'OB006';
+    END IF;
+    IF octet_length(result::text) > 1048576 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: result is % bytes of JSON, more than 1048576 (1 MiB)', octet_length(result::text)
+            USING ERRCODE = 'OB009';
+    END IF;
+    RETURN inbox._settle_command(handler, command_key, 'DONE', result, NULL);
+END;
+$$;
+COMMENT ON FUNCTION inbox.complete_command(text, text, jsonb) IS
+'IN_PROGRESS -> DONE with the command''s result, which every later claim returns.';
+-- end generated
+
+-- generated from sql/65_inbox_commands.sql: inbox.fail_command
+-- Records that a claimed command's work failed: IN_PROGRESS -> FAILED. The
+-- next claim of the key claims it again (a retry runs the command again).
+-- Also the way out for a command left IN_PROGRESS by a crash between two
+-- transactions (claim committed, work never finished).
+CREATE OR REPLACE FUNCTION inbox.fail_command(handler text, command_key text, error text)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    RETURN inbox._settle_command(handler, command_key, 'FAILED', NULL, error);
+END;
+$$;
+COMMENT ON FUNCTION inbox.fail_command(text, text, text) IS
+'IN_PROGRESS -> FAILED with an error; the next claim of the key claims it again.';
+-- end generated
+
 REVOKE ALL ON FUNCTION
+inbox._settle_command(text, text, text, jsonb, text),
 outbox._check_claim(uuid, uuid[]),
 outbox._stale_claim(uuid, uuid[], boolean),
 outbox._check_dlq_action(text, boolean),
