@@ -178,6 +178,47 @@ $$;
 COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
 'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';
 
+-- Live row count and checksum of a unit: the day partition of outbox.events,
+-- the rows inbox.messages received that UTC day, or the keys inbox.commands
+-- first claimed that UTC day.
+CREATE OR REPLACE FUNCTION outbox.archive_figures(source text, day date)
+RETURNS TABLE (row_count bigint, checksum numeric)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part text := outbox._partition_name(day);
+BEGIN
+    PERFORM outbox._archive_source(source);
+    PERFORM outbox._check_day(day);
+    IF source = 'outbox.events' THEN
+        IF NOT outbox._is_partition(part) THEN
+            RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', part
+                USING ERRCODE = 'OB050';
+        END IF;
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM outbox.%I AS r',
+            outbox._row_hash_sql(source), part
+        );
+    ELSIF source = 'inbox.messages' THEN
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM inbox.messages AS r'
+            ' WHERE r.received_at >= $1 AND r.received_at < $2',
+            outbox._row_hash_sql(source)
+        ) USING outbox._day_from(day), outbox._day_from(day + 1);
+    ELSE
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM inbox.commands AS r'
+            ' WHERE r.first_claimed_at >= $1 AND r.first_claimed_at < $2',
+            outbox._row_hash_sql(source)
+        ) USING outbox._day_from(day), outbox._day_from(day + 1);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION outbox.archive_figures(text, date) IS
+'Live row count and checksum of one day of outbox.events (its partition), inbox.messages or inbox.commands.';
+
 -- The exact number of rows an action would touch now, over all its batches.
 CREATE OR REPLACE FUNCTION outbox.dlq_count(
     filter jsonb DEFAULT '{}'::jsonb,
@@ -320,6 +361,7 @@ REVOKE ALL ON FUNCTION inbox.tg_messages__forbid_delete(), inbox.tg_commands__fo
 
 DROP FUNCTION IF EXISTS inbox.tg_forbid_delete();
 DROP FUNCTION IF EXISTS inbox._purge_audited(text, date);
+DROP FUNCTION IF EXISTS outbox._day_column(text);
 DROP FUNCTION IF EXISTS outbox._set_policy(text, text, interval);
 DROP FUNCTION IF EXISTS outbox._check_dlq_action(text, boolean);
 DROP FUNCTION IF EXISTS outbox._stale_claim(uuid, uuid[], boolean);

@@ -3733,15 +3733,65 @@ FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_pur
 DROP FUNCTION IF EXISTS inbox.tg_messages__forbid_delete();
 DROP FUNCTION IF EXISTS inbox.tg_commands__forbid_delete();
 
+-- generated from sql/92_archival_helpers.sql: outbox._day_column
+-- The column that places a row of an inbox source in its UTC day, and
+-- never changes: when inbox.messages received it, when inbox.commands first
+-- claimed its key. (outbox.events: its day partition.)
+CREATE OR REPLACE FUNCTION outbox._day_column(source text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT CASE source WHEN 'inbox.messages' THEN 'received_at' WHEN 'inbox.commands' THEN 'first_claimed_at' END;
+$$;
+-- end generated
+
+-- generated from sql/93_archival_checksum.sql: outbox.archive_figures
+-- Live row count and checksum of a unit: the day partition of outbox.events,
+-- the rows inbox.messages received that UTC day, or the keys inbox.commands
+-- first claimed that UTC day.
+CREATE OR REPLACE FUNCTION outbox.archive_figures(source text, day date)
+RETURNS TABLE (row_count bigint, checksum numeric)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part text := outbox._partition_name(day);
+BEGIN
+    PERFORM outbox._archive_source(source);
+    PERFORM outbox._check_day(day);
+    IF source = 'outbox.events' THEN
+        IF NOT outbox._is_partition(part) THEN
+            RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', part
+                USING ERRCODE = 'OB050';
+        END IF;
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM outbox.%I AS r',
+            outbox._row_hash_sql(source), part
+        );
+    ELSE
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM %s AS r'
+            ' WHERE r.%I >= $1 AND r.%I < $2',
+            outbox._row_hash_sql(source), outbox._archive_source(source),
+            outbox._day_column(source), outbox._day_column(source)
+        ) USING outbox._day_from(day), outbox._day_from(day + 1);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION outbox.archive_figures(text, date) IS
+'Live row count and checksum of one day of outbox.events (its partition), inbox.messages or inbox.commands.';
+-- end generated
+
 -- generated from sql/95_archival_steps.sql: inbox._purge_audited
--- Deletes an audited inbox day of source (inbox.messages by received_at,
--- inbox.commands by first_claimed_at) in one statement, hashing exactly the
--- rows it deletes (DELETE ... RETURNING), and rolls back unless they match
--- the audit row: a row changed, added or removed since the audit aborts it.
--- The day must be past the source's floor (_check_floor,
--- _check_command_floor); the delete guard lets the rows go while the
--- source's purge flag is on. Already purged: returns 0. The one audited
--- purge of both inbox tables.
+-- Deletes an audited day of an inbox source (its rows by _day_column) in
+-- one statement, hashing exactly the rows it deletes (DELETE ... RETURNING),
+-- and rolls back unless they match the audit row: a row changed, added or
+-- removed since the audit aborts it. The day must be past the source's
+-- floor (_check_floor, _check_command_floor); the delete guard lets the rows
+-- go while the source's purge flag is on. Already purged: returns 0. The one
+-- audited purge of both inbox tables.
 CREATE OR REPLACE FUNCTION inbox._purge_audited(source text, day date)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -3770,9 +3820,7 @@ BEGIN
         'WITH gone AS (DELETE FROM %s AS d'
         ' WHERE d.%I >= $1 AND d.%I < $2 RETURNING d.*)'
         ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
-        source,
-        CASE WHEN messages THEN 'received_at' ELSE 'first_claimed_at' END,
-        CASE WHEN messages THEN 'received_at' ELSE 'first_claimed_at' END,
+        outbox._archive_source(source), outbox._day_column(source), outbox._day_column(source),
         outbox._row_hash_sql(source)
     ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
     PERFORM set_config(flag, '', true);
@@ -3996,7 +4044,8 @@ outbox._stale_claim(uuid, uuid[], boolean),
 outbox._check_dlq_action(text, boolean),
 outbox._set_policy(text, text, interval),
 inbox.tg_forbid_delete(),
-inbox._purge_audited(text, date)
+inbox._purge_audited(text, date),
+outbox._day_column(text)
 FROM public;
 
 INSERT INTO outbox.schema_migrations (version, name)

@@ -375,14 +375,13 @@ $$;
 COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
 'Drops a sealed, audited day partition whose live count and checksum still match its audit row.';
 
--- Deletes an audited inbox day of source (inbox.messages by received_at,
--- inbox.commands by first_claimed_at) in one statement, hashing exactly the
--- rows it deletes (DELETE ... RETURNING), and rolls back unless they match
--- the audit row: a row changed, added or removed since the audit aborts it.
--- The day must be past the source's floor (_check_floor,
--- _check_command_floor); the delete guard lets the rows go while the
--- source's purge flag is on. Already purged: returns 0. The one audited
--- purge of both inbox tables.
+-- Deletes an audited day of an inbox source (its rows by _day_column) in
+-- one statement, hashing exactly the rows it deletes (DELETE ... RETURNING),
+-- and rolls back unless they match the audit row: a row changed, added or
+-- removed since the audit aborts it. The day must be past the source's
+-- floor (_check_floor, _check_command_floor); the delete guard lets the rows
+-- go while the source's purge flag is on. Already purged: returns 0. The one
+-- audited purge of both inbox tables.
 CREATE OR REPLACE FUNCTION inbox._purge_audited(source text, day date)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -411,9 +410,7 @@ BEGIN
         'WITH gone AS (DELETE FROM %s AS d'
         ' WHERE d.%I >= $1 AND d.%I < $2 RETURNING d.*)'
         ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
-        source,
-        CASE WHEN messages THEN 'received_at' ELSE 'first_claimed_at' END,
-        CASE WHEN messages THEN 'received_at' ELSE 'first_claimed_at' END,
+        outbox._archive_source(source), outbox._day_column(source), outbox._day_column(source),
         outbox._row_hash_sql(source)
     ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
     PERFORM set_config(flag, '', true);
