@@ -1,7 +1,7 @@
 """Wake-ups: a dedicated LISTEN connection turns the outbox_v1 notifications
 into wake-ups of the claim loop's wait, together with its two timers.
 
-The trigger throttles notifications (sql/40_outbox_wakeup.sql): an event
+The trigger throttles notifications (sql/15_outbox_wakeup.sql): an event
 emitted within one throttle interval after a notification sends none.
 So after each notification the loop also claims once more one interval later
 (recheck_at), and in any case polls every poll_interval: a notification is a
