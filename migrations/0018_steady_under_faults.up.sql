@@ -2100,7 +2100,7 @@ END;
 $$;
 -- end generated
 
--- An application upcasts in its own transaction too (docs/consumer.md).
+-- An application upcasts in its own transaction too (docs/in-database.md).
 GRANT EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) TO pgoutbox_writer;
 
 -- ---- fairness: fair claims across tenants
