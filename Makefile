@@ -81,7 +81,7 @@ docs/chart: setup ## Redraw docs/images/delivery_report.png (the delivery chart 
 lint: setup ## ruff (lint, format), mypy, import-linter and sqlfluff (CI runs it before the tests; also .pre-commit-config.yaml)
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
-	@$(VENV)/bin/mypy -p pgoutbox -p pgoutbox_spark
+	@$(VENV)/bin/mypy -p pgoutbox -p pgoutbox_spark -p harness
 	@$(VENV)/bin/lint-imports --no-logo
 	@$(VENV)/bin/sqlfluff lint sql/ migrations/ pgtap/
 

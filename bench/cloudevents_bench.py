@@ -12,7 +12,7 @@ CloudEvents commit), on the same row and the same machine:
 
 Each figure is the best of --repeat runs of --number calls (CPU microseconds
 per call), each build in its own subprocess with its package first on PYTHONPATH
-(pgoutbox.dev.releases.export), alternating builds --rounds times. The relay
+(harness.releases.export), alternating builds --rounds times. The relay
 and consumer benchmarks give the figures per event of the whole processes
 (relay_bench.py --parts e --before, consumer_bench.py --only g --before).
 
@@ -32,8 +32,9 @@ import time
 import timeit
 from pathlib import Path
 
+import checkout  # noqa: F401  (the checkout's root on sys.path, for harness/)
 import machine
-from pgoutbox.dev import releases
+from harness import releases
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW = {
@@ -67,9 +68,12 @@ def measure(number: int, repeat: int) -> dict[str, float]:
 
     from pgoutbox.inbox import dlq, flow, handler_client
 
+    # A build older than core.wire.envelope_from has it in inbox/dlq.py.
+    envelope_from = wire.envelope_from if hasattr(wire, "envelope_from") else dlq.envelope_from
+
     def admit() -> str:
         """The consumer's Python work on one message before the inbox call (MessageFlow._admit, stored())."""
-        envelope = dlq.envelope_from(subject, body, headers)
+        envelope = envelope_from(subject, body, headers)
         raw = wire.payload_bytes(body, headers) if hasattr(wire, "payload_bytes") else body
         admitted = flow.Admitted(None, envelope, 1, handler_client.request_body(envelope, raw))
         return admitted.stored()

@@ -29,7 +29,7 @@ no-op HTTP handler and the same PostgreSQL and nats-server, side by side:
       CPU of the consumer process and of PostgreSQL). `--only h` runs (a) and (h).
   (i) `pgoutbox consume` with default settings, traces off and on (the same
       process plus OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in a process
-      of its own, pgoutbox.dev.otlp), in --rounds interleaved rounds, with the
+      of its own, harness.otlp), in --rounds interleaved rounds, with the
       medians and what tracing costs per message. `--only i` runs (a) and (i).
   (j) `pgoutbox consume` with default settings, the same manifest of format
       "pgoutbox" (one POST per message) and of format "batch" (one POST per
@@ -83,11 +83,12 @@ import nats.js.errors
 import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig
 
+import checkout  # noqa: F401  (the checkout's root on sys.path, for harness/)
 import figures
 import machine
 import reference_loops
+from harness import releases
 from pgoutbox.core import migrate, settings, wire
-from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as cs
@@ -774,7 +775,7 @@ async def _upcast_step(args, pg: EmbeddedPostgres, consume) -> None:
 
 # -- (i) the cost of traces -----------------------------------------------------
 async def _traces_off_on(args, consume) -> None:
-    from pgoutbox.dev.otlp import SinkProcess  # the otel extra (in dev)
+    from harness.otlp import SinkProcess  # the otel extra (in dev)
 
     sink = SinkProcess()
     print(

@@ -73,10 +73,11 @@ from pathlib import Path
 import httpx
 import psycopg
 
+import checkout  # noqa: F401  (the checkout's root on sys.path, for harness/)
 import figures
 import machine
+from harness import releases
 from pgoutbox.core import migrate
-from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from relay_bench import postgres_cpu_seconds
 

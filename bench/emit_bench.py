@@ -54,11 +54,12 @@ from pathlib import Path
 
 import psycopg
 
+import checkout  # noqa: F401  (the checkout's root on sys.path, for harness/)
 import figures
 import machine
+from harness import releases
 from pgoutbox import SCHEMA_VERSION
 from pgoutbox.core import migrate
-from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedPostgres
 from relay_bench import migrate_as, postgres_cpu_seconds
 from sql_bench import new_database

@@ -42,9 +42,10 @@ from pathlib import Path
 import nats
 import psycopg
 
+import checkout  # noqa: F401  (the checkout's root on sys.path, for harness/)
 import machine
+from harness import releases
 from pgoutbox.core import migrate
-from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from pgoutbox.outbox import streams
 from relay_bench import RELAY_LOGIN, postgres_cpu_seconds, relay_process

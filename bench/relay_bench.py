@@ -24,7 +24,7 @@
       Each relay runs with the product's defaults (the HTTP port aside: 0) as a
       login in pgoutbox_relay only. --tracing adds this build with traces on
       (OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP/HTTP sink in a process of its
-      own, pgoutbox.dev.otlp) in the same rounds, and prints what tracing costs per
+      own, harness.otlp) in the same rounds, and prints what tracing costs per
       event against this build with tracing off.
 
 Everything runs on a private PostgreSQL 15 (default durability: fsync on,
@@ -60,10 +60,11 @@ import nats
 import psycopg
 from nats.js.api import DeliverPolicy, StreamConfig
 
+import checkout  # noqa: F401  (the checkout's root on sys.path, for harness/)
 import figures
 import machine
+from harness import releases
 from pgoutbox.core import migrate, wire
-from pgoutbox.dev import releases
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
 from pgoutbox.outbox import streams
 from pgoutbox.outbox.calls import CLAIMED_COLUMNS
@@ -480,7 +481,7 @@ def moderate_rates(root: Path, pg, ns, args) -> None:
         codes[label] = (None, dict(a.split("=", 1) for a in assignments.split(",") if a))
     sink = None
     if args.tracing:
-        from pgoutbox.dev.otlp import SinkProcess  # the otel extra (in dev)
+        from harness.otlp import SinkProcess  # the otel extra (in dev)
 
         sink = SinkProcess()
         codes[TRACING_ON] = (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint})

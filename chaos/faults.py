@@ -41,16 +41,15 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any, Protocol
 
 import psycopg
 
 from pgoutbox.dev.embedded import nats_server_binary
 
 from . import foreign
-
-if TYPE_CHECKING:
-    from .harness import Pipeline
+from .ledger_app import LedgerApp
 
 TOPOLOGIES = ("single", "cluster")
 PLUGINS = ("chaos.pg_failover",)
@@ -61,6 +60,39 @@ OUTAGE_MESSAGES = 20  # well-formed messages published while PostgreSQL is down
 UPCAST_BURST = 30  # older-version events emitted by one upcaster_raises fault, a third of them failing
 FLOW_TIMEOUT = 30.0  # how long a consumer kill waits for deliveries under way
 DEFAULT_ESTIMATE = 5.0  # seconds a fault kind takes, injection and recovery, unless it says
+
+
+class Pipeline(Protocol):
+    """What a fault kind uses of the run under test; chaos.harness.Pipeline
+    is one. A protocol rather than that class: the harness imports this
+    module, so this module imports nothing of the harness back."""
+
+    stream: str
+    subject: str
+    event_type: str  # the ledger's events
+    version: int  # their payload version; upcaster_raises emits version - 1
+    root: Path
+    seed: int
+    profile: Any  # chaos.harness.Profile: the run's counts and durations
+    pg: Any  # what restart_postgres restarts: an EmbeddedPostgres, or pg_failover's pair
+    nats: Any  # an EmbeddedNats or a NatsCluster
+    database_url: str
+    extras: dict[str, Any]
+    relays: list[subprocess.Popen | None]
+    consumers: list[subprocess.Popen | None]
+    app: LedgerApp | None
+    foreign: foreign.ForeignLedger
+
+    @property
+    def lease_seconds(self) -> float: ...
+
+    def url_as(self, who: str) -> str: ...
+
+    def start_relay(self, i: int) -> None: ...
+
+    def start_consumer(self, i: int) -> None: ...
+
+    def emit_old_version(self, failing: list[str | None]) -> tuple[int, int]: ...
 
 
 @dataclass(frozen=True)
@@ -262,7 +294,7 @@ def handler_down(pipeline: Pipeline, rng: random.Random) -> str:
     minutes in the long profiles): connections refused, requests on open
     ones unanswered. The consumer's gate of that handler closes: its
     messages wait, with no failure counted, until a probe finds it back
-    (docs/consumer.md, "A handler that is away")."""
+    (docs/handlers.md, "A handler that is away")."""
     assert pipeline.app is not None
     seconds = rng.uniform(*pipeline.profile.away_seconds)
     pipeline.app.down()
@@ -299,14 +331,13 @@ UPCAST_FAILURES = ("assert", "raise", "divide")
 def _register_upcaster(pipeline: Pipeline) -> None:
     """The upcaster v1 -> v2 of the ledger's event type: created by the
     schema owner, registered through the SQL API by a pgoutbox_admin login
-    (docs/consumer.md, "Payload versions")."""
-    from .harness import EVENT_TYPE, VERSION
-
+    (docs/in-database.md, "Payload versions")."""
     with psycopg.connect(pipeline.database_url, autocommit=True) as conn:
         conn.execute(UPCASTER)
     with psycopg.connect(pipeline.url_as("admin"), autocommit=True) as conn:
         conn.execute(
-            "SELECT inbox.register_upcaster(%s, %s, 'chaos.ledger_entry_v1_v2(jsonb)')", (EVENT_TYPE, VERSION - 1)
+            "SELECT inbox.register_upcaster(%s, %s, 'chaos.ledger_entry_v1_v2(jsonb)')",
+            (pipeline.event_type, pipeline.version - 1),
         )
 
 
@@ -317,10 +348,8 @@ def upcaster_raises(pipeline: Pipeline, rng: random.Random) -> str:
     upcaster raises (ASSERT, RAISE with a custom SQLSTATE, division by
     zero): each of those must end UPCAST_FAILED, dead-lettered with its
     notice, the others processed."""
-    from .harness import emit_old_version
-
     failing = [rng.choice(UPCAST_FAILURES) if k % 3 == 0 else None for k in range(UPCAST_BURST)]
-    ok, bad = emit_old_version(pipeline, failing)
+    ok, bad = pipeline.emit_old_version(failing)
     return f"{ok} upcast, {bad} with a raising upcaster"
 
 

@@ -83,12 +83,12 @@ import nats
 import psycopg
 import psycopg.sql
 
+from harness import nats_cluster
+from harness.nats_cluster import NatsCluster
 from pgoutbox.core import migrate
 from pgoutbox.core import settings as core_settings
 from pgoutbox.core.backoff import Backoff
-from pgoutbox.dev import nats_cluster
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres
-from pgoutbox.dev.nats_cluster import NatsCluster
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as consumer_settings
 from pgoutbox.outbox import away
@@ -201,6 +201,8 @@ class Pipeline:
 
     stream = STREAM
     subject = SUBJECT
+    event_type = EVENT_TYPE
+    version = VERSION
 
     def __init__(
         self,
@@ -288,6 +290,41 @@ class Pipeline:
 
     def start_consumer(self, i: int) -> None:
         self.consumers[i] = self._spawn("consume", f"consumer-{i}", self.consumer_env(), "consumer")
+
+    def emit_old_version(self, failing: list[str | None]) -> tuple[int, int]:
+        """Emits one event of the older payload version per item of `failing`
+        (a value: the upcaster raises for it, that way), each in its own
+        transaction, as the writers' login; records them in the run's ledger
+        (self.ledger). Returns (upcast, raising) of those committed."""
+        ledger = self.ledger
+        assert ledger is not None
+        ok = bad = 0
+        try:
+            with psycopg.connect(self.url_as("writer"), connect_timeout=3, autocommit=True) as conn:
+                for how in failing:
+                    payload: dict[str, Any] = {"schema_version": VERSION - 1}
+                    if how:
+                        payload["upcast_fail"] = how
+                    try:
+                        event_id = conn.execute(
+                            "SELECT outbox.emit('account', 'old', %s, %s::jsonb, context => %s, event_version => %s)",
+                            (EVENT_TYPE, json.dumps(payload), CONTEXT, VERSION - 1),
+                        ).fetchone()[0]
+                    except psycopg.Error:
+                        with ledger.lock:
+                            ledger.writer_errors += 1
+                        return ok, bad  # the connection is gone: the burst ends here, what committed counts
+                    with ledger.lock:
+                        ledger.committed[event_id] = time.time()
+                        (ledger.upcast_fail if how else ledger.upcast_ok).add(event_id)
+                    if how:
+                        bad += 1
+                    else:
+                        ok += 1
+        except psycopg.Error:
+            with ledger.lock:
+                ledger.writer_errors += 1
+        return ok, bad
 
     def settle_seconds(self) -> float:
         """How long the run may stand still after a fault before what is
@@ -514,42 +551,6 @@ def write_load(
                 ledger.poison.add(event_id)
             if key:
                 ledger.keyed[event_id] = key
-
-
-def emit_old_version(pipeline: Pipeline, failing: list[str | None]) -> tuple[int, int]:
-    """Emits one event of the older payload version per item of `failing`
-    (a value: the upcaster raises for it, that way), each in its own
-    transaction, as the writers' login; records them in the run's ledger
-    (pipeline.ledger). Returns (upcast, raising) of those committed."""
-    ledger = pipeline.ledger
-    assert ledger is not None
-    ok = bad = 0
-    try:
-        with psycopg.connect(pipeline.url_as("writer"), connect_timeout=3, autocommit=True) as conn:
-            for how in failing:
-                payload: dict[str, Any] = {"schema_version": VERSION - 1}
-                if how:
-                    payload["upcast_fail"] = how
-                try:
-                    event_id = conn.execute(
-                        "SELECT outbox.emit('account', 'old', %s, %s::jsonb, context => %s, event_version => %s)",
-                        (EVENT_TYPE, json.dumps(payload), CONTEXT, VERSION - 1),
-                    ).fetchone()[0]
-                except psycopg.Error:
-                    with ledger.lock:
-                        ledger.writer_errors += 1
-                    return ok, bad  # the connection is gone: the burst ends here, what committed counts
-                with ledger.lock:
-                    ledger.committed[event_id] = time.time()
-                    (ledger.upcast_fail if how else ledger.upcast_ok).add(event_id)
-                if how:
-                    bad += 1
-                else:
-                    ok += 1
-    except psycopg.Error:
-        with ledger.lock:
-            ledger.writer_errors += 1
-    return ok, bad
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ hostile and foreign inputs' way to ask for a dead letter), 409 for one it
 already applied, 200 once applied, 503 when its database is unreachable. It
 never fails otherwise. Its 503s are counted per message id (`failures`); a
 consumer of this release counts none of them against max_deliver (503 says
-the handler is away: docs/consumer.md), an older one counted them all.
+the handler is away: docs/handlers.md), an older one counted them all.
 
 down() closes its HTTP server (and every keep-alive connection): connections
 are refused until up() opens it again on the same port (faults.handler_down).

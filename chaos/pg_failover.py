@@ -1,5 +1,5 @@
 """PostgreSQL failover for the chaos runs: a primary with a streaming standby
-(pgoutbox.dev.pg_standby) behind one multi-host URL, a `promote` fault, and
+(harness.pg_standby) behind one multi-host URL, a `promote` fault, and
 business writers whose ledger shows what a promotion did to the data.
 
 Interface (what a soak registers; every call blocks until done):
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgoutbox.dev.pg_standby import StandbyPair
+from harness.pg_standby import StandbyPair
 
 KIND = "pg_failover"
 AGGREGATE = "failover"  # aggregate_type of the business writers' events

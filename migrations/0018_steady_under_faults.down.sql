@@ -19,6 +19,355 @@ BEGIN
 END;
 $$;
 
+-- ---- one home for each SQL shape
+
+-- The definitions of version 17, each written out again, then the shared
+-- helpers go.
+
+CREATE OR REPLACE FUNCTION outbox.set_notify_throttle(throttle interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF throttle IS NULL OR throttle < interval '0' OR throttle > interval '1 minute' THEN
+        RAISE EXCEPTION 'INVALID_SETTING: notify_throttle % is not an interval from 0 to 1 minute', coalesce(throttle::text, 'NULL')
+            USING ERRCODE = 'OB007';
+    END IF;
+    INSERT INTO outbox.wakeup_policy AS p (singleton, notify_throttle)
+    VALUES (TRUE, throttle)
+    ON CONFLICT (singleton) DO UPDATE
+    SET notify_throttle = excluded.notify_throttle, changed_at = now(), changed_by = session_user;
+    RETURN throttle;
+END;
+$$;
+COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS
+'Sets the minimum gap between two wake-ups for every writer (admins); relays read it at start-up.';
+
+CREATE OR REPLACE FUNCTION inbox.set_stream_max_age(max_age interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_age IS NULL OR max_age <= interval '0' OR max_age > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: max_age must be positive and at most 100 years, got %', max_age
+            USING ERRCODE = 'OB006';
+    END IF;
+    INSERT INTO inbox.retention_policy AS p (singleton, stream_max_age)
+    VALUES (TRUE, max_age)
+    ON CONFLICT (singleton) DO UPDATE
+    SET stream_max_age = excluded.stream_max_age, changed_at = now(), changed_by = session_user;
+    RETURN max_age;
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
+'Sets the inbox retention floor to the longest max_age of the streams feeding this inbox (admins).';
+
+CREATE OR REPLACE FUNCTION inbox.set_command_retry_window(retry_window interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retry_window IS NULL OR retry_window <= interval '0' OR retry_window > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: retry_window must be positive and at most 100 years, got %', retry_window
+            USING ERRCODE = 'OB006';
+    END IF;
+    INSERT INTO inbox.command_policy AS p (singleton, retry_window)
+    VALUES (TRUE, set_command_retry_window.retry_window)
+    ON CONFLICT (singleton) DO UPDATE
+    SET retry_window = excluded.retry_window, changed_at = now(), changed_by = session_user;
+    RETURN retry_window;
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_command_retry_window(interval) IS
+'Sets the command retention floor to the longest time a client may retry a command (admins).';
+
+-- Deletes an audited inbox day in one statement, hashing exactly the rows
+-- it deletes (DELETE ... RETURNING), and rolls back unless they match the
+-- audit row: a row changed, added or removed since the audit aborts it.
+-- Already purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived(day date)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    standing outbox.archive_audit;
+    n bigint;
+    sum_hash numeric;
+BEGIN
+    PERFORM outbox._check_day(day);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('inbox.messages', day));
+    standing := outbox._standing_audit('inbox.messages', day);
+    IF standing.removed_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM inbox._check_floor(day);
+    PERFORM set_config('pgoutbox.inbox_purge', 'on', true);
+    EXECUTE format(
+        'WITH gone AS (DELETE FROM inbox.messages AS m'
+        ' WHERE m.received_at >= $1 AND m.received_at < $2 RETURNING m.*)'
+        ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
+        outbox._row_hash_sql('inbox.messages')
+    ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
+    PERFORM set_config('pgoutbox.inbox_purge', '', true);
+    IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
+        RAISE EXCEPTION 'ARCHIVE_MISMATCH: inbox day % changed since audit %', day, standing.id
+            USING ERRCODE = 'OB053',
+                  DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
+                      standing.row_count, standing.checksum, n, sum_hash),
+                  HINT = 'Nothing was removed (the delete is rolled back).';
+    END IF;
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.purge_archived(date) IS
+'Deletes an audited inbox day whose deleted rows hash exactly to its audit row; all or nothing.';
+
+-- Deletes an audited day of command keys like purge_archived does an inbox
+-- day: one statement, hashing exactly the rows it deletes, rolled back
+-- unless they match the audit row (a key claimed again since the audit
+-- aborts it). A claim waiting on a deleted key claims it afresh
+-- (claim_command). Already purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived_commands(day date)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    standing outbox.archive_audit;
+    n bigint;
+    sum_hash numeric;
+BEGIN
+    PERFORM outbox._check_day(day);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('inbox.commands', day));
+    standing := outbox._standing_audit('inbox.commands', day);
+    IF standing.removed_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM inbox._check_command_floor(day);
+    PERFORM set_config('pgoutbox.command_purge', 'on', true);
+    EXECUTE format(
+        'WITH gone AS (DELETE FROM inbox.commands AS c'
+        ' WHERE c.first_claimed_at >= $1 AND c.first_claimed_at < $2 RETURNING c.*)'
+        ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
+        outbox._row_hash_sql('inbox.commands')
+    ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
+    PERFORM set_config('pgoutbox.command_purge', '', true);
+    IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
+        RAISE EXCEPTION 'ARCHIVE_MISMATCH: command day % changed since audit %', day, standing.id
+            USING ERRCODE = 'OB053',
+                  DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
+                      standing.row_count, standing.checksum, n, sum_hash),
+                  HINT = 'Nothing was removed (the delete is rolled back).';
+    END IF;
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
+'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';
+
+-- Live row count and checksum of a unit: the day partition of outbox.events,
+-- the rows inbox.messages received that UTC day, or the keys inbox.commands
+-- first claimed that UTC day.
+CREATE OR REPLACE FUNCTION outbox.archive_figures(source text, day date)
+RETURNS TABLE (row_count bigint, checksum numeric)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part text := outbox._partition_name(day);
+BEGIN
+    PERFORM outbox._archive_source(source);
+    PERFORM outbox._check_day(day);
+    IF source = 'outbox.events' THEN
+        IF NOT outbox._is_partition(part) THEN
+            RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', part
+                USING ERRCODE = 'OB050';
+        END IF;
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM outbox.%I AS r',
+            outbox._row_hash_sql(source), part
+        );
+    ELSIF source = 'inbox.messages' THEN
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM inbox.messages AS r'
+            ' WHERE r.received_at >= $1 AND r.received_at < $2',
+            outbox._row_hash_sql(source)
+        ) USING outbox._day_from(day), outbox._day_from(day + 1);
+    ELSE
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM inbox.commands AS r'
+            ' WHERE r.first_claimed_at >= $1 AND r.first_claimed_at < $2',
+            outbox._row_hash_sql(source)
+        ) USING outbox._day_from(day), outbox._day_from(day + 1);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION outbox.archive_figures(text, date) IS
+'Live row count and checksum of one day of outbox.events (its partition), inbox.messages or inbox.commands.';
+
+-- The exact number of rows an action would touch now, over all its batches.
+CREATE OR REPLACE FUNCTION outbox.dlq_count(
+    filter jsonb DEFAULT '{}'::jsonb,
+    action text DEFAULT 'replay'
+)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
+        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
+            USING ERRCODE = 'OB106';
+    END IF;
+    RETURN (SELECT count(*) FROM outbox._dlq_targets(filter, action));
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
+'How many dead letters outbox.dlq_replay / dlq_discard / dlq_restore would touch for this filter (all batches).';
+
+-- Stores a claimed command's result: IN_PROGRESS -> DONE. Every later claim
+-- returns this result. At most 1 MiB of JSON: it is an answer, not a store.
+CREATE OR REPLACE FUNCTION inbox.complete_command(handler text, command_key text, result jsonb)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF result IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a result is required (JSON null is one)' USING ERRCODE = 'OB006';
+    END IF;
+    IF octet_length(result::text) > 1048576 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: result is % bytes of JSON, more than 1048576 (1 MiB)', octet_length(result::text)
+            USING ERRCODE = 'OB009';
+    END IF;
+    UPDATE inbox.commands AS c
+    SET status = 'DONE', result = complete_command.result, settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = complete_command.handler AND c.command_key = complete_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, 'DONE');
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.complete_command(text, text, jsonb) IS
+'IN_PROGRESS -> DONE with the command''s result, which every later claim returns.';
+
+-- Records that a claimed command's work failed: IN_PROGRESS -> FAILED. The
+-- next claim of the key claims it again (a retry runs the command again).
+-- Also the way out for a command left IN_PROGRESS by a crash between two
+-- transactions (claim committed, work never finished).
+CREATE OR REPLACE FUNCTION inbox.fail_command(handler text, command_key text, error text)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    UPDATE inbox.commands AS c
+    SET status = 'FAILED', last_error = outbox._clip_error(fail_command.error),
+        settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = fail_command.handler AND c.command_key = fail_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, 'FAILED');
+    END IF;
+    RETURN row;
+END;
+$$;
+COMMENT ON FUNCTION inbox.fail_command(text, text, text) IS
+'IN_PROGRESS -> FAILED with an error; the next claim of the key claims it again.';
+
+-- Rows leave inbox.messages only through inbox.purge_archived(), which sets
+-- pgoutbox.inbox_purge for its own transaction. TRUNCATE never.
+CREATE OR REPLACE FUNCTION inbox.tg_messages__forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting('pgoutbox.inbox_purge', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.messages only by audited archival (inbox.purge_archived)'
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- No ad-hoc removal: a key that disappears lets its command run twice.
+-- Rows leave only through inbox.purge_archived_commands(), which sets
+-- pgoutbox.command_purge for its own transaction. TRUNCATE never.
+CREATE OR REPLACE FUNCTION inbox.tg_commands__forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting('pgoutbox.command_purge', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.commands only by audited archival (inbox.purge_archived_commands)'
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_messages__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_messages__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+
+REVOKE ALL ON FUNCTION inbox.tg_messages__forbid_delete(), inbox.tg_commands__forbid_delete() FROM public;
+
+DROP FUNCTION IF EXISTS inbox.tg_forbid_delete();
+DROP FUNCTION IF EXISTS inbox._purge_audited(text, date);
+DROP FUNCTION IF EXISTS outbox._day_column(text);
+DROP FUNCTION IF EXISTS outbox._set_policy(text, text, interval);
+DROP FUNCTION IF EXISTS outbox._check_dlq_action(text, boolean);
+DROP FUNCTION IF EXISTS outbox._stale_claim(uuid, uuid[], boolean);
+DROP FUNCTION IF EXISTS outbox._check_claim(uuid, uuid[]);
+DROP FUNCTION IF EXISTS inbox._settle_command(text, text, text, jsonb, text);
+
 -- ---- broker faults
 
 DROP FUNCTION IF EXISTS outbox.hand_back(uuid, uuid[], text);

@@ -143,10 +143,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     IF nullif(btrim(reason), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: a hand-back needs a reason' USING ERRCODE = 'OB006';
     END IF;
@@ -162,8 +159,7 @@ BEGIN
     GET DIAGNOSTICS marked = ROW_COUNT;
     PERFORM set_config('pgoutbox.hand_back', '', TRUE);
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013';
+        PERFORM outbox._stale_claim(claim_token, event_ids, FALSE);
     END IF;
     RETURN marked;
 END;
@@ -1261,10 +1257,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     UPDATE outbox.events AS e
     SET status = 'COMPLETED', published_at = now(), last_error = NULL
     WHERE e.claim_token = mark_published.claim_token
@@ -1272,9 +1265,7 @@ BEGIN
         AND e.event_id = ANY(mark_published.event_ids);
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013',
-                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+        PERFORM outbox._stale_claim(claim_token, event_ids, TRUE);
     END IF;
     RETURN marked;
 END;
@@ -1304,10 +1295,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     IF cardinality(event_ids) IS DISTINCT FROM cardinality(errors)
         OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at)
         OR array_ndims(errors) > 1 OR array_ndims(retry_at) > 1 THEN
@@ -1335,8 +1323,7 @@ BEGIN
         AND e.event_id = f.event_id;
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013';
+        PERFORM outbox._stale_claim(claim_token, event_ids, FALSE);
     END IF;
     RETURN marked;
 END;
@@ -2315,7 +2302,7 @@ END;
 $$;
 -- end generated
 
--- An application upcasts in its own transaction too (docs/consumer.md).
+-- An application upcasts in its own transaction too (docs/in-database.md).
 GRANT EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) TO pgoutbox_writer;
 
 -- ---- fairness: fair claims across tenants
@@ -2575,7 +2562,7 @@ END;
 $$;
 -- end generated
 
--- generated from sql/40_outbox_wakeup.sql: outbox._wakeup_is_due
+-- generated from sql/15_outbox_wakeup.sql: outbox._wakeup_is_due
 -- Whether the next wake-up is due. Not due while the due time lies ahead, by
 -- at most the largest throttle (1 minute): a clock set back further cannot
 -- mute wake-ups for long. A sequence never set (fresh, or reset by a crash)
@@ -2778,7 +2765,7 @@ BEGIN
     ) THEN
         PERFORM outbox._lower_claim_floor(NEW.id);
     END IF;
-    -- The row passed: wake the relays if a wake-up is due (40_outbox_wakeup.sql).
+    -- The row passed: wake the relays if a wake-up is due (15_outbox_wakeup.sql).
     IF outbox._wakeup_is_due() THEN
         PERFORM outbox._wake_relays(NEW.context);
     END IF;
@@ -3706,17 +3693,6 @@ COMMENT ON FUNCTION outbox.dlq_restore(jsonb, text, integer) IS
 'Restores up to max_rows discarded dead letters matching a filter to DEAD_LETTER, audited; call until 0.';
 -- end generated
 
--- generated from sql/67_dead_letters.sql: outbox._dlq_action_function
--- The function an action runs as, by name: its grant is the action's.
-CREATE OR REPLACE FUNCTION outbox._dlq_action_function(action text)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-    SELECT format('outbox.dlq_%s(jsonb, text, integer)', action);
-$$;
--- end generated
-
 -- generated from sql/67_dead_letters.sql: outbox.dlq_prepare
 -- Fixes the set an action will touch (the rows dlq_count counts now) and
 -- returns the action's id and that number. Only a role that may run the
@@ -3735,13 +3711,7 @@ DECLARE
     n bigint;
 BEGIN
     PERFORM outbox._check_dlq_filter(filter);
-    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
-        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
-            USING ERRCODE = 'OB106';
-    END IF;
-    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(action), 'EXECUTE') THEN
-        RAISE EXCEPTION 'permission denied for function dlq_%', action USING ERRCODE = '42501';
-    END IF;
+    PERFORM outbox._check_dlq_action(action, TRUE);
     DELETE FROM outbox.dlq_actions AS a WHERE a.created_at < now() - interval '7 days';
     INSERT INTO outbox.dlq_actions (action, filter) VALUES (dlq_prepare.action, dlq_prepare.filter)
     RETURNING id INTO new_id;
@@ -3807,9 +3777,7 @@ BEGIN
     PERFORM outbox._check_text(reason, 'a bulk action''s reason', 1000, TRUE);
     PERFORM outbox._check_max_rows(max_rows);
     a := outbox._dlq_action(action_id);
-    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(a.action), 'EXECUTE') THEN
-        RAISE EXCEPTION 'permission denied for function dlq_%', a.action USING ERRCODE = '42501';
-    END IF;
+    PERFORM outbox._check_dlq_action(a.action, TRUE);
     IF a.stopped_at IS NOT NULL OR a.finished_at IS NOT NULL THEN
         RETURN 0;
     END IF;
@@ -3925,7 +3893,6 @@ COMMENT ON FUNCTION outbox.dlq_action_progress(bigint) IS
 REVOKE ALL ON FUNCTION
 outbox._dlq_apply(text, text, bigint[], timestamptz[], uuid[], text[]),
 outbox._dlq_act_on(jsonb, text, text, integer),
-outbox._dlq_action_function(text),
 outbox._dlq_action(bigint),
 outbox.dlq_prepare(jsonb, text),
 outbox.dlq_act(bigint, text, integer),
@@ -3938,6 +3905,449 @@ outbox.dlq_act(bigint, text, integer),
 outbox.dlq_stop(bigint),
 outbox.dlq_action_progress(bigint)
 TO pgoutbox_admin;
+
+-- ---- one home for each SQL shape: one audited purge, one delete guard, one policy setter,
+-- one check of a mark's claim, one check of a dead-letter action,
+-- one writer of a command's outcome
+
+-- Definitions that were written twice or three times now share one private
+-- helper; every public function keeps its signature, grants, codes and
+-- behaviour.
+
+-- generated from sql/05_helpers.sql: outbox._set_policy
+-- Sets the one value `setting` of a singleton policy table
+-- (outbox.wakeup_policy, inbox.retention_policy, inbox.command_policy: one
+-- row, keyed by `singleton`, with a named CHECK on the value) and records
+-- who changed it when. The admins' setter checks the value first, with its
+-- own code; the table's CHECK stands behind it. Returns the value.
+CREATE OR REPLACE FUNCTION outbox._set_policy(policy text, setting text, value interval)
+RETURNS interval
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format(
+        'INSERT INTO %s AS p (singleton, %I) VALUES (TRUE, $1)'
+        ' ON CONFLICT (singleton) DO UPDATE'
+        ' SET %I = excluded.%I, changed_at = now(), changed_by = session_user',
+        policy, setting, setting, setting
+    ) USING value;
+    RETURN value;
+END;
+$$;
+-- end generated
+
+-- generated from sql/15_outbox_wakeup.sql: outbox.set_notify_throttle
+CREATE OR REPLACE FUNCTION outbox.set_notify_throttle(throttle interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF throttle IS NULL OR throttle < interval '0' OR throttle > interval '1 minute' THEN
+        RAISE EXCEPTION 'INVALID_SETTING: notify_throttle % is not an interval from 0 to 1 minute', coalesce(throttle::text, 'NULL')
+            USING ERRCODE = 'OB007';
+    END IF;
+    RETURN outbox._set_policy('outbox.wakeup_policy', 'notify_throttle', throttle);
+END;
+$$;
+COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS
+'Sets the minimum gap between two wake-ups for every writer (admins); relays read it at start-up.';
+-- end generated
+
+-- generated from sql/94_archival_listing.sql: inbox.set_stream_max_age
+CREATE OR REPLACE FUNCTION inbox.set_stream_max_age(max_age interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_age IS NULL OR max_age <= interval '0' OR max_age > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: max_age must be positive and at most 100 years, got %', max_age
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN outbox._set_policy('inbox.retention_policy', 'stream_max_age', max_age);
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
+'Sets the inbox retention floor to the longest max_age of the streams feeding this inbox (admins).';
+-- end generated
+
+-- generated from sql/94_archival_listing.sql: inbox.set_command_retry_window
+CREATE OR REPLACE FUNCTION inbox.set_command_retry_window(retry_window interval)
+RETURNS interval
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retry_window IS NULL OR retry_window <= interval '0' OR retry_window > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: retry_window must be positive and at most 100 years, got %', retry_window
+            USING ERRCODE = 'OB006';
+    END IF;
+    RETURN outbox._set_policy('inbox.command_policy', 'retry_window', retry_window);
+END;
+$$;
+COMMENT ON FUNCTION inbox.set_command_retry_window(interval) IS
+'Sets the command retention floor to the longest time a client may retry a command (admins).';
+-- end generated
+
+-- generated from sql/50_inbox.sql: inbox.tg_forbid_delete
+-- No ad-hoc removal from an inbox table: rows leave only through its audited
+-- purge (TG_ARGV[1]), which sets the flag TG_ARGV[0] to 'on' for its own
+-- transaction. TRUNCATE never. One guard for inbox.messages
+-- (sql/91_archival_audit.sql) and inbox.commands (sql/65_inbox_commands.sql).
+CREATE OR REPLACE FUNCTION inbox.tg_forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting(TG_ARGV[0], true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave %.% only by audited archival (%)', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_ARGV[1]
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- end generated
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.inbox_purge', 'inbox.purge_archived');
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.messages
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.inbox_purge', 'inbox.purge_archived');
+
+CREATE OR REPLACE TRIGGER _100_forbid_delete
+BEFORE DELETE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
+
+CREATE OR REPLACE TRIGGER _100_forbid_truncate
+BEFORE TRUNCATE ON inbox.commands
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
+
+DROP FUNCTION IF EXISTS inbox.tg_messages__forbid_delete();
+DROP FUNCTION IF EXISTS inbox.tg_commands__forbid_delete();
+
+-- generated from sql/92_archival_helpers.sql: outbox._day_column
+-- The column that places a row of an inbox source in its UTC day, and
+-- never changes: when inbox.messages received it, when inbox.commands first
+-- claimed its key. (outbox.events: its day partition.)
+CREATE OR REPLACE FUNCTION outbox._day_column(source text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT CASE source WHEN 'inbox.messages' THEN 'received_at' WHEN 'inbox.commands' THEN 'first_claimed_at' END;
+$$;
+-- end generated
+
+-- generated from sql/93_archival_checksum.sql: outbox.archive_figures
+-- Live row count and checksum of a unit: the day partition of outbox.events,
+-- the rows inbox.messages received that UTC day, or the keys inbox.commands
+-- first claimed that UTC day.
+CREATE OR REPLACE FUNCTION outbox.archive_figures(source text, day date)
+RETURNS TABLE (row_count bigint, checksum numeric)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    part text := outbox._partition_name(day);
+BEGIN
+    PERFORM outbox._archive_source(source);
+    PERFORM outbox._check_day(day);
+    IF source = 'outbox.events' THEN
+        IF NOT outbox._is_partition(part) THEN
+            RAISE EXCEPTION 'ARCHIVE_UNKNOWN_UNIT: outbox.events has no partition %', part
+                USING ERRCODE = 'OB050';
+        END IF;
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM outbox.%I AS r',
+            outbox._row_hash_sql(source), part
+        );
+    ELSE
+        RETURN QUERY EXECUTE format(
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM %s AS r'
+            ' WHERE r.%I >= $1 AND r.%I < $2',
+            outbox._row_hash_sql(source), outbox._archive_source(source),
+            outbox._day_column(source), outbox._day_column(source)
+        ) USING outbox._day_from(day), outbox._day_from(day + 1);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION outbox.archive_figures(text, date) IS
+'Live row count and checksum of one day of outbox.events (its partition), inbox.messages or inbox.commands.';
+-- end generated
+
+-- generated from sql/95_archival_steps.sql: inbox._purge_audited
+-- Deletes an audited day of an inbox source (its rows by _day_column) in
+-- one statement, hashing exactly the rows it deletes (DELETE ... RETURNING),
+-- and rolls back unless they match the audit row: a row changed, added or
+-- removed since the audit aborts it. The day must be past the source's
+-- floor (_check_floor, _check_command_floor); the delete guard lets the rows
+-- go while the source's purge flag is on. Already purged: returns 0. The one
+-- audited purge of both inbox tables.
+CREATE OR REPLACE FUNCTION inbox._purge_audited(source text, day date)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    messages boolean := source = 'inbox.messages';
+    flag text := CASE WHEN messages THEN 'pgoutbox.inbox_purge' ELSE 'pgoutbox.command_purge' END;
+    standing outbox.archive_audit;
+    n bigint;
+    sum_hash numeric;
+BEGIN
+    PERFORM outbox._check_day(day);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key(source, day));
+    standing := outbox._standing_audit(source, day);
+    IF standing.removed_at IS NOT NULL THEN
+        RETURN 0;
+    END IF;
+    IF messages THEN
+        PERFORM inbox._check_floor(day);
+    ELSE
+        PERFORM inbox._check_command_floor(day);
+    END IF;
+    PERFORM set_config(flag, 'on', true);
+    EXECUTE format(
+        'WITH gone AS (DELETE FROM %s AS d'
+        ' WHERE d.%I >= $1 AND d.%I < $2 RETURNING d.*)'
+        ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
+        outbox._archive_source(source), outbox._day_column(source), outbox._day_column(source),
+        outbox._row_hash_sql(source)
+    ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
+    PERFORM set_config(flag, '', true);
+    IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
+        RAISE EXCEPTION 'ARCHIVE_MISMATCH: % day % changed since audit %',
+            CASE WHEN messages THEN 'inbox' ELSE 'command' END, day, standing.id
+            USING ERRCODE = 'OB053',
+                  DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
+                      standing.row_count, standing.checksum, n, sum_hash),
+                  HINT = 'Nothing was removed (the delete is rolled back).';
+    END IF;
+    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
+    WHERE id = standing.id;
+    RETURN n;
+END;
+$$;
+-- end generated
+
+-- generated from sql/95_archival_steps.sql: inbox.purge_archived
+-- Deletes an audited inbox day whose deleted rows hash exactly to its audit
+-- row, all or nothing (_purge_audited). Already purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived(day date)
+RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT inbox._purge_audited('inbox.messages', day);
+$$;
+COMMENT ON FUNCTION inbox.purge_archived(date) IS
+'Deletes an audited inbox day whose deleted rows hash exactly to its audit row; all or nothing.';
+-- end generated
+
+-- generated from sql/95_archival_steps.sql: inbox.purge_archived_commands
+-- Deletes an audited day of command keys like purge_archived does an inbox
+-- day (_purge_audited): a key claimed again since the audit aborts it. A
+-- claim waiting on a deleted key claims it afresh (claim_command). Already
+-- purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived_commands(day date)
+RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT inbox._purge_audited('inbox.commands', day);
+$$;
+COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
+'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';
+-- end generated
+
+-- generated from sql/30_outbox_api.sql: outbox._check_claim
+-- What a relay's mark (mark_published, mark_failed, hand_back) names: its
+-- claim's token and the ids of the events it marks (_check_ids).
+CREATE OR REPLACE FUNCTION outbox._check_claim(claim_token uuid, event_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+END;
+$$;
+-- end generated
+
+-- generated from sql/30_outbox_api.sql: outbox._stale_claim
+-- A mark that found none of the given events still held by its claim: the
+-- lease expired and another relay re-claimed them (mark_published's error
+-- says so; a relay that gets it from mark_failed or hand_back has nothing
+-- left to undo either).
+CREATE OR REPLACE FUNCTION outbox._stale_claim(claim_token uuid, event_ids uuid[], with_hint boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF with_hint THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013',
+                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+    END IF;
+    RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+        USING ERRCODE = 'OB013';
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox._check_dlq_action
+-- An action of the dead-letter functions: replay, discard or restore
+-- (OB106 otherwise). With may_act, also that session_user may run it: its
+-- grant is that of the action's own function (outbox.dlq_replay, ...), so
+-- only a role that may act by filter may prepare or take an action's
+-- targets (42501 otherwise).
+CREATE OR REPLACE FUNCTION outbox._check_dlq_action(action text, may_act boolean)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
+        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
+            USING ERRCODE = 'OB106';
+    END IF;
+    IF may_act AND NOT has_function_privilege(
+        session_user, format('outbox.dlq_%s(jsonb, text, integer)', action), 'EXECUTE'
+    ) THEN
+        RAISE EXCEPTION 'permission denied for function dlq_%', action USING ERRCODE = '42501';
+    END IF;
+END;
+$$;
+-- end generated
+
+-- generated from sql/67_dead_letters.sql: outbox.dlq_count
+-- The exact number of rows an action would touch now, over all its batches.
+CREATE OR REPLACE FUNCTION outbox.dlq_count(
+    filter jsonb DEFAULT '{}'::jsonb,
+    action text DEFAULT 'replay'
+)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM outbox._check_dlq_filter(filter);
+    PERFORM outbox._check_dlq_action(action, FALSE);
+    RETURN (SELECT count(*) FROM outbox._dlq_targets(filter, action));
+END;
+$$;
+COMMENT ON FUNCTION outbox.dlq_count(jsonb, text) IS
+'How many dead letters outbox.dlq_replay / dlq_discard / dlq_restore would touch for this filter (all batches).';
+-- end generated
+
+-- generated from sql/65_inbox_commands.sql: inbox._settle_command
+-- Settles a claimed command: IN_PROGRESS -> DONE with its result, or FAILED
+-- with its error (clipped like every recorded error), and returns the row;
+-- any other move is refused (_refuse_command_move). The one writer of a
+-- command's outcome, under complete_command and fail_command.
+CREATE OR REPLACE FUNCTION inbox._settle_command(
+    handler text, command_key text, status text, result jsonb, error text
+)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    UPDATE inbox.commands AS c
+    SET status = _settle_command.status,
+        result = CASE WHEN _settle_command.status = 'DONE' THEN _settle_command.result ELSE c.result END,
+        last_error = CASE
+            WHEN _settle_command.status = 'FAILED' THEN outbox._clip_error(_settle_command.error) ELSE c.last_error
+        END,
+        settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = _settle_command.handler AND c.command_key = _settle_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, status);
+    END IF;
+    RETURN row;
+END;
+$$;
+-- end generated
+
+-- generated from sql/65_inbox_commands.sql: inbox.complete_command
+-- Stores a claimed command's result: IN_PROGRESS -> DONE. Every later claim
+-- returns this result. At most 1 MiB of JSON: it is an answer, not a store.
+CREATE OR REPLACE FUNCTION inbox.complete_command(handler text, command_key text, result jsonb)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF result IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a result is required (JSON null is one)' USING ERRCODE = 'OB006';
+    END IF;
+    IF octet_length(result::text) > 1048576 THEN
+        RAISE EXCEPTION 'VALUE_TOO_LARGE: result is % bytes of JSON, more than 1048576 (1 MiB)', octet_length(result::text)
+            USING ERRCODE = 'OB009';
+    END IF;
+    RETURN inbox._settle_command(handler, command_key, 'DONE', result, NULL);
+END;
+$$;
+COMMENT ON FUNCTION inbox.complete_command(text, text, jsonb) IS
+'IN_PROGRESS -> DONE with the command''s result, which every later claim returns.';
+-- end generated
+
+-- generated from sql/65_inbox_commands.sql: inbox.fail_command
+-- Records that a claimed command's work failed: IN_PROGRESS -> FAILED. The
+-- next claim of the key claims it again (a retry runs the command again).
+-- Also the way out for a command left IN_PROGRESS by a crash between two
+-- transactions (claim committed, work never finished).
+CREATE OR REPLACE FUNCTION inbox.fail_command(handler text, command_key text, error text)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_command(handler, command_key);
+    IF nullif(btrim(error), '') IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
+    END IF;
+    RETURN inbox._settle_command(handler, command_key, 'FAILED', NULL, error);
+END;
+$$;
+COMMENT ON FUNCTION inbox.fail_command(text, text, text) IS
+'IN_PROGRESS -> FAILED with an error; the next claim of the key claims it again.';
+-- end generated
+
+REVOKE ALL ON FUNCTION
+inbox._settle_command(text, text, text, jsonb, text),
+outbox._check_claim(uuid, uuid[]),
+outbox._stale_claim(uuid, uuid[], boolean),
+outbox._check_dlq_action(text, boolean),
+outbox._set_policy(text, text, interval),
+inbox.tg_forbid_delete(),
+inbox._purge_audited(text, date),
+outbox._day_column(text)
+FROM public;
 
 INSERT INTO outbox.schema_migrations (version, name)
 VALUES (18, '0018_steady_under_faults')

@@ -1,5 +1,5 @@
 -- The INSERT policies' fast path and what lies beside it (sql/20_outbox_guards.sql,
--- sql/40_outbox_wakeup.sql): the trigger runs without a SET clause, so what
+-- sql/15_outbox_wakeup.sql): the trigger runs without a SET clause, so what
 -- it does must not depend on the caller's search_path.
 -- Scenarios:
 --   * a row the fast test cannot tell about and no rule refuses (a

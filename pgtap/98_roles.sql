@@ -150,7 +150,7 @@ SELECT is(
     'writer: may run a chain (in its own transaction)'
 );
 RESET ROLE;
--- The walk-through's GRANT USAGE (docs/consumer.md): without it the admin cannot name the function.
+-- The walk-through's GRANT USAGE (docs/in-database.md): without it the admin cannot name the function.
 CREATE SCHEMA t_hidden;
 CREATE FUNCTION t_hidden.same(p jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT p $$;
 SET LOCAL ROLE t_admin;

@@ -278,6 +278,20 @@ CREATE TABLE IF NOT EXISTS outbox.requeue_log (
     CONSTRAINT reason_is_given CHECK (btrim(reason) <> '')
 );
 
+-- Rows leave outbox.events only with a whole archived partition
+-- (sql/20_outbox_guards.sql puts this guard on the table; create_partitions,
+-- below, on each new partition).
+CREATE OR REPLACE FUNCTION outbox.tg_events__forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave outbox.events only by audited partition archival'
+        USING ERRCODE = 'OB012';
+END;
+$$;
+
 -- Creates the daily partitions from from_day to from_day + days_ahead
 -- (UTC days), returning the names it created. Idempotent and serialised.
 CREATE OR REPLACE FUNCTION outbox.create_partitions(

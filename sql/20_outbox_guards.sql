@@ -244,7 +244,7 @@ BEGIN
     ) THEN
         PERFORM outbox._lower_claim_floor(NEW.id);
     END IF;
-    -- The row passed: wake the relays if a wake-up is due (40_outbox_wakeup.sql).
+    -- The row passed: wake the relays if a wake-up is due (15_outbox_wakeup.sql).
     IF outbox._wakeup_is_due() THEN
         PERFORM outbox._wake_relays(NEW.context);
     END IF;
@@ -513,17 +513,6 @@ BEGIN
         USING ERRCODE = 'OB010',
               DETAIL = format('available_at=%s, now=%s', OLD.available_at, now()),
               HINT = 'Legal moves are listed in the README (Lifecycle).';
-END;
-$$;
-
-CREATE OR REPLACE FUNCTION outbox.tg_events__forbid_delete()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave outbox.events only by audited partition archival'
-        USING ERRCODE = 'OB012';
 END;
 $$;
 

@@ -3,95 +3,8 @@
 --
 -- Every function checks all its arguments before it acts and refuses bad
 -- ones with a code (docs/reference.md, "Error codes" and "Limits"), never
--- with one of PostgreSQL's own error classes. The helpers below are shared with inbox.
-
--- An array of ids: given, one-dimensional, 1 to 10,000 distinct ids, no NULL.
-CREATE OR REPLACE FUNCTION outbox._check_ids(ids uuid[], what text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF ids IS NULL OR cardinality(ids) = 0 OR array_ndims(ids) > 1 THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: % must be a non-empty, one-dimensional array', what
-            USING ERRCODE = 'OB006';
-    END IF;
-    IF cardinality(ids) > 10000 THEN
-        RAISE EXCEPTION 'VALUE_TOO_LARGE: % has % elements, more than 10000', what, cardinality(ids)
-            USING ERRCODE = 'OB009';
-    END IF;
-    IF array_position(ids, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: % has a NULL element', what
-            USING ERRCODE = 'OB006';
-    END IF;
-    IF (SELECT count(DISTINCT x.id) FROM unnest(ids) AS x (id)) <> cardinality(ids) THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: % names an id more than once', what
-            USING ERRCODE = 'OB006';
-    END IF;
-END;
-$$;
-
--- A name or reason: given, not blank, at most max_chars characters. A missing
--- reason is REASON_REQUIRED, anything else missing INVALID_ARGUMENT.
-CREATE OR REPLACE FUNCTION outbox._check_text(
-    value text, what text, max_chars integer, is_reason boolean DEFAULT FALSE
-)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF nullif(btrim(value), '') IS NULL THEN
-        IF is_reason THEN
-            RAISE EXCEPTION 'REASON_REQUIRED: % is required', what USING ERRCODE = 'OB014';
-        END IF;
-        RAISE EXCEPTION 'INVALID_ARGUMENT: % is required and may not be blank', what USING ERRCODE = 'OB006';
-    END IF;
-    IF length(value) > max_chars THEN
-        RAISE EXCEPTION 'VALUE_TOO_LARGE: % is % characters, more than %', what, length(value), max_chars
-            USING ERRCODE = 'OB009';
-    END IF;
-END;
-$$;
-
--- An optional filter on a context: NULL (all) or a subject token.
-CREATE OR REPLACE FUNCTION outbox._check_context(context text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF context !~ '^[A-Za-z0-9_-]{1,64}$' THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: context % is not a subject token ([A-Za-z0-9_-], 1-64 chars)', quote_literal(left(context, 100))
-            USING ERRCODE = 'OB006';
-    END IF;
-END;
-$$;
-
--- A listing's row limit.
-CREATE OR REPLACE FUNCTION outbox._check_max_rows(max_rows integer)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000 THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: max_rows must be between 1 and 10000, got %', max_rows
-            USING ERRCODE = 'OB006';
-    END IF;
-END;
-$$;
-
--- Error texts are kept, not refused, when too long: they come from libraries
--- and brokers, and a refused mark would leave its whole batch PROCESSING
--- until the lease expires, to be refused again. Their start says what failed.
-CREATE OR REPLACE FUNCTION outbox._clip_error(error text)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-    SELECT CASE WHEN length(error) > 4000 THEN left(error, 3988) || ' (truncated)' ELSE error END;
-$$;
+-- with one of PostgreSQL's own error classes (the argument checks shared with
+-- inbox are in sql/05_helpers.sql).
 
 -- Emits one event inside the caller's transaction and returns its event_id.
 -- Rolled back with the business change, it never existed.
@@ -685,10 +598,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     UPDATE outbox.events AS e
     SET status = 'COMPLETED', published_at = now(), last_error = NULL
     WHERE e.claim_token = mark_published.claim_token
@@ -696,9 +606,7 @@ BEGIN
         AND e.event_id = ANY(mark_published.event_ids);
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013',
-                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+        PERFORM outbox._stale_claim(claim_token, event_ids, TRUE);
     END IF;
     RETURN marked;
 END;
@@ -726,10 +634,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     IF cardinality(event_ids) IS DISTINCT FROM cardinality(errors)
         OR cardinality(event_ids) IS DISTINCT FROM cardinality(retry_at)
         OR array_ndims(errors) > 1 OR array_ndims(retry_at) > 1 THEN
@@ -757,8 +662,7 @@ BEGIN
         AND e.event_id = f.event_id;
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013';
+        PERFORM outbox._stale_claim(claim_token, event_ids, FALSE);
     END IF;
     RETURN marked;
 END;
@@ -790,10 +694,7 @@ AS $$
 DECLARE
     marked integer;
 BEGIN
-    IF claim_token IS NULL THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
-    END IF;
-    PERFORM outbox._check_ids(event_ids, 'event_ids');
+    PERFORM outbox._check_claim(claim_token, event_ids);
     IF nullif(btrim(reason), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: a hand-back needs a reason' USING ERRCODE = 'OB006';
     END IF;
@@ -809,14 +710,48 @@ BEGIN
     GET DIAGNOSTICS marked = ROW_COUNT;
     PERFORM set_config('pgoutbox.hand_back', '', TRUE);
     IF marked = 0 THEN
-        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
-            USING ERRCODE = 'OB013';
+        PERFORM outbox._stale_claim(claim_token, event_ids, FALSE);
     END IF;
     RETURN marked;
 END;
 $$;
 COMMENT ON FUNCTION outbox.hand_back(uuid, uuid[], text) IS
 'PROCESSING -> PENDING, due now, with the claim''s attempt undone (the broker did not answer); returns the count.';
+
+-- What a relay's mark (mark_published, mark_failed, hand_back) names: its
+-- claim's token and the ids of the events it marks (_check_ids).
+CREATE OR REPLACE FUNCTION outbox._check_claim(claim_token uuid, event_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF claim_token IS NULL THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: claim_token is required' USING ERRCODE = 'OB006';
+    END IF;
+    PERFORM outbox._check_ids(event_ids, 'event_ids');
+END;
+$$;
+
+-- A mark that found none of the given events still held by its claim: the
+-- lease expired and another relay re-claimed them (mark_published's error
+-- says so; a relay that gets it from mark_failed or hand_back has nothing
+-- left to undo either).
+CREATE OR REPLACE FUNCTION outbox._stale_claim(claim_token uuid, event_ids uuid[], with_hint boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF with_hint THEN
+        RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+            USING ERRCODE = 'OB013',
+                  HINT = 'The lease expired and another relay re-claimed them; it will publish them (deduplicated by Nats-Msg-Id).';
+    END IF;
+    RAISE EXCEPTION 'STALE_CLAIM: claim % holds none of the % given events', claim_token, cardinality(event_ids)
+        USING ERRCODE = 'OB013';
+END;
+$$;
 
 -- Operator redrive: DEAD_LETTER -> PENDING with attempts reset, recorded in
 -- outbox.requeue_log by the update guard. All or nothing.

@@ -128,6 +128,25 @@ CREATE OR REPLACE TRIGGER _100_guard_update
 BEFORE UPDATE ON inbox.messages
 FOR EACH ROW EXECUTE FUNCTION inbox.tg_messages__guard_update();
 
+-- No ad-hoc removal from an inbox table: rows leave only through its audited
+-- purge (TG_ARGV[1]), which sets the flag TG_ARGV[0] to 'on' for its own
+-- transaction. TRUNCATE never. One guard for inbox.messages
+-- (sql/91_archival_audit.sql) and inbox.commands (sql/65_inbox_commands.sql).
+CREATE OR REPLACE FUNCTION inbox.tg_forbid_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE'
+        OR current_setting(TG_ARGV[0], true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave %.% only by audited archival (%)', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_ARGV[1]
+            USING ERRCODE = 'OB012';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
 -- The message a call is about: an id and a well-formed handler name (the
 -- table's own rule, refused here with a code rather than by the CHECK).
 CREATE OR REPLACE FUNCTION inbox._check_message(message_id uuid, handler text)

@@ -84,28 +84,13 @@ FOR EACH ROW EXECUTE FUNCTION inbox.tg_commands__guard_update();
 -- No ad-hoc removal: a key that disappears lets its command run twice.
 -- Rows leave only through inbox.purge_archived_commands(), which sets
 -- pgoutbox.command_purge for its own transaction. TRUNCATE never.
-CREATE OR REPLACE FUNCTION inbox.tg_commands__forbid_delete()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF TG_OP = 'TRUNCATE'
-        OR current_setting('pgoutbox.command_purge', true) IS DISTINCT FROM 'on' THEN
-        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.commands only by audited archival (inbox.purge_archived_commands)'
-            USING ERRCODE = 'OB012';
-    END IF;
-    RETURN NULL;
-END;
-$$;
-
 CREATE OR REPLACE TRIGGER _100_forbid_delete
 BEFORE DELETE ON inbox.commands
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
 
 CREATE OR REPLACE TRIGGER _100_forbid_truncate
 BEFORE TRUNCATE ON inbox.commands
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_commands__forbid_delete();
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
 
 -- The command a call is about: a handler name like the message inbox's, and
 -- a key of 1-256 characters that is not blank: not white space only, tabs
@@ -211,6 +196,37 @@ BEGIN
 END;
 $$;
 
+-- Settles a claimed command: IN_PROGRESS -> DONE with its result, or FAILED
+-- with its error (clipped like every recorded error), and returns the row;
+-- any other move is refused (_refuse_command_move). The one writer of a
+-- command's outcome, under complete_command and fail_command.
+CREATE OR REPLACE FUNCTION inbox._settle_command(
+    handler text, command_key text, status text, result jsonb, error text
+)
+RETURNS inbox.commands
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    row inbox.commands;
+BEGIN
+    UPDATE inbox.commands AS c
+    SET status = _settle_command.status,
+        result = CASE WHEN _settle_command.status = 'DONE' THEN _settle_command.result ELSE c.result END,
+        last_error = CASE
+            WHEN _settle_command.status = 'FAILED' THEN outbox._clip_error(_settle_command.error) ELSE c.last_error
+        END,
+        settled_at = greatest(now(), c.claimed_at)
+    WHERE c.handler = _settle_command.handler AND c.command_key = _settle_command.command_key
+        AND c.status = 'IN_PROGRESS'
+    RETURNING * INTO row;
+    IF NOT FOUND THEN
+        PERFORM inbox._refuse_command_move(handler, command_key, status);
+    END IF;
+    RETURN row;
+END;
+$$;
+
 -- Stores a claimed command's result: IN_PROGRESS -> DONE. Every later claim
 -- returns this result. At most 1 MiB of JSON: it is an answer, not a store.
 CREATE OR REPLACE FUNCTION inbox.complete_command(handler text, command_key text, result jsonb)
@@ -219,8 +235,6 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-DECLARE
-    row inbox.commands;
 BEGIN
     PERFORM inbox._check_command(handler, command_key);
     IF result IS NULL THEN
@@ -230,15 +244,7 @@ BEGIN
         RAISE EXCEPTION 'VALUE_TOO_LARGE: result is % bytes of JSON, more than 1048576 (1 MiB)', octet_length(result::text)
             USING ERRCODE = 'OB009';
     END IF;
-    UPDATE inbox.commands AS c
-    SET status = 'DONE', result = complete_command.result, settled_at = greatest(now(), c.claimed_at)
-    WHERE c.handler = complete_command.handler AND c.command_key = complete_command.command_key
-        AND c.status = 'IN_PROGRESS'
-    RETURNING * INTO row;
-    IF NOT FOUND THEN
-        PERFORM inbox._refuse_command_move(handler, command_key, 'DONE');
-    END IF;
-    RETURN row;
+    RETURN inbox._settle_command(handler, command_key, 'DONE', result, NULL);
 END;
 $$;
 COMMENT ON FUNCTION inbox.complete_command(text, text, jsonb) IS
@@ -254,23 +260,12 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-DECLARE
-    row inbox.commands;
 BEGIN
     PERFORM inbox._check_command(handler, command_key);
     IF nullif(btrim(error), '') IS NULL THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: an error text is required' USING ERRCODE = 'OB006';
     END IF;
-    UPDATE inbox.commands AS c
-    SET status = 'FAILED', last_error = outbox._clip_error(fail_command.error),
-        settled_at = greatest(now(), c.claimed_at)
-    WHERE c.handler = fail_command.handler AND c.command_key = fail_command.command_key
-        AND c.status = 'IN_PROGRESS'
-    RETURNING * INTO row;
-    IF NOT FOUND THEN
-        PERFORM inbox._refuse_command_move(handler, command_key, 'FAILED');
-    END IF;
-    RETURN row;
+    RETURN inbox._settle_command(handler, command_key, 'FAILED', NULL, error);
 END;
 $$;
 COMMENT ON FUNCTION inbox.fail_command(text, text, text) IS

@@ -102,53 +102,6 @@ CREATE OR REPLACE TRIGGER _100_append_only_truncate
 BEFORE TRUNCATE ON inbox.discard_log
 FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_discard_log__append_only();
 
--- Called by both update guards for a move from or to discarded (inbox: the
--- dlq_metadata.discarded key), or any move while pgoutbox.dlq_action is
--- set: passes only the move the action names, on a row whose other columns
--- stay as they were, with a reason; raises otherwise. The guard then writes
--- the audit row.
-CREATE OR REPLACE FUNCTION outbox._check_discard_move(
-    id uuid,
-    from_status text,
-    to_status text,
-    rest_unchanged boolean
-)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path TO pg_catalog, pg_temp
-AS $$
-DECLARE
-    action text := coalesce(current_setting('pgoutbox.dlq_action', true), '');
-BEGIN
-    IF action = 'discard' THEN
-        IF from_status <> 'DEAD_LETTER' OR to_status <> 'DISCARDED' OR NOT rest_unchanged THEN
-            RAISE EXCEPTION 'NOT_DISCARDABLE: % is % and cannot be discarded (only a dead letter can, and only that changes)', id, from_status
-                USING ERRCODE = 'OB103';
-        END IF;
-    ELSIF action = 'restore' THEN
-        IF from_status <> 'DISCARDED' OR to_status <> 'DEAD_LETTER' OR NOT rest_unchanged THEN
-            RAISE EXCEPTION 'NOT_DISCARDED: % is % and cannot be restored (only a discarded dead letter can, and only that changes)', id, from_status
-                USING ERRCODE = 'OB104';
-        END IF;
-    ELSIF action <> '' THEN
-        RAISE EXCEPTION 'UNAUDITED_DISCARD: pgoutbox.dlq_action % is not discard or restore', quote_literal(left(action, 50))
-            USING ERRCODE = 'OB102';
-    ELSIF from_status = 'DISCARDED' AND to_status <> 'DEAD_LETTER' THEN
-        RAISE EXCEPTION 'DISCARDED: % is discarded; it moves nowhere until restored', id
-            USING ERRCODE = 'OB101', HINT = 'Restore it first (outbox.dlq_restore).';
-    ELSIF to_status = 'DISCARDED' AND from_status <> 'DEAD_LETTER' THEN
-        RAISE EXCEPTION 'NOT_DISCARDABLE: % is % and cannot be discarded', id, from_status
-            USING ERRCODE = 'OB103';
-    ELSE
-        RAISE EXCEPTION 'UNAUDITED_DISCARD: % may be discarded or restored only by outbox.dlq_discard or outbox.dlq_restore', id
-            USING ERRCODE = 'OB102';
-    END IF;
-    IF nullif(btrim(current_setting('pgoutbox.dlq_reason', true)), '') IS NULL THEN
-        RAISE EXCEPTION 'REASON_REQUIRED: a % needs a reason', action USING ERRCODE = 'OB014';
-    END IF;
-END;
-$$;
-
 -- A mark is written or removed only as a discard or restore of a dead
 -- letter (_check_discard_move, with the event's status read under a share
 -- lock: a requeue of the same event waits, then sees the mark and is
@@ -880,6 +833,29 @@ AS $$
         );
 $$;
 
+-- An action of the dead-letter functions: replay, discard or restore
+-- (OB106 otherwise). With may_act, also that session_user may run it: its
+-- grant is that of the action's own function (outbox.dlq_replay, ...), so
+-- only a role that may act by filter may prepare or take an action's
+-- targets (42501 otherwise).
+CREATE OR REPLACE FUNCTION outbox._check_dlq_action(action text, may_act boolean)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
+        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
+            USING ERRCODE = 'OB106';
+    END IF;
+    IF may_act AND NOT has_function_privilege(
+        session_user, format('outbox.dlq_%s(jsonb, text, integer)', action), 'EXECUTE'
+    ) THEN
+        RAISE EXCEPTION 'permission denied for function dlq_%', action USING ERRCODE = '42501';
+    END IF;
+END;
+$$;
+
 -- The exact number of rows an action would touch now, over all its batches.
 CREATE OR REPLACE FUNCTION outbox.dlq_count(
     filter jsonb DEFAULT '{}'::jsonb,
@@ -892,10 +868,7 @@ SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM outbox._check_dlq_filter(filter);
-    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
-        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
-            USING ERRCODE = 'OB106';
-    END IF;
+    PERFORM outbox._check_dlq_action(action, FALSE);
     RETURN (SELECT count(*) FROM outbox._dlq_targets(filter, action));
 END;
 $$;
@@ -1145,15 +1118,6 @@ COMMENT ON TABLE outbox.dlq_action_targets IS
 CREATE INDEX IF NOT EXISTS dlq_action_targets_open_idx ON outbox.dlq_action_targets (action_id, seq)
 WHERE taken_at IS NULL;
 
--- The function an action runs as, by name: its grant is the action's.
-CREATE OR REPLACE FUNCTION outbox._dlq_action_function(action text)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-SET search_path TO pg_catalog, pg_temp
-AS $$
-    SELECT format('outbox.dlq_%s(jsonb, text, integer)', action);
-$$;
-
 -- Fixes the set an action will touch (the rows dlq_count counts now) and
 -- returns the action's id and that number. Only a role that may run the
 -- action itself may prepare it (42501 otherwise).
@@ -1171,13 +1135,7 @@ DECLARE
     n bigint;
 BEGIN
     PERFORM outbox._check_dlq_filter(filter);
-    IF action IS NULL OR action NOT IN ('replay', 'discard', 'restore') THEN
-        RAISE EXCEPTION 'INVALID_ACTION: action must be replay, discard or restore, got %', quote_literal(left(coalesce(action, 'NULL'), 50))
-            USING ERRCODE = 'OB106';
-    END IF;
-    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(action), 'EXECUTE') THEN
-        RAISE EXCEPTION 'permission denied for function dlq_%', action USING ERRCODE = '42501';
-    END IF;
+    PERFORM outbox._check_dlq_action(action, TRUE);
     DELETE FROM outbox.dlq_actions AS a WHERE a.created_at < now() - interval '7 days';
     INSERT INTO outbox.dlq_actions (action, filter) VALUES (dlq_prepare.action, dlq_prepare.filter)
     RETURNING id INTO new_id;
@@ -1239,9 +1197,7 @@ BEGIN
     PERFORM outbox._check_text(reason, 'a bulk action''s reason', 1000, TRUE);
     PERFORM outbox._check_max_rows(max_rows);
     a := outbox._dlq_action(action_id);
-    IF NOT has_function_privilege(session_user, outbox._dlq_action_function(a.action), 'EXECUTE') THEN
-        RAISE EXCEPTION 'permission denied for function dlq_%', a.action USING ERRCODE = '42501';
-    END IF;
+    PERFORM outbox._check_dlq_action(a.action, TRUE);
     IF a.stopped_at IS NOT NULL OR a.finished_at IS NOT NULL THEN
         RETURN 0;
     END IF;

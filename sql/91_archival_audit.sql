@@ -228,28 +228,13 @@ CREATE INDEX IF NOT EXISTS messages_received_at_idx ON inbox.messages (received_
 
 -- Rows leave inbox.messages only through inbox.purge_archived(), which sets
 -- pgoutbox.inbox_purge for its own transaction. TRUNCATE never.
-CREATE OR REPLACE FUNCTION inbox.tg_messages__forbid_delete()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path TO pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF TG_OP = 'TRUNCATE'
-        OR current_setting('pgoutbox.inbox_purge', true) IS DISTINCT FROM 'on' THEN
-        RAISE EXCEPTION 'DELETE_FORBIDDEN: rows leave inbox.messages only by audited archival (inbox.purge_archived)'
-            USING ERRCODE = 'OB012';
-    END IF;
-    RETURN NULL;
-END;
-$$;
-
 CREATE OR REPLACE TRIGGER _100_forbid_delete
 BEFORE DELETE ON inbox.messages
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_messages__forbid_delete();
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.inbox_purge', 'inbox.purge_archived');
 
 CREATE OR REPLACE TRIGGER _100_forbid_truncate
 BEFORE TRUNCATE ON inbox.messages
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_messages__forbid_delete();
+FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.inbox_purge', 'inbox.purge_archived');
 
 -- Installed on a partition by seal_partition (not on the parent: the hot
 -- partitions pay nothing). Fires before the inherited _100 guards.

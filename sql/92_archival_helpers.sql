@@ -29,6 +29,17 @@ AS $$
     SELECT day::timestamp AT TIME ZONE 'UTC';
 $$;
 
+-- The column that places a row of an inbox source in its UTC day, and
+-- never changes: when inbox.messages received it, when inbox.commands first
+-- claimed its key. (outbox.events: its day partition.)
+CREATE OR REPLACE FUNCTION outbox._day_column(source text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT CASE source WHEN 'inbox.messages' THEN 'received_at' WHEN 'inbox.commands' THEN 'first_claimed_at' END;
+$$;
+
 CREATE OR REPLACE FUNCTION outbox._partition_name(day date)
 RETURNS text
 LANGUAGE sql IMMUTABLE

@@ -97,17 +97,12 @@ BEGIN
             'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM outbox.%I AS r',
             outbox._row_hash_sql(source), part
         );
-    ELSIF source = 'inbox.messages' THEN
-        RETURN QUERY EXECUTE format(
-            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM inbox.messages AS r'
-            ' WHERE r.received_at >= $1 AND r.received_at < $2',
-            outbox._row_hash_sql(source)
-        ) USING outbox._day_from(day), outbox._day_from(day + 1);
     ELSE
         RETURN QUERY EXECUTE format(
-            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM inbox.commands AS r'
-            ' WHERE r.first_claimed_at >= $1 AND r.first_claimed_at < $2',
-            outbox._row_hash_sql(source)
+            'SELECT count(*), coalesce(sum(%s), 0)::numeric FROM %s AS r'
+            ' WHERE r.%I >= $1 AND r.%I < $2',
+            outbox._row_hash_sql(source), outbox._archive_source(source),
+            outbox._day_column(source), outbox._day_column(source)
         ) USING outbox._day_from(day), outbox._day_from(day + 1);
     END IF;
 END;

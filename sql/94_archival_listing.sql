@@ -148,11 +148,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ARGUMENT: max_age must be positive and at most 100 years, got %', max_age
             USING ERRCODE = 'OB006';
     END IF;
-    INSERT INTO inbox.retention_policy AS p (singleton, stream_max_age)
-    VALUES (TRUE, max_age)
-    ON CONFLICT (singleton) DO UPDATE
-    SET stream_max_age = excluded.stream_max_age, changed_at = now(), changed_by = session_user;
-    RETURN max_age;
+    RETURN outbox._set_policy('inbox.retention_policy', 'stream_max_age', max_age);
 END;
 $$;
 COMMENT ON FUNCTION inbox.set_stream_max_age(interval) IS
@@ -245,11 +241,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ARGUMENT: retry_window must be positive and at most 100 years, got %', retry_window
             USING ERRCODE = 'OB006';
     END IF;
-    INSERT INTO inbox.command_policy AS p (singleton, retry_window)
-    VALUES (TRUE, set_command_retry_window.retry_window)
-    ON CONFLICT (singleton) DO UPDATE
-    SET retry_window = excluded.retry_window, changed_at = now(), changed_by = session_user;
-    RETURN retry_window;
+    RETURN outbox._set_policy('inbox.command_policy', 'retry_window', retry_window);
 END;
 $$;
 COMMENT ON FUNCTION inbox.set_command_retry_window(interval) IS

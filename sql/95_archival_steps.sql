@@ -375,38 +375,48 @@ $$;
 COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
 'Drops a sealed, audited day partition whose live count and checksum still match its audit row.';
 
--- Deletes an audited inbox day in one statement, hashing exactly the rows
--- it deletes (DELETE ... RETURNING), and rolls back unless they match the
--- audit row: a row changed, added or removed since the audit aborts it.
--- Already purged: returns 0.
-CREATE OR REPLACE FUNCTION inbox.purge_archived(day date)
+-- Deletes an audited day of an inbox source (its rows by _day_column) in
+-- one statement, hashing exactly the rows it deletes (DELETE ... RETURNING),
+-- and rolls back unless they match the audit row: a row changed, added or
+-- removed since the audit aborts it. The day must be past the source's
+-- floor (_check_floor, _check_command_floor); the delete guard lets the rows
+-- go while the source's purge flag is on. Already purged: returns 0. The one
+-- audited purge of both inbox tables.
+CREATE OR REPLACE FUNCTION inbox._purge_audited(source text, day date)
 RETURNS bigint
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
+    messages boolean := source = 'inbox.messages';
+    flag text := CASE WHEN messages THEN 'pgoutbox.inbox_purge' ELSE 'pgoutbox.command_purge' END;
     standing outbox.archive_audit;
     n bigint;
     sum_hash numeric;
 BEGIN
     PERFORM outbox._check_day(day);
-    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('inbox.messages', day));
-    standing := outbox._standing_audit('inbox.messages', day);
+    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key(source, day));
+    standing := outbox._standing_audit(source, day);
     IF standing.removed_at IS NOT NULL THEN
         RETURN 0;
     END IF;
-    PERFORM inbox._check_floor(day);
-    PERFORM set_config('pgoutbox.inbox_purge', 'on', true);
+    IF messages THEN
+        PERFORM inbox._check_floor(day);
+    ELSE
+        PERFORM inbox._check_command_floor(day);
+    END IF;
+    PERFORM set_config(flag, 'on', true);
     EXECUTE format(
-        'WITH gone AS (DELETE FROM inbox.messages AS m'
-        ' WHERE m.received_at >= $1 AND m.received_at < $2 RETURNING m.*)'
+        'WITH gone AS (DELETE FROM %s AS d'
+        ' WHERE d.%I >= $1 AND d.%I < $2 RETURNING d.*)'
         ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
-        outbox._row_hash_sql('inbox.messages')
+        outbox._archive_source(source), outbox._day_column(source), outbox._day_column(source),
+        outbox._row_hash_sql(source)
     ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
-    PERFORM set_config('pgoutbox.inbox_purge', '', true);
+    PERFORM set_config(flag, '', true);
     IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
-        RAISE EXCEPTION 'ARCHIVE_MISMATCH: inbox day % changed since audit %', day, standing.id
+        RAISE EXCEPTION 'ARCHIVE_MISMATCH: % day % changed since audit %',
+            CASE WHEN messages THEN 'inbox' ELSE 'command' END, day, standing.id
             USING ERRCODE = 'OB053',
                   DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
                       standing.row_count, standing.checksum, n, sum_hash),
@@ -417,51 +427,31 @@ BEGIN
     RETURN n;
 END;
 $$;
+
+-- Deletes an audited inbox day whose deleted rows hash exactly to its audit
+-- row, all or nothing (_purge_audited). Already purged: returns 0.
+CREATE OR REPLACE FUNCTION inbox.purge_archived(day date)
+RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT inbox._purge_audited('inbox.messages', day);
+$$;
 COMMENT ON FUNCTION inbox.purge_archived(date) IS
 'Deletes an audited inbox day whose deleted rows hash exactly to its audit row; all or nothing.';
 
 -- Deletes an audited day of command keys like purge_archived does an inbox
--- day: one statement, hashing exactly the rows it deletes, rolled back
--- unless they match the audit row (a key claimed again since the audit
--- aborts it). A claim waiting on a deleted key claims it afresh
--- (claim_command). Already purged: returns 0.
+-- day (_purge_audited): a key claimed again since the audit aborts it. A
+-- claim waiting on a deleted key claims it afresh (claim_command). Already
+-- purged: returns 0.
 CREATE OR REPLACE FUNCTION inbox.purge_archived_commands(day date)
 RETURNS bigint
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-DECLARE
-    standing outbox.archive_audit;
-    n bigint;
-    sum_hash numeric;
-BEGIN
-    PERFORM outbox._check_day(day);
-    PERFORM pg_advisory_xact_lock(outbox._archive_lock_key('inbox.commands', day));
-    standing := outbox._standing_audit('inbox.commands', day);
-    IF standing.removed_at IS NOT NULL THEN
-        RETURN 0;
-    END IF;
-    PERFORM inbox._check_command_floor(day);
-    PERFORM set_config('pgoutbox.command_purge', 'on', true);
-    EXECUTE format(
-        'WITH gone AS (DELETE FROM inbox.commands AS c'
-        ' WHERE c.first_claimed_at >= $1 AND c.first_claimed_at < $2 RETURNING c.*)'
-        ' SELECT count(*), coalesce(sum(%s), 0)::numeric FROM gone AS r',
-        outbox._row_hash_sql('inbox.commands')
-    ) INTO n, sum_hash USING outbox._day_from(day), outbox._day_from(day + 1);
-    PERFORM set_config('pgoutbox.command_purge', '', true);
-    IF (n, sum_hash) IS DISTINCT FROM (standing.row_count, standing.checksum) THEN
-        RAISE EXCEPTION 'ARCHIVE_MISMATCH: command day % changed since audit %', day, standing.id
-            USING ERRCODE = 'OB053',
-                  DETAIL = format('audit: %s rows, checksum %s; deleting: %s rows, checksum %s',
-                      standing.row_count, standing.checksum, n, sum_hash),
-                  HINT = 'Nothing was removed (the delete is rolled back).';
-    END IF;
-    UPDATE outbox.archive_audit SET removed_at = now(), removed_by = session_user
-    WHERE id = standing.id;
-    RETURN n;
-END;
+    SELECT inbox._purge_audited('inbox.commands', day);
 $$;
 COMMENT ON FUNCTION inbox.purge_archived_commands(date) IS
 'Deletes an audited day of command keys whose deleted rows hash exactly to its audit row; all or nothing.';

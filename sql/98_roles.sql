@@ -66,7 +66,7 @@ GRANT EXECUTE ON FUNCTION
 inbox.upcast(text, integer, integer, jsonb),
 inbox.upcast_gaps(text, integer)
 TO pgoutbox_consumer, pgoutbox_admin;
--- An application upcasts in its own transaction too (docs/consumer.md).
+-- An application upcasts in its own transaction too (docs/in-database.md).
 GRANT EXECUTE ON FUNCTION inbox.upcast(text, integer, integer, jsonb) TO pgoutbox_writer;
 
 GRANT EXECUTE ON FUNCTION

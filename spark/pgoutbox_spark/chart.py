@@ -17,12 +17,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers
 import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -50,15 +52,19 @@ RATES = (
     Panel("dlq_rate", "DLQ rate (inbox dead letters / messages)", 100.0, "%", 0.1, "target < 0.1 %"),
     Panel("duplicate_processing_rate", "Duplicate processing rate", 100.0, "%", 0.0, "target 0 %"),
 )
+# A rollup row of the report (column -> value), and a day's point on a line.
+Row = dict[str, Any]
+Point = tuple[date, float]
+
 LATENCY = Panel("e2e_p99_ms", "End-to-end latency, occurred → processed (log)", 1.0, "ms", 500.0, "target p99 < 500 ms")
 
 
-def _value(record: dict, field: str, scale: float) -> float:
+def _value(record: Row, field: str, scale: float) -> float:
     value = record.get(field)
     return math.nan if value is None else float(value) * scale
 
 
-def _days(rollup: Sequence[dict]) -> list[date]:
+def _days(rollup: Sequence[Row]) -> list[date]:
     first, last = min(r["day"] for r in rollup), max(r["day"] for r in rollup)
     return [first + timedelta(days=i) for i in range((last - first).days + 1)]
 
@@ -66,7 +72,7 @@ def _days(rollup: Sequence[dict]) -> list[date]:
 class _Series:
     """Each context's values on the full day grid (NaN where it has no row)."""
 
-    def __init__(self, rollup: Sequence[dict], days: list[date]):
+    def __init__(self, rollup: Sequence[Row], days: list[date]):
         self.days = days
         self.contexts = sorted({r["context"] for r in rollup})
         self._rows = {(r["context"], r["day"]): r for r in rollup}
@@ -74,7 +80,7 @@ class _Series:
     def values(self, context: str, field: str, scale: float = 1.0) -> list[float]:
         return [_value(self._rows.get((context, d), {}), field, scale) for d in self.days]
 
-    def style(self, i: int) -> dict:
+    def style(self, i: int) -> dict[str, Any]:
         # Nested markers: later contexts smaller and on top, so equal values stay visible.
         return {
             "marker": MARKERS[i % len(MARKERS)],
@@ -84,13 +90,13 @@ class _Series:
         }
 
 
-def _plot(ax: Axes, series: _Series, i: int, values: list[float], open_days: set[date], **extra) -> list:
+def _plot(ax: Axes, series: _Series, i: int, values: list[float], open_days: set[date], **extra: Any) -> list[Point]:
     """Draws the closed days' line; returns the open days' points, which the
     caller draws hollow (their rates are still moving, so no line leads to
     them and they do not set the axis)."""
     closed = [math.nan if d in open_days else v for d, v in zip(series.days, values)]
     ax.plot(
-        mdates.date2num(series.days),
+        mdates.date2num(series.days),  # type: ignore[no-untyped-call]
         closed,
         color=f"C{i}",
         label=series.contexts[i],
@@ -100,7 +106,7 @@ def _plot(ax: Axes, series: _Series, i: int, values: list[float], open_days: set
     return [(d, v) for d, v in zip(series.days, values) if d in open_days and not math.isnan(v)]
 
 
-def _hollow(ax: Axes, series: _Series, i: int, points: list, unit: str = "") -> None:
+def _hollow(ax: Axes, series: _Series, i: int, points: list[Point], unit: str = "") -> None:
     """Open days' points, hollow; one outside the axis sits on its edge, labelled with its value."""
     if not points:
         return
@@ -109,7 +115,7 @@ def _hollow(ax: Axes, series: _Series, i: int, points: list, unit: str = "") -> 
     for d, v in points:
         shown = min(max(v, low), high)
         ax.plot(
-            [d],
+            [d],  # type: ignore[arg-type]  # matplotlib converts dates; its stubs take numbers only
             [shown],
             linestyle="none",
             marker=style["marker"],
@@ -163,11 +169,12 @@ def _rate_limits(ax: Axes, panel: Panel, shown: list[float]) -> None:
 def _open_days(ax: Axes, open_days: set[date]) -> None:
     for d in open_days:
         start = datetime(d.year, d.month, d.day)
-        left, right = mdates.date2num(start - timedelta(hours=12)), mdates.date2num(start + timedelta(hours=12))
+        left = mdates.date2num(start - timedelta(hours=12))  # type: ignore[no-untyped-call]
+        right = mdates.date2num(start + timedelta(hours=12))  # type: ignore[no-untyped-call]
         ax.axvspan(left, right, color=OPEN_SHADE, zorder=0, linewidth=0)
 
 
-def figure(rollup: Sequence[dict], *, title: str, today: date | None = None) -> Figure:
+def figure(rollup: Sequence[Row], *, title: str, today: date | None = None) -> Figure:
     """The chart of the per-(day, context) rollup rows (today: the first open day)."""
     today = today or datetime.now(UTC).date()
     fig, axes = plt.subplots(3, 2, figsize=(13, 11.5), dpi=100)
@@ -227,15 +234,15 @@ def figure(rollup: Sequence[dict], *, title: str, today: date | None = None) -> 
         datetime.combine(days[0], datetime.min.time()) - timedelta(hours=16),
         datetime.combine(days[-1], datetime.min.time()) + timedelta(hours=16),
     )
-    locator = mdates.AutoDateLocator(minticks=3, maxticks=10)
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=10)  # type: ignore[no-untyped-call]
     for ax in data_axes:
         _open_days(ax, open_days)
         ax.set_xlim(*span)
         ax.xaxis.set_major_locator(locator)
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))  # type: ignore[no-untyped-call]
         ax.grid(True, alpha=0.3, zorder=1)
 
-    handles: list = [
+    handles: list[Artist] = [
         Line2D([], [], color=f"C{i}", **{k: v for k, v in series.style(i).items() if k != "zorder"}, label=c)
         for i, c in enumerate(series.contexts)
     ]
@@ -260,7 +267,7 @@ def figure(rollup: Sequence[dict], *, title: str, today: date | None = None) -> 
     return fig
 
 
-def render(rollup: Sequence[dict], *, title: str, today: date | None = None) -> bytes:
+def render(rollup: Sequence[Row], *, title: str, today: date | None = None) -> bytes:
     """PNG bytes for the per-(day, context) rollup rows of the report."""
     fig = figure(rollup, title=title, today=today)
     out = io.BytesIO()

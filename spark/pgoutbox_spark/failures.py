@@ -27,6 +27,7 @@ import enum
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
 from py4j.protocol import Py4JError, Py4JJavaError
@@ -68,7 +69,7 @@ class JavaError:
     sqlstate: str | None
 
 
-def _java_throwable(exc: BaseException):
+def _java_throwable(exc: BaseException) -> Any:  # a py4j JavaObject, or None
     if isinstance(exc, Py4JJavaError):
         return exc.java_exception
     return getattr(exc, "_origin", None)  # PySpark's captured exceptions keep the Java one

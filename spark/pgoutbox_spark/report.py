@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from typing import Any
 
 import psycopg
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, GroupedData, SparkSession, Window
 from pyspark.sql import functions as F
 
 from . import database as db
@@ -139,7 +139,7 @@ def _micros_between(later: str, earlier: Column | str) -> Column:
     return F.unix_micros(F.col(later)) - F.unix_micros(earlier)
 
 
-def _with_grains(frame: DataFrame, aggregate) -> DataFrame:
+def _with_grains(frame: DataFrame, aggregate: Callable[[GroupedData], DataFrame]) -> DataFrame:
     """aggregate() per (day, context, event_type) and per (day, context) with event_type '*'."""
     fine = aggregate(frame.groupBy(*KEYS))
     rollup = aggregate(frame.withColumn("event_type", F.lit(ALL_TYPES)).groupBy(*KEYS))
@@ -258,7 +258,7 @@ def _cell(name: str, value: Any) -> object:
     return value
 
 
-def to_csv(records: Sequence[dict]) -> bytes:
+def to_csv(records: Sequence[dict[str, Any]]) -> bytes:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(COLUMNS), lineterminator="\n")
     writer.writeheader()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import uuid
 from datetime import date
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
@@ -88,10 +89,10 @@ class Storage:
         self._jvm = jvm
         self._conf = spark.sparkContext._jsc.hadoopConfiguration()
 
-    def _path(self, uri: str):
+    def _path(self, uri: str) -> Any:  # py4j: org.apache.hadoop.fs.Path
         return self._jvm.org.apache.hadoop.fs.Path(uri)
 
-    def _fs(self, uri: str):
+    def _fs(self, uri: str) -> Any:  # py4j: org.apache.hadoop.fs.FileSystem
         return self._path(uri).getFileSystem(self._conf)
 
     def exists(self, uri: str) -> bool:

@@ -1,6 +1,6 @@
 """The documented spark-submit path on a real Spark standalone cluster: a
 master and two workers on 127.0.0.1 (spark-class), one cluster for all the
-checks. spark-submit spark/pgoutbox_spark/submit.py archive:
+checks. spark-submit relay/pgoutbox/cli/submit.py archive:
 
   * refuses the default local archive folder (the executors would each write
     their share to their own disk) unless OUTBOX_ARCHIVE_SHARED=true says it
@@ -60,7 +60,7 @@ def submit(cluster: SparkCluster, env: dict[str, str], *conf: str) -> subprocess
         *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
         *("--conf", f"spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}"),
         *conf,
-        str(ROOT / "spark" / "pgoutbox_spark" / "submit.py"),
+        str(ROOT / "relay" / "pgoutbox" / "cli" / "submit.py"),
         "archive",
     ]
     full = {k: v for k, v in spark_env(**env).items() if not k.startswith("PG")}

@@ -231,7 +231,7 @@ def test_the_same_job_runs_under_spark_submit(conn, database_url, tmp_path):
             "spark.ui.enabled=false",
             "--conf",
             "spark.driver.host=127.0.0.1",
-            str(ROOT / "spark" / "pgoutbox_spark" / "submit.py"),
+            str(ROOT / "relay" / "pgoutbox" / "cli" / "submit.py"),
             "archive",
         ],
         env=env,

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from chaos import faults
-from pgoutbox.dev.nats_cluster import NatsCluster, connect
+from harness.nats_cluster import NatsCluster, connect
 from pgoutbox.outbox import streams
 from support.chaos_run import run_chaos
 

@@ -41,9 +41,9 @@ import pytest
 
 from chaos.harness import STREAM, Pipeline
 from chaos.pg_failover import BusinessLedger, Failover, business_ledger, wait_settled, write_business
+from harness.pg_standby import StandbyPair
 from pgoutbox.core import db, migrate
 from pgoutbox.core.errors import DatabaseUnavailable
-from pgoutbox.dev.pg_standby import StandbyPair
 from pgoutbox.outbox.calls import OutboxCalls
 from pgoutbox.outbox.wakeups import Wakeups
 

@@ -18,7 +18,8 @@ from pgoutbox import OLDEST_SCHEMA
 from pgoutbox.core import migrate
 from pgoutbox.core.backoff import Backoff
 from pgoutbox.inbox import store as inbox_store
-from pgoutbox.inbox.flow import Admitted, DatabaseGate, MessageFlow
+from pgoutbox.inbox.database_gate import DatabaseGate
+from pgoutbox.inbox.flow import Admitted, MessageFlow
 from pgoutbox.inbox.handler_client import request_body
 from pgoutbox.inbox.in_database import handle_batch_in_transaction
 from pgoutbox.inbox.metrics import ConsumerMetrics

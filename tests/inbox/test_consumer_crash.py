@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from harness.tcp_proxy import TcpProxy
 from pgoutbox.dev.embedded import free_port
-from pgoutbox.dev.tcp_proxy import TcpProxy
 from support.inbox import FakeHandler, add_stream, consumer_metric, event, inbox_row, jetstream, publish, write_registry
 from support.roles import login
 from support.waiting import until

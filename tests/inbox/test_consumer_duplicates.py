@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from pgoutbox.dev.tcp_proxy import TcpProxy
+from harness.tcp_proxy import TcpProxy
 from support.inbox import (
     acked_through,
     add_stream,

@@ -25,10 +25,10 @@ import psycopg
 import pytest
 from nats.js.api import StreamConfig
 
+from harness.tcp_proxy import TcpProxy
 from pgoutbox.cli import main as cli
 from pgoutbox.core import migrate, wire
 from pgoutbox.dev.embedded import EmbeddedNats, EmbeddedPostgres, free_port
-from pgoutbox.dev.tcp_proxy import TcpProxy
 from pgoutbox.outbox.publisher import message_size
 from support.inbox import (
     add_stream,

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from pgoutbox.dev.otlp import OtlpReceiver, Span
+from harness.otlp import OtlpReceiver, Span
 from support.inbox import write_registry
 from support.outbox import apply_streams
 from support.roles import login

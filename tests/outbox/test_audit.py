@@ -17,11 +17,11 @@ import nats
 import psycopg
 import pytest
 
+from harness.tcp_proxy import TcpProxy
 from pgoutbox.cli import audit as audit_command
 from pgoutbox.core import migrate, settings
 from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.dev.embedded import free_port
-from pgoutbox.dev.tcp_proxy import TcpProxy
 from pgoutbox.outbox import audit
 from support.inbox import consumer_config, inbox_row, running_consumer, write_registry
 from support.outbox import (

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from pgoutbox.dev.nats_cluster import NatsCluster, connect
+from harness.nats_cluster import NatsCluster, connect
 from pgoutbox.outbox import streams
 from support.jetstream_away import (
     BEFORE,

@@ -24,8 +24,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from harness.pg_standby import StandbyPair
 from pgoutbox.core import migrate
-from pgoutbox.dev.pg_standby import StandbyPair
 from support.jetstream_away import relay_settings
 from support.outbox import apply_streams, msg_ids, status_counts, stream_messages
 from support.roles import login

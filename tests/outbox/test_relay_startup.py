@@ -17,9 +17,9 @@ from datetime import datetime
 import psycopg
 import pytest
 
+from harness.tcp_proxy import TcpProxy
 from pgoutbox.core.errors import ExitCode
 from pgoutbox.dev.embedded import free_port
-from pgoutbox.dev.tcp_proxy import TcpProxy
 from support.outbox import ROOT, RelayProcess, apply_streams, emit, status_counts
 from support.schema import newer_schema
 from support.waiting import wait_for

@@ -7,7 +7,7 @@ fake HTTP handler received.
 A build runs as `python -c LAUNCH <command>`: the launcher first prints (as a
 JSON log line) the version, the schema version and the folder of the
 `pgoutbox` package it imported, so that a test can prove which code a worker
-ran. The previous release is exported from git (pgoutbox.dev.releases) to a
+ran. The previous release is exported from git (harness.releases) to a
 folder put first on PYTHONPATH (ahead of the checkout's editable install),
 with the same virtualenv's dependencies."""
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import nats
 import psycopg
 
-from pgoutbox.dev import releases
+from harness import releases
 
 ROOT = Path(__file__).resolve().parents[2]
 

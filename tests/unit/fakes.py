@@ -11,12 +11,14 @@ tiers test that): FakeOutboxStore stands for outbox.calls.OutboxCalls,
 FakePublisher for outbox.publisher.Publisher, FakeInbox for inbox.store.Inbox,
 FakeHandlerClient for inbox.handler_client.HandlerClient, FakeNats and
 FakeJetStream for the nats-py connection and its JetStream context.
+Their methods keep the real ones' signatures (tests/unit/test_fakes.py).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -87,7 +89,7 @@ class FakeOutboxStore:
             self.down -= 1
             raise DatabaseUnavailable("PostgreSQL unavailable (fake)")
 
-    async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict]:
+    async def claim(self, worker: str, batch_size: int, lease: float) -> list[dict[str, Any]]:
         self._call("claim")
         now, token, rows = datetime.now(UTC), str(uuid.uuid4()), []
         for e in self.events.values():
@@ -104,14 +106,16 @@ class FakeOutboxStore:
             if self.events[i]["status"] == "PROCESSING" and self.events[i]["claim_token"] == token
         ]
 
-    async def mark_published(self, claim_token, event_ids: list) -> int:
+    async def mark_published(self, claim_token: Any, event_ids: list[Any]) -> int:
         self._call("mark_published")
         held = self._held(claim_token, event_ids)
         for e in held:
             e.update(status="COMPLETED", claim_token=None)
         return len(held)
 
-    async def mark_failed(self, claim_token, event_ids: list, errors: list[str], retry_at: list) -> int:
+    async def mark_failed(
+        self, claim_token: Any, event_ids: list[Any], errors: list[str], retry_at: list[datetime | None]
+    ) -> int:
         self._call("mark_failed")
         held = {e["event_id"]: e for e in self._held(claim_token, event_ids)}
         for event_id, error, at in zip(event_ids, errors, retry_at):
@@ -120,14 +124,14 @@ class FakeOutboxStore:
                 held[event_id].update(status=status, claim_token=None, last_error=error, retry_at=at)
         return len(held)
 
-    async def hand_back(self, claim_token, event_ids: list, reason: str) -> int:
+    async def hand_back(self, claim_token: Any, event_ids: list[Any], reason: str) -> int:
         self._call("hand_back")
         held = self._held(claim_token, event_ids)
         for e in held:
             e.update(status="PENDING", attempts=e["attempts"] - 1, last_error=reason)
         return len(held)
 
-    async def backlog(self) -> list[dict]:
+    async def backlog(self) -> list[dict[str, Any]]:
         self._call("backlog")
         return []
 
@@ -183,7 +187,7 @@ class FakePublisher:
     async def wait_connected(self, timeout: float | None = None) -> bool:
         return self.connected
 
-    async def publish_batch(self, rows) -> list[Outcome]:
+    async def publish_batch(self, rows: Sequence[Mapping[str, Any]]) -> list[Outcome]:
         self.batches += 1
         if self.broken is not None:
             exc, self.broken = self.broken, None
@@ -219,7 +223,9 @@ class FakeNats:
         self.max_payload = max_payload
         self.replies: dict[str, list[bytes]] = {}
 
-    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None) -> None:
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None:
         self.replies.setdefault(subject, []).append(payload)
 
 
@@ -229,7 +235,15 @@ class FakeJetStream:
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes, dict[str, str]]] = []
 
-    async def publish(self, subject: str, payload: bytes = b"", headers: dict | None = None, **_: Any) -> PubAck:
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float | None = None,
+        stream: str | None = None,
+        headers: dict[str, Any] | None = None,
+        msg_ttl: float | None = None,
+    ) -> PubAck:
         self.published.append((subject, payload, dict(headers or {})))
         return PubAck(stream="SEA_DLQ", seq=len(self.published))
 
@@ -298,7 +312,7 @@ class FakeInbox:
 
     async def receive_batch(
         self, handler: str, ids: list[str], subjects: list[str], envelopes: list[str], version: int | None = None
-    ) -> list:
+    ) -> list[dict[str, Any]] | None:
         """Payloads as they came, or as `upcasts` gives them to a handler declaring a version."""
         self._call("receive_batch")
         raised = [self.upcast_raises[i] for i in ids if i in self.upcast_raises] if version is not None else []
@@ -374,15 +388,15 @@ class FakeHandlerClient:
         self,
         url: str,
         body: bytes,
-        envelope: dict,
+        envelope: dict[str, Any],
         *,
         handler: str,
         delivery: int,
         timeout: float,
-        received=None,
-        trace=None,
-        cloudevent=None,
-    ):
+        received: int | None = None,
+        trace: Mapping[str, str] | None = None,
+        cloudevent: dict[str, str] | None = None,
+    ) -> HandlerAnswer:
         self.calls.append((envelope["message_id"], delivery))
         self.traces.append(trace)
         self.bodies.append(body)

@@ -15,7 +15,8 @@ from fakes import FakeHandlerClient, FakeInbox, FakeInboxRow, FakeJetStream, Fak
 from pgoutbox.core import settings
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as consumer_settings
-from pgoutbox.inbox.flow import DatabaseGate, MessageFlow
+from pgoutbox.inbox.database_gate import DatabaseGate
+from pgoutbox.inbox.flow import MessageFlow
 from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerAnswer
 from pgoutbox.inbox.metrics import ConsumerMetrics

@@ -148,7 +148,7 @@ def test_a_replay_carries_the_attributes_the_original_carried_and_none_when_it_h
     assert headers["ce-id"] == EVENT_ID and headers["ce-source"] == "urn:a:sea"
     assert headers["Nats-Msg-Id"].startswith(f"{EVENT_ID}:replay:h:")
     assert (
-        dlq.envelope_from(dlq.replay_subject("sea", "h"), b'{"n": 1.10}', headers)["cloudevents"]
+        wire.envelope_from(dlq.replay_subject("sea", "h"), b'{"n": 1.10}', headers)["cloudevents"]
         == (envelope["cloudevents"])
     )
     old = {k: v for k, v in envelope.items() if k != "cloudevents"}  # stored by a consumer before CloudEvents

@@ -23,7 +23,8 @@ from pgoutbox.core import settings, tracing
 from pgoutbox.core.otel import OtelTracer
 from pgoutbox.inbox import registry
 from pgoutbox.inbox import settings as consumer_settings
-from pgoutbox.inbox.flow import DatabaseGate, MessageFlow
+from pgoutbox.inbox.database_gate import DatabaseGate
+from pgoutbox.inbox.flow import MessageFlow
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from support.waiting import until
 

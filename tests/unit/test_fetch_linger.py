@@ -13,7 +13,7 @@ from test_consumer_flow import CONFIG, HANDLER
 
 from pgoutbox.cli import main as cli
 from pgoutbox.inbox.consumer import Consumer, Linger, Slots
-from pgoutbox.inbox.flow import DatabaseGate
+from pgoutbox.inbox.database_gate import DatabaseGate
 from pgoutbox.inbox.gates import HandlerGate
 
 LINGER = 0.05

@@ -5,8 +5,11 @@ failed attempt)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
-from pgoutbox.core.stopping import sleep, until_stopped, wait_set
+from pgoutbox.core.backoff import Retrier
+from pgoutbox.core.stopping import sleep, stop_on_signals, until_stopped, wait_set
 
 
 async def test_a_stop_ends_an_awaitable_that_swallows_the_first_cancellation():
@@ -67,3 +70,30 @@ async def test_a_cancellation_that_lands_as_the_event_is_set_is_raised_not_lost(
     waiting.cancel()  # in the same loop iteration
     done, _ = await asyncio.wait({waiting}, timeout=5)
     assert done and waiting.cancelled()
+
+
+async def test_a_retriers_pause_ends_at_the_stop_and_its_lines_start_again_after_a_success():
+    stopping = asyncio.Event()
+    retry = Retrier(stopping, every=60.0)
+    assert retry.failed() and not retry.failed() and retry.attempts == 2  # one line per minute
+    stopping.set()
+    assert await asyncio.wait_for(retry.pause(), 1) is False
+    retry.succeeded()
+    assert retry.failed() and retry.attempts == 1  # a new outage gets its line at once
+
+
+async def test_a_retrier_without_a_stop_pauses_to_the_end_and_every_0_gives_each_failure_its_line():
+    retry = Retrier(every=0.0)
+    assert all(retry.failed() for _ in range(3)) and retry.attempts == 3
+    assert await retry.pause() is True  # the first pause: at most 0.1 s
+
+
+async def test_stop_on_signals_sets_its_event_on_sigterm():
+    stop = stop_on_signals()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await wait_set(stop, 5)
+    finally:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -17,7 +17,8 @@ from pgoutbox.core import settings
 from pgoutbox.core.errors import ConfigError
 from pgoutbox.inbox import registry, tenants
 from pgoutbox.inbox import settings as consumer_settings
-from pgoutbox.inbox.flow import DatabaseGate, MessageFlow
+from pgoutbox.inbox.database_gate import DatabaseGate
+from pgoutbox.inbox.flow import MessageFlow
 from pgoutbox.inbox.metrics import ConsumerMetrics
 from pgoutbox.inbox.tenants import Share
 from support.waiting import until

@@ -40,10 +40,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from conftest import create_database, drop_database
+from harness.tcp_proxy import TcpProxy
 from pgoutbox.core import wire
 from pgoutbox.core.errors import SqlState
 from pgoutbox.dev.embedded import PG_BIN
-from pgoutbox.dev.tcp_proxy import TcpProxy
 from support import archival
 from support.inbox import FakeHandler
 from support.outbox import msg_ids, status_counts, stream_messages

@@ -32,22 +32,8 @@ def interval(text: str) -> timedelta:
     return timedelta(seconds=settings.duration(text))
 
 
-def bound(text: str, *, floor: timedelta, ceiling: timedelta) -> timedelta:
-    """A duration that bounds a wait: 0 (which PostgreSQL and Spark read as
-    "wait for ever") and anything below floor or above ceiling are refused."""
-    value = interval(text)
-    if not floor <= value <= ceiling:
-        raise ValueError(f"must be from {_shown(floor)} to {_shown(ceiling)}: 0 or less would wait for ever")
-    return value
-
-
-def _shown(value: timedelta) -> str:
-    seconds = value.total_seconds()
-    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
-
-
 def start_timeout(text: str) -> timedelta:
-    return bound(text, floor=timedelta(seconds=1), ceiling=timedelta(hours=1))
+    return settings.bound(text, floor=timedelta(seconds=1), ceiling=timedelta(hours=1))
 
 
 def sources(text: str) -> tuple[str, ...]:

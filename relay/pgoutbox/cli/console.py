@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
-import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from pgoutbox.console.settings import ConsoleConfig
 from pgoutbox.core import logs as json_logs
 from pgoutbox.core import settings
 from pgoutbox.core.errors import ConfigError
+from pgoutbox.core.stopping import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +69,9 @@ def run(cfg: ConsoleConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_on_signals() -> asyncio.Event:
-    # Not cli.consume's: importing it would make the console's code the consumer's.
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    return stop
-
-
 async def _serve(server: Any) -> None:
     """Serves until SIGTERM or SIGINT, then lets running requests finish."""
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     serving = asyncio.ensure_future(server.serve())
     stopped = asyncio.ensure_future(stop.wait())
     while not (server.started or serving.done() or stop.is_set()):

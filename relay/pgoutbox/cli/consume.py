@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 
 from pgoutbox.cli import event_loop
 from pgoutbox.core import logs as json_logs
 from pgoutbox.core import settings
+from pgoutbox.core.stopping import stop_on_signals
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox.consumer import Consumer
 
@@ -19,15 +18,6 @@ HELP = (
 )
 CONFIG = cs.ConsumerConfig
 SETTINGS = settings.of(CONFIG)
-
-
-def stop_on_signals() -> asyncio.Event:
-    """An event SIGTERM and SIGINT set, from now on (start-up included)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 async def serve(consumer: Consumer) -> None:

@@ -6,7 +6,6 @@ import argparse
 from dataclasses import dataclass
 from datetime import timedelta
 
-from pgoutbox.cli.archive import bound
 from pgoutbox.core import db, migrate, settings
 from pgoutbox.core.settings import option
 
@@ -15,7 +14,7 @@ HELP = "Apply pending migrations (or roll back to --target); safe to re-run."
 
 
 def lock_timeout(text: str) -> timedelta:
-    return bound(text, floor=timedelta(milliseconds=1), ceiling=timedelta(hours=1))
+    return settings.bound(text, floor=timedelta(milliseconds=1), ceiling=timedelta(hours=1))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import difflib
 import logging
 import os
@@ -13,6 +12,7 @@ from collections.abc import Callable
 from pgoutbox.cli import event_loop
 from pgoutbox.core import logs as json_logs
 from pgoutbox.core.settings import Setting
+from pgoutbox.core.stopping import stop_on_signals
 from pgoutbox.outbox import settings as relay_settings
 from pgoutbox.outbox.relay import OutboxRelay
 
@@ -63,10 +63,7 @@ def _warn_unknown_variables(all_settings: Callable[[], dict[str, tuple[Setting, 
 
 
 async def _main(cfg: relay_settings.RelayConfig, early: list[int]) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     if early:
         stop.set()
     await OutboxRelay(cfg).run(stop)

@@ -11,10 +11,9 @@ import asyncio
 from typing import Any
 
 from pgoutbox.cli import event_loop
-from pgoutbox.cli.consume import stop_on_signals
 from pgoutbox.core import broker, db, settings
 from pgoutbox.core import logs as json_logs
-from pgoutbox.core.stopping import until_stopped
+from pgoutbox.core.stopping import stop_on_signals, until_stopped
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
 from pgoutbox.inbox.consumer import check_schema

@@ -2,7 +2,8 @@
 
     errors     the OB SQLSTATE table, domain errors, exit codes
     settings   OUTBOX_* variables: declaration, parsing, the reference table
-    wire       the event on NATS (subject, body, headers), publish error codes
+    wire       the event on NATS (subject, body, headers; a replay read back), publish error codes
+    jetstream  JetStream's pull API driven by hand (the consumer's fetches, the audit's stream pass)
     db         connections: conninfo, one-line connection failures, schema version
     migrate    applying migrations/ in order, under an advisory lock
     backoff, health, logs   retry delays, /metrics /healthz /readyz, JSON log lines

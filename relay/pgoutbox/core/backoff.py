@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pgoutbox.core.stopping import sleep
+
 T = TypeVar("T")
 
 
@@ -109,6 +111,39 @@ class Every:
         return True
 
 
+class Retrier:
+    """The pacing of one loop that retries a server until it answers: pauses
+    of reconnect_delays() and at most one log line per `every` seconds (Every),
+    both started afresh by succeeded(). The loop keeps its own log lines and
+    metrics: failed() says whether this failure gets its line, `attempts`
+    counts the failures. With `stopping`, a pause ends as soon as it is set;
+    without, it runs out (a loop that must go on while the process drains)."""
+
+    def __init__(self, stopping: asyncio.Event | None = None, *, every: float = 5.0) -> None:
+        self.stopping = stopping
+        self._every = every
+        self.succeeded()
+
+    def succeeded(self) -> None:
+        """The server answered: the next failure starts from the shortest pause, with its line."""
+        self._delays, self._lines = reconnect_delays(), Every(self._every)
+
+    def failed(self) -> bool:
+        """Counts a failure: True when it gets its log line."""
+        return self._lines()
+
+    @property
+    def attempts(self) -> int:
+        return self._lines.attempts
+
+    async def pause(self) -> bool:
+        """The next pause; False when `stopping` was set before it ran out."""
+        if self.stopping is None:
+            await asyncio.sleep(next(self._delays))
+            return True
+        return await sleep(next(self._delays), self.stopping)
+
+
 async def retrying(
     call: Callable[[], Awaitable[T]],
     *,
@@ -121,13 +156,13 @@ async def retrying(
     """call() until it returns: after a failure retry_on accepts (any other is
     raised), a pause of reconnect_delays() and one log line, at most every 5 s,
     `line(exc, attempt)` under the caller's logger."""
-    delays, lines = reconnect_delays(), Every()
+    retry = Retrier()
     while True:
         try:
             return await call()
         except Exception as exc:
             if not retry_on(exc):
                 raise
-            if lines():
-                log.warning(line(exc, lines.attempts), extra={"action": action, **(extra or {})})
-            await asyncio.sleep(next(delays))
+            if retry.failed():
+                log.warning(line(exc, retry.attempts), extra={"action": action, **(extra or {})})
+            await retry.pause()

@@ -3,7 +3,7 @@
 
 Three things pause while what they need is away, and they share this:
 the relay while JetStream does not answer (outbox/away.py), the consumer
-while PostgreSQL is away (inbox/flow.DatabaseGate) and the consumer's
+while PostgreSQL is away (inbox/database_gate.py) and the consumer's
 fetching for one handler while that handler is away (inbox/gates.py).
 An episode starts on the first failure that says "away", and one probe,
 with growing pauses, finds when it is back; the start and the end are one

@@ -21,6 +21,7 @@ import socket
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg.conninfo
@@ -40,6 +41,20 @@ def duration(text: str) -> float:
     if not m:
         raise ValueError(f"not a duration: {text!r} (use e.g. 250ms, 30s, 5m, 2h, 7d)")
     return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def bound(text: str, *, floor: timedelta, ceiling: timedelta) -> timedelta:
+    """A duration that bounds a wait: 0 (which PostgreSQL and Spark read as
+    "wait for ever") and anything below floor or above ceiling are refused."""
+    value = timedelta(seconds=duration(text))
+    if not floor <= value <= ceiling:
+        raise ValueError(f"must be from {_shown(floor)} to {_shown(ceiling)}: 0 or less would wait for ever")
+    return value
+
+
+def _shown(value: timedelta) -> str:
+    seconds = value.total_seconds()
+    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
 
 
 def integer(text: str) -> int:

@@ -4,6 +4,7 @@ as soon as the process is asked to stop, whatever they were waiting for."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Awaitable
 from typing import Any
 
@@ -48,3 +49,12 @@ async def wait_set(event: asyncio.Event, seconds: float | None) -> bool:
 async def sleep(seconds: float, stopping: asyncio.Event) -> bool:
     """Sleeps unless `stopping` is set first; True when the whole sleep passed."""
     return not await wait_set(stopping, seconds)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set, from now on (start-up included)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -532,6 +532,32 @@ def payload_bytes(body: bytes, headers: Mapping[str, str] | None) -> bytes | Non
     return None if cloudevents.is_structured(headers) else body
 
 
+# -- a replay of a dead letter (inbox/dlq.py writes it) ----------------------------
+
+# The subject the replayed message was first delivered on: a replay travels on
+# {context}.dlq.replay.{handler}, which the envelope does not take its fields from.
+ORIGINAL_SUBJECT = "Pgoutbox-Original-Subject"
+_REPLAY = re.compile(r"^[A-Za-z0-9_-]+\.dlq\.replay\.[A-Za-z0-9_-]+$")
+
+
+def is_replay(subject: str) -> bool:
+    return bool(_REPLAY.match(subject))
+
+
+def envelope_from(subject: str, body: bytes, headers: Mapping[str, str] | None) -> dict[str, Any]:
+    """The handler envelope of a delivered message, original or replay;
+    InvalidMessage naming the header, subject or body at fault."""
+    if not is_replay(subject):
+        return from_nats(subject, body, headers)
+    headers = dict(headers or {})
+    original = headers.get(ORIGINAL_SUBJECT)
+    if not original:
+        raise InvalidMessage(f"header {ORIGINAL_SUBJECT} is missing on a replay")
+    # The message id is the part of a replay's Nats-Msg-Id before its first colon.
+    headers[MSG_ID] = (headers.get(MSG_ID) or "").split(":", 1)[0]
+    return from_nats(original, body, headers)
+
+
 # -- publishing: what both sides share ------------------------------------------
 
 # NATS/1.0\r\n ... \r\n\r\n: the framing nats-py puts around headers.
@@ -565,6 +591,15 @@ PERMANENT = frozenset(
         PublishError.ENCODE_FAILED,
     }
 )
+
+# JetStream API errors (the err_code of an error reply) that never clear by
+# themselves: the message exceeds the stream's max_msg_size; the stream is gone.
+JS_MESSAGE_TOO_LARGE = 10054
+JS_STREAM_NOT_FOUND = 10059
+PERMANENT_JS_ERRORS: Mapping[int, PublishError] = {
+    JS_MESSAGE_TOO_LARGE: PublishError.MAX_PAYLOAD,
+    JS_STREAM_NOT_FOUND: PublishError.NO_STREAM,
+}
 
 
 def message_size(body: bytes, headers: Mapping[str, str]) -> int:

@@ -14,7 +14,7 @@ max_deliver counts its failures in the inbox (see flow), so no message
 depends on JetStream's MAX_DELIVERIES advisory, which nobody is guaranteed
 to receive, and no outage or crash uses up its deliveries.
 
-While PostgreSQL is away the fetch loops wait (flow.DatabaseGate): nothing
+While PostgreSQL is away the fetch loops wait (database_gate.DatabaseGate): nothing
 is fetched that could not be recorded, and the messages in hand wait for it.
 While a handler is away its fetch loops wait too (gates.HandlerGate), but for
 one probe of one message with growing pauses: its messages go back without
@@ -58,18 +58,19 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pgoutbox.core import broker, db, tracing
-from pgoutbox.core.backoff import Every, reconnect_delays, retrying
+from pgoutbox.core.backoff import Every, Retrier, retrying
 from pgoutbox.core.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgoutbox.core.health import HealthServer
+from pgoutbox.core.jetstream import Puller
 from pgoutbox.core.stopping import sleep, until_stopped
 from pgoutbox.inbox import dlq, tenants
 from pgoutbox.inbox import settings as cs
 from pgoutbox.inbox import store as inbox_store
-from pgoutbox.inbox.flow import DatabaseGate, MessageFlow, transient
+from pgoutbox.inbox.database_gate import DatabaseGate
+from pgoutbox.inbox.flow import MessageFlow, transient
 from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerClient
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome
-from pgoutbox.inbox.pull import Puller
 from pgoutbox.inbox.replayer import Replayer
 from pgoutbox.inbox.settings import HandlerRuntime, replay_backoff, retry_backoff, worker_name
 from pgoutbox.inbox.store import Inbox
@@ -352,7 +353,7 @@ class Consumer:
             )
             await self._stop_loops()
             self._bound.clear()
-            delays = reconnect_delays()
+            retry = Retrier(self.stopping, every=0.0)  # a line for each failure
             while not self.stopping.is_set():
                 try:
                     await self._connect()
@@ -363,16 +364,17 @@ class Consumer:
                     log.info("NATS connection re-established", extra={"action": "nats_reestablished"})
                     break
                 except Exception as exc:
-                    log.error(
-                        "re-establishing the NATS connection failed (%r); trying again",
-                        exc,
-                        extra={"action": "nats_rebind_failed"},
-                    )
+                    if retry.failed():
+                        log.error(
+                            "re-establishing the NATS connection failed (%r); trying again",
+                            exc,
+                            extra={"action": "nats_rebind_failed"},
+                        )
                     await self._stop_loops()
                     self._bound.clear()
                     failed, self.nc = self.nc, None
                     await self._close_nats(failed)
-                    await sleep(next(delays), self.stopping)
+                    await retry.pause()
 
     # -- JetStream ----------------------------------------------------------
     def _consumer_config(self, h: HandlerRuntime, subjects: list[str], description: str) -> ConsumerConfig:

@@ -24,32 +24,48 @@ core/wire.py; its ce-* headers are the CloudEvents attributes the original
 carried, even those of a foreign or structured-mode one), except the subject and `Nats-Msg-Id =
 {message_id}:replay:{handler}:{n}:{nonce}`: the nonce keeps JetStream from
 dropping a replay that follows a crashed replayer pass, and the message id is
-the part before the first colon, still taken from Nats-Msg-Id alone.
+the part before the first colon, still taken from Nats-Msg-Id alone (a
+delivery, replay or not, is read by core/wire.py::envelope_from).
+
+DeadLetters is the consumer's side of it: the path a message takes when it
+is dead-lettered in hand or cannot enter the inbox, apart from the flow
+(flow.py) that every other message takes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import re
+import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from pgoutbox.core import cloudevents, wire
-from pgoutbox.core.errors import ConfigError
-from pgoutbox.core.wire import PublishError, message_size
+from pgoutbox.core.backoff import Backoff
+from pgoutbox.core.errors import ConfigError, SqlState
+from pgoutbox.core.stopping import sleep
+from pgoutbox.core.wire import ORIGINAL_SUBJECT, PERMANENT_JS_ERRORS, PublishError, message_size
+from pgoutbox.inbox.database_gate import DatabaseGate, Stopping
+from pgoutbox.inbox.metrics import Outcome
+from pgoutbox.inbox.settings import HandlerRuntime
+from pgoutbox.inbox.store import Inbox, settles
 
-ORIGINAL_SUBJECT = "Pgoutbox-Original-Subject"
+log = logging.getLogger(__name__)
+# A message to publish: subject, body, headers.
+Notice = tuple[str, bytes, dict[str, str]]
+
 HANDLER = "Pgoutbox-Handler"
 # Of a notice that could not copy the original: the reason is ours, but may quote a handler.
 _REASON_KEPT = 2000
-_REPLAY = re.compile(r"^[A-Za-z0-9_-]+\.dlq\.replay\.[A-Za-z0-9_-]+$")
 
 
 def stream_name(context: str) -> str:
@@ -62,10 +78,6 @@ def stream_subject(context: str) -> str:
 
 def replay_subject(context: str, handler: str) -> str:
     return f"{context}.dlq.replay.{handler}"
-
-
-def is_replay(subject: str) -> bool:
-    return bool(_REPLAY.match(subject))
 
 
 def dead_subject(context: str, handler: str, envelope: Mapping[str, Any] | None) -> str:
@@ -98,7 +110,7 @@ def _notice(
     copied: str,
     max_payload: int | None,
     copy: bool,
-) -> tuple[str, bytes, dict[str, str]]:
+) -> Notice:
     """The notice with the original copied into field `copied` when asked and
     it fits under max_payload, else the same notice with `copied` null and a
     `{copied}_omitted` note: stream and stream_sequence then are the way to
@@ -154,7 +166,7 @@ def notice(
     stream_sequence: int | None = None,
     max_payload: int | None = None,
     copy: bool = True,
-) -> tuple[str, bytes, dict[str, str]]:
+) -> Notice:
     """A MessageDeadLettered notice (subject, body, headers) that fits under
     max_payload: with the envelope, or referencing the original by stream and
     stream sequence when the envelope does not fit."""
@@ -193,7 +205,7 @@ def unreadable_notice(
     reason: str,
     max_payload: int | None = None,
     copy: bool = True,
-) -> tuple[str, bytes, dict[str, str]]:
+) -> Notice:
     """A notice for a message that cannot enter the inbox, with its raw
     content when that fits under max_payload."""
     return _notice(
@@ -215,7 +227,7 @@ def unreadable_notice(
     )
 
 
-def replay_message(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
+def replay_message(row: Mapping[str, Any]) -> Notice:
     """The replay of an inbox row (as inbox.claim_replays returns it)."""
     env = row["envelope"]
     meta = row["dlq_metadata"] or {}
@@ -235,30 +247,12 @@ def replay_message(row: Mapping[str, Any]) -> tuple[str, bytes, dict[str, str]]:
     return replay_subject(row["context"], row["handler"]), body, headers
 
 
-def envelope_from(subject: str, body: bytes, headers: Mapping[str, str] | None) -> dict[str, Any]:
-    """The handler envelope of a delivered message, original or replay;
-    envelope.InvalidMessage naming the header, subject or body at fault."""
-    if not is_replay(subject):
-        return wire.from_nats(subject, body, headers)
-    headers = dict(headers or {})
-    original = headers.get(ORIGINAL_SUBJECT)
-    if not original:
-        raise wire.InvalidMessage(f"header {ORIGINAL_SUBJECT} is missing on a replay")
-    headers[wire.MSG_ID] = (headers.get(wire.MSG_ID) or "").split(":", 1)[0]
-    return wire.from_nats(original, body, headers)
-
-
 class DlqRefused(Exception):
     """A DLQ publish that can never succeed: retrying it would only repeat the refusal."""
 
     def __init__(self, code: PublishError, detail: str):
         super().__init__(f"{code}: {detail}")
         self.code = code
-
-
-# JetStream refusals that do not clear by themselves: the message exceeds the
-# stream's max_msg_size; the stream is gone.
-_PERMANENT_JS_ERRORS = frozenset({10054, 10059})
 
 
 async def publish(js: JetStreamContext, subject: str, body: bytes, headers: dict[str, str]) -> tuple[str, int]:
@@ -278,8 +272,8 @@ async def publish(js: JetStreamContext, subject: str, body: bytes, headers: dict
             raise DlqRefused(PublishError.NO_STREAM, f"no JetStream stream captures {subject}") from None
         raise
     except nats.js.errors.APIError as exc:
-        if exc.err_code in _PERMANENT_JS_ERRORS:
-            code = PublishError.MAX_PAYLOAD if exc.err_code == 10054 else PublishError.NO_STREAM
+        code = PERMANENT_JS_ERRORS.get(exc.err_code) if exc.err_code is not None else None
+        if code is not None:
             raise DlqRefused(code, f"JetStream [{exc.err_code}] {exc.description}") from None
         raise
 
@@ -311,3 +305,207 @@ async def ensure_stream(js: JetStreamContext, context: str, *, max_age: float, d
         except nats.js.errors.NotFoundError:
             raise ConfigError(f"cannot create DLQ stream {config.name}: {exc}") from exc
     return stream_name(context)
+
+
+# -- the consumer's dead letters -------------------------------------------------
+
+# Prefix of last_error when no DLQ notice could be published for a dead letter.
+UNPUBLISHABLE = "DLQ_UNPUBLISHABLE"
+
+
+def origin(msg: Any) -> tuple[str | None, int | None]:
+    """Stream and stream sequence of a delivery, or of a stream's copy (advisory)."""
+    if isinstance(msg, Msg):
+        return msg.metadata.stream, msg.metadata.sequence.stream
+    return msg.stream, msg.seq
+
+
+@dataclass(kw_only=True)
+class DeadLetters:
+    """The consumer's dead-letter path, off its happy path: a message
+    dead-lettered in hand (its notice published, then its inbox row
+    recorded DEAD_LETTER, then acked) and a message that cannot enter the
+    inbox (its `.invalid` notice, then acked). Inbox calls run through the
+    database gate, like the flow's."""
+
+    inbox: Inbox
+    nc: Any
+    js: Any
+    gate: DatabaseGate
+    stopping: asyncio.Event
+    retry_backoff: Backoff
+    replay_backoff: Backoff
+
+    def use(self, nc: Any, js: Any) -> None:
+        """The connection to publish on, after the consumer re-established it."""
+        self.nc, self.js = nc, js
+
+    async def dead_letter(
+        self, msg: Any, h: HandlerRuntime, envelope: dict[str, Any], row: dict[str, Any], reason: str
+    ) -> bool:
+        """Publishes the notice, records the dead letter, acks; False when
+        another delivery settled the row first (nothing recorded or acked).
+        The message stays in hand until both are done: JetStream would
+        redeliver it, but the handler would be called again for nothing."""
+        meta = row["dlq_metadata"] or {}
+        replays = int(meta.get("replay_attempts") or 0)
+        replay_after = self.replay_backoff.delay(replays + 1) if replays < h.replay_max_attempts else None
+        message_id = envelope["message_id"]
+        stream, sequence = origin(msg)
+
+        def build(copy: bool) -> Notice:
+            return notice(
+                context=h.spec.context,
+                handler=h.name,
+                message_id=message_id,
+                original_subject=envelope["subject"],
+                reason=reason,
+                attempts=row["attempts"],
+                dead_letters=int(meta.get("dead_letters") or 0) + 1,
+                replay_attempts=replays,
+                next_replay_in=replay_after,
+                envelope=envelope,
+                stream=stream,
+                stream_sequence=sequence,
+                max_payload=self.nc.max_payload,
+                copy=copy,
+            )
+
+        subject, problem, placed = await self._publish_notice(build, persist=True)
+        recorded = reason if problem is None else f"{UNPUBLISHABLE}: {problem}; {reason}"
+        if not await self.gate.run(
+            lambda: settles(
+                self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after)
+            ),
+            self.stopping,
+        ):
+            return False
+        await msg.ack()
+        if placed is not None:
+            await self._name_notice(h, message_id, placed)
+        log.warning(
+            "dead-lettered",
+            extra={
+                "handler": h.name,
+                "message_id": message_id,
+                "reason": recorded,
+                "dlq_subject": subject,
+                "replay_in": None if replay_after is None else round(replay_after, 3),
+            },
+        )
+        return True
+
+    async def _name_notice(self, h: HandlerRuntime, message_id: str, placed: tuple[str, int]) -> None:
+        """Records which DLQ stream message announced the dead letter, for
+        dlq_show. Best-effort, after the dead letter is recorded and the
+        message acked: behind the database gate (an outage delays it), and a
+        failure, or the consumer stopping meanwhile, costs only this pointer
+        (the notice itself is in the stream, found by its message id)."""
+        stream, sequence = placed
+        try:
+            await self.gate.run(
+                lambda: self.inbox.record_dlq_notice(message_id, h.name, stream, sequence), self.stopping
+            )
+        except Exception as exc:
+            log.warning(
+                "the dead letter's DLQ notice could not be recorded",
+                extra={
+                    "handler": h.name,
+                    "message_id": message_id,
+                    "dlq_stream": stream,
+                    "dlq_stream_sequence": sequence,
+                    "error": "stopping" if isinstance(exc, Stopping) else repr(exc),
+                },
+            )
+
+    async def _publish_notice(
+        self, build: Callable[[bool], Notice], *, persist: bool
+    ) -> tuple[str | None, str | None, tuple[str, int] | None]:
+        """Publishes the notice build(copy) makes: the original copied when it
+        fits, else referenced; referenced again when JetStream refuses the
+        copy as too large (a stream's max_msg_size). Returns (subject, None,
+        (stream, sequence) from the PubAck), or (None, why, None) when no
+        notice can ever be published."""
+        problem = None
+        for copy in (True, False):
+            try:
+                subject, body, headers = build(copy)
+            except NoticeTooLarge as exc:
+                return None, f"{PublishError.MAX_PAYLOAD}: {exc}", None
+            try:
+                placed = await self._publish(subject, body, headers, persist=persist)
+                return subject, None, placed
+            except DlqRefused as exc:
+                problem = str(exc)
+                if exc.code is not PublishError.MAX_PAYLOAD:
+                    break
+        log.error("no DLQ notice can be published", extra={"error": problem})
+        return None, problem, None
+
+    async def _publish(self, subject: str, body: bytes, headers: dict[str, str], *, persist: bool) -> tuple[str, int]:
+        """Publishes to the DLQ. persist: a failed publish is retried here (the
+        message kept alive by in-progress acks) until it succeeds or the
+        consumer stops, rather than calling the handler again; a permanent
+        refusal (DlqRefused) is never retried."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await publish(self.js, subject, body, headers)
+            except DlqRefused:
+                raise
+            except Exception as exc:
+                if not persist or self.stopping.is_set():
+                    raise
+                delay = self.retry_backoff.delay(attempt)
+                log.error(
+                    "DLQ publish failed on the last delivery; retrying",
+                    extra={
+                        "dlq_subject": subject,
+                        "error": repr(exc),
+                        "retry_in": round(delay, 3),
+                    },
+                )
+                if not await sleep(delay, self.stopping):
+                    raise
+
+    async def unreadable(self, msg: Any, h: HandlerRuntime, why: str) -> Outcome:
+        """Publishes a message that cannot enter the inbox to `.invalid`, raw
+        when that fits; acks it when it was delivered (a stream's copy, from an
+        advisory, has nothing to ack). When no notice can be published, the
+        error log line (stream and sequence) is what is left to find."""
+        stream, sequence = origin(msg)
+        reason = f"{SqlState.INVALID_MESSAGE.name} [{SqlState.INVALID_MESSAGE.value}]: {why}"
+
+        def build(copy: bool) -> Notice:
+            return unreadable_notice(
+                context=h.spec.context,
+                handler=h.name,
+                stream=stream,
+                sequence=sequence,
+                subject=msg.subject,
+                body=msg.data or b"",
+                headers=msg.headers,
+                reason=reason,
+                max_payload=self.nc.max_payload,
+                copy=copy,
+            )
+
+        subject, problem, _ = await self._publish_notice(build, persist=False)
+        if isinstance(msg, Msg):
+            await msg.ack()
+        log.error(
+            "unreadable message sent to the DLQ"
+            if problem is None
+            else f"unreadable message acknowledged without a DLQ notice ({UNPUBLISHABLE})",
+            extra={
+                "handler": h.name,
+                "stream": stream,
+                "stream_sequence": sequence,
+                "subject": msg.subject,
+                "reason": why,
+                "dlq_subject": subject,
+                "error": problem,
+            },
+        )
+        return Outcome.INVALID

@@ -23,7 +23,7 @@ its own otherwise:
      processed   -> inbox.settle (with the other outcomes that are ready:
                     store.Settler), then ack;
      dead letter -> DLQ notice, then inbox.record_error(dead, replay_after),
-                    then ack. The notice comes first: a DEAD_LETTER row has
+                    then ack (dlq.DeadLetters). The notice comes first: a DEAD_LETTER row has
                     its notice, and a crash in between only repeats the
                     notice, which JetStream deduplicates. A notice always fits
                     under max_payload (it references the original by stream
@@ -38,13 +38,13 @@ dead-lettered on the handler failure that reaches max_deliver, while the
 consumer holds it. A delivery cut short by an outage or a crash records no
 failure and costs the message nothing.
 
-PostgreSQL away (DatabaseGate): every inbox call of a message in hand waits
+PostgreSQL away (database_gate.DatabaseGate): every inbox call of a message in hand waits
 for it to come back and runs again, the message kept alive by in-progress
 acks, while the consumer stops fetching; an outage of any length only
 delays. NATS away: nats-py reconnects; a message whose ack or nak was lost is
 redelivered after ack_wait, and the inbox tells what was already done. A
 handler is called again for a message it already answered only when its
-outcome did not commit after its answer: docs/consumer.md lists the cases.
+outcome did not commit after its answer: docs/handlers.md lists the cases.
 
 Every other error while a message is admitted, recorded, handled, settled
 or dead-lettered is that message's outcome: `.invalid` before the inbox,
@@ -64,88 +64,31 @@ from typing import Any, TypeVar
 
 import nats.errors
 import psycopg
-from nats.aio.msg import Msg
 
 from pgoutbox.core import cloudevents, db, tracing
-from pgoutbox.core.backoff import Backoff, Every, reconnect_delays
+from pgoutbox.core.backoff import Backoff
 from pgoutbox.core.errors import DatabaseUnavailable, PgOutboxError, PolicyViolation, SqlState, one_line
-from pgoutbox.core.gate import Gate, Outage
-from pgoutbox.core.stopping import sleep, wait_set
-from pgoutbox.core.wire import InvalidMessage, PublishError, payload_bytes
+from pgoutbox.core.stopping import wait_set
+from pgoutbox.core.wire import InvalidMessage, envelope_from, payload_bytes
 from pgoutbox.inbox import batch as batches
 from pgoutbox.inbox import dlq
+from pgoutbox.inbox.database_gate import DatabaseGate, Stopping
 from pgoutbox.inbox.gates import HandlerGate
 from pgoutbox.inbox.handler_client import HandlerAnswer, HandlerClient, payload_body, request_body
 from pgoutbox.inbox.handler_contract import Action, decide
 from pgoutbox.inbox.metrics import ConsumerMetrics, Outcome, answer_of
 from pgoutbox.inbox.settings import HandlerRuntime
-from pgoutbox.inbox.store import Inbox, settles
+from pgoutbox.inbox.store import Inbox
 from pgoutbox.inbox.tenants import Share
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# A notice to publish: subject, body, headers.
-Notice = tuple[str, bytes, dict[str, str]]
-
-
-class Stopping(Exception):
-    """The consumer stops while a message waits for PostgreSQL: it is left
-    unacknowledged, for JetStream to redeliver."""
 
 
 def transient(exc: BaseException) -> bool:
     """A server away or slow (PostgreSQL, NATS), not the message's fault:
     it is left for redelivery, never counted as a failure."""
     return isinstance(exc, (DatabaseUnavailable, nats.errors.Error, TimeoutError, OSError))
-
-
-class DatabaseGate(Gate):
-    """Whether PostgreSQL answers, as the consumer's inbox calls found it.
-    Closed by the first call that finds it away (one log line per outage);
-    from then on one probe, with growing pauses, decides when it is back.
-    Fetch loops wait while it is closed; inbox calls of the messages in hand
-    wait and run again (MessageFlow.database). The probe is one cheap query,
-    so its pauses stay short (reconnect_delays: 0.1 s doubling to 5 s), where
-    a handler's and JetStream's probes, which cost a real event, grow to 30 s."""
-
-    def __init__(self, probe: Callable[[], Awaitable[Any]]):
-        super().__init__(Outage())
-        self.outage.what = "PostgreSQL"
-        self._probe = probe
-        self._watch: asyncio.Task[None] | None = None
-
-    def lost(self, exc: BaseException) -> None:
-        if not self.is_up:
-            return
-        self.close_for(str(exc))
-        log.warning(
-            "PostgreSQL away (%s): fetching paused; the messages in hand wait for it",
-            exc,
-            extra={"action": "db_away"},
-        )
-        self._watch = asyncio.create_task(self._until_back())
-
-    async def _until_back(self) -> None:
-        delays, every = reconnect_delays(), Every(30.0)
-        while True:
-            await asyncio.sleep(next(delays))
-            try:
-                await self._probe()
-                break
-            except Exception as exc:
-                self.outage.still(str(exc))
-                if every():
-                    log.warning("PostgreSQL still away: %s", exc, extra={"action": "db_retry"})
-        episode = self.open()
-        log.info(
-            "PostgreSQL back after %.1f s: fetching resumed",
-            episode.seconds if episode else 0.0,
-            extra={"action": "db_back"},
-        )
-
-    def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
 
 
 class Heartbeat:
@@ -235,21 +178,9 @@ async def _acked(msg: Any, outcome: Outcome) -> Outcome:
     return outcome
 
 
-# Times an inbox call runs again at once after a clash with a concurrent transaction.
-_CLASHES = 3
-
-# Prefix of last_error when no DLQ notice could be published for a dead letter.
-UNPUBLISHABLE = "DLQ_UNPUBLISHABLE"
 # Prefix of last_error of a message the consumer itself failed on (a defect,
 # or an input nobody foresaw): its own dead letter, never the fetch's.
 CONSUMER_ERROR = "CONSUMER_ERROR"
-
-
-def _origin(msg: Any) -> tuple[str | None, int | None]:
-    """Stream and stream sequence of a delivery, or of a stream's copy (advisory)."""
-    if isinstance(msg, Msg):
-        return msg.metadata.stream, msg.metadata.sequence.stream
-    return msg.stream, msg.seq
 
 
 def _own_failure(exc: BaseException) -> bool:
@@ -301,13 +232,19 @@ class MessageFlow:
         # For a handler of format "cloudevents" and a message that came without attributes.
         self.cloudevents_source = cloudevents_source
         self.client = client
-        self.nc = nc
-        self.js = js
         self.metrics = metrics
         self.retry_backoff = retry_backoff
-        self.replay_backoff = replay_backoff
         self.stopping = stopping
         self.gate = gate
+        self.dead_letters = dlq.DeadLetters(
+            inbox=inbox,
+            nc=nc,
+            js=js,
+            gate=gate,
+            stopping=stopping,
+            retry_backoff=retry_backoff,
+            replay_backoff=replay_backoff,
+        )
         # Per handler: closed while it is away (inbox/gates.py); none: every answer is the message's.
         self.handler_gates = handler_gates or {}
         # Per handler: its calls in flight per tenant (inbox/tenants.py); none: no limit.
@@ -316,6 +253,10 @@ class MessageFlow:
         self.heartbeat = Heartbeat()
         # Handlers of format "batch": which batch in flight holds each ordering key.
         self.lanes = batches.Lanes()
+
+    def use(self, nc: Any, js: Any) -> None:
+        """The connection to publish on, after the consumer re-established it."""
+        self.dead_letters.use(nc, js)
 
     async def handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         """Processes the messages of one fetch, and calls done(msg, outcome)
@@ -346,25 +287,9 @@ class MessageFlow:
                 self.heartbeat.done(msg)
 
     async def database(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Runs an inbox call; while PostgreSQL is away, waits for it (the
-        gate) and runs it again: the message waiting here stays in hand, kept
-        alive by in-progress acks. Stopping when the consumer stops meanwhile."""
-        clashes = 0
-        while True:
-            if not await self.gate.wait(self.stopping):
-                raise Stopping()
-            try:
-                return await call()
-            except DatabaseUnavailable as exc:
-                if not exc.retryable:
-                    raise
-                self.gate.lost(exc)
-            except psycopg.Error as exc:
-                # A clash with a concurrent transaction rolled the call back:
-                # once more at once (any other failure is the message's own).
-                if db.failure_of(exc) is not db.Failure.CLASH or clashes >= _CLASHES:
-                    raise
-                clashes += 1
+        """Runs an inbox call through the database gate (DatabaseGate.run):
+        while PostgreSQL is away, the message waits in hand."""
+        return await self.gate.run(call, self.stopping)
 
     async def _handle_fetch(self, msgs: list[Any], h: HandlerRuntime, done: Done) -> None:
         admitted: list[Admitted] = []
@@ -374,7 +299,7 @@ class MessageFlow:
         for msg in msgs:
             got = await self._admit(msg, h)
             if isinstance(got, str):
-                work.append(self._run(msg, self._unreadable(msg, h, got), done))
+                work.append(self._run(msg, self.dead_letters.unreadable(msg, h, got), done))
             else:
                 admitted.append(got)
         # A handler of format "batch" gets one call for the fetch; it takes its
@@ -404,7 +329,7 @@ class MessageFlow:
         called: list[tuple[Admitted, dict[str, Any]]] = []  # format "batch": the messages of its one call
         for a, row in zip(admitted, rows, strict=True):
             if isinstance(row, str):
-                work.append(self._run(a.msg, self._unreadable(a.msg, h, row), done))
+                work.append(self._run(a.msg, self.dead_letters.unreadable(a.msg, h, row), done))
             elif row["status"] == "PROCESSED":
                 work.append(self._run(a.msg, _acked(a.msg, Outcome.DUPLICATE), done))
             elif row["status"] == "DEAD_LETTER":
@@ -428,22 +353,6 @@ class MessageFlow:
         elif work:
             await asyncio.gather(*work)
 
-    async def _admit(self, msg: Any, h: HandlerRuntime) -> Admitted | str:
-        """A delivery read: its envelope and request body, or why it is unreadable."""
-        delivery = msg.metadata.num_delivered
-        if delivery > 1:
-            self.metrics.redeliveries.labels(h.name).inc()
-        try:
-            envelope = dlq.envelope_from(msg.subject, msg.data, msg.headers)
-            _consumed_by(envelope, h)
-            payload = payload_bytes(msg.data, msg.headers)
-            return Admitted(msg, envelope, delivery, request_body(envelope, payload), payload=payload)
-        except InvalidMessage as exc:
-            return str(exc)
-        except Exception as exc:  # an input nobody foresaw: still that message's own outcome
-            log.exception("unreadable message", extra={"handler": h.name})
-            return f"unreadable ({type(exc).__name__}: {str(exc)[:200]})"
-
     async def _run(self, msg: Any, work: Awaitable[Outcome], done: Done) -> None:
         try:
             outcome: Outcome | Exception | None = await work
@@ -456,6 +365,24 @@ class MessageFlow:
             outcome = exc
         done(msg, outcome)
 
+    # -- admit: a delivery read, or why it is unreadable (dlq.DeadLetters.unreadable) --
+    async def _admit(self, msg: Any, h: HandlerRuntime) -> Admitted | str:
+        """A delivery read: its envelope and request body, or why it is unreadable."""
+        delivery = msg.metadata.num_delivered
+        if delivery > 1:
+            self.metrics.redeliveries.labels(h.name).inc()
+        try:
+            envelope = envelope_from(msg.subject, msg.data, msg.headers)
+            _consumed_by(envelope, h)
+            payload = payload_bytes(msg.data, msg.headers)
+            return Admitted(msg, envelope, delivery, request_body(envelope, payload), payload=payload)
+        except InvalidMessage as exc:
+            return str(exc)
+        except Exception as exc:  # an input nobody foresaw: still that message's own outcome
+            log.exception("unreadable message", extra={"handler": h.name})
+            return f"unreadable ({type(exc).__name__}: {str(exc)[:200]})"
+
+    # -- record: the fetch in the inbox, before anything else --
     async def _receive_all(self, h: HandlerRuntime, admitted: list[Admitted]) -> list[dict[str, Any] | str]:
         """The inbox rows of a fetch, recorded with one call (receive_batch);
         one by one on a schema without it (the store says so), or when the
@@ -484,10 +411,6 @@ class MessageFlow:
         if len(admitted) == 1:
             return [await self._receive(h, admitted[0])]
         return list(await asyncio.gather(*(self._receive(h, a) for a in admitted)))
-
-    def use(self, nc: Any, js: Any) -> None:
-        """The connection to publish on, after the consumer re-established it."""
-        self.nc, self.js = nc, js
 
     async def _receive(self, h: HandlerRuntime, a: Admitted) -> dict[str, Any] | str:
         """inbox.receive() (a batch of one for a handler that declares a
@@ -531,6 +454,7 @@ class MessageFlow:
         assert rows is not None and len(rows) == 1
         return dict(rows[0])
 
+    # -- call: the handler, and what its answer means --
     async def _traced(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], fetched_ns: int) -> Outcome:
         """_process inside a "process {subject}" span (tracing on)."""
         try:  # JetStream's time of the message, as its reply subject gives it
@@ -565,18 +489,7 @@ class MessageFlow:
             # A defect, or an input nobody foresaw: this message's own dead
             # letter, whatever the rest of the fetch does.
             log.exception("consumer error on a message", extra={"handler": h.name})
-            reason = f"{CONSUMER_ERROR}: {type(exc).__name__}: {str(exc)[:500]}"
-            if not await self._dead_letter(a.msg, h, a.envelope, row, reason, _origin(a.msg)):
-                return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
-            return Outcome.DEAD_LETTERED
-
-    async def _not_upcast(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
-        """A payload the upcasters cannot bring to the handler's version: this
-        message's own dead letter (replayed like any other: an upcaster
-        registered or fixed since is used then)."""
-        if not await self._dead_letter(a.msg, h, a.envelope, row, row["upcast_error"], _origin(a.msg)):
-            return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
-        return Outcome.DEAD_LETTERED
+            return await self._dead_lettered(a, h, row, f"{CONSUMER_ERROR}: {type(exc).__name__}: {str(exc)[:500]}")
 
     async def _call(
         self,
@@ -673,6 +586,7 @@ class MessageFlow:
             gate.answered(call)
         return each, call
 
+    # -- settle: the outcome recorded, then the ack or nak --
     async def _act(
         self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], action: Action, answer: HandlerAnswer, call: int = 0
     ) -> Outcome:
@@ -720,9 +634,20 @@ class MessageFlow:
             if action is Action.DEAD_LETTER
             else (f"max_deliver ({h.max_deliver}) reached; last answer: {answer.summary}")
         )
-        if not await self._dead_letter(msg, h, envelope, row, reason, _origin(msg)):
-            return await self._settled_elsewhere(msg, h, message_id)
+        return await self._dead_lettered(a, h, row, reason)
+
+    async def _dead_lettered(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any], reason: str) -> Outcome:
+        """The message dead-lettered in hand (dlq.DeadLetters), unless
+        another delivery settled it first."""
+        if not await self.dead_letters.dead_letter(a.msg, h, a.envelope, row, reason):
+            return await self._settled_elsewhere(a.msg, h, a.envelope["message_id"])
         return Outcome.DEAD_LETTERED
+
+    async def _not_upcast(self, a: Admitted, h: HandlerRuntime, row: dict[str, Any]) -> Outcome:
+        """A payload the upcasters cannot bring to the handler's version: this
+        message's own dead letter (replayed like any other: an upcaster
+        registered or fixed since is used then)."""
+        return await self._dead_lettered(a, h, row, row["upcast_error"])
 
     async def _went_back(self, a: Admitted, h: HandlerRuntime, gate: HandlerGate, answer: HandlerAnswer) -> Outcome:
         """The handler is away: its gate closes (or stays closed) and the
@@ -751,175 +676,3 @@ class MessageFlow:
         if answer.retry_after is not None:
             return min(answer.retry_after, self.retry_backoff.max_delay)
         return self.retry_backoff.delay(failure)
-
-    async def _dead_letter(
-        self,
-        msg: Any,
-        h: HandlerRuntime,
-        envelope: dict[str, Any],
-        row: dict[str, Any],
-        reason: str,
-        origin: tuple[str | None, int | None],
-    ) -> bool:
-        """Publishes the notice, records the dead letter, acks; False when
-        another delivery settled the row first (nothing recorded or acked).
-        The message stays in hand until both are done: JetStream would
-        redeliver it, but the handler would be called again for nothing."""
-        meta = row["dlq_metadata"] or {}
-        replays = int(meta.get("replay_attempts") or 0)
-        replay_after = self.replay_backoff.delay(replays + 1) if replays < h.replay_max_attempts else None
-        message_id = envelope["message_id"]
-        stream, sequence = origin
-
-        def build(copy: bool) -> tuple[str, bytes, dict[str, str]]:
-            return dlq.notice(
-                context=h.spec.context,
-                handler=h.name,
-                message_id=message_id,
-                original_subject=envelope["subject"],
-                reason=reason,
-                attempts=row["attempts"],
-                dead_letters=int(meta.get("dead_letters") or 0) + 1,
-                replay_attempts=replays,
-                next_replay_in=replay_after,
-                envelope=envelope,
-                stream=stream,
-                stream_sequence=sequence,
-                max_payload=self.nc.max_payload,
-                copy=copy,
-            )
-
-        subject, problem, placed = await self._publish_notice(build, persist=True)
-        recorded = reason if problem is None else f"{UNPUBLISHABLE}: {problem}; {reason}"
-        if not await self.database(
-            lambda: settles(self.inbox.record_error(message_id, h.name, recorded, dead=True, replay_after=replay_after))
-        ):
-            return False
-        if msg is not None:
-            await msg.ack()
-        if placed is not None:
-            await self._name_notice(h, message_id, placed)
-        log.warning(
-            "dead-lettered",
-            extra={
-                "handler": h.name,
-                "message_id": message_id,
-                "reason": recorded,
-                "dlq_subject": subject,
-                "replay_in": None if replay_after is None else round(replay_after, 3),
-            },
-        )
-        return True
-
-    async def _name_notice(self, h: HandlerRuntime, message_id: str, placed: tuple[str, int]) -> None:
-        """Records which DLQ stream message announced the dead letter, for
-        dlq_show. Best-effort, after the dead letter is recorded and the
-        message acked: behind the database gate (an outage delays it), and a
-        failure, or the consumer stopping meanwhile, costs only this pointer
-        (the notice itself is in the stream, found by its message id)."""
-        stream, sequence = placed
-        try:
-            await self.database(lambda: self.inbox.record_dlq_notice(message_id, h.name, stream, sequence))
-        except Exception as exc:
-            log.warning(
-                "the dead letter's DLQ notice could not be recorded",
-                extra={
-                    "handler": h.name,
-                    "message_id": message_id,
-                    "dlq_stream": stream,
-                    "dlq_stream_sequence": sequence,
-                    "error": "stopping" if isinstance(exc, Stopping) else repr(exc),
-                },
-            )
-
-    async def _publish_notice(
-        self, build: Callable[[bool], Notice], *, persist: bool
-    ) -> tuple[str | None, str | None, tuple[str, int] | None]:
-        """Publishes the notice build(copy) makes: the original copied when it
-        fits, else referenced; referenced again when JetStream refuses the
-        copy as too large (a stream's max_msg_size). Returns (subject, None,
-        (stream, sequence) from the PubAck), or (None, why, None) when no
-        notice can ever be published."""
-        problem = None
-        for copy in (True, False):
-            try:
-                subject, body, headers = build(copy)
-            except dlq.NoticeTooLarge as exc:
-                return None, f"{PublishError.MAX_PAYLOAD}: {exc}", None
-            try:
-                placed = await self._publish(subject, body, headers, persist=persist)
-                return subject, None, placed
-            except dlq.DlqRefused as exc:
-                problem = str(exc)
-                if exc.code is not PublishError.MAX_PAYLOAD:
-                    break
-        log.error("no DLQ notice can be published", extra={"error": problem})
-        return None, problem, None
-
-    async def _publish(self, subject: str, body: bytes, headers: dict[str, str], *, persist: bool) -> tuple[str, int]:
-        """Publishes to the DLQ. persist: a failed publish is retried here (the
-        message kept alive by in-progress acks) until it succeeds or the
-        consumer stops, rather than calling the handler again; a permanent
-        refusal (dlq.DlqRefused) is never retried."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await dlq.publish(self.js, subject, body, headers)
-            except dlq.DlqRefused:
-                raise
-            except Exception as exc:
-                if not persist or self.stopping.is_set():
-                    raise
-                delay = self.retry_backoff.delay(attempt)
-                log.error(
-                    "DLQ publish failed on the last delivery; retrying",
-                    extra={
-                        "dlq_subject": subject,
-                        "error": repr(exc),
-                        "retry_in": round(delay, 3),
-                    },
-                )
-                if not await sleep(delay, self.stopping):
-                    raise
-
-    async def _unreadable(self, msg: Any, h: HandlerRuntime, why: str) -> Outcome:
-        """Publishes a message that cannot enter the inbox to `.invalid`, raw
-        when that fits; acks it when it was delivered (a stream's copy, from an
-        advisory, has nothing to ack). When no notice can be published, the
-        error log line (stream and sequence) is what is left to find."""
-        stream, sequence = _origin(msg)
-        reason = f"{SqlState.INVALID_MESSAGE.name} [{SqlState.INVALID_MESSAGE.value}]: {why}"
-
-        def build(copy: bool) -> tuple[str, bytes, dict[str, str]]:
-            return dlq.unreadable_notice(
-                context=h.spec.context,
-                handler=h.name,
-                stream=stream,
-                sequence=sequence,
-                subject=msg.subject,
-                body=msg.data or b"",
-                headers=msg.headers,
-                reason=reason,
-                max_payload=self.nc.max_payload,
-                copy=copy,
-            )
-
-        subject, problem, _ = await self._publish_notice(build, persist=False)
-        if isinstance(msg, Msg):
-            await msg.ack()
-        log.error(
-            "unreadable message sent to the DLQ"
-            if problem is None
-            else f"unreadable message acknowledged without a DLQ notice ({UNPUBLISHABLE})",
-            extra={
-                "handler": h.name,
-                "stream": stream,
-                "stream_sequence": sequence,
-                "subject": msg.subject,
-                "reason": why,
-                "dlq_subject": subject,
-                "error": problem,
-            },
-        )
-        return Outcome.INVALID

@@ -56,15 +56,14 @@ from typing import Any, BinaryIO
 import nats.errors
 import psycopg
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from pgoutbox.core import db
+from pgoutbox.core import db, jetstream
 from pgoutbox.core.errors import ConfigError, SchemaMismatch, wrap_exceptions
 from pgoutbox.core.stopping import wait_set
-from pgoutbox.core.wire import MSG_ID
+from pgoutbox.core.wire import JS_STREAM_NOT_FOUND, MSG_ID
 
-# The stream-info error JetStream answers for a stream that does not exist.
-_JS_STREAM_NOT_FOUND = 10059
 # An outbox event in the spill files: event id, outbox.events.id, published_at
 # (microseconds since the epoch), index of its subject.
 _EVENT = struct.Struct("<16sqqI")
@@ -227,7 +226,7 @@ async def stream_view(nc: nats.NATS, name: str) -> StreamView:
     reply = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=5)).data)
     error = reply.get("error")
     if error:
-        if error.get("err_code") == _JS_STREAM_NOT_FOUND:
+        if error.get("err_code") == JS_STREAM_NOT_FOUND:
             raise ConfigError(f"stream {name} not found (`pgoutbox streams` creates the streams of the streams file)")
         raise ConfigError(f"stream {name}: JetStream answered [{error.get('err_code')}] {error.get('description')}")
     config, state = reply["config"], reply["state"]
@@ -359,94 +358,122 @@ async def _stream_pass(
     nc: nats.NATS, view: StreamView, start: datetime | None, spill: _Spill, opts: Options, tick: _Ticker
 ) -> tuple[int, int]:
     """Every message of the stream from `start` on (headers only), into the
-    spill; returns (read, foreign). Pull requests are sent by hand to a
-    subscription with a callback: nats-py's fetch() costs a task per message,
-    which made it five times slower."""
+    spill, through an ephemeral consumer deleted afterwards; returns (read, foreign)."""
     if not view.messages:
         spill.close()
         return 0, 0
     js = nc.jetstream(timeout=10)
-    config = ConsumerConfig(
+    consumer = (await js.add_consumer(view.name, _pass_consumer(start))).name
+    assert consumer
+    reader = _StreamReader(nc, js, view, consumer, spill, opts.fetch)
+    try:
+        await reader.run(tick)
+    finally:
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(view.name, consumer)
+        spill.close()
+    return reader.read, reader.foreign
+
+
+def _pass_consumer(start: datetime | None) -> ConsumerConfig:
+    """The stream pass's consumer: no acks, headers only, gone a minute after
+    the audit (even a killed one)."""
+    return ConsumerConfig(
         ack_policy=AckPolicy.NONE,
         headers_only=True,
-        inactive_threshold=60.0,  # gone a minute after the audit, even a killed one
+        inactive_threshold=60.0,
         mem_storage=True,
         num_replicas=1,
         deliver_policy=DeliverPolicy.BY_START_TIME if start else DeliverPolicy.ALL,
         opt_start_time=start,
     )
-    consumer = (await js.add_consumer(view.name, config)).name
-    assert consumer
-    next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{view.name}.{consumer}"
-    request = json.dumps({"batch": opts.fetch, "expires": 2_000_000_000}).encode()  # 2 s, in ns
-    inbox = nc.new_inbox()
-    done = asyncio.Event()
-    failure: list[BaseException] = []
-    counts = {"read": 0, "foreign": 0, "batch": 0, "seq": 0}
-    activity = [time.monotonic()]  # of the last message or status received
 
-    async def pull() -> None:
-        counts["batch"] = 0
-        await nc.publish(next_subject, request, reply=inbox)
 
-    async def on_message(msg: Msg) -> None:
-        if done.is_set():
-            return
-        activity[0] = time.monotonic()
+class _StreamReader:
+    """Reads a stream through its consumer into the spill, up to the
+    sequence the view names. Pull requests (core/jetstream.py) are sent by
+    hand to a subscription with a callback: nats-py's fetch() costs a task
+    per message, which made it five times slower. The next request goes
+    once a batch is in, or when a status ends the request while messages
+    are still pending."""
+
+    # A request (or its expiry status) silent this long is taken as lost: asked again.
+    LOST = 10.0
+
+    def __init__(self, nc: nats.NATS, js: JetStreamContext, view: StreamView, consumer: str, spill: _Spill, fetch: int):
+        self.nc, self.js = nc, js
+        self.view, self.consumer = view, consumer
+        self.spill, self.fetch = spill, fetch
+        self.next = jetstream.next_subject(view.name, consumer)
+        self.request = jetstream.pull_request(fetch, expires=2.0)
+        self.inbox = nc.new_inbox()
+        self.done = asyncio.Event()
+        self.failure: BaseException | None = None
+        self.read = self.foreign = self.batch = self.seq = 0
+        self.activity = time.monotonic()  # of the last message or status received
+
+    async def run(self, tick: _Ticker) -> None:
+        sub = await self.nc.subscribe(self.inbox, cb=self._on_message, pending_msgs_limit=4 * self.fetch)
         try:
-            if not msg.reply:  # a status: the request expired (408) or found nothing (404)
-                if (await js.consumer_info(view.name, consumer)).num_pending == 0:
-                    done.set()
-                else:
-                    await pull()
-                return
-            try:
-                raw = uuid.UUID((msg.headers or {}).get(MSG_ID)).bytes
-                spill.bucket(raw).write(raw)
-            except (TypeError, ValueError):
-                counts["foreign"] += 1
-            counts["read"] += 1
-            counts["batch"] += 1
-            # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>
-            tokens = msg.reply.split(".")
-            if len(tokens) == 9:
-                seq, pending = int(tokens[5]), int(tokens[8])
-            else:  # the longer form, with domain and account
-                meta = msg.metadata
-                seq, pending = meta.sequence.stream, meta.num_pending
-            counts["seq"] = seq
-            if seq >= view.last_seq or pending == 0:
-                done.set()
-            elif counts["batch"] >= opts.fetch:
-                await pull()
-        except BaseException as exc:
-            failure.append(exc)
-            done.set()
+            await self._pull()
+            while not self.done.is_set():
+                await wait_set(self.done, 1.0)
+                if self.nc.is_closed:
+                    raise nats.errors.ConnectionClosedError
+                if time.monotonic() - self.activity > self.LOST:
+                    self.activity = time.monotonic()
+                    await self._pull()
+                if (s := tick.due()) is not None:
+                    tick.say(
+                        f"{self.view.name}: stream pass: {self.read:,} messages read, at sequence "
+                        f"{self.seq:,} of {self.view.last_seq:,} ({self.read / max(s, 1e-9):,.0f}/s)"
+                    )
+            if self.failure is not None:
+                raise self.failure
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
-    sub = await nc.subscribe(inbox, cb=on_message, pending_msgs_limit=4 * opts.fetch)
-    try:
-        await pull()
-        while not done.is_set():
-            await wait_set(done, 1.0)
-            if nc.is_closed:
-                raise nats.errors.ConnectionClosedError
-            if time.monotonic() - activity[0] > 10:  # a request (or its expiry status) got lost: ask again
-                activity[0] = time.monotonic()
-                await pull()
-            if (s := tick.due()) is not None:
-                tick.say(
-                    f"{view.name}: stream pass: {counts['read']:,} messages read, at sequence "
-                    f"{counts['seq']:,} of {view.last_seq:,} ({counts['read'] / max(s, 1e-9):,.0f}/s)"
-                )
-        if failure:
-            raise failure[0]
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-        with contextlib.suppress(Exception):
-            await js.delete_consumer(view.name, consumer)
-        spill.close()
-    return counts["read"], counts["foreign"]
+    async def _pull(self) -> None:
+        self.batch = 0
+        await self.nc.publish(self.next, self.request, reply=self.inbox)
+
+    async def _on_message(self, msg: Msg) -> None:
+        if self.done.is_set():
+            return
+        self.activity = time.monotonic()
+        try:
+            code = jetstream.status(msg)
+            if code is None:
+                await self._take(msg)
+            elif jetstream.ends_request(code):  # expired (408), or found nothing (404)
+                await self._request_ended()
+        except BaseException as exc:
+            self.failure = self.failure or exc
+            self.done.set()
+
+    async def _request_ended(self) -> None:
+        """Done when the consumer has nothing pending, else the next request."""
+        if (await self.js.consumer_info(self.view.name, self.consumer)).num_pending == 0:
+            self.done.set()
+        else:
+            await self._pull()
+
+    async def _take(self, msg: Msg) -> None:
+        """A stream message's event id into the spill (foreign: not a UUID);
+        done at the view's last sequence, the next request once a batch is in."""
+        try:
+            raw = uuid.UUID((msg.headers or {}).get(MSG_ID)).bytes
+            self.spill.bucket(raw).write(raw)
+        except (TypeError, ValueError):
+            self.foreign += 1
+        self.read += 1
+        self.batch += 1
+        self.seq, pending = jetstream.position(msg)
+        if self.seq >= self.view.last_seq or pending == 0:
+            self.done.set()
+        elif self.batch >= self.fetch:
+            await self._pull()
 
 
 def _compare(

@@ -43,7 +43,7 @@ CLAIMED_COLUMNS = (
     "aggregate_type, aggregate_id, event_type, event_version, correlation_id, causation_id, "
     "tenant_id, ordering_key, occurred_at, created_at, attempts"
 )
-WAKEUP_CHANNEL = "outbox_v1"  # sql/40_outbox_wakeup.sql
+WAKEUP_CHANNEL = "outbox_v1"  # sql/15_outbox_wakeup.sql
 
 
 def _log_warning(diag: psycopg.errors.Diagnostic) -> None:

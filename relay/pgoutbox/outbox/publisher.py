@@ -41,14 +41,10 @@ from pgoutbox.core import broker, wire
 from pgoutbox.core.cloudevents import DEFAULT_SOURCE
 from pgoutbox.core.errors import BrokerUnavailable
 from pgoutbox.core.stopping import wait_set
-from pgoutbox.core.wire import HEADER_FRAMING, PERMANENT, PublishError, message_size
+from pgoutbox.core.wire import HEADER_FRAMING, JS_MESSAGE_TOO_LARGE, PERMANENT, PublishError, message_size
 
 log = logging.getLogger(__name__)
 
-# The JetStream API error a stream's max_msg_size produces; it can never
-# succeed on retry. Other JetStream errors (limits reached, leader moving...)
-# may clear, so they are retried.
-_JS_MESSAGE_TOO_LARGE = 10054
 # JetStream API errors that say JetStream itself cannot serve now, not that
 # this message is wrong (nats-server server/errors.json, error_code: HTTP
 # code, constant): a publish that gets one is "away", handed back with no
@@ -377,8 +373,10 @@ def _sender(
 def rejected(event_id: Any, err_code: int | None, description: str) -> Outcome:
     """The outcome of a JetStream API error reply to a publish: away when its
     code says JetStream cannot serve now (JETSTREAM_AWAY_CODES), else a
-    refusal of this message (10054, too large, is MAX_PAYLOAD: permanent)."""
-    code = PublishError.MAX_PAYLOAD if err_code == _JS_MESSAGE_TOO_LARGE else PublishError.JETSTREAM_ERROR
+    refusal of this message: too large for the stream (a stream's
+    max_msg_size) is MAX_PAYLOAD, permanent; any other may clear (limits
+    reached, a leader moving...) and is retried."""
+    code = PublishError.MAX_PAYLOAD if err_code == JS_MESSAGE_TOO_LARGE else PublishError.JETSTREAM_ERROR
     return Outcome(event_id, code=code, detail=f"[{err_code}] {description}", away=err_code in JETSTREAM_AWAY_CODES)
 
 

@@ -63,7 +63,7 @@ import nats.js.errors
 import psycopg
 
 from pgoutbox.core import db, tracing
-from pgoutbox.core.backoff import Every, RetryPolicy, reconnect_delays, retrying
+from pgoutbox.core.backoff import Every, Retrier, RetryPolicy, retrying
 from pgoutbox.core.errors import ConfigError, PgOutboxError, SchemaMismatch, StaleClaim, one_line
 from pgoutbox.core.health import HealthServer
 from pgoutbox.core.stopping import sleep, until_stopped
@@ -136,7 +136,7 @@ class OutboxRelay:
         self._due = 0
         self._in_flight = 0
         self.away = JetStreamAway()
-        self._delays, self._lines = reconnect_delays(), Every()  # the claim's retry pacing (_claim)
+        self._claim_retry = Retrier(self.stopping)  # the claim's retry pacing (_claim)
         # outbox.hand_back came with schema 18; on an older schema an away
         # outcome counts an attempt, as it did before (until `pgoutbox migrate`).
         self.can_hand_back = True
@@ -354,30 +354,30 @@ class OutboxRelay:
             rows = await self.claims.claim(self.cfg.relay_name, batch_size, self.cfg.lease)
         except DatabaseUnavailable as exc:
             self.metrics.database_up.set(0)
-            if self._lines():
+            if self._claim_retry.failed():
                 log.warning(
                     "claim failed (attempt %d), PostgreSQL unavailable: %s",
-                    self._lines.attempts,
+                    self._claim_retry.attempts,
                     exc,
                     extra={"action": "db_retry"},
                 )
-            await sleep(next(self._delays), self.stopping)
+            await self._claim_retry.pause()
             return None
         except psycopg.Error as exc:
             # Not expected (rows are read so that none can fail the fetch),
             # but a worker retries rather than exits; claimed rows, if
             # any, come back when their lease ends.
-            if self._lines():
+            if self._claim_retry.failed():
                 log.error(
                     "claim failed (attempt %d): %s [%s]",
-                    self._lines.attempts,
+                    self._claim_retry.attempts,
                     one_line(exc),
                     exc.sqlstate,
                     extra={"action": "claim_error", "sqlstate": exc.sqlstate},
                 )
-            await sleep(next(self._delays), self.stopping)
+            await self._claim_retry.pause()
             return None
-        self._delays, self._lines = reconnect_delays(), Every()
+        self._claim_retry.succeeded()
         self.metrics.database_up.set(1)
         self.metrics.claim_seconds.observe(time.monotonic() - started)
         return rows
@@ -624,8 +624,9 @@ class OutboxRelay:
             self.wakeups.wake(urgent=True)  # their successors of the same key are now claimable
 
     async def _mark_call(self, call: Callable[[], Awaitable[int]], deadline: float, expected: int) -> int:
-        """Runs one mark call, retrying across reconnections until the lease ends."""
-        delays, lines = reconnect_delays(), Every()
+        """Runs one mark call, retrying across reconnections until the lease ends
+        (also while the relay stops: the batches in hand are marked first)."""
+        retry = Retrier()
         while True:
             try:
                 marked = await call()
@@ -640,11 +641,11 @@ class OutboxRelay:
                         extra={"action": "mark_abandoned"},
                     )
                     return 0
-                if lines():
+                if retry.failed():
                     log.warning(
-                        "mark failed (attempt %d): %s", lines.attempts, one_line(exc), extra={"action": "db_retry"}
+                        "mark failed (attempt %d): %s", retry.attempts, one_line(exc), extra={"action": "db_retry"}
                     )
-                await asyncio.sleep(next(delays))
+                await retry.pause()
                 continue
             except (SchemaMismatch, ConfigError):
                 raise  # e.g. the schema changed under the relay: stop with its one line

@@ -1,7 +1,7 @@
 """Wake-ups: a dedicated LISTEN connection turns the outbox_v1 notifications
 into wake-ups of the claim loop's wait, together with its two timers.
 
-The trigger throttles notifications (sql/40_outbox_wakeup.sql): an event
+The trigger throttles notifications (sql/15_outbox_wakeup.sql): an event
 emitted within one throttle interval after a notification sends none.
 So after each notification the loop also claims once more one interval later
 (recheck_at), and in any case polls every poll_interval: a notification is a
@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from pgoutbox.core import db
-from pgoutbox.core.backoff import Every, reconnect_delays
+from pgoutbox.core.backoff import Retrier
 from pgoutbox.core.errors import one_line
 from pgoutbox.outbox import calls
 from pgoutbox.outbox.calls import WAKEUP_CHANNEL, DatabaseUnavailable
@@ -184,26 +184,26 @@ class Wakeups:
             await pool.close()
 
     async def _listen(self, pool: db.Pool) -> None:
-        delays, lines = reconnect_delays(), Every()
+        retry = Retrier()  # cancelled to stop (listen)
         while True:
             try:
                 conn = await pool.getconn()
             except DatabaseUnavailable as exc:
-                if lines():
+                if retry.failed():
                     log.warning(
                         "LISTEN connection failed (attempt %d): %s",
-                        lines.attempts,
+                        retry.attempts,
                         exc,
                         extra={"action": "listen_retry"},
                     )
-                await asyncio.sleep(next(delays))
+                await retry.pause()
                 continue
             try:
                 # Notifications that arrive while psycopg runs a statement on
                 # this session (LISTEN, the liveness call) come through here.
                 conn.add_notify_handler(lambda _: self.notified())
                 await conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
-                delays, lines = reconnect_delays(), Every()
+                retry.succeeded()
                 self.wake()
                 log.info("listening", extra={"action": "listen", "channel": WAKEUP_CHANNEL})
                 while True:
@@ -218,13 +218,13 @@ class Wakeups:
                             "no longer accepts writes (a standby took over?): listening anew"
                         )
             except Exception as exc:
-                if lines():
+                if retry.failed():
                     log.warning(
                         "LISTEN connection lost: %s",
                         one_line(exc),
                         extra={"action": "listen_lost"},
                     )
-                await asyncio.sleep(next(delays))
+                await retry.pause()
             finally:
                 await conn.close()  # LISTEN state must not outlive this loop: the pool replaces it
                 await pool.putconn(conn)

@@ -79,11 +79,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_SETTING: notify_throttle % is not an interval from 0 to 1 minute', coalesce(throttle::text, 'NULL')
             USING ERRCODE = 'OB007';
     END IF;
-    INSERT INTO outbox.wakeup_policy AS p (singleton, notify_throttle)
-    VALUES (TRUE, throttle)
-    ON CONFLICT (singleton) DO UPDATE
-    SET notify_throttle = excluded.notify_throttle, changed_at = now(), changed_by = session_user;
-    RETURN throttle;
+    RETURN outbox._set_policy('outbox.wakeup_policy', 'notify_throttle', throttle);
 END;
 $$;
 COMMENT ON FUNCTION outbox.set_notify_throttle(interval) IS

@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -130,8 +131,13 @@ class SinkProcess:
     what it measures. close() returns the number of spans received."""
 
     def __init__(self) -> None:
+        # From the checkout's root, where `-m` finds harness/ (it is not installed).
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pgoutbox.dev.otlp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-m", "harness.otlp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
         )
         assert self.proc.stdout is not None and self.proc.stdin is not None
         self.endpoint = self.proc.stdout.readline().strip()

@@ -34,8 +34,8 @@ import nats
 import nats.js.errors
 from nats.js.api import ClusterInfo
 
-from .embedded import EmbeddedNats, free_port, hold_ports, release_ports
-from .tcp_proxy import TcpProxy
+from harness.tcp_proxy import TcpProxy
+from pgoutbox.dev.embedded import EmbeddedNats, free_port, hold_ports, release_ports
 
 CLUSTER_NAME = "pgoutbox"
 
