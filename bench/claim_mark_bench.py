@@ -19,7 +19,7 @@ as a whole.
 
 --tenants N: the events belong to N tenants in turn (t0, t1, ..., as a
 multi-tenant application emits them; 0: no tenant), to price the fair order of
-claims with 1 and with 1,000 tenants (docs/benchmarks.md, issue 36).
+claims with 1 and with 1,000 tenants (docs/benchmarks.md, "One tenant's backlog and the other tenants").
 --scheduled N: before the backlog, N events emitted with deliver_after => 1 day
 (reminders, as a scheduling application keeps them waiting), which no claim of
 the drain may take: what waiting events cost each claim.

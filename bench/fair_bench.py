@@ -1,5 +1,5 @@
 """One tenant's backlog beside the others (figures, not a test;
-docs/benchmarks.md, "One tenant's backlog and the other tenants (issue 36)").
+docs/benchmarks.md, "One tenant's backlog and the other tenants").
 
 Latency (the default): the emit -> publish latency of ten quiet tenants, with
 and without another tenant's backlog, through a real `pgoutbox relay` on its
