@@ -334,7 +334,8 @@ def test_the_pgtap_suite_passes_on_the_updated_extension(pg_server, updated_from
 def fill_every_table(url: str) -> None:
     """Rows in every table and partition: events in each status and in each
     partition, a requeue, inbox rows in each status, a replay switch, a
-    redrive, discards and a restore, archival audits, command keys."""
+    redrive, discards and a restore, archival audits, command keys, a
+    tenant's weight."""
     with psycopg.connect(url, autocommit=True) as conn:
         emit = (
             "SELECT outbox.emit('order', i::text, 'order_created', jsonb_build_object('schema_version', 1, 'n', i),"
@@ -365,6 +366,8 @@ def fill_every_table(url: str) -> None:
         conn.execute(later, ("s1",))
         cancelled = conn.execute(later, ("s2",)).fetchone()[0]
         conn.execute("SELECT outbox.cancel(%s, 'order withdrawn')", (cancelled,))
+        # A tenant's weight in fair claims (outbox.tenant_weights, its log outbox.tenant_weight_log).
+        conn.execute("SELECT outbox.set_tenant_weight('acme', 5, 'a larger plan')")
         # One event in every other partition, routed there by created_at (as the owner).
         for (part,) in conn.execute(
             "SELECT c.oid::regclass::text FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
