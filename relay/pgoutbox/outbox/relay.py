@@ -128,7 +128,7 @@ class OutboxRelay:
         self.claims = OutboxCalls(cfg.database_url, "claim", wire_times=True)
         # The side lane's session (_side_loop): opened at the first backlog
         # drained beside other tenants, not before.
-        self.side_claims = OutboxCalls(cfg.database_url, "side claim", wire_times=True)
+        self.side_claims = OutboxCalls(cfg.database_url, "side-claim", wire_times=True)
         self.marks = OutboxCalls(cfg.database_url, "mark", synchronous_commit=cfg.synchronous_commit)
         self.monitor = OutboxCalls(cfg.database_url, "backlog", wire_times=True)
         self.wakeups = Wakeups(cfg.poll_interval)
@@ -296,13 +296,22 @@ class OutboxRelay:
     # -- the three stages ---------------------------------------------------
 
     async def _claim_loop(self, out: asyncio.Queue[Batch | None], published: asyncio.Queue[Batch | None]) -> None:
-        side = asyncio.create_task(self._side_loop(published), name="side claim")
+        """The claim loop and its side lane (_side_loop), ended together: a
+        crash of either is the relay's, as any stage's. Both have ended, the
+        side lane's batches published and queued for marking, before the end
+        of the claimed batches is queued."""
+        lanes = [
+            asyncio.create_task(self._claims(out), name="claims"),
+            asyncio.create_task(self._side_loop(published), name="side claim"),
+        ]
         try:
-            await self._claims(out)
+            done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
         finally:
-            self._side_on.clear()
-            # Its batches, published, reach the mark loop before the end of the queue.
-            await asyncio.gather(side, return_exceptions=True)
+            for task in lanes:
+                task.cancel()  # nothing for one that ended
+            await asyncio.gather(*lanes, return_exceptions=True)
         await out.put(None)
 
     async def _claims(self, out: asyncio.Queue[Batch | None]) -> None:
@@ -311,10 +320,12 @@ class OutboxRelay:
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
+                self._side_on.clear()
                 await until_stopped(self.publisher.wait_connected(cfg.poll_interval), self.stopping)
                 continue
             self.metrics.nats_up.set(1)
             if self.away.active:
+                self._side_on.clear()
                 await self._probe(out)
                 continue
             self.wakeups.arm()
@@ -356,7 +367,8 @@ class OutboxRelay:
         the relay claims batch_size / publish_batches at a time: fewer of the
         backlog's messages ahead of theirs, at more claims per event. Batches
         shared among many busy tenants, none most of it, keep the full size
-        (that is throughput, and no one waits behind another)."""
+        (that is throughput, and no one waits behind another). The side lane
+        (_side_loop) runs meanwhile, for the claims the other tenants need."""
         small = max(1, self.cfg.batch_size // self.cfg.publish_batches)
         tenants = Counter(r["tenant_id"] for r in rows)
         if size == small or (len(tenants) > 1 and 2 * max(tenants.values()) > len(rows)):
