@@ -10,6 +10,7 @@ import contextlib
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from fakes import FakeOutboxStore, FakePublisher
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -49,14 +50,14 @@ async def test_a_pause_ends_early_only_for_an_urgent_wake_up_or_stop():
 # -- the relay loop on in-memory fakes (tests/unit/fakes.py) -------------------
 
 
-@contextlib.asynccontextmanager
-async def relay_on_fakes(
+def relay_of_fakes(
     store: FakeOutboxStore, publisher: FakePublisher, tracer=None, *, claims=None, side_claims=None
-):
-    """OutboxRelay.run on the defaults, its three sessions and its publisher
-    replaced by fakes; start-up (the schema and stream checks, the HTTP
-    server) is left out, and so are wake-ups (a LISTEN session): the claim
-    loop polls, at poll_interval, as it does without them."""
+) -> OutboxRelay:
+    """OutboxRelay on the defaults, its sessions (`claims`, `side_claims`:
+    others on the same store) and its publisher replaced by fakes; start-up
+    (the schema and stream checks, the HTTP server) is left out, and so are
+    wake-ups (a LISTEN session): the claim loop polls, at poll_interval, as
+    it does without them."""
     cfg = relay_settings.load(
         environ={},
         overrides={
@@ -66,15 +67,20 @@ async def relay_on_fakes(
         },
     )
     relay = OutboxRelay(cfg, publisher, tracer)  # type: ignore[arg-type]
-    relay.claims = relay.marks = relay.monitor = store  # type: ignore[assignment]
-    relay.side_claims = side_claims or store
-    if claims is not None:
-        relay.claims = claims
+    relay.marks = relay.monitor = store  # type: ignore[assignment]
+    relay.claims, relay.side_claims = claims or store, side_claims or store
 
     async def start() -> None:
         pass
 
     relay._start = start  # type: ignore[method-assign]
+    return relay
+
+
+@contextlib.asynccontextmanager
+async def relay_on_fakes(store: FakeOutboxStore, publisher: FakePublisher, tracer=None, **sessions):
+    """relay_of_fakes running until the block ends."""
+    relay = relay_of_fakes(store, publisher, tracer, **sessions)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
     await asyncio.wait_for(relay.started.wait(), 5)
@@ -248,3 +254,17 @@ async def test_a_side_lane_claims_beside_a_backlog_drain_and_stops_with_it():
     assert main.sizes[:2] == [full, small]
     assert after > 0 and set(side.sizes) == {2 * 2 + 1}
     assert sorted(publisher.published) == sorted(ids)  # each once
+
+
+async def test_a_crash_of_the_side_lane_is_the_relays():
+    store, publisher = FakeOutboxStore(), FakePublisher()
+    store.add(2, tenant_id="a")
+    store.add(3 * 500, tenant_id="bulk")
+
+    class Broken(Session):
+        async def claim(self, worker: str, batch_size: int, lease: float):
+            raise RuntimeError("a bug in the side lane")
+
+    relay = relay_of_fakes(store, publisher, claims=Session(store, pause=0.02), side_claims=Broken(store))
+    with pytest.raises(RuntimeError, match="a bug in the side lane"):
+        await asyncio.wait_for(relay.run(asyncio.Event()), 10)  # never stopped: only the crash ends it
