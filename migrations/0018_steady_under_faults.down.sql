@@ -368,6 +368,57 @@ DROP FUNCTION IF EXISTS outbox._stale_claim(uuid, uuid[], boolean);
 DROP FUNCTION IF EXISTS outbox._check_claim(uuid, uuid[]);
 DROP FUNCTION IF EXISTS inbox._settle_command(text, text, text, jsonb, text);
 
+-- ---- one home for each SQL shape, outbox and archival side
+
+-- The checks of version 17, each with its own range test, then the shared
+-- range check and the guard triggers' attacher go (the triggers stay).
+
+-- A listing's row limit.
+CREATE OR REPLACE FUNCTION outbox._check_max_rows(max_rows integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000 THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: max_rows must be between 1 and 10000, got %', max_rows
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
+-- Retentions: from 0 to 100 years (now() - retention must stay a time).
+CREATE OR REPLACE FUNCTION outbox._check_retention(retention interval, what text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retention IS NULL OR retention < interval '0' OR retention > interval '100 years' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % must be an interval from 0 to 100 years, got %', what, retention
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
+-- A lock_timeout argument: from 1 ms (PostgreSQL reads 0 as "wait for ever")
+-- to 1 hour.
+CREATE OR REPLACE FUNCTION outbox._check_lock_timeout(lock_timeout interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lock_timeout IS NULL OR lock_timeout < interval '1 millisecond' OR lock_timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: lock_timeout must be an interval from 1 ms to 1 hour, got %', lock_timeout
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
+DROP FUNCTION IF EXISTS outbox._attach_guards(regclass, text, text, text);
+DROP FUNCTION IF EXISTS outbox._check_range(text, anycompatible, anycompatible, anycompatible, text);
+
 -- ---- broker faults
 
 DROP FUNCTION IF EXISTS outbox.hand_back(uuid, uuid[], text);
@@ -932,6 +983,8 @@ DROP FUNCTION IF EXISTS inbox._backlog_floor();
 DROP FUNCTION IF EXISTS inbox.tg_messages__lower_backlog_floor();
 DROP FUNCTION IF EXISTS inbox.tg_messages__lower_backlog_floor_on_insert();
 DROP FUNCTION IF EXISTS inbox._lower_backlog_floor(timestamptz);
+-- The floors' shared step goes with both its callers.
+DROP FUNCTION IF EXISTS outbox._lower_floor(text, text, bigint);
 DROP FUNCTION IF EXISTS inbox._backlog_time(bigint);
 DROP FUNCTION IF EXISTS inbox._backlog_micros(timestamptz);
 DROP SEQUENCE IF EXISTS inbox.backlog_floor;

@@ -302,28 +302,47 @@ CREATE UNLOGGED SEQUENCE IF NOT EXISTS outbox.claim_floor_wait AS bigint MINVALU
 COMMENT ON SEQUENCE outbox.claim_floor IS
 'No claimable event has a lower id (outbox._claim_floor). Unlogged: unset (walk from the bottom) after a crash.';
 
+-- generated from sql/05_helpers.sql: outbox._lower_floor
+-- Lowers a floor (a sequence below whose value no row waits: the claim
+-- floor of outbox.events by id, the backlog floor of inbox.messages by
+-- received_at in µs) to pos, and cancels its candidate (the sequence
+-- floor || '_next'). Under the floor's advisory lock (lock_key, the one its
+-- mover takes), held to the end of the transaction, so that no mover takes
+-- the floor past pos before the row is committed and seen. Its callers are
+-- SECURITY DEFINER: only the owner moves the sequences.
+CREATE OR REPLACE FUNCTION outbox._lower_floor(lock_key text, floor text, pos bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(lock_key, 0));
+    IF pos < pg_sequence_last_value(floor::regclass) THEN
+        PERFORM setval(floor::regclass, pos);
+    END IF;
+    PERFORM setval((floor || '_next')::regclass, 1, FALSE);
+END;
+$$;
+-- end generated
+
+REVOKE ALL ON FUNCTION outbox._lower_floor(text, text, bigint) FROM public;
+
 -- generated from sql/20_outbox_guards.sql: outbox._lower_claim_floor
 -- An event below the claim floor or its candidate (outbox._claim_floor,
 -- sql/30_outbox_api.sql) that is, or becomes, claimable lowers the floor to
 -- its id and cancels the candidate: a finished event made claimable again
 -- (requeue, requeue_completed), and a row inserted with an id of its own
 -- (a restore, an owner's INSERT ... OVERRIDING SYSTEM VALUE) or one whose id
--- the sequence gave out before a candidate was taken. Under the floor's
--- lock, held to the end of the transaction, so that no claimer moves the
--- floor past it before it is committed and seen.
+-- the sequence gave out before a candidate was taken (outbox._lower_floor:
+-- under the floor's lock, so that no claimer moves the floor past it before
+-- it is committed and seen).
 CREATE OR REPLACE FUNCTION outbox._lower_claim_floor(row_id bigint)
 RETURNS void
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0));
-    IF row_id < pg_sequence_last_value('outbox.claim_floor') THEN
-        PERFORM setval('outbox.claim_floor', row_id);
-    END IF;
-    PERFORM setval('outbox.claim_floor_next', 1, FALSE);
-END;
+    SELECT outbox._lower_floor('pgoutbox.claim_floor', 'outbox.claim_floor', row_id);
 $$;
 -- end generated
 
@@ -940,22 +959,16 @@ $$;
 -- cancels the candidate: a row inserted by a transaction that began before
 -- the candidate was taken (received_at is the transaction's start), one
 -- with a received_at of its own, and a dead letter replayed or redriven
--- (DEAD_LETTER -> RECEIVED keeps its old received_at). Under the floor's
--- lock, held to the end of the transaction, so that no step moves the floor
--- past it before it is committed and seen.
+-- (DEAD_LETTER -> RECEIVED keeps its old received_at). The claim floor's
+-- rule (outbox._lower_floor: under the floor's lock, so that no step moves
+-- the floor past it before it is committed and seen).
 CREATE OR REPLACE FUNCTION inbox._lower_backlog_floor(received_at timestamptz)
 RETURNS void
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.backlog_floor', 0));
-    IF inbox._backlog_micros(received_at) < pg_sequence_last_value('inbox.backlog_floor') THEN
-        PERFORM setval('inbox.backlog_floor', inbox._backlog_micros(received_at));
-    END IF;
-    PERFORM setval('inbox.backlog_floor_next', 1, FALSE);
-END;
+    SELECT outbox._lower_floor('pgoutbox.backlog_floor', 'inbox.backlog_floor', inbox._backlog_micros(received_at));
 $$;
 -- end generated
 
@@ -1562,10 +1575,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
             USING ERRCODE = 'OB006';
     END IF;
-    IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: page_size must be between 1 and 10000, got %', page_size
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_range('page_size', page_size, 1, 10000, 'between 1 and 10000');
 END;
 $$;
 -- end generated
@@ -3997,8 +4007,8 @@ COMMENT ON FUNCTION inbox.set_command_retry_window(interval) IS
 -- generated from sql/50_inbox.sql: inbox.tg_forbid_delete
 -- No ad-hoc removal from an inbox table: rows leave only through its audited
 -- purge (TG_ARGV[1]), which sets the flag TG_ARGV[0] to 'on' for its own
--- transaction. TRUNCATE never. One guard for inbox.messages
--- (sql/91_archival_audit.sql) and inbox.commands (sql/65_inbox_commands.sql).
+-- transaction. TRUNCATE never. One guard for inbox.messages (below)
+-- and inbox.commands (sql/65_inbox_commands.sql).
 CREATE OR REPLACE FUNCTION inbox.tg_forbid_delete()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -4347,6 +4357,118 @@ outbox._set_policy(text, text, interval),
 inbox.tg_forbid_delete(),
 inbox._purge_audited(text, date),
 outbox._day_column(text)
+FROM public;
+
+-- ---- one home for each SQL shape, outbox and archival side: one range
+-- check, one set of guard triggers
+
+-- The row limit, page size, retention and lock timeout checks share one
+-- range check; the guard triggers of outbox.events, the archive's audit and
+-- seal tables, inbox.messages and inbox.commands are attached by one
+-- function (the triggers themselves are those of version 17, unchanged).
+
+-- generated from sql/05_helpers.sql: outbox._check_range
+-- A bounded argument (a row limit, a page size, a retention, a lock
+-- timeout): given, and from low to high, both included; `range` says so in
+-- the error.
+CREATE OR REPLACE FUNCTION outbox._check_range(
+    what text, value anycompatible, low anycompatible, high anycompatible, range text
+)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL OR value < low OR value > high THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % must be %, got %', what, range, value
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+-- end generated
+
+-- generated from sql/05_helpers.sql: outbox._check_max_rows
+-- A listing's row limit.
+CREATE OR REPLACE FUNCTION outbox._check_max_rows(max_rows integer)
+RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_range('max_rows', max_rows, 1, 10000, 'between 1 and 10000');
+$$;
+-- end generated
+
+-- generated from sql/92_archival_helpers.sql: outbox._check_retention
+-- Retentions: from 0 to 100 years (now() - retention must stay a time).
+CREATE OR REPLACE FUNCTION outbox._check_retention(retention interval, what text)
+RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_range(what, retention, interval '0', interval '100 years', 'an interval from 0 to 100 years');
+$$;
+-- end generated
+
+-- generated from sql/92_archival_helpers.sql: outbox._check_lock_timeout
+-- A lock_timeout argument: from 1 ms (PostgreSQL reads 0 as "wait for ever")
+-- to 1 hour.
+CREATE OR REPLACE FUNCTION outbox._check_lock_timeout(lock_timeout interval)
+RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_range(
+        'lock_timeout', lock_timeout, interval '1 millisecond', interval '1 hour', 'an interval from 1 ms to 1 hour'
+    );
+$$;
+-- end generated
+
+-- generated from sql/05_helpers.sql: outbox._attach_guards
+-- Attaches the guard triggers that keep rows in a table, one set written
+-- once here rather than as CREATE TRIGGER statements repeated per table
+-- (outbox.events and its default partition, the archive's audit and seal
+-- tables, inbox.messages, inbox.commands):
+--   _100_guard_update     BEFORE UPDATE, each row: update_guard, if given;
+--   _100_forbid_delete    BEFORE DELETE, each ROW or once per STATEMENT
+--                         (delete_per): delete_guard; none when delete_per
+--                         is NULL (a partition has its parent's row trigger);
+--   _100_forbid_truncate  BEFORE TRUNCATE: delete_guard.
+-- A guard is a trigger function's call, with its arguments. CREATE OR
+-- REPLACE: a re-run of the install leaves one set.
+CREATE OR REPLACE FUNCTION outbox._attach_guards(
+    tbl regclass,
+    delete_guard text,
+    delete_per text,
+    update_guard text DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF update_guard IS NOT NULL THEN
+        EXECUTE format(
+            'CREATE OR REPLACE TRIGGER _100_guard_update BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s',
+            tbl, update_guard
+        );
+    END IF;
+    IF delete_per IS NOT NULL THEN
+        EXECUTE format(
+            'CREATE OR REPLACE TRIGGER _100_forbid_delete BEFORE DELETE ON %s FOR EACH %s EXECUTE FUNCTION %s',
+            tbl, delete_per, delete_guard
+        );
+    END IF;
+    EXECUTE format(
+        'CREATE OR REPLACE TRIGGER _100_forbid_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s',
+        tbl, delete_guard
+    );
+END;
+$$;
+-- end generated
+
+REVOKE ALL ON FUNCTION
+outbox._check_range(text, anycompatible, anycompatible, anycompatible, text),
+outbox._attach_guards(regclass, text, text, text)
 FROM public;
 
 INSERT INTO outbox.schema_migrations (version, name)

@@ -12,9 +12,11 @@
 --   * void_archive: a reason over 1,000 characters; try_lock_archive /
 --     archive_audits: an unknown source
 --   * set_stream_max_age: over 100 years
+--   * the bounds checks' messages (one range check under all of them) name
+--     the argument, its range and the value given
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(21);
+SELECT plan(25);
 
 SET LOCAL ROLE pgoutbox_relay;
 SELECT outbox.create_partitions(0, '2001-01-01');
@@ -107,6 +109,27 @@ SELECT throws_ok(
     $$SELECT inbox.set_stream_max_age('101 years')$$, 'OB006', NULL, 'set_stream_max_age: over 100 years is refused'
 );
 RESET ROLE;
+
+SELECT throws_ok(
+    $$SELECT outbox._check_retention(interval '-1 day', 'dead_letter_retention')$$, 'OB006',
+    'INVALID_ARGUMENT: dead_letter_retention must be an interval from 0 to 100 years, got -1 days',
+    'a retention''s message names it, its range and the value'
+);
+SELECT throws_ok(
+    $$SELECT outbox._check_lock_timeout(NULL)$$, 'OB006',
+    'INVALID_ARGUMENT: lock_timeout must be an interval from 1 ms to 1 hour, got <NULL>',
+    'a lock_timeout''s message names it, its range and the value'
+);
+SELECT throws_ok(
+    $$SELECT outbox._check_max_rows(10001)$$, 'OB006',
+    'INVALID_ARGUMENT: max_rows must be between 1 and 10000, got 10001',
+    'a row limit''s message names it, its range and the value'
+);
+SELECT lives_ok(
+    $$SELECT outbox._check_max_rows(1), outbox._check_max_rows(10000),
+        outbox._check_lock_timeout(interval '1 millisecond'), outbox._check_retention(interval '0', 'retention')$$,
+    'both ends of a range are in it'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

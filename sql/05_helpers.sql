@@ -69,18 +69,31 @@ BEGIN
 END;
 $$;
 
--- A listing's row limit.
-CREATE OR REPLACE FUNCTION outbox._check_max_rows(max_rows integer)
+-- A bounded argument (a row limit, a page size, a retention, a lock
+-- timeout): given, and from low to high, both included; `range` says so in
+-- the error.
+CREATE OR REPLACE FUNCTION outbox._check_range(
+    what text, value anycompatible, low anycompatible, high anycompatible, range text
+)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000 THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: max_rows must be between 1 and 10000, got %', max_rows
+    IF value IS NULL OR value < low OR value > high THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: % must be %, got %', what, range, value
             USING ERRCODE = 'OB006';
     END IF;
 END;
+$$;
+
+-- A listing's row limit.
+CREATE OR REPLACE FUNCTION outbox._check_max_rows(max_rows integer)
+RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    SELECT outbox._check_range('max_rows', max_rows, 1, 10000, 'between 1 and 10000');
 $$;
 
 -- Error texts are kept, not refused, when too long: they come from libraries
@@ -159,5 +172,67 @@ BEGIN
         policy, setting, setting, setting
     ) USING value;
     RETURN value;
+END;
+$$;
+
+-- Attaches the guard triggers that keep rows in a table, one set written
+-- once here rather than as CREATE TRIGGER statements repeated per table
+-- (outbox.events and its default partition, the archive's audit and seal
+-- tables, inbox.messages, inbox.commands):
+--   _100_guard_update     BEFORE UPDATE, each row: update_guard, if given;
+--   _100_forbid_delete    BEFORE DELETE, each ROW or once per STATEMENT
+--                         (delete_per): delete_guard; none when delete_per
+--                         is NULL (a partition has its parent's row trigger);
+--   _100_forbid_truncate  BEFORE TRUNCATE: delete_guard.
+-- A guard is a trigger function's call, with its arguments. CREATE OR
+-- REPLACE: a re-run of the install leaves one set.
+CREATE OR REPLACE FUNCTION outbox._attach_guards(
+    tbl regclass,
+    delete_guard text,
+    delete_per text,
+    update_guard text DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF update_guard IS NOT NULL THEN
+        EXECUTE format(
+            'CREATE OR REPLACE TRIGGER _100_guard_update BEFORE UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s',
+            tbl, update_guard
+        );
+    END IF;
+    IF delete_per IS NOT NULL THEN
+        EXECUTE format(
+            'CREATE OR REPLACE TRIGGER _100_forbid_delete BEFORE DELETE ON %s FOR EACH %s EXECUTE FUNCTION %s',
+            tbl, delete_per, delete_guard
+        );
+    END IF;
+    EXECUTE format(
+        'CREATE OR REPLACE TRIGGER _100_forbid_truncate BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s',
+        tbl, delete_guard
+    );
+END;
+$$;
+
+-- Lowers a floor (a sequence below whose value no row waits: the claim
+-- floor of outbox.events by id, the backlog floor of inbox.messages by
+-- received_at in µs) to pos, and cancels its candidate (the sequence
+-- floor || '_next'). Under the floor's advisory lock (lock_key, the one its
+-- mover takes), held to the end of the transaction, so that no mover takes
+-- the floor past pos before the row is committed and seen. Its callers are
+-- SECURITY DEFINER: only the owner moves the sequences.
+CREATE OR REPLACE FUNCTION outbox._lower_floor(lock_key text, floor text, pos bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(lock_key, 0));
+    IF pos < pg_sequence_last_value(floor::regclass) THEN
+        PERFORM setval(floor::regclass, pos);
+    END IF;
+    PERFORM setval((floor || '_next')::regclass, 1, FALSE);
 END;
 $$;

@@ -589,22 +589,16 @@ EXECUTE FUNCTION outbox.tg_events__guard_update();
 -- its id and cancels the candidate: a finished event made claimable again
 -- (requeue, requeue_completed), and a row inserted with an id of its own
 -- (a restore, an owner's INSERT ... OVERRIDING SYSTEM VALUE) or one whose id
--- the sequence gave out before a candidate was taken. Under the floor's
--- lock, held to the end of the transaction, so that no claimer moves the
--- floor past it before it is committed and seen.
+-- the sequence gave out before a candidate was taken (outbox._lower_floor:
+-- under the floor's lock, so that no claimer moves the floor past it before
+-- it is committed and seen).
 CREATE OR REPLACE FUNCTION outbox._lower_claim_floor(row_id bigint)
 RETURNS void
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.claim_floor', 0));
-    IF row_id < pg_sequence_last_value('outbox.claim_floor') THEN
-        PERFORM setval('outbox.claim_floor', row_id);
-    END IF;
-    PERFORM setval('outbox.claim_floor_next', 1, FALSE);
-END;
+    SELECT outbox._lower_floor('pgoutbox.claim_floor', 'outbox.claim_floor', row_id);
 $$;
 
 -- A finished event made claimable again (the WHEN of _200_lower_claim_floor).
@@ -629,20 +623,12 @@ WHEN (
 )
 EXECUTE FUNCTION outbox.tg_events__lower_claim_floor();
 
-CREATE OR REPLACE TRIGGER _100_forbid_delete
-BEFORE DELETE ON outbox.events
-FOR EACH ROW EXECUTE FUNCTION outbox.tg_events__forbid_delete();
-
-CREATE OR REPLACE TRIGGER _100_forbid_truncate
-BEFORE TRUNCATE ON outbox.events
-FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__forbid_delete();
+SELECT outbox._attach_guards('outbox.events', 'outbox.tg_events__forbid_delete()', 'ROW');
 
 -- PostgreSQL clones row triggers to partitions, not statement ones: TRUNCATE
 -- of a partition by name fires only that partition's triggers. So every
 -- partition carries its own guard (create_partitions adds it to each new day).
-CREATE OR REPLACE TRIGGER _100_forbid_truncate
-BEFORE TRUNCATE ON outbox.events_default
-FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_events__forbid_delete();
+SELECT outbox._attach_guards('outbox.events_default', 'outbox.tg_events__forbid_delete()', NULL);
 
 -- Rows leave outbox.events only with a whole archived partition, dropped by
 -- outbox.drop_archived. DETACH PARTITION would take a day of events out of

@@ -124,14 +124,10 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER _100_guard_update
-BEFORE UPDATE ON inbox.messages
-FOR EACH ROW EXECUTE FUNCTION inbox.tg_messages__guard_update();
-
 -- No ad-hoc removal from an inbox table: rows leave only through its audited
 -- purge (TG_ARGV[1]), which sets the flag TG_ARGV[0] to 'on' for its own
--- transaction. TRUNCATE never. One guard for inbox.messages
--- (sql/91_archival_audit.sql) and inbox.commands (sql/65_inbox_commands.sql).
+-- transaction. TRUNCATE never. One guard for inbox.messages (below)
+-- and inbox.commands (sql/65_inbox_commands.sql).
 CREATE OR REPLACE FUNCTION inbox.tg_forbid_delete()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -146,6 +142,14 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+
+-- Rows leave inbox.messages only through inbox.purge_archived(), which sets
+-- pgoutbox.inbox_purge for its own transaction. TRUNCATE never.
+SELECT outbox._attach_guards(
+    'inbox.messages',
+    'inbox.tg_forbid_delete(''pgoutbox.inbox_purge'', ''inbox.purge_archived'')', 'STATEMENT',
+    'inbox.tg_messages__guard_update()'
+);
 
 -- The message a call is about: an id and a well-formed handler name (the
 -- table's own rule, refused here with a code rather than by the CHECK).
@@ -460,22 +464,16 @@ $$;
 -- cancels the candidate: a row inserted by a transaction that began before
 -- the candidate was taken (received_at is the transaction's start), one
 -- with a received_at of its own, and a dead letter replayed or redriven
--- (DEAD_LETTER -> RECEIVED keeps its old received_at). Under the floor's
--- lock, held to the end of the transaction, so that no step moves the floor
--- past it before it is committed and seen.
+-- (DEAD_LETTER -> RECEIVED keeps its old received_at). The claim floor's
+-- rule (outbox._lower_floor: under the floor's lock, so that no step moves
+-- the floor past it before it is committed and seen).
 CREATE OR REPLACE FUNCTION inbox._lower_backlog_floor(received_at timestamptz)
 RETURNS void
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('pgoutbox.backlog_floor', 0));
-    IF inbox._backlog_micros(received_at) < pg_sequence_last_value('inbox.backlog_floor') THEN
-        PERFORM setval('inbox.backlog_floor', inbox._backlog_micros(received_at));
-    END IF;
-    PERFORM setval('inbox.backlog_floor_next', 1, FALSE);
-END;
+    SELECT outbox._lower_floor('pgoutbox.backlog_floor', 'inbox.backlog_floor', inbox._backlog_micros(received_at));
 $$;
 
 -- Every INSERT statement, once (a statement trigger: a batch of a hundred

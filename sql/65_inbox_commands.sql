@@ -77,20 +77,14 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER _100_guard_update
-BEFORE UPDATE ON inbox.commands
-FOR EACH ROW EXECUTE FUNCTION inbox.tg_commands__guard_update();
-
 -- No ad-hoc removal: a key that disappears lets its command run twice.
 -- Rows leave only through inbox.purge_archived_commands(), which sets
 -- pgoutbox.command_purge for its own transaction. TRUNCATE never.
-CREATE OR REPLACE TRIGGER _100_forbid_delete
-BEFORE DELETE ON inbox.commands
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
-
-CREATE OR REPLACE TRIGGER _100_forbid_truncate
-BEFORE TRUNCATE ON inbox.commands
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.command_purge', 'inbox.purge_archived_commands');
+SELECT outbox._attach_guards(
+    'inbox.commands',
+    'inbox.tg_forbid_delete(''pgoutbox.command_purge'', ''inbox.purge_archived_commands'')', 'STATEMENT',
+    'inbox.tg_commands__guard_update()'
+);
 
 -- The command a call is about: a handler name like the message inbox's, and
 -- a key of 1-256 characters that is not blank: not white space only, tabs

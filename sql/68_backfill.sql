@@ -126,10 +126,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
             USING ERRCODE = 'OB006';
     END IF;
-    IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: page_size must be between 1 and 10000, got %', page_size
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_range('page_size', page_size, 1, 10000, 'between 1 and 10000');
 END;
 $$;
 

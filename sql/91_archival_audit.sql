@@ -122,17 +122,9 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER _100_guard_update
-BEFORE UPDATE ON outbox.archive_audit
-FOR EACH ROW EXECUTE FUNCTION outbox.tg_archive_audit__guard();
-
-CREATE OR REPLACE TRIGGER _100_forbid_delete
-BEFORE DELETE ON outbox.archive_audit
-FOR EACH ROW EXECUTE FUNCTION outbox.tg_archive_audit__guard();
-
-CREATE OR REPLACE TRIGGER _100_forbid_truncate
-BEFORE TRUNCATE ON outbox.archive_audit
-FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_archive_audit__guard();
+SELECT outbox._attach_guards(
+    'outbox.archive_audit', 'outbox.tg_archive_audit__guard()', 'ROW', 'outbox.tg_archive_audit__guard()'
+);
 
 -- The figures of a sealed partition, taken right after its seal (before any
 -- export): the rows the archive must hold. record_archive and drop_archived
@@ -180,17 +172,9 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER _100_guard_update
-BEFORE UPDATE ON outbox.archive_seal
-FOR EACH ROW EXECUTE FUNCTION outbox.tg_archive_seal__guard();
-
-CREATE OR REPLACE TRIGGER _100_forbid_delete
-BEFORE DELETE ON outbox.archive_seal
-FOR EACH ROW EXECUTE FUNCTION outbox.tg_archive_seal__guard();
-
-CREATE OR REPLACE TRIGGER _100_forbid_truncate
-BEFORE TRUNCATE ON outbox.archive_seal
-FOR EACH STATEMENT EXECUTE FUNCTION outbox.tg_archive_seal__guard();
+SELECT outbox._attach_guards(
+    'outbox.archive_seal', 'outbox.tg_archive_seal__guard()', 'ROW', 'outbox.tg_archive_seal__guard()'
+);
 
 -- The inbox retention floor. One row; only admins change it (set_stream_max_age),
 -- so an archiver cannot lower it for its own session.
@@ -225,16 +209,6 @@ CREATE INDEX IF NOT EXISTS commands_first_claimed_at_idx ON inbox.commands (firs
 
 -- Day ranges of the inbox (the archive reads, and purge deletes, by received_at).
 CREATE INDEX IF NOT EXISTS messages_received_at_idx ON inbox.messages (received_at);
-
--- Rows leave inbox.messages only through inbox.purge_archived(), which sets
--- pgoutbox.inbox_purge for its own transaction. TRUNCATE never.
-CREATE OR REPLACE TRIGGER _100_forbid_delete
-BEFORE DELETE ON inbox.messages
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.inbox_purge', 'inbox.purge_archived');
-
-CREATE OR REPLACE TRIGGER _100_forbid_truncate
-BEFORE TRUNCATE ON inbox.messages
-FOR EACH STATEMENT EXECUTE FUNCTION inbox.tg_forbid_delete('pgoutbox.inbox_purge', 'inbox.purge_archived');
 
 -- Installed on a partition by seal_partition (not on the parent: the hot
 -- partitions pay nothing). Fires before the inherited _100 guards.

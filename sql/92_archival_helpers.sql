@@ -119,30 +119,22 @@ $$;
 -- Retentions: from 0 to 100 years (now() - retention must stay a time).
 CREATE OR REPLACE FUNCTION outbox._check_retention(retention interval, what text)
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE sql IMMUTABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
-BEGIN
-    IF retention IS NULL OR retention < interval '0' OR retention > interval '100 years' THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: % must be an interval from 0 to 100 years, got %', what, retention
-            USING ERRCODE = 'OB006';
-    END IF;
-END;
+    SELECT outbox._check_range(what, retention, interval '0', interval '100 years', 'an interval from 0 to 100 years');
 $$;
 
 -- A lock_timeout argument: from 1 ms (PostgreSQL reads 0 as "wait for ever")
 -- to 1 hour.
 CREATE OR REPLACE FUNCTION outbox._check_lock_timeout(lock_timeout interval)
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE sql IMMUTABLE
 SET search_path TO pg_catalog, pg_temp
 AS $$
-BEGIN
-    IF lock_timeout IS NULL OR lock_timeout < interval '1 millisecond' OR lock_timeout > interval '1 hour' THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: lock_timeout must be an interval from 1 ms to 1 hour, got %', lock_timeout
-            USING ERRCODE = 'OB006';
-    END IF;
-END;
+    SELECT outbox._check_range(
+        'lock_timeout', lock_timeout, interval '1 millisecond', interval '1 hour', 'an interval from 1 ms to 1 hour'
+    );
 $$;
 
 -- Serialises the archival steps of one unit across sessions. The Spark job

@@ -3,13 +3,17 @@
 -- themselves are granted to nobody but the owner, and admins may only read.
 -- Roles are cluster-wide: created once, shared by every database using pgoutbox.
 -- Every GRANT of the schema lives in this file, which runs after every other
--- definition file (a function must exist before it is granted).
+-- definition file (a function must exist before it is granted). Every role
+-- is created here, each granted what it needs below.
 
 DO $$
 DECLARE
     r text;
 BEGIN
-    FOREACH r IN ARRAY ARRAY['pgoutbox_writer', 'pgoutbox_relay', 'pgoutbox_consumer', 'pgoutbox_admin'] LOOP
+    FOREACH r IN ARRAY ARRAY[
+        'pgoutbox_writer', 'pgoutbox_relay', 'pgoutbox_consumer', 'pgoutbox_admin',
+        'pgoutbox_archiver', 'pgoutbox_viewer', 'pgoutbox_backfiller'
+    ] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
             EXECUTE format('CREATE ROLE %I NOLOGIN', r);
         END IF;
@@ -103,14 +107,6 @@ inbox.messages, inbox.replay_switches, inbox.redrive_log, inbox.commands, inbox.
 -- It reads the three tables and the partitions it sealed (Spark reads them over
 -- JDBC) and calls the archival steps; it cannot write or delete rows, nor
 -- void an audit. (seal_partition grants it each partition it seals.)
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_archiver') THEN
-        CREATE ROLE pgoutbox_archiver NOLOGIN;
-    END IF;
-END;
-$$;
-
 GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_archiver;
 GRANT SELECT ON outbox.events, inbox.messages, inbox.commands TO pgoutbox_archiver;
 GRANT SELECT ON outbox.archive_audit, inbox.retention_policy, inbox.command_policy TO pgoutbox_admin;
@@ -148,14 +144,6 @@ TO pgoutbox_admin;
 -- pgoutbox_viewer: the read-only operator (the console's viewers). It reads
 -- through functions only, no table: so it sees dead letters, never payloads
 -- (outbox.dlq_show shows one only to a role that may read the table).
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_viewer') THEN
-        CREATE ROLE pgoutbox_viewer NOLOGIN;
-    END IF;
-END;
-$$;
-
 GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_viewer;
 GRANT EXECUTE ON FUNCTION
 outbox.schema_version(), outbox.serves_workers_from(),
@@ -189,14 +177,6 @@ GRANT SELECT ON outbox.discard_log, inbox.discard_log, outbox.discarded_events T
 -- the outbox through the backfill functions only (no table) and records
 -- each delivery in the inbox as the consumer does: receive, then processed or
 -- an error. It holds no NATS durable and no other inbox call.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'pgoutbox_backfiller') THEN
-        CREATE ROLE pgoutbox_backfiller NOLOGIN;
-    END IF;
-END;
-$$;
-
 GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_backfiller;
 GRANT EXECUTE ON FUNCTION
 outbox.schema_version(), outbox.serves_workers_from(),
