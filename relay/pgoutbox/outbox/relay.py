@@ -25,7 +25,11 @@ due); a short one took everything due, so the loop waits for a wake-up
 (notification, throttle re-check, due retry, a keyed event marked, a
 scheduled event falling due: asked after an empty claim) or the
 fallback poll, and claims no sooner than claim_interval after the previous
-claim (but at once for a keyed event's successor). Housekeeping: outbox.create_partitions() every
+claim (but at once for a keyed event's successor). While one tenant's
+backlog drains beside other tenants, a side lane claims for them every
+claim_interval on a session of its own and publishes its own batches
+(_side_loop), so that their events do not wait for the drain's claims.
+Housekeeping: outbox.create_partitions() every
 partitions_every, and the backlog gauges every backlog_interval.
 
 Failures belong to one event, never to its batch or the process: rows are
