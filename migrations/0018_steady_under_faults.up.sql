@@ -1541,6 +1541,23 @@ COMMENT ON FUNCTION outbox.backfill_page(text[], timestamptz, timestamptz, bigin
 'For pgoutbox backfill: the next page of events of these subjects in a range, in id (emit) order.';
 -- end generated
 
+-- generated from sql/68_backfill.sql: outbox._check_backfill_range
+-- A backfill's range [from_at, until_at): both given, from_at first.
+CREATE OR REPLACE FUNCTION outbox._check_backfill_range(from_at timestamptz, until_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+-- end generated
+
 -- generated from sql/68_backfill.sql: outbox._check_backfill
 CREATE OR REPLACE FUNCTION outbox._check_backfill(
     subjects text[],
@@ -1558,10 +1575,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ARGUMENT: subjects must name at least one subject, and no NULL'
             USING ERRCODE = 'OB006';
     END IF;
-    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_backfill_range(from_at, until_at);
     IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
         RAISE EXCEPTION 'INVALID_ARGUMENT: page_size must be between 1 and 10000, got %', page_size
             USING ERRCODE = 'OB006';
@@ -1581,6 +1595,7 @@ $$;
 REVOKE ALL ON FUNCTION
 outbox.backfill_span(text[], timestamptz, timestamptz),
 outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer),
+outbox._check_backfill_range(timestamptz, timestamptz),
 outbox._check_backfill(text[], timestamptz, timestamptz, integer)
 FROM public;
 GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_backfiller;
@@ -1610,10 +1625,7 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_backfill_range(from_at, until_at);
     RETURN QUERY
     SELECT a.day, a.archive_uri, a.row_count, a.checksum
     FROM outbox.archive_audit AS a
@@ -3098,6 +3110,27 @@ CREATE INDEX IF NOT EXISTS dlq_entries_group_idx ON outbox.dlq_entries (group_id
 CREATE INDEX IF NOT EXISTS dlq_entries_seen_idx ON outbox.dlq_entries (seen_at DESC, side, id, handler);
 CREATE INDEX IF NOT EXISTS dlq_entries_owner_idx ON outbox.dlq_entries (owner, side);
 
+-- generated from sql/67_dead_letters.sql: outbox._dlq_enter
+-- Writes a dead letter's entry: a new one, or every column of the one it
+-- replaces (same side, id and handler). The one writer of an entry, under
+-- _dlq_enter_event and _dlq_enter_message.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter(entry outbox.dlq_entries)
+RETURNS void
+LANGUAGE sql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    INSERT INTO outbox.dlq_entries
+    SELECT (entry).*
+    ON CONFLICT (side, id, handler) DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+$$;
+-- end generated
+
 -- generated from sql/67_dead_letters.sql: outbox._dlq_enter_event
 -- An outbox event's entry, written or removed as its status says.
 CREATE OR REPLACE FUNCTION outbox._dlq_enter_event(e outbox.events)
@@ -3122,22 +3155,15 @@ BEGIN
     e.subject := coalesce(e.subject, '');
     SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
     discarded := EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
-    INSERT INTO outbox.dlq_entries AS x (
-        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
-        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
-    ) VALUES (
+    -- In the columns' order: side, owner, id, handler, subject, tenant,
+    -- attempts, last_error, error_class, error_pattern, group_id, seen_at,
+    -- discarded, refailed, replays, redrive_pending, replayable, row_id, created_at.
+    PERFORM outbox._dlq_enter(ROW(
         'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
         md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
         coalesce(e.claimed_at, e.created_at), discarded, n > 0, n, FALSE, NOT discarded,
         e.id, e.created_at
-    )
-    ON CONFLICT (side, id, handler) DO UPDATE
-    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
-        last_error = excluded.last_error, error_class = excluded.error_class,
-        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
-        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
-        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
-        row_id = excluded.row_id, created_at = excluded.created_at;
+    )::outbox.dlq_entries);
 END;
 $$;
 -- end generated
@@ -3161,10 +3187,8 @@ BEGIN
     cls := outbox._dlq_error_class(m.last_error);
     pattern := outbox._dlq_error_pattern(m.last_error);
     asked := coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE);
-    INSERT INTO outbox.dlq_entries AS x (
-        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
-        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
-    ) VALUES (
+    -- In the columns' order, as _dlq_enter_event gives them.
+    PERFORM outbox._dlq_enter(ROW(
         'inbox', m.handler, m.message_id, m.handler, m.subject, m.envelope ->> 'tenant_id', m.attempts,
         m.last_error, cls, pattern, md5(concat_ws(E'\n', 'inbox', m.handler, m.subject, cls, pattern)),
         coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
@@ -3176,14 +3200,7 @@ BEGIN
         NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL AND NOT m.dlq_metadata ? 'in_database'
         AND NOT asked,
         NULL, m.received_at
-    )
-    ON CONFLICT (side, id, handler) DO UPDATE
-    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
-        last_error = excluded.last_error, error_class = excluded.error_class,
-        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
-        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
-        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
-        row_id = excluded.row_id, created_at = excluded.created_at;
+    )::outbox.dlq_entries);
 END;
 $$;
 -- end generated
@@ -3461,6 +3478,7 @@ COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
 -- end generated
 
 REVOKE ALL ON FUNCTION
+outbox._dlq_enter(outbox.dlq_entries),
 outbox._dlq_enter_event(outbox.events),
 outbox._dlq_enter_message(inbox.messages),
 outbox.tg_events__dlq_entry(),
@@ -3545,26 +3563,7 @@ BEGIN
             AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         PERFORM set_config('pgoutbox.requeue_reason', '', true);
-        WITH marked AS (
-            UPDATE inbox.messages AS m
-            SET dlq_metadata = m.dlq_metadata
-                || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
-            FROM unnest(message_ids, handlers) AS p (message_id, handler)
-            WHERE m.message_id = p.message_id AND m.handler = p.handler
-                AND m.status = 'DEAD_LETTER'
-                AND NOT m.dlq_metadata ? 'discarded'
-                AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
-            RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
-        )
-        INSERT INTO inbox.redrive_log (
-            message_id, handler, redriven_by, reason, replay_attempts_before, last_error
-        )
-        SELECT
-            k.message_id, k.handler, session_user, _dlq_apply.reason,
-            coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
-        FROM marked AS k;
-        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
-        RETURN outbox_moved + inbox_moved;
+        RETURN outbox_moved + inbox._redrive(message_ids, handlers, reason, FALSE);
     END IF;
     PERFORM set_config('pgoutbox.dlq_action', action, true);
     PERFORM set_config('pgoutbox.dlq_reason', reason, true);
@@ -4348,6 +4347,137 @@ inbox.tg_forbid_delete(),
 inbox._purge_audited(text, date),
 outbox._day_column(text)
 FROM public;
+
+-- ---- one home for each SQL shape, the inbox side: one writer of an
+-- inbox redrive, one writer of a dead letter's entry
+
+-- inbox.redrive and outbox.dlq_replay (by filter or as a prepared action)
+-- ask for a redrive through one writer, inbox._redrive, with the same rows,
+-- audit rows and results as before.
+-- generated from sql/60_inbox_replay.sql: inbox._redrive
+-- Asks the replayer for the named dead letters (parallel arrays: message id
+-- and handler) now: due at once, redrive_requested, each audited in
+-- inbox.redrive_log with session_user and reason. A row that is no longer a
+-- live dead letter (settled meanwhile, or discarded) is passed by, and so,
+-- unless again, is one already asked for. Returns how many it asked for.
+-- The one writer of a redrive: inbox.redrive (checked beforehand, all or
+-- nothing) and outbox.dlq_replay / dlq_act (sql/67_dead_letters.sql).
+CREATE OR REPLACE FUNCTION inbox._redrive(message_ids uuid[], handlers text[], reason text, again boolean)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    moved integer;
+BEGIN
+    WITH marked AS (
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata
+            || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+        FROM unnest(message_ids, handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER'
+            AND NOT m.dlq_metadata ? 'discarded'
+            AND (again OR NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE))
+        RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+    )
+    INSERT INTO inbox.redrive_log (
+        message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+    )
+    SELECT
+        k.message_id, k.handler, session_user, _redrive.reason,
+        coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+    FROM marked AS k;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END;
+$$;
+-- end generated
+
+-- generated from sql/60_inbox_replay.sql: inbox.redrive
+-- Operator redrive: the given dead letters of handler (all of them but the
+-- discarded when message_ids is NULL; a discarded one named is refused,
+-- OB101) become due now, whatever the replay switch and cap
+-- say; the replayer re-publishes them. All or nothing, with a reason,
+-- written to inbox.redrive_log.
+CREATE OR REPLACE FUNCTION inbox.redrive(
+    handler text,
+    message_ids uuid[],
+    reason text
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad uuid [];
+    live_ids uuid [];
+    live_handlers text [];
+BEGIN
+    PERFORM outbox._check_text(reason, 'a redrive''s reason', 1000, TRUE);
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a handler name ([A-Za-z0-9_.-], 1-128 chars) is required'
+            USING ERRCODE = 'OB006';
+    END IF;
+    -- NULL means every dead letter of the handler; an array names some.
+    IF message_ids IS NOT NULL THEN
+        PERFORM outbox._check_ids(message_ids, 'message_ids');
+    END IF;
+    -- Lock first, so that the checks below still hold when the rows move.
+    PERFORM 1 FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids))
+    FOR UPDATE;
+    SELECT array_agg(x.id) INTO bad
+    FROM unnest(message_ids) AS x (id)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM inbox.messages AS m
+        WHERE m.message_id = x.id AND m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+    );
+    -- A discarded dead letter is redriven only once restored (NULL ids pass it by).
+    IF bad IS NULL THEN
+        SELECT array_agg(x.id) INTO bad
+        FROM unnest(message_ids) AS x (id)
+        INNER JOIN inbox.messages AS m ON m.message_id = x.id AND m.handler = redrive.handler
+        WHERE m.dlq_metadata ? 'discarded';
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'DISCARDED: % of the given messages are discarded for handler %', cardinality(bad), handler
+                USING ERRCODE = 'OB101', DETAIL = array_to_string(bad, ', '),
+                      HINT = 'Restore them first (outbox.dlq_restore).';
+        END IF;
+    END IF;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'MESSAGE_NOT_DEAD_LETTER: % of the given messages are unknown or not DEAD_LETTER for handler %', cardinality(bad), handler
+            USING ERRCODE = 'OB030', DETAIL = array_to_string(bad, ', ');
+    END IF;
+    SELECT array_agg(m.message_id) INTO bad
+    FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
+        AND (m.envelope IS NULL OR m.dlq_metadata ? 'in_database')
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'MESSAGE_NOT_REPLAYABLE: % of the messages were written by an in-database handler or have no stored envelope to re-publish', cardinality(bad)
+            USING ERRCODE = 'OB031', DETAIL = array_to_string(bad, ', '),
+                  HINT = 'Rows written by in-database handlers are redriven by their own application.';
+    END IF;
+    -- Every live dead letter named (NULL ids: of the handler), asked for
+    -- again if it already was.
+    SELECT array_agg(m.message_id), array_agg(m.handler) INTO live_ids, live_handlers
+    FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler
+        AND m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
+    RETURN inbox._redrive(live_ids, live_handlers, reason, TRUE);
+END;
+$$;
+COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
+'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
+-- end generated
+
+REVOKE ALL ON FUNCTION inbox._redrive(uuid[], text[], text, boolean) FROM public;
 
 INSERT INTO outbox.schema_migrations (version, name)
 VALUES (18, '0018_steady_under_faults')

@@ -352,6 +352,25 @@ CREATE INDEX IF NOT EXISTS dlq_entries_group_idx ON outbox.dlq_entries (group_id
 CREATE INDEX IF NOT EXISTS dlq_entries_seen_idx ON outbox.dlq_entries (seen_at DESC, side, id, handler);
 CREATE INDEX IF NOT EXISTS dlq_entries_owner_idx ON outbox.dlq_entries (owner, side);
 
+-- Writes a dead letter's entry: a new one, or every column of the one it
+-- replaces (same side, id and handler). The one writer of an entry, under
+-- _dlq_enter_event and _dlq_enter_message.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter(entry outbox.dlq_entries)
+RETURNS void
+LANGUAGE sql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    INSERT INTO outbox.dlq_entries
+    SELECT (entry).*
+    ON CONFLICT (side, id, handler) DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+$$;
+
 -- An outbox event's entry, written or removed as its status says.
 CREATE OR REPLACE FUNCTION outbox._dlq_enter_event(e outbox.events)
 RETURNS void
@@ -375,22 +394,15 @@ BEGIN
     e.subject := coalesce(e.subject, '');
     SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
     discarded := EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
-    INSERT INTO outbox.dlq_entries AS x (
-        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
-        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
-    ) VALUES (
+    -- In the columns' order: side, owner, id, handler, subject, tenant,
+    -- attempts, last_error, error_class, error_pattern, group_id, seen_at,
+    -- discarded, refailed, replays, redrive_pending, replayable, row_id, created_at.
+    PERFORM outbox._dlq_enter(ROW(
         'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
         md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
         coalesce(e.claimed_at, e.created_at), discarded, n > 0, n, FALSE, NOT discarded,
         e.id, e.created_at
-    )
-    ON CONFLICT (side, id, handler) DO UPDATE
-    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
-        last_error = excluded.last_error, error_class = excluded.error_class,
-        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
-        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
-        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
-        row_id = excluded.row_id, created_at = excluded.created_at;
+    )::outbox.dlq_entries);
 END;
 $$;
 
@@ -412,10 +424,8 @@ BEGIN
     cls := outbox._dlq_error_class(m.last_error);
     pattern := outbox._dlq_error_pattern(m.last_error);
     asked := coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE);
-    INSERT INTO outbox.dlq_entries AS x (
-        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
-        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
-    ) VALUES (
+    -- In the columns' order, as _dlq_enter_event gives them.
+    PERFORM outbox._dlq_enter(ROW(
         'inbox', m.handler, m.message_id, m.handler, m.subject, m.envelope ->> 'tenant_id', m.attempts,
         m.last_error, cls, pattern, md5(concat_ws(E'\n', 'inbox', m.handler, m.subject, cls, pattern)),
         coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
@@ -427,14 +437,7 @@ BEGIN
         NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL AND NOT m.dlq_metadata ? 'in_database'
         AND NOT asked,
         NULL, m.received_at
-    )
-    ON CONFLICT (side, id, handler) DO UPDATE
-    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
-        last_error = excluded.last_error, error_class = excluded.error_class,
-        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
-        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
-        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
-        row_id = excluded.row_id, created_at = excluded.created_at;
+    )::outbox.dlq_entries);
 END;
 $$;
 
@@ -929,26 +932,7 @@ BEGIN
             AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         PERFORM set_config('pgoutbox.requeue_reason', '', true);
-        WITH marked AS (
-            UPDATE inbox.messages AS m
-            SET dlq_metadata = m.dlq_metadata
-                || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
-            FROM unnest(message_ids, handlers) AS p (message_id, handler)
-            WHERE m.message_id = p.message_id AND m.handler = p.handler
-                AND m.status = 'DEAD_LETTER'
-                AND NOT m.dlq_metadata ? 'discarded'
-                AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
-            RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
-        )
-        INSERT INTO inbox.redrive_log (
-            message_id, handler, redriven_by, reason, replay_attempts_before, last_error
-        )
-        SELECT
-            k.message_id, k.handler, session_user, _dlq_apply.reason,
-            coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
-        FROM marked AS k;
-        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
-        RETURN outbox_moved + inbox_moved;
+        RETURN outbox_moved + inbox._redrive(message_ids, handlers, reason, FALSE);
     END IF;
     PERFORM set_config('pgoutbox.dlq_action', action, true);
     PERFORM set_config('pgoutbox.dlq_reason', reason, true);
