@@ -1699,6 +1699,9 @@ AS $$
         '\s+', ' ', 'g')), 500);
 $$;
 
+-- (0018's _dlq_rows returns rows of outbox.dlq_entries: dropped, then
+-- made again with its own columns, granted to no one.)
+DROP FUNCTION IF EXISTS outbox._dlq_rows(jsonb);
 -- Every dead letter the filter matches, both sides, with its group and
 -- state. Called by the functions below (already checked filter); granted
 -- to no one. A branch per partial index (events_dead_letter_idx,
@@ -1812,6 +1815,7 @@ AS $$
         AND (f.until IS NULL OR g.seen_at < f.until)
         AND (f.grp IS NULL OR g.group_id = f.grp);
 $$;
+REVOKE ALL ON FUNCTION outbox._dlq_rows(jsonb) FROM public;
 
 -- The rows an action may take now: replay the live replayable ones, discard
 -- the live ones, restore the discarded ones; never an event of a sealed

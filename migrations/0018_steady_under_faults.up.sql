@@ -3269,34 +3269,18 @@ BEGIN
 END;
 $$;
 
+-- _dlq_rows returns rows of outbox.dlq_entries now (its columns, no list
+-- of its own): a new return type, so it is dropped and made again.
+DROP FUNCTION IF EXISTS outbox._dlq_rows(jsonb);
 -- generated from sql/67_dead_letters.sql: outbox._dlq_rows
 -- Every dead letter the filter matches, both sides, with its group and
--- state, from outbox.dlq_entries. Called by the functions below (already
--- checked filter); granted to no one. No SET clause: so that the planner
--- inlines it into its callers (whose search_path is pinned) and uses the
--- entries' indexes for a group, an owner or a time range.
+-- state: the rows of outbox.dlq_entries, handler NULL for the outbox. Called
+-- by the functions below (already checked filter); granted to no one. No
+-- SET clause: so that the planner inlines it into its callers (whose
+-- search_path is pinned) and uses the entries' indexes for a group, an owner
+-- or a time range.
 CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
-RETURNS TABLE (
-    side text,
-    owner text,
-    id uuid,
-    handler text,
-    subject text,
-    tenant text,
-    attempts integer,
-    last_error text,
-    error_class text,
-    error_pattern text,
-    group_id text,
-    seen_at timestamptz,
-    discarded boolean,
-    refailed boolean,
-    replays integer,
-    redrive_pending boolean,
-    replayable boolean,
-    row_id bigint,
-    created_at timestamptz
-)
+RETURNS SETOF outbox.dlq_entries
 LANGUAGE sql STABLE
 AS $$
     SELECT
@@ -3479,6 +3463,7 @@ COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
 
 REVOKE ALL ON FUNCTION
 outbox._dlq_enter(outbox.dlq_entries),
+outbox._dlq_rows(jsonb),
 outbox._dlq_enter_event(outbox.events),
 outbox._dlq_enter_message(inbox.messages),
 outbox.tg_events__dlq_entry(),

@@ -495,32 +495,13 @@ WHEN (old.status = 'DEAD_LETTER')
 EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
 
 -- Every dead letter the filter matches, both sides, with its group and
--- state, from outbox.dlq_entries. Called by the functions below (already
--- checked filter); granted to no one. No SET clause: so that the planner
--- inlines it into its callers (whose search_path is pinned) and uses the
--- entries' indexes for a group, an owner or a time range.
+-- state: the rows of outbox.dlq_entries, handler NULL for the outbox. Called
+-- by the functions below (already checked filter); granted to no one. No
+-- SET clause: so that the planner inlines it into its callers (whose
+-- search_path is pinned) and uses the entries' indexes for a group, an owner
+-- or a time range.
 CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
-RETURNS TABLE (
-    side text,
-    owner text,
-    id uuid,
-    handler text,
-    subject text,
-    tenant text,
-    attempts integer,
-    last_error text,
-    error_class text,
-    error_pattern text,
-    group_id text,
-    seen_at timestamptz,
-    discarded boolean,
-    refailed boolean,
-    replays integer,
-    redrive_pending boolean,
-    replayable boolean,
-    row_id bigint,
-    created_at timestamptz
-)
+RETURNS SETOF outbox.dlq_entries
 LANGUAGE sql STABLE
 AS $$
     SELECT
