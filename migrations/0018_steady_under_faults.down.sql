@@ -1946,7 +1946,10 @@ DROP FUNCTION IF EXISTS outbox.tg_events__dlq_entry();
 DROP FUNCTION IF EXISTS outbox.tg_messages__dlq_entry();
 DROP FUNCTION IF EXISTS outbox._dlq_enter_event(outbox.events);
 DROP FUNCTION IF EXISTS outbox._dlq_enter_message(inbox.messages);
-DROP FUNCTION IF EXISTS outbox._dlq_enter(outbox.dlq_entries);
+DROP FUNCTION IF EXISTS outbox._dlq_enter(
+    text, text, uuid, text, text, text, integer, text, timestamptz, boolean, boolean, integer, boolean, boolean,
+    bigint, timestamptz
+);
 DROP TABLE IF EXISTS outbox.dlq_entries;
 
 -- The three actions by filter as 0017 defined them, then what 0018 added.
