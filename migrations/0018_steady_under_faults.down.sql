@@ -419,6 +419,102 @@ $$;
 DROP FUNCTION IF EXISTS outbox._attach_guards(regclass, text, text, text);
 DROP FUNCTION IF EXISTS outbox._check_range(text, anycompatible, anycompatible, anycompatible, text);
 
+-- ---- one home for each SQL shape, the inbox side
+
+-- inbox.redrive of version 17 (it wrote its redrive itself), then the one
+-- writer of a redrive goes.
+-- Operator redrive: the given dead letters of handler (all of them but the
+-- discarded when message_ids is NULL; a discarded one named is refused,
+-- OB101) become due now, whatever the replay switch and cap
+-- say; the replayer re-publishes them. All or nothing, with a reason,
+-- written to inbox.redrive_log.
+CREATE OR REPLACE FUNCTION inbox.redrive(
+    handler text,
+    message_ids uuid[],
+    reason text
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad uuid [];
+    moved integer;
+BEGIN
+    PERFORM outbox._check_text(reason, 'a redrive''s reason', 1000, TRUE);
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a handler name ([A-Za-z0-9_.-], 1-128 chars) is required'
+            USING ERRCODE = 'OB006';
+    END IF;
+    -- NULL means every dead letter of the handler; an array names some.
+    IF message_ids IS NOT NULL THEN
+        PERFORM outbox._check_ids(message_ids, 'message_ids');
+    END IF;
+    -- Lock first, so that the checks below still hold when the rows move.
+    PERFORM 1 FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids))
+    FOR UPDATE;
+    SELECT array_agg(x.id) INTO bad
+    FROM unnest(message_ids) AS x (id)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM inbox.messages AS m
+        WHERE m.message_id = x.id AND m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+    );
+    -- A discarded dead letter is redriven only once restored (NULL ids pass it by).
+    IF bad IS NULL THEN
+        SELECT array_agg(x.id) INTO bad
+        FROM unnest(message_ids) AS x (id)
+        INNER JOIN inbox.messages AS m ON m.message_id = x.id AND m.handler = redrive.handler
+        WHERE m.dlq_metadata ? 'discarded';
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'DISCARDED: % of the given messages are discarded for handler %', cardinality(bad), handler
+                USING ERRCODE = 'OB101', DETAIL = array_to_string(bad, ', '),
+                      HINT = 'Restore them first (outbox.dlq_restore).';
+        END IF;
+    END IF;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'MESSAGE_NOT_DEAD_LETTER: % of the given messages are unknown or not DEAD_LETTER for handler %', cardinality(bad), handler
+            USING ERRCODE = 'OB030', DETAIL = array_to_string(bad, ', ');
+    END IF;
+    SELECT array_agg(m.message_id) INTO bad
+    FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
+        AND (m.envelope IS NULL OR m.dlq_metadata ? 'in_database')
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'MESSAGE_NOT_REPLAYABLE: % of the messages were written by an in-database handler or have no stored envelope to re-publish', cardinality(bad)
+            USING ERRCODE = 'OB031', DETAIL = array_to_string(bad, ', '),
+                  HINT = 'Rows written by in-database handlers are redriven by their own application.';
+    END IF;
+    WITH marked AS (
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata
+            || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+        WHERE m.handler = redrive.handler
+            AND m.status = 'DEAD_LETTER'
+            AND NOT m.dlq_metadata ? 'discarded'
+            AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids))
+        RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+    )
+    INSERT INTO inbox.redrive_log (
+        message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+    )
+    SELECT
+        k.message_id, k.handler, session_user, redrive.reason,
+        coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+    FROM marked AS k;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END;
+$$;
+COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
+'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
+
+DROP FUNCTION IF EXISTS inbox._redrive(uuid[], text[], text, boolean);
+
 -- ---- broker faults
 
 DROP FUNCTION IF EXISTS outbox.hand_back(uuid, uuid[], text);
@@ -998,6 +1094,7 @@ DROP SEQUENCE IF EXISTS inbox.backlog_floor_wait;
 DROP FUNCTION IF EXISTS outbox.backfill_span(text[], timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer);
 DROP FUNCTION IF EXISTS outbox._check_backfill(text[], timestamptz, timestamptz, integer);
+DROP FUNCTION IF EXISTS outbox._check_backfill_range(timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS outbox.backfill_archived_days(timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS outbox.backfill_verify_archived_day(date, bigint, numeric);
 DO $$
@@ -1655,6 +1752,9 @@ AS $$
         '\s+', ' ', 'g')), 500);
 $$;
 
+-- (0018's _dlq_rows returns rows of outbox.dlq_entries: dropped, then
+-- made again with its own columns, granted to no one.)
+DROP FUNCTION IF EXISTS outbox._dlq_rows(jsonb);
 -- Every dead letter the filter matches, both sides, with its group and
 -- state. Called by the functions below (already checked filter); granted
 -- to no one. A branch per partial index (events_dead_letter_idx,
@@ -1768,6 +1868,7 @@ AS $$
         AND (f.until IS NULL OR g.seen_at < f.until)
         AND (f.grp IS NULL OR g.group_id = f.grp);
 $$;
+REVOKE ALL ON FUNCTION outbox._dlq_rows(jsonb) FROM public;
 
 -- The rows an action may take now: replay the live replayable ones, discard
 -- the live ones, restore the discarded ones; never an event of a sealed
@@ -1898,6 +1999,10 @@ DROP FUNCTION IF EXISTS outbox.tg_events__dlq_entry();
 DROP FUNCTION IF EXISTS outbox.tg_messages__dlq_entry();
 DROP FUNCTION IF EXISTS outbox._dlq_enter_event(outbox.events);
 DROP FUNCTION IF EXISTS outbox._dlq_enter_message(inbox.messages);
+DROP FUNCTION IF EXISTS outbox._dlq_enter(
+    text, text, uuid, text, text, text, integer, text, timestamptz, boolean, boolean, integer, boolean, boolean,
+    bigint, timestamptz
+);
 DROP TABLE IF EXISTS outbox.dlq_entries;
 
 -- The three actions by filter as 0017 defined them, then what 0018 added.

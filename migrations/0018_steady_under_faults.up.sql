@@ -1554,6 +1554,23 @@ COMMENT ON FUNCTION outbox.backfill_page(text[], timestamptz, timestamptz, bigin
 'For pgoutbox backfill: the next page of events of these subjects in a range, in id (emit) order.';
 -- end generated
 
+-- generated from sql/68_backfill.sql: outbox._check_backfill_range
+-- A backfill's range [from_at, until_at): both given, from_at first.
+CREATE OR REPLACE FUNCTION outbox._check_backfill_range(from_at timestamptz, until_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+-- end generated
+
 -- generated from sql/68_backfill.sql: outbox._check_backfill
 CREATE OR REPLACE FUNCTION outbox._check_backfill(
     subjects text[],
@@ -1571,10 +1588,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ARGUMENT: subjects must name at least one subject, and no NULL'
             USING ERRCODE = 'OB006';
     END IF;
-    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_backfill_range(from_at, until_at);
     PERFORM outbox._check_range('page_size', page_size, 1, 10000, 'between 1 and 10000');
 END;
 $$;
@@ -1591,6 +1605,7 @@ $$;
 REVOKE ALL ON FUNCTION
 outbox.backfill_span(text[], timestamptz, timestamptz),
 outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer),
+outbox._check_backfill_range(timestamptz, timestamptz),
 outbox._check_backfill(text[], timestamptz, timestamptz, integer)
 FROM public;
 GRANT USAGE ON SCHEMA outbox, inbox TO pgoutbox_backfiller;
@@ -1620,10 +1635,7 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_backfill_range(from_at, until_at);
     RETURN QUERY
     SELECT a.day, a.archive_uri, a.row_count, a.checksum
     FROM outbox.archive_audit AS a
@@ -3108,6 +3120,44 @@ CREATE INDEX IF NOT EXISTS dlq_entries_group_idx ON outbox.dlq_entries (group_id
 CREATE INDEX IF NOT EXISTS dlq_entries_seen_idx ON outbox.dlq_entries (seen_at DESC, side, id, handler);
 CREATE INDEX IF NOT EXISTS dlq_entries_owner_idx ON outbox.dlq_entries (owner, side);
 
+-- generated from sql/67_dead_letters.sql: outbox._dlq_enter
+-- Writes a dead letter's entry: a new one, or every column of the one it
+-- replaces (same side, id and handler), with its error's class and pattern
+-- and its group: the md5 of side, owner, subject, class and pattern. The
+-- one writer of an entry, under _dlq_enter_event and _dlq_enter_message.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter(
+    side text, owner text, id uuid, handler text, subject text, tenant text, attempts integer, last_error text,
+    seen_at timestamptz, discarded boolean, refailed boolean, replays integer, redrive_pending boolean,
+    replayable boolean, row_id bigint, created_at timestamptz
+)
+RETURNS void
+LANGUAGE sql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    INSERT INTO outbox.dlq_entries (
+        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
+        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
+    )
+    SELECT
+        _dlq_enter.side, _dlq_enter.owner, _dlq_enter.id, _dlq_enter.handler, _dlq_enter.subject,
+        _dlq_enter.tenant, _dlq_enter.attempts, _dlq_enter.last_error, c.cls, c.pattern,
+        md5(concat_ws(E'\n', _dlq_enter.side, _dlq_enter.owner, _dlq_enter.subject, c.cls, c.pattern)),
+        _dlq_enter.seen_at, _dlq_enter.discarded, _dlq_enter.refailed, _dlq_enter.replays,
+        _dlq_enter.redrive_pending, _dlq_enter.replayable, _dlq_enter.row_id, _dlq_enter.created_at
+    FROM (
+        SELECT outbox._dlq_error_class(_dlq_enter.last_error) AS cls,
+            outbox._dlq_error_pattern(_dlq_enter.last_error) AS pattern
+    ) AS c
+    ON CONFLICT ON CONSTRAINT dlq_entries_pkey DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+$$;
+-- end generated
+
 -- generated from sql/67_dead_letters.sql: outbox._dlq_enter_event
 -- An outbox event's entry, written or removed as its status says.
 CREATE OR REPLACE FUNCTION outbox._dlq_enter_event(e outbox.events)
@@ -3116,8 +3166,6 @@ LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    cls text;
-    pattern text;
     n integer;
     discarded boolean;
 BEGIN
@@ -3125,29 +3173,16 @@ BEGIN
         DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'outbox' AND x.id = e.event_id AND x.handler = '';
         RETURN;
     END IF;
-    cls := outbox._dlq_error_class(e.last_error);
-    pattern := outbox._dlq_error_pattern(e.last_error);
-    -- A row written around emit may have no subject (the relay dead-letters it
-    -- BAD_SUBJECT): its entry says '' rather than fail the relay's mark.
-    e.subject := coalesce(e.subject, '');
     SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
     discarded := EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
-    INSERT INTO outbox.dlq_entries AS x (
-        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
-        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
-    ) VALUES (
-        'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
-        md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
-        coalesce(e.claimed_at, e.created_at), discarded, n > 0, n, FALSE, NOT discarded,
-        e.id, e.created_at
-    )
-    ON CONFLICT (side, id, handler) DO UPDATE
-    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
-        last_error = excluded.last_error, error_class = excluded.error_class,
-        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
-        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
-        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
-        row_id = excluded.row_id, created_at = excluded.created_at;
+    -- A row written around emit may have no subject (the relay dead-letters it
+    -- BAD_SUBJECT): its entry says '' rather than fail the relay's mark.
+    PERFORM outbox._dlq_enter(
+        side => 'outbox', owner => e.context, id => e.event_id, handler => '', subject => coalesce(e.subject, ''),
+        tenant => e.tenant_id, attempts => e.attempts, last_error => e.last_error,
+        seen_at => coalesce(e.claimed_at, e.created_at), discarded => discarded, refailed => n > 0, replays => n,
+        redrive_pending => FALSE, replayable => NOT discarded, row_id => e.id, created_at => e.created_at
+    );
 END;
 $$;
 -- end generated
@@ -3160,40 +3195,26 @@ LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    cls text;
-    pattern text;
     asked boolean;
 BEGIN
     IF m.status IS DISTINCT FROM 'DEAD_LETTER' THEN
         DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'inbox' AND x.id = m.message_id AND x.handler = m.handler;
         RETURN;
     END IF;
-    cls := outbox._dlq_error_class(m.last_error);
-    pattern := outbox._dlq_error_pattern(m.last_error);
     asked := coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE);
-    INSERT INTO outbox.dlq_entries AS x (
-        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
-        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
-    ) VALUES (
-        'inbox', m.handler, m.message_id, m.handler, m.subject, m.envelope ->> 'tenant_id', m.attempts,
-        m.last_error, cls, pattern, md5(concat_ws(E'\n', 'inbox', m.handler, m.subject, cls, pattern)),
-        coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
-        m.dlq_metadata ? 'discarded',
-        coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
-        coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
-        + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
-        asked,
-        NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL AND NOT m.dlq_metadata ? 'in_database'
-        AND NOT asked,
-        NULL, m.received_at
-    )
-    ON CONFLICT (side, id, handler) DO UPDATE
-    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
-        last_error = excluded.last_error, error_class = excluded.error_class,
-        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
-        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
-        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
-        row_id = excluded.row_id, created_at = excluded.created_at;
+    PERFORM outbox._dlq_enter(
+        side => 'inbox', owner => m.handler, id => m.message_id, handler => m.handler, subject => m.subject,
+        tenant => m.envelope ->> 'tenant_id', attempts => m.attempts, last_error => m.last_error,
+        seen_at => coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
+        discarded => m.dlq_metadata ? 'discarded',
+        refailed => coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
+        replays => coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
+            + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
+        redrive_pending => asked,
+        replayable => NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL
+            AND NOT m.dlq_metadata ? 'in_database' AND NOT asked,
+        row_id => NULL, created_at => m.received_at
+    );
 END;
 $$;
 -- end generated
@@ -3262,34 +3283,18 @@ BEGIN
 END;
 $$;
 
+-- _dlq_rows returns rows of outbox.dlq_entries now (its columns, no list
+-- of its own): a new return type, so it is dropped and made again.
+DROP FUNCTION IF EXISTS outbox._dlq_rows(jsonb);
 -- generated from sql/67_dead_letters.sql: outbox._dlq_rows
 -- Every dead letter the filter matches, both sides, with its group and
--- state, from outbox.dlq_entries. Called by the functions below (already
--- checked filter); granted to no one. No SET clause: so that the planner
--- inlines it into its callers (whose search_path is pinned) and uses the
--- entries' indexes for a group, an owner or a time range.
+-- state: the rows of outbox.dlq_entries, handler NULL for the outbox. Called
+-- by the functions below (already checked filter); granted to no one. No
+-- SET clause: so that the planner inlines it into its callers (whose
+-- search_path is pinned) and uses the entries' indexes for a group, an owner
+-- or a time range.
 CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
-RETURNS TABLE (
-    side text,
-    owner text,
-    id uuid,
-    handler text,
-    subject text,
-    tenant text,
-    attempts integer,
-    last_error text,
-    error_class text,
-    error_pattern text,
-    group_id text,
-    seen_at timestamptz,
-    discarded boolean,
-    refailed boolean,
-    replays integer,
-    redrive_pending boolean,
-    replayable boolean,
-    row_id bigint,
-    created_at timestamptz
-)
+RETURNS SETOF outbox.dlq_entries
 LANGUAGE sql STABLE
 AS $$
     SELECT
@@ -3471,6 +3476,11 @@ COMMENT ON FUNCTION outbox.drop_archived(text, interval) IS
 -- end generated
 
 REVOKE ALL ON FUNCTION
+outbox._dlq_enter(
+    text, text, uuid, text, text, text, integer, text, timestamptz, boolean, boolean, integer, boolean, boolean,
+    bigint, timestamptz
+),
+outbox._dlq_rows(jsonb),
 outbox._dlq_enter_event(outbox.events),
 outbox._dlq_enter_message(inbox.messages),
 outbox.tg_events__dlq_entry(),
@@ -3555,26 +3565,7 @@ BEGIN
             AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         PERFORM set_config('pgoutbox.requeue_reason', '', true);
-        WITH marked AS (
-            UPDATE inbox.messages AS m
-            SET dlq_metadata = m.dlq_metadata
-                || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
-            FROM unnest(message_ids, handlers) AS p (message_id, handler)
-            WHERE m.message_id = p.message_id AND m.handler = p.handler
-                AND m.status = 'DEAD_LETTER'
-                AND NOT m.dlq_metadata ? 'discarded'
-                AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
-            RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
-        )
-        INSERT INTO inbox.redrive_log (
-            message_id, handler, redriven_by, reason, replay_attempts_before, last_error
-        )
-        SELECT
-            k.message_id, k.handler, session_user, _dlq_apply.reason,
-            coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
-        FROM marked AS k;
-        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
-        RETURN outbox_moved + inbox_moved;
+        RETURN outbox_moved + inbox._redrive(message_ids, handlers, reason, FALSE);
     END IF;
     PERFORM set_config('pgoutbox.dlq_action', action, true);
     PERFORM set_config('pgoutbox.dlq_reason', reason, true);
@@ -4466,10 +4457,141 @@ END;
 $$;
 -- end generated
 
+-- ---- one home for each SQL shape, the inbox side: one writer of an
+-- inbox redrive, one writer of a dead letter's entry
+
+-- inbox.redrive and outbox.dlq_replay (by filter or as a prepared action)
+-- ask for a redrive through one writer, inbox._redrive, with the same rows,
+-- audit rows and results as before.
+-- generated from sql/60_inbox_replay.sql: inbox._redrive
+-- Asks the replayer for the named dead letters (parallel arrays: message id
+-- and handler) now: due at once, redrive_requested, each audited in
+-- inbox.redrive_log with session_user and reason. A row that is no longer a
+-- live dead letter (settled meanwhile, or discarded) is passed by, and so,
+-- unless again, is one already asked for. Returns how many it asked for.
+-- The one writer of a redrive: inbox.redrive (checked beforehand, all or
+-- nothing) and outbox.dlq_replay / dlq_act (sql/67_dead_letters.sql).
+CREATE OR REPLACE FUNCTION inbox._redrive(message_ids uuid[], handlers text[], reason text, again boolean)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    moved integer;
+BEGIN
+    WITH marked AS (
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata
+            || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+        FROM unnest(message_ids, handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER'
+            AND NOT m.dlq_metadata ? 'discarded'
+            AND (again OR NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE))
+        RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+    )
+    INSERT INTO inbox.redrive_log (
+        message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+    )
+    SELECT
+        k.message_id, k.handler, session_user, _redrive.reason,
+        coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+    FROM marked AS k;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END;
+$$;
+-- end generated
+
 REVOKE ALL ON FUNCTION
 outbox._check_range(text, anycompatible, anycompatible, anycompatible, text),
 outbox._attach_guards(regclass, text, text, text)
 FROM public;
+
+-- generated from sql/60_inbox_replay.sql: inbox.redrive
+-- Operator redrive: the given dead letters of handler (all of them but the
+-- discarded when message_ids is NULL; a discarded one named is refused,
+-- OB101) become due now, whatever the replay switch and cap
+-- say; the replayer re-publishes them. All or nothing, with a reason,
+-- written to inbox.redrive_log.
+CREATE OR REPLACE FUNCTION inbox.redrive(
+    handler text,
+    message_ids uuid[],
+    reason text
+)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad uuid [];
+    live_ids uuid [];
+    live_handlers text [];
+BEGIN
+    PERFORM outbox._check_text(reason, 'a redrive''s reason', 1000, TRUE);
+    IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: a handler name ([A-Za-z0-9_.-], 1-128 chars) is required'
+            USING ERRCODE = 'OB006';
+    END IF;
+    -- NULL means every dead letter of the handler; an array names some.
+    IF message_ids IS NOT NULL THEN
+        PERFORM outbox._check_ids(message_ids, 'message_ids');
+    END IF;
+    -- Lock first, so that the checks below still hold when the rows move.
+    PERFORM 1 FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids))
+    FOR UPDATE;
+    SELECT array_agg(x.id) INTO bad
+    FROM unnest(message_ids) AS x (id)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM inbox.messages AS m
+        WHERE m.message_id = x.id AND m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+    );
+    -- A discarded dead letter is redriven only once restored (NULL ids pass it by).
+    IF bad IS NULL THEN
+        SELECT array_agg(x.id) INTO bad
+        FROM unnest(message_ids) AS x (id)
+        INNER JOIN inbox.messages AS m ON m.message_id = x.id AND m.handler = redrive.handler
+        WHERE m.dlq_metadata ? 'discarded';
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'DISCARDED: % of the given messages are discarded for handler %', cardinality(bad), handler
+                USING ERRCODE = 'OB101', DETAIL = array_to_string(bad, ', '),
+                      HINT = 'Restore them first (outbox.dlq_restore).';
+        END IF;
+    END IF;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'MESSAGE_NOT_DEAD_LETTER: % of the given messages are unknown or not DEAD_LETTER for handler %', cardinality(bad), handler
+            USING ERRCODE = 'OB030', DETAIL = array_to_string(bad, ', ');
+    END IF;
+    SELECT array_agg(m.message_id) INTO bad
+    FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler AND m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
+        AND (m.envelope IS NULL OR m.dlq_metadata ? 'in_database')
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'MESSAGE_NOT_REPLAYABLE: % of the messages were written by an in-database handler or have no stored envelope to re-publish', cardinality(bad)
+            USING ERRCODE = 'OB031', DETAIL = array_to_string(bad, ', '),
+                  HINT = 'Rows written by in-database handlers are redriven by their own application.';
+    END IF;
+    -- Every live dead letter named (NULL ids: of the handler), asked for
+    -- again if it already was.
+    SELECT array_agg(m.message_id), array_agg(m.handler) INTO live_ids, live_handlers
+    FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler
+        AND m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
+    RETURN inbox._redrive(live_ids, live_handlers, reason, TRUE);
+END;
+$$;
+COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS
+'Makes dead letters of a handler due for re-publication now (NULL ids: all), audited in inbox.redrive_log.';
+-- end generated
+
+REVOKE ALL ON FUNCTION inbox._redrive(uuid[], text[], text, boolean) FROM public;
 
 INSERT INTO outbox.schema_migrations (version, name)
 VALUES (18, '0018_steady_under_faults')

@@ -135,6 +135,44 @@ $$;
 COMMENT ON FUNCTION inbox.claim_replays(text, integer) IS
 'DEAD_LETTER -> RECEIVED for due replays and redrives; commit only after re-publishing them.';
 
+-- Asks the replayer for the named dead letters (parallel arrays: message id
+-- and handler) now: due at once, redrive_requested, each audited in
+-- inbox.redrive_log with session_user and reason. A row that is no longer a
+-- live dead letter (settled meanwhile, or discarded) is passed by, and so,
+-- unless again, is one already asked for. Returns how many it asked for.
+-- The one writer of a redrive: inbox.redrive (checked beforehand, all or
+-- nothing) and outbox.dlq_replay / dlq_act (sql/67_dead_letters.sql).
+CREATE OR REPLACE FUNCTION inbox._redrive(message_ids uuid[], handlers text[], reason text, again boolean)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    moved integer;
+BEGIN
+    WITH marked AS (
+        UPDATE inbox.messages AS m
+        SET dlq_metadata = m.dlq_metadata
+            || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
+        FROM unnest(message_ids, handlers) AS p (message_id, handler)
+        WHERE m.message_id = p.message_id AND m.handler = p.handler
+            AND m.status = 'DEAD_LETTER'
+            AND NOT m.dlq_metadata ? 'discarded'
+            AND (again OR NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE))
+        RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
+    )
+    INSERT INTO inbox.redrive_log (
+        message_id, handler, redriven_by, reason, replay_attempts_before, last_error
+    )
+    SELECT
+        k.message_id, k.handler, session_user, _redrive.reason,
+        coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
+    FROM marked AS k;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END;
+$$;
+
 -- Operator redrive: the given dead letters of handler (all of them but the
 -- discarded when message_ids is NULL; a discarded one named is refused,
 -- OB101) become due now, whatever the replay switch and cap
@@ -152,7 +190,8 @@ SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
     bad uuid [];
-    moved integer;
+    live_ids uuid [];
+    live_handlers text [];
 BEGIN
     PERFORM outbox._check_text(reason, 'a redrive''s reason', 1000, TRUE);
     IF handler IS NULL OR handler !~ '^[A-Za-z0-9_.-]{1,128}$' THEN
@@ -201,25 +240,15 @@ BEGIN
             USING ERRCODE = 'OB031', DETAIL = array_to_string(bad, ', '),
                   HINT = 'Rows written by in-database handlers are redriven by their own application.';
     END IF;
-    WITH marked AS (
-        UPDATE inbox.messages AS m
-        SET dlq_metadata = m.dlq_metadata
-            || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
-        WHERE m.handler = redrive.handler
-            AND m.status = 'DEAD_LETTER'
-            AND NOT m.dlq_metadata ? 'discarded'
-            AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids))
-        RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
-    )
-    INSERT INTO inbox.redrive_log (
-        message_id, handler, redriven_by, reason, replay_attempts_before, last_error
-    )
-    SELECT
-        k.message_id, k.handler, session_user, redrive.reason,
-        coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
-    FROM marked AS k;
-    GET DIAGNOSTICS moved = ROW_COUNT;
-    RETURN moved;
+    -- Every live dead letter named (NULL ids: of the handler), asked for
+    -- again if it already was.
+    SELECT array_agg(m.message_id), array_agg(m.handler) INTO live_ids, live_handlers
+    FROM inbox.messages AS m
+    WHERE m.handler = redrive.handler
+        AND m.status = 'DEAD_LETTER'
+        AND NOT m.dlq_metadata ? 'discarded'
+        AND (redrive.message_ids IS NULL OR m.message_id = ANY(redrive.message_ids));
+    RETURN inbox._redrive(live_ids, live_handlers, reason, TRUE);
 END;
 $$;
 COMMENT ON FUNCTION inbox.redrive(text, uuid[], text) IS

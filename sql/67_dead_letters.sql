@@ -352,6 +352,42 @@ CREATE INDEX IF NOT EXISTS dlq_entries_group_idx ON outbox.dlq_entries (group_id
 CREATE INDEX IF NOT EXISTS dlq_entries_seen_idx ON outbox.dlq_entries (seen_at DESC, side, id, handler);
 CREATE INDEX IF NOT EXISTS dlq_entries_owner_idx ON outbox.dlq_entries (owner, side);
 
+-- Writes a dead letter's entry: a new one, or every column of the one it
+-- replaces (same side, id and handler), with its error's class and pattern
+-- and its group: the md5 of side, owner, subject, class and pattern. The
+-- one writer of an entry, under _dlq_enter_event and _dlq_enter_message.
+CREATE OR REPLACE FUNCTION outbox._dlq_enter(
+    side text, owner text, id uuid, handler text, subject text, tenant text, attempts integer, last_error text,
+    seen_at timestamptz, discarded boolean, refailed boolean, replays integer, redrive_pending boolean,
+    replayable boolean, row_id bigint, created_at timestamptz
+)
+RETURNS void
+LANGUAGE sql
+SET search_path TO pg_catalog, pg_temp
+AS $$
+    INSERT INTO outbox.dlq_entries (
+        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
+        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
+    )
+    SELECT
+        _dlq_enter.side, _dlq_enter.owner, _dlq_enter.id, _dlq_enter.handler, _dlq_enter.subject,
+        _dlq_enter.tenant, _dlq_enter.attempts, _dlq_enter.last_error, c.cls, c.pattern,
+        md5(concat_ws(E'\n', _dlq_enter.side, _dlq_enter.owner, _dlq_enter.subject, c.cls, c.pattern)),
+        _dlq_enter.seen_at, _dlq_enter.discarded, _dlq_enter.refailed, _dlq_enter.replays,
+        _dlq_enter.redrive_pending, _dlq_enter.replayable, _dlq_enter.row_id, _dlq_enter.created_at
+    FROM (
+        SELECT outbox._dlq_error_class(_dlq_enter.last_error) AS cls,
+            outbox._dlq_error_pattern(_dlq_enter.last_error) AS pattern
+    ) AS c
+    ON CONFLICT ON CONSTRAINT dlq_entries_pkey DO UPDATE
+    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
+        last_error = excluded.last_error, error_class = excluded.error_class,
+        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
+        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
+        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
+        row_id = excluded.row_id, created_at = excluded.created_at;
+$$;
+
 -- An outbox event's entry, written or removed as its status says.
 CREATE OR REPLACE FUNCTION outbox._dlq_enter_event(e outbox.events)
 RETURNS void
@@ -359,8 +395,6 @@ LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    cls text;
-    pattern text;
     n integer;
     discarded boolean;
 BEGIN
@@ -368,29 +402,16 @@ BEGIN
         DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'outbox' AND x.id = e.event_id AND x.handler = '';
         RETURN;
     END IF;
-    cls := outbox._dlq_error_class(e.last_error);
-    pattern := outbox._dlq_error_pattern(e.last_error);
-    -- A row written around emit may have no subject (the relay dead-letters it
-    -- BAD_SUBJECT): its entry says '' rather than fail the relay's mark.
-    e.subject := coalesce(e.subject, '');
     SELECT count(*) INTO n FROM outbox.requeue_log AS q WHERE q.event_id = e.event_id AND q.from_status = 'DEAD_LETTER';
     discarded := EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
-    INSERT INTO outbox.dlq_entries AS x (
-        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
-        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
-    ) VALUES (
-        'outbox', e.context, e.event_id, '', e.subject, e.tenant_id, e.attempts, e.last_error, cls, pattern,
-        md5(concat_ws(E'\n', 'outbox', e.context, e.subject, cls, pattern)),
-        coalesce(e.claimed_at, e.created_at), discarded, n > 0, n, FALSE, NOT discarded,
-        e.id, e.created_at
-    )
-    ON CONFLICT (side, id, handler) DO UPDATE
-    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
-        last_error = excluded.last_error, error_class = excluded.error_class,
-        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
-        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
-        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
-        row_id = excluded.row_id, created_at = excluded.created_at;
+    -- A row written around emit may have no subject (the relay dead-letters it
+    -- BAD_SUBJECT): its entry says '' rather than fail the relay's mark.
+    PERFORM outbox._dlq_enter(
+        side => 'outbox', owner => e.context, id => e.event_id, handler => '', subject => coalesce(e.subject, ''),
+        tenant => e.tenant_id, attempts => e.attempts, last_error => e.last_error,
+        seen_at => coalesce(e.claimed_at, e.created_at), discarded => discarded, refailed => n > 0, replays => n,
+        redrive_pending => FALSE, replayable => NOT discarded, row_id => e.id, created_at => e.created_at
+    );
 END;
 $$;
 
@@ -401,40 +422,26 @@ LANGUAGE plpgsql
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    cls text;
-    pattern text;
     asked boolean;
 BEGIN
     IF m.status IS DISTINCT FROM 'DEAD_LETTER' THEN
         DELETE FROM outbox.dlq_entries AS x WHERE x.side = 'inbox' AND x.id = m.message_id AND x.handler = m.handler;
         RETURN;
     END IF;
-    cls := outbox._dlq_error_class(m.last_error);
-    pattern := outbox._dlq_error_pattern(m.last_error);
     asked := coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE);
-    INSERT INTO outbox.dlq_entries AS x (
-        side, owner, id, handler, subject, tenant, attempts, last_error, error_class, error_pattern, group_id,
-        seen_at, discarded, refailed, replays, redrive_pending, replayable, row_id, created_at
-    ) VALUES (
-        'inbox', m.handler, m.message_id, m.handler, m.subject, m.envelope ->> 'tenant_id', m.attempts,
-        m.last_error, cls, pattern, md5(concat_ws(E'\n', 'inbox', m.handler, m.subject, cls, pattern)),
-        coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
-        m.dlq_metadata ? 'discarded',
-        coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
-        coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
-        + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
-        asked,
-        NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL AND NOT m.dlq_metadata ? 'in_database'
-        AND NOT asked,
-        NULL, m.received_at
-    )
-    ON CONFLICT (side, id, handler) DO UPDATE
-    SET owner = excluded.owner, subject = excluded.subject, tenant = excluded.tenant, attempts = excluded.attempts,
-        last_error = excluded.last_error, error_class = excluded.error_class,
-        error_pattern = excluded.error_pattern, group_id = excluded.group_id, seen_at = excluded.seen_at,
-        discarded = excluded.discarded, refailed = excluded.refailed, replays = excluded.replays,
-        redrive_pending = excluded.redrive_pending, replayable = excluded.replayable,
-        row_id = excluded.row_id, created_at = excluded.created_at;
+    PERFORM outbox._dlq_enter(
+        side => 'inbox', owner => m.handler, id => m.message_id, handler => m.handler, subject => m.subject,
+        tenant => m.envelope ->> 'tenant_id', attempts => m.attempts, last_error => m.last_error,
+        seen_at => coalesce((m.dlq_metadata ->> 'dead_lettered_at')::timestamptz, m.received_at),
+        discarded => m.dlq_metadata ? 'discarded',
+        refailed => coalesce((m.dlq_metadata ->> 'dead_letters')::integer, 1) > 1,
+        replays => coalesce((m.dlq_metadata ->> 'replay_attempts')::integer, 0)
+            + coalesce((m.dlq_metadata ->> 'redrives')::integer, 0),
+        redrive_pending => asked,
+        replayable => NOT m.dlq_metadata ? 'discarded' AND m.envelope IS NOT NULL
+            AND NOT m.dlq_metadata ? 'in_database' AND NOT asked,
+        row_id => NULL, created_at => m.received_at
+    );
 END;
 $$;
 
@@ -492,32 +499,13 @@ WHEN (old.status = 'DEAD_LETTER')
 EXECUTE FUNCTION outbox.tg_messages__dlq_entry();
 
 -- Every dead letter the filter matches, both sides, with its group and
--- state, from outbox.dlq_entries. Called by the functions below (already
--- checked filter); granted to no one. No SET clause: so that the planner
--- inlines it into its callers (whose search_path is pinned) and uses the
--- entries' indexes for a group, an owner or a time range.
+-- state: the rows of outbox.dlq_entries, handler NULL for the outbox. Called
+-- by the functions below (already checked filter); granted to no one. No
+-- SET clause: so that the planner inlines it into its callers (whose
+-- search_path is pinned) and uses the entries' indexes for a group, an owner
+-- or a time range.
 CREATE OR REPLACE FUNCTION outbox._dlq_rows(filter jsonb)
-RETURNS TABLE (
-    side text,
-    owner text,
-    id uuid,
-    handler text,
-    subject text,
-    tenant text,
-    attempts integer,
-    last_error text,
-    error_class text,
-    error_pattern text,
-    group_id text,
-    seen_at timestamptz,
-    discarded boolean,
-    refailed boolean,
-    replays integer,
-    redrive_pending boolean,
-    replayable boolean,
-    row_id bigint,
-    created_at timestamptz
-)
+RETURNS SETOF outbox.dlq_entries
 LANGUAGE sql STABLE
 AS $$
     SELECT
@@ -929,26 +917,7 @@ BEGIN
             AND NOT EXISTS (SELECT 1 FROM outbox.discarded_events AS d WHERE d.event_id = e.event_id);
         GET DIAGNOSTICS outbox_moved = ROW_COUNT;
         PERFORM set_config('pgoutbox.requeue_reason', '', true);
-        WITH marked AS (
-            UPDATE inbox.messages AS m
-            SET dlq_metadata = m.dlq_metadata
-                || jsonb_build_object('redrive_requested', TRUE, 'next_replay_at', now())
-            FROM unnest(message_ids, handlers) AS p (message_id, handler)
-            WHERE m.message_id = p.message_id AND m.handler = p.handler
-                AND m.status = 'DEAD_LETTER'
-                AND NOT m.dlq_metadata ? 'discarded'
-                AND NOT coalesce((m.dlq_metadata ->> 'redrive_requested')::boolean, FALSE)
-            RETURNING m.message_id, m.handler, m.dlq_metadata, m.last_error
-        )
-        INSERT INTO inbox.redrive_log (
-            message_id, handler, redriven_by, reason, replay_attempts_before, last_error
-        )
-        SELECT
-            k.message_id, k.handler, session_user, _dlq_apply.reason,
-            coalesce((k.dlq_metadata ->> 'replay_attempts')::integer, 0), k.last_error
-        FROM marked AS k;
-        GET DIAGNOSTICS inbox_moved = ROW_COUNT;
-        RETURN outbox_moved + inbox_moved;
+        RETURN outbox_moved + inbox._redrive(message_ids, handlers, reason, FALSE);
     END IF;
     PERFORM set_config('pgoutbox.dlq_action', action, true);
     PERFORM set_config('pgoutbox.dlq_reason', reason, true);

@@ -106,6 +106,21 @@ $$;
 COMMENT ON FUNCTION outbox.backfill_page(text[], timestamptz, timestamptz, bigint, integer) IS
 'For pgoutbox backfill: the next page of events of these subjects in a range, in id (emit) order.';
 
+-- A backfill's range [from_at, until_at): both given, from_at first.
+CREATE OR REPLACE FUNCTION outbox._check_backfill_range(from_at timestamptz, until_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
+        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
+            USING ERRCODE = 'OB006';
+    END IF;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION outbox._check_backfill(
     subjects text[],
     from_at timestamptz,
@@ -122,10 +137,7 @@ BEGIN
         RAISE EXCEPTION 'INVALID_ARGUMENT: subjects must name at least one subject, and no NULL'
             USING ERRCODE = 'OB006';
     END IF;
-    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_backfill_range(from_at, until_at);
     PERFORM outbox._check_range('page_size', page_size, 1, 10000, 'between 1 and 10000');
 END;
 $$;
@@ -146,10 +158,7 @@ SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF from_at IS NULL OR until_at IS NULL OR NOT from_at < until_at THEN
-        RAISE EXCEPTION 'INVALID_ARGUMENT: from_at must be before until_at, got % and %', from_at, until_at
-            USING ERRCODE = 'OB006';
-    END IF;
+    PERFORM outbox._check_backfill_range(from_at, until_at);
     RETURN QUERY
     SELECT a.day, a.archive_uri, a.row_count, a.checksum
     FROM outbox.archive_audit AS a
