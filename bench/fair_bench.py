@@ -18,7 +18,10 @@ the stream after the run; one wall clock on this host); and emit -> mark, its
 published_at - created_at (the database's clock: the emit's transaction
 start, the mark that follows the whole batch's acks). Prints per code and
 phase the quiet tenants' p50, p99 and max of both, and how long the backlog
-took to drain; then the steal.
+took to drain; then the same for the quiet events committed while it drained
+("during": from the phase's first event, none left out, to the drain's end,
+found by a poll every 0.2 s), which is what the backlog delays: a phase longer
+than the drain mixes in events that met no backlog; then the steal.
 
     .venv/bin/python bench/fair_bench.py [--code 3f6d34a,.] [--seconds 20] [--backlog 100000]
 
@@ -114,10 +117,14 @@ def quiet_writers(url: str, phase: str, seconds: float) -> dict[str, float]:
     return commits
 
 
-def to_jetstream(commits: dict[str, float], arrivals: dict[str, float]) -> tuple[list[float], int]:
-    """Commit -> stored in JetStream in ms, the first second left out; and how many are not in the stream."""
-    first = min(commits.values()) + 1.0
-    kept = {k: c for k, c in commits.items() if c >= first}
+def to_jetstream(
+    commits: dict[str, float], arrivals: dict[str, float], until: float | None = None
+) -> tuple[list[float], int]:
+    """Commit -> stored in JetStream in ms, the first second left out (or, with
+    `until`, the events committed before then, from the first); and how many
+    are not in the stream."""
+    first = min(commits.values()) + (1.0 if until is None else 0.0)
+    kept = {k: c for k, c in commits.items() if c >= first and (until is None or c < until)}
     return sorted(1000 * (arrivals[k] - c) for k, c in kept.items() if k in arrivals), sum(
         1 for k in kept if k not in arrivals
     )
@@ -142,12 +149,14 @@ def published_by(url: str, like: str) -> float:
         return published(owner, like, 1800)
 
 
-def latencies(owner: psycopg.Connection, phase: str) -> list[float]:
+def latencies(owner: psycopg.Connection, phase: str, until: float | None = None) -> list[float]:
+    """published_at - created_at in ms, as to_jetstream chooses the events."""
     rows = owner.execute(
         "SELECT 1000 * extract(epoch FROM published_at - created_at)::float8 FROM outbox.events"
-        " WHERE aggregate_id LIKE %s AND created_at >= (SELECT min(created_at) + interval '1 second'"
-        "   FROM outbox.events WHERE aggregate_id LIKE %s)",
-        (f"{phase}-%", f"{phase}-%"),
+        " WHERE aggregate_id LIKE %s AND created_at >= (SELECT min(created_at) + %s * interval '1 second'"
+        "   FROM outbox.events WHERE aggregate_id LIKE %s)"
+        " AND (%s::float8 IS NULL OR created_at < to_timestamp(%s::float8))",
+        (f"{phase}-%", 1.0 if until is None else 0.0, f"{phase}-%", until, until),
     ).fetchall()
     return sorted(r[0] for r in rows)
 
@@ -182,7 +191,13 @@ def run_code(code: str, seconds: float, backlog: int) -> dict[str, Phase]:
                         w.execute(BACKLOG, (min(1000, backlog - start),))
                     w.commit()
                 drained: list[float] = []
-                watcher = threading.Thread(target=lambda: drained.append(published_by(pipe.pg.url, "bulk-%")))
+                ended: list[float] = []  # the wall-clock time the backlog was found drained
+
+                def watch() -> None:
+                    drained.append(published_by(pipe.pg.url, "bulk-%"))
+                    ended.append(time.time())
+
+                watcher = threading.Thread(target=watch)
                 watcher.start()
                 commits = quiet_writers(pipe.url("writer"), "beside", seconds)
                 watcher.join()
@@ -192,6 +207,9 @@ def run_code(code: str, seconds: float, backlog: int) -> dict[str, Phase]:
                 for phase, sent, drain in (("alone", alone, None), ("beside", commits, drain_s)):
                     js, missing = to_jetstream(sent, stored)
                     out[phase] = (js, latencies(owner, phase), missing, drain)
+                if ended:  # the quiet events committed while the backlog drained: what it delays
+                    js, missing = to_jetstream(commits, stored, until=ended[0])
+                    out["during"] = (js, latencies(owner, "beside", until=ended[0]), missing, drain_s)
                 return out
         finally:
             pipe.stop()
@@ -217,8 +235,13 @@ def latency(codes: list[str], seconds: float, backlog: int) -> None:
                 f" {missing:7d} {'' if drain_s is None else f'{drain_s:.1f} s':>16}"
             )
         for i, what in ((0, "emit -> JetStream"), (1, "emit -> mark")):
-            alone, beside = pct(phases["alone"][i], 0.99), pct(phases["beside"][i], 0.99)
-            print(f"{code:>9} {what}: p99 beside the backlog / alone {beside / alone:.2f}x")
+            alone = pct(phases["alone"][i], 0.99)
+            ratios = [
+                f"{name} / alone {pct(phases[name][i], 0.99) / alone:.2f}x"
+                for name in ("beside", "during")
+                if name in phases
+            ]
+            print(f"{code:>9} {what}: p99 " + ", ".join(ratios))
     print(f"done: {load()}; {steal_since(start)}")
 
 
