@@ -23,7 +23,7 @@ took to drain; then the same for the quiet events committed while it drained
 found by a poll every 0.2 s), which is what the backlog delays: a phase longer
 than the drain mixes in events that met no backlog; then the steal.
 
-    .venv/bin/python bench/fair_bench.py [--code 3f6d34a,.] [--seconds 20] [--backlog 100000]
+    .venv/bin/python bench/fair_bench.py [--code 3f6d34a,.] [--seconds 20] [--backlog 100000] [--rounds 1]
 
 --plan: the claim's plan, with what it read, on --rows due events over
 --tenants tenants (this checkout's schema): a claim of the relay's default
@@ -215,7 +215,7 @@ def run_code(code: str, seconds: float, backlog: int) -> dict[str, Phase]:
             pipe.stop()
 
 
-def latency(codes: list[str], seconds: float, backlog: int) -> None:
+def latency(codes: list[str], seconds: float, backlog: int, rounds: int = 1) -> None:
     start = cpu_ticks()
     print(
         f"fair claims: {QUIET} tenants at {RATE} events/s each for {seconds:.0f} s, alone and right after"
@@ -226,8 +226,13 @@ def latency(codes: list[str], seconds: float, backlog: int) -> None:
         f"{'code':>9} {'phase':>7} {'events':>7} {'p50':>7} {'p99':>7} {'max':>7}"
         f" {'events':>7} {'p50':>7} {'p99':>7} {'max':>7} {'missing':>7} {'backlog drained':>16}"
     )
-    results = {code: run_code(code, seconds, backlog) for code in codes}
-    for code, phases in results.items():
+    # rounds interleave the codes, so that each meets the same moments of a shared machine
+    results = [
+        (code if rounds == 1 else f"{code}#{r + 1}", run_code(code, seconds, backlog))
+        for r in range(rounds)
+        for code in codes
+    ]
+    for code, phases in results:
         for phase, (js, marks, missing, drain_s) in phases.items():
             print(
                 f"{code:>9} {phase:>7} {len(js):7d} {statistics.median(js):7.1f} {pct(js, 0.99):7.1f} {js[-1]:7.1f}"
@@ -307,6 +312,7 @@ def main() -> int:
     ap.add_argument("--code", default=".", help="comma-separated commits ('.' = this checkout)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--backlog", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=1, help="latency: runs of each code, interleaved")
     ap.add_argument("--plan", action="store_true")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--tenants", type=int, default=1000)
@@ -316,7 +322,7 @@ def main() -> int:
     if args.plan:
         plan(args.rows, args.tenants)
     else:
-        latency(args.code.split(","), args.seconds, args.backlog)
+        latency(args.code.split(","), args.seconds, args.backlog, args.rounds)
     return 0
 
 
