@@ -46,7 +46,7 @@ async def test_other_tenants_events_go_out_while_one_tenants_backlog_drains(data
             emit_for(writer, tenant, 1)
         await until(lambda: not set(QUIET) & set(unfinished(database_url)), 30, "the other tenants' events out")
         # With claims oldest first they would wait for the whole backlog; a
-        # fair claim (and the relay's side lane) takes them in the next claims.
+        # fair claim takes them in the next claims.
         left = unfinished(database_url).get("bulk", 0)
         assert left > 0, "the backlog drained before the other tenants' events went out"
         await until(lambda: not unfinished(database_url), 120, "the backlog drained")

@@ -10,7 +10,6 @@ import contextlib
 import json
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from fakes import FakeOutboxStore, FakePublisher
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -50,14 +49,12 @@ async def test_a_pause_ends_early_only_for_an_urgent_wake_up_or_stop():
 # -- the relay loop on in-memory fakes (tests/unit/fakes.py) -------------------
 
 
-def relay_of_fakes(
-    store: FakeOutboxStore, publisher: FakePublisher, tracer=None, *, claims=None, side_claims=None
-) -> OutboxRelay:
-    """OutboxRelay on the defaults, its sessions (`claims`, `side_claims`:
-    others on the same store) and its publisher replaced by fakes; start-up
-    (the schema and stream checks, the HTTP server) is left out, and so are
-    wake-ups (a LISTEN session): the claim loop polls, at poll_interval, as
-    it does without them."""
+@contextlib.asynccontextmanager
+async def relay_on_fakes(store: FakeOutboxStore, publisher: FakePublisher, tracer=None):
+    """OutboxRelay.run on the defaults, its three sessions and its publisher
+    replaced by fakes; start-up (the schema and stream checks, the HTTP
+    server) is left out, and so are wake-ups (a LISTEN session): the claim
+    loop polls, at poll_interval, as it does without them."""
     cfg = relay_settings.load(
         environ={},
         overrides={
@@ -67,20 +64,12 @@ def relay_of_fakes(
         },
     )
     relay = OutboxRelay(cfg, publisher, tracer)  # type: ignore[arg-type]
-    relay.marks = relay.monitor = store  # type: ignore[assignment]
-    relay.claims, relay.side_claims = claims or store, side_claims or store
+    relay.claims = relay.marks = relay.monitor = store  # type: ignore[assignment]
 
     async def start() -> None:
         pass
 
     relay._start = start  # type: ignore[method-assign]
-    return relay
-
-
-@contextlib.asynccontextmanager
-async def relay_on_fakes(store: FakeOutboxStore, publisher: FakePublisher, tracer=None, **sessions):
-    """relay_of_fakes running until the block ends."""
-    relay = relay_of_fakes(store, publisher, tracer, **sessions)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
     await asyncio.wait_for(relay.started.wait(), 5)
@@ -220,51 +209,3 @@ def test_a_backlog_beside_other_tenants_is_drained_in_smaller_claims():
     # one tenant alone, or many busy tenants none of which has most of the batch: full claims
     assert relay._drain_size(batch({"bulk": full}), full) == full
     assert relay._drain_size(batch({f"t{i}": full // 10 for i in range(10)}), full) == full
-
-
-class Session:
-    """Another session on the same fake store: the sizes of its claims, each
-    of which takes `pause` (a claim of real rows takes milliseconds)."""
-
-    def __init__(self, store: FakeOutboxStore, pause: float = 0.0) -> None:
-        self.store, self.pause, self.sizes = store, pause, []
-
-    async def claim(self, worker: str, batch_size: int, lease: float):
-        self.sizes.append(batch_size)
-        await asyncio.sleep(self.pause)
-        return await self.store.claim(worker, batch_size, lease)
-
-    def __getattr__(self, name: str):
-        return getattr(self.store, name)
-
-
-async def test_a_side_lane_claims_beside_a_backlog_drain_and_stops_with_it():
-    store, publisher = FakeOutboxStore(), FakePublisher()
-    full, small = 500, 125  # batch_size and batch_size / publish_batches, the defaults
-    ids = store.add(2, tenant_id="a") + store.add(3 * full, tenant_id="bulk")
-    main, side = Session(store, pause=0.02), Session(store)
-    async with relay_on_fakes(store, publisher, claims=main, side_claims=side) as relay:
-        await until(lambda: all(store.status(i) == "COMPLETED" for i in ids), 10, "all completed")
-        await until(lambda: not relay._side_on.is_set(), 5, "the drain over")
-        after = len(side.sizes)
-        await asyncio.sleep(0.1)  # not a race: the side lane claims only while a drain is on
-        assert len(side.sizes) == after
-    # the first claim was full and mostly one tenant's: the claim loop drained in
-    # smaller claims, and the side lane claimed two rows for each of the two tenants, and one
-    assert main.sizes[:2] == [full, small]
-    assert after > 0 and set(side.sizes) == {2 * 2 + 1}
-    assert sorted(publisher.published) == sorted(ids)  # each once
-
-
-async def test_a_crash_of_the_side_lane_is_the_relays():
-    store, publisher = FakeOutboxStore(), FakePublisher()
-    store.add(2, tenant_id="a")
-    store.add(3 * 500, tenant_id="bulk")
-
-    class Broken(Session):
-        async def claim(self, worker: str, batch_size: int, lease: float):
-            raise RuntimeError("a bug in the side lane")
-
-    relay = relay_of_fakes(store, publisher, claims=Session(store, pause=0.02), side_claims=Broken(store))
-    with pytest.raises(RuntimeError, match="a bug in the side lane"):
-        await asyncio.wait_for(relay.run(asyncio.Event()), 10)  # never stopped: only the crash ends it

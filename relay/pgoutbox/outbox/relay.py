@@ -25,11 +25,7 @@ due); a short one took everything due, so the loop waits for a wake-up
 (notification, throttle re-check, due retry, a keyed event marked, a
 scheduled event falling due: asked after an empty claim) or the
 fallback poll, and claims no sooner than claim_interval after the previous
-claim (but at once for a keyed event's successor). While one tenant's
-backlog drains beside other tenants, a side lane claims for them every
-claim_interval on a session of its own and publishes its own batches
-(_side_loop), so that their events do not wait for the drain's claims.
-Housekeeping: outbox.create_partitions() every
+claim (but at once for a keyed event's successor). Housekeeping: outbox.create_partitions() every
 partitions_every, and the backlog gauges every backlog_interval.
 
 Failures belong to one event, never to its batch or the process: rows are
@@ -130,9 +126,6 @@ class OutboxRelay:
         # one lost in a crash reverts to a state the lease and Nats-Msg-Id
         # deduplication already recover from (re-claim, re-publish, dup ack).
         self.claims = OutboxCalls(cfg.database_url, "claim", wire_times=True)
-        # The side lane's session (_side_loop): opened at the first backlog
-        # drained beside other tenants, not before.
-        self.side_claims = OutboxCalls(cfg.database_url, "side-claim", wire_times=True)
         self.marks = OutboxCalls(cfg.database_url, "mark", synchronous_commit=cfg.synchronous_commit)
         self.monitor = OutboxCalls(cfg.database_url, "backlog", wire_times=True)
         self.wakeups = Wakeups(cfg.poll_interval)
@@ -144,9 +137,6 @@ class OutboxRelay:
         self._in_flight = 0
         self.away = JetStreamAway()
         self._claim_retry = Retrier(self.stopping)  # the claim's retry pacing (_claim)
-        self._side_retry = Retrier(self.stopping)  # the side lane's
-        self._side_on = asyncio.Event()  # set while the claim loop drains a backlog beside others
-        self._side_tenants = 0  # the most tenants a batch of this drain held
         # outbox.hand_back came with schema 18; on an older schema an away
         # outcome counts an attempt, as it did before (until `pgoutbox migrate`).
         self.can_hand_back = True
@@ -176,7 +166,7 @@ class OutboxRelay:
             claimed: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
             published: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=self.cfg.publish_batches)
             pipeline = [
-                asyncio.create_task(self._claim_loop(claimed, published), name="claim"),
+                asyncio.create_task(self._claim_loop(claimed), name="claim"),
                 asyncio.create_task(self._publish_loop(claimed, published), name="publish"),
                 asyncio.create_task(self._mark_loop(published), name="mark"),
             ]
@@ -293,43 +283,22 @@ class OutboxRelay:
         if self.http:
             self.http.stop()
         await self.publisher.close()
-        for calls in (self.claims, self.side_claims, self.marks, self.monitor):
+        for calls in (self.claims, self.marks, self.monitor):
             await calls.close()
         await self.tracing.shutdown()  # exports the spans still held
 
     # -- the three stages ---------------------------------------------------
 
-    async def _claim_loop(self, out: asyncio.Queue[Batch | None], published: asyncio.Queue[Batch | None]) -> None:
-        """The claim loop and its side lane (_side_loop), ended together: a
-        crash of either is the relay's, as any stage's. Both have ended, the
-        side lane's batches published and queued for marking, before the end
-        of the claimed batches is queued."""
-        lanes = [
-            asyncio.create_task(self._claims(out), name="claims"),
-            asyncio.create_task(self._side_loop(published), name="side claim"),
-        ]
-        try:
-            done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in lanes:
-                task.cancel()  # nothing for one that ended
-            await asyncio.gather(*lanes, return_exceptions=True)
-        await out.put(None)
-
-    async def _claims(self, out: asyncio.Queue[Batch | None]) -> None:
+    async def _claim_loop(self, out: asyncio.Queue[Batch | None]) -> None:
         cfg = self.cfg
         size = cfg.batch_size
         while not self.stopping.is_set():
             if not self.publisher.connected:
                 self.metrics.nats_up.set(0)
-                self._side_on.clear()
                 await until_stopped(self.publisher.wait_connected(cfg.poll_interval), self.stopping)
                 continue
             self.metrics.nats_up.set(1)
             if self.away.active:
-                self._side_on.clear()
                 await self._probe(out)
                 continue
             self.wakeups.arm()
@@ -350,8 +319,6 @@ class OutboxRelay:
                 self._progress()  # nothing claimable is not "stuck"
                 await self._next_scheduled()
             size = cfg.batch_size
-            self._side_on.clear()
-            self._side_tenants = 0
             # A short batch took everything due. What commits next notifies,
             # or falls in a throttle window whose re-check is scheduled. The
             # next claim comes no sooner than claim_interval after this one,
@@ -361,6 +328,7 @@ class OutboxRelay:
             # first, so that what arrives meanwhile wakes nobody.
             await self.wakeups.pause(started + cfg.claim_interval - time.monotonic())
             await self.wakeups.wait()
+        await out.put(None)
 
     def _drain_size(self, rows: list[dict[str, Any]], size: int) -> int:
         """The next claim's size while a backlog drains. A full batch mostly of
@@ -371,93 +339,45 @@ class OutboxRelay:
         the relay claims batch_size / publish_batches at a time: fewer of the
         backlog's messages ahead of theirs, at more claims per event. Batches
         shared among many busy tenants, none most of it, keep the full size
-        (that is throughput, and no one waits behind another). The side lane
-        (_side_loop) runs meanwhile, for the claims the other tenants need."""
+        (that is throughput, and no one waits behind another)."""
         small = max(1, self.cfg.batch_size // self.cfg.publish_batches)
+        if size == small:
+            return small
         tenants = Counter(r["tenant_id"] for r in rows)
-        if size == small or (len(tenants) > 1 and 2 * max(tenants.values()) > len(rows)):
-            self._side_tenants = max(self._side_tenants, len(tenants))
-            self._side_on.set()
+        if len(tenants) > 1 and 2 * max(tenants.values()) > len(rows):
             return small
         return self.cfg.batch_size
 
-    async def _side_loop(self, out: asyncio.Queue[Batch | None]) -> None:
-        """The side lane: while the claim loop drains one tenant's backlog
-        beside others, a second session claims too, every claim_interval, as
-        the claim loop does under steady traffic. The claim loop's claims
-        follow each other at once but each takes milliseconds (the backlog's
-        rows are most of it): an event of another tenant would wait for the
-        claim under way, then be claimed by the next. The side lane's claims
-        are small: two rows for each tenant the drain's batches held (each
-        tenant's share in outbox.claim), the backlog's oldest in the rest, so
-        they are quick and the other tenants' events go out within about a
-        claim interval, as they do without the backlog. Both sessions claim
-        as two relays would: never an event while an earlier one of its key
-        is unfinished, and no row twice (SKIP LOCKED). The side lane
-        publishes its batches itself, so that they do not wait for a publish
-        slot behind the claim loop's."""
-        cfg = self.cfg
-        small = max(1, cfg.batch_size // cfg.publish_batches)
-        slots = asyncio.Semaphore(cfg.publish_batches)
-        sending: set[asyncio.Task[None]] = set()
+    async def _claim(self, batch_size: int, started: float) -> list[dict[str, Any]] | None:
+        """One claim; None when it failed (logged, and paced by a stop-aware pause)."""
         try:
-            while not self.stopping.is_set():
-                if not self._side_on.is_set():
-                    await until_stopped(self._side_on.wait(), self.stopping)
-                    continue
-                started = time.monotonic()
-                if self.publisher.connected and not self.away.active:
-                    size = min(small, 2 * self._side_tenants + 1)
-                    rows = await self._claim(size, started, self.side_claims, self._side_retry)
-                    if rows:
-                        self._in_flight += 1
-                        self.metrics.batch_size.observe(len(rows))
-                        self._side_tenants = max(self._side_tenants, len({r["tenant_id"] for r in rows}))
-                        await slots.acquire()
-                        task = asyncio.create_task(self._publish(Batch(rows, started), out, slots))
-                        sending.add(task)
-                        task.add_done_callback(sending.discard)
-                await sleep(started + cfg.claim_interval - time.monotonic(), self.stopping)
-            await asyncio.gather(*sending)
-        except asyncio.CancelledError:
-            for task in sending:
-                task.cancel()
-            raise
-
-    async def _claim(
-        self, batch_size: int, started: float, calls: OutboxCalls | None = None, retry: Retrier | None = None
-    ) -> list[dict[str, Any]] | None:
-        """One claim (on the claim loop's session unless `calls` says another);
-        None when it failed (logged, and paced by a stop-aware pause)."""
-        calls, retry = calls or self.claims, retry or self._claim_retry
-        try:
-            rows = await calls.claim(self.cfg.relay_name, batch_size, self.cfg.lease)
+            rows = await self.claims.claim(self.cfg.relay_name, batch_size, self.cfg.lease)
         except DatabaseUnavailable as exc:
             self.metrics.database_up.set(0)
-            if retry.failed():
+            if self._claim_retry.failed():
                 log.warning(
                     "claim failed (attempt %d), PostgreSQL unavailable: %s",
-                    retry.attempts,
+                    self._claim_retry.attempts,
                     exc,
                     extra={"action": "db_retry"},
                 )
-            await retry.pause()
+            await self._claim_retry.pause()
             return None
         except psycopg.Error as exc:
             # Not expected (rows are read so that none can fail the fetch),
             # but a worker retries rather than exits; claimed rows, if
             # any, come back when their lease ends.
-            if retry.failed():
+            if self._claim_retry.failed():
                 log.error(
                     "claim failed (attempt %d): %s [%s]",
-                    retry.attempts,
+                    self._claim_retry.attempts,
                     one_line(exc),
                     exc.sqlstate,
                     extra={"action": "claim_error", "sqlstate": exc.sqlstate},
                 )
-            await retry.pause()
+            await self._claim_retry.pause()
             return None
-        retry.succeeded()
+        self._claim_retry.succeeded()
         self.metrics.database_up.set(1)
         self.metrics.claim_seconds.observe(time.monotonic() - started)
         return rows
