@@ -63,7 +63,8 @@ class NatsCluster:
     route_ports: list[int] = field(default_factory=list)
     proxies: dict[tuple[int, int], TcpProxy] = field(default_factory=dict)
     monitor_ports: list[int] = field(default_factory=list)
-    held: dict[int, list[socket.socket]] = field(default_factory=dict, repr=False)  # a killed node's ports
+    held: dict[int, list[socket.socket]] = field(default_factory=dict, repr=False)  # a node's ports while it is down
+    proxies_held: list[socket.socket] = field(default_factory=list, repr=False)  # the proxies' ports until they start
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -76,10 +77,12 @@ class NatsCluster:
                 if i != j
             }
             self.monitor_ports = [free_port() for _ in range(self.size)]
+            client_ports = [free_port() for _ in range(self.size)]
             nowhere = free_port()  # nothing listens here: gossiped route addresses lead nowhere
             self.nodes = [
                 EmbeddedNats(
                     self.root / node_name(i),
+                    port=client_ports[i],
                     extra_args=[
                         "-n",
                         node_name(i),
@@ -97,6 +100,14 @@ class NatsCluster:
                 )
                 for i in range(self.size)
             ]
+            # Every port chosen here is held until its node or proxy binds it:
+            # the nodes start one after the other, seconds after the choice,
+            # and meanwhile another test's server took one (a node exited at
+            # start-up, its port in use).
+            self.held = {
+                i: hold_ports(client_ports[i], self.route_ports[i], self.monitor_ports[i]) for i in range(self.size)
+            }
+            self.proxies_held = hold_ports(*(p.port for p in self.proxies.values()))
 
     @property
     def urls(self) -> str:
@@ -108,6 +119,7 @@ class NatsCluster:
         return self.urls
 
     def start(self, timeout: float = 30) -> str:
+        release_ports(self.proxies_held)
         for proxy in self.proxies.values():
             proxy.start()
         for i in range(self.size):
