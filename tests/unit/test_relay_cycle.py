@@ -197,7 +197,8 @@ def test_a_backlog_beside_other_tenants_is_drained_in_smaller_claims():
         overrides={"database_url": "postgresql://fake@127.0.0.1:1/fake", "nats_url": "nats://127.0.0.1:1"},
     )
     relay = OutboxRelay(cfg, FakePublisher())  # type: ignore[arg-type]
-    full, small = cfg.batch_size, cfg.batch_size // cfg.publish_batches
+    full, small = cfg.batch_size, cfg.batch_size // (4 * cfg.publish_batches)
+    assert small == 31  # on the defaults
 
     def batch(counts: dict[str | None, int]) -> list[dict[str, str | None]]:
         return [{"tenant_id": t} for t, n in counts.items() for _ in range(n)]
