@@ -208,6 +208,7 @@ class NatsCluster:
         for held in self.held.values():
             release_ports(held)
         self.held.clear()
+        release_ports(self.proxies_held)
         for proxy in self.proxies.values():
             proxy.close()
 
