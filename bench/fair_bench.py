@@ -9,8 +9,9 @@ PostgreSQL 15 and a nats-server of their own (bench/e2e_bench.Pipeline; the
 relay as a login in pgoutbox_relay only, every OUTBOX_* setting unset but the
 URLs and the streams file). Two phases of --seconds each: ten tenants emitting
 50 events/s each, one transaction per event, as a login in pgoutbox_writer
-only; then the same right after one more tenant committed a backlog of
---backlog events in one transaction (an import: all due at once). Two
+only; then the same while one more tenant's backlog of --backlog events lands
+one second into the phase, in one transaction (an import amid steady
+traffic: all due at once; written before the phase, committed then). Two
 latencies per quiet event, the first second of a phase left out: emit ->
 JetStream, from the writer's commit (right after the emit returns, autocommit)
 to the time JetStream stored the message (its own timestamp, read back from
@@ -19,10 +20,12 @@ published_at - created_at (the database's clock: the emit's transaction
 start, the mark that follows the whole batch's acks). Prints per code and
 phase the quiet tenants' p50, p99 and max of both, and how long the backlog
 took to drain (its commit to its last event's mark); then the same for the
-quiet events committed while it drained ("during": from the phase's first
-event, none left out, to that mark), which is what the backlog delays: a
-phase longer than the drain mixes in events that met no backlog; then the
-steal.
+quiet events committed while it drained ("during": from its commit to that
+mark), which is what the backlog delays: a phase longer than the drain mixes
+in events that met no backlog; then the steal. The drain's end is watched
+through the claimable rows' index: counting the backlog's rows every 0.2 s
+read the whole table each time (35 ms of a core), load no user has, beside
+the latencies measured.
 
     .venv/bin/python bench/fair_bench.py [--code 3f6d34a,.] [--seconds 20] [--backlog 100000] [--rounds 1]
 
@@ -119,12 +122,12 @@ def quiet_writers(url: str, phase: str, seconds: float) -> dict[str, float]:
 
 
 def to_jetstream(
-    commits: dict[str, float], arrivals: dict[str, float], until: float | None = None
+    commits: dict[str, float], arrivals: dict[str, float], since: float | None = None, until: float | None = None
 ) -> tuple[list[float], int]:
-    """Commit -> stored in JetStream in ms, the first second left out (or, with
-    `until`, the events committed before then, from the first); and how many
-    are not in the stream."""
-    first = min(commits.values()) + (1.0 if until is None else 0.0)
+    """Commit -> stored in JetStream in ms of the events committed from `since`
+    (the phase's first second left out by default) until `until`; and how
+    many are not in the stream."""
+    first = min(commits.values()) + 1.0 if since is None else since
     kept = {k: c for k, c in commits.items() if c >= first and (until is None or c < until)}
     return sorted(1000 * (arrivals[k] - c) for k, c in kept.items() if k in arrivals), sum(
         1 for k in kept if k not in arrivals
@@ -145,9 +148,7 @@ def published(owner: psycopg.Connection, like: str, timeout: float) -> float:
 
 
 # Whether a tenant has events left to publish, from the claimable rows'
-# partial index: cheap beside a backlog. Counting the backlog's rows by
-# aggregate_id every 0.2 s read the whole table each time (35 ms of a core),
-# load no user has, beside the latencies being measured.
+# partial index: cheap beside a backlog.
 WAITING = (
     "SELECT EXISTS (SELECT 1 FROM outbox.events WHERE status IN ('PENDING', 'FAILED', 'PROCESSING')"
     " AND (status <> 'PENDING' OR claimed_at IS NOT NULL OR ordering_key IS NOT NULL OR available_at <= created_at)"
@@ -170,14 +171,16 @@ def drained_at(url: str, tenant: str) -> float:
         ).fetchone()[0]
 
 
-def latencies(owner: psycopg.Connection, phase: str, until: float | None = None) -> list[float]:
+def latencies(
+    owner: psycopg.Connection, phase: str, since: float | None = None, until: float | None = None
+) -> list[float]:
     """published_at - created_at in ms, as to_jetstream chooses the events."""
     rows = owner.execute(
         "SELECT 1000 * extract(epoch FROM published_at - created_at)::float8 FROM outbox.events"
-        " WHERE aggregate_id LIKE %s AND created_at >= (SELECT min(created_at) + %s * interval '1 second'"
-        "   FROM outbox.events WHERE aggregate_id LIKE %s)"
+        " WHERE aggregate_id LIKE %s AND created_at >= coalesce(to_timestamp(%s::float8),"
+        "   (SELECT min(created_at) + interval '1 second' FROM outbox.events WHERE aggregate_id LIKE %s))"
         " AND (%s::float8 IS NULL OR created_at < to_timestamp(%s::float8))",
-        (f"{phase}-%", 1.0 if until is None else 0.0, f"{phase}-%", until, until),
+        (f"{phase}-%", since, f"{phase}-%", until, until),
     ).fetchall()
     return sorted(r[0] for r in rows)
 
@@ -207,29 +210,36 @@ def run_code(code: str, seconds: float, backlog: int) -> dict[str, Phase]:
                 commits = quiet_writers(pipe.url("writer"), "alone", seconds)
                 published(owner, "alone-%", 600)
                 alone = commits
-                with psycopg.connect(pipe.url("writer")) as w:  # one transaction: an import, all due at once
-                    for start in range(0, backlog, 1000):
-                        w.execute(BACKLOG, (min(1000, backlog - start),))
+                # The backlog: one transaction (an import, all due at once),
+                # written before the phase and committed one second into it,
+                # so that it lands amid steady traffic, as an import does; the
+                # writers' first second is left out of both phases.
+                w = psycopg.connect(pipe.url("writer"))
+                for start in range(0, backlog, 1000):
+                    w.execute(BACKLOG, (min(1000, backlog - start),))
+                marks: list[float] = []  # its commit, then its last event's mark (wall-clock)
+
+                def land() -> None:
+                    time.sleep(1.0)
                     w.commit()
-                committed = time.time()
-                ended: list[float] = []  # the wall-clock time the backlog's last event was marked
+                    marks.append(time.time())
+                    w.close()
+                    marks.append(drained_at(pipe.pg.url, "bulk"))
 
-                def watch() -> None:
-                    ended.append(drained_at(pipe.pg.url, "bulk"))
-
-                watcher = threading.Thread(target=watch)
-                watcher.start()
+                importer = threading.Thread(target=land)
+                importer.start()
                 commits = quiet_writers(pipe.url("writer"), "beside", seconds)
-                watcher.join()
-                drain_s = ended[0] - committed if ended else None
+                importer.join()
+                committed, ended = marks
+                drain_s = ended - committed
                 published(owner, "beside-%", 1800)
                 stored = stored_times(pipe.nats.url)
                 for phase, sent, drain in (("alone", alone, None), ("beside", commits, drain_s)):
                     js, missing = to_jetstream(sent, stored)
                     out[phase] = (js, latencies(owner, phase), missing, drain)
-                if ended:  # the quiet events committed while the backlog drained: what it delays
-                    js, missing = to_jetstream(commits, stored, until=ended[0])
-                    out["during"] = (js, latencies(owner, "beside", until=ended[0]), missing, drain_s)
+                # the quiet events committed while the backlog drained: what it delays
+                js, missing = to_jetstream(commits, stored, since=committed, until=ended)
+                out["during"] = (js, latencies(owner, "beside", since=committed, until=ended), missing, drain_s)
                 return out
         finally:
             pipe.stop()
@@ -238,8 +248,8 @@ def run_code(code: str, seconds: float, backlog: int) -> dict[str, Phase]:
 def latency(codes: list[str], seconds: float, backlog: int, rounds: int = 1) -> None:
     start = cpu_ticks()
     print(
-        f"fair claims: {QUIET} tenants at {RATE} events/s each for {seconds:.0f} s, alone and right after"
-        f" another tenant's backlog of {backlog}; relay on its defaults; {load()}"
+        f"fair claims: {QUIET} tenants at {RATE} events/s each for {seconds:.0f} s, alone and"
+        f" while another tenant's backlog of {backlog} lands 1 s into the phase; relay on its defaults; {load()}"
     )
     print(
         f"{'':>17} {'emit -> JetStream, ms':>30} {'emit -> mark, ms':>30}\n"
