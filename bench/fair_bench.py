@@ -219,18 +219,25 @@ def run_code(code: str, seconds: float, backlog: int) -> dict[str, Phase]:
                 for start in range(0, backlog, 1000):
                     w.execute(BACKLOG, (min(1000, backlog - start),))
                 marks: list[float] = []  # its commit, then its last event's mark (wall-clock)
+                failed: list[BaseException] = []  # the importer's error, raised here
 
                 def land() -> None:
-                    time.sleep(1.0)
-                    w.commit()
-                    marks.append(time.time())
-                    w.close()
-                    marks.append(drained_at(pipe.pg.url, "bulk"))
+                    try:
+                        time.sleep(1.0)
+                        w.commit()
+                        marks.append(time.time())
+                        marks.append(drained_at(pipe.pg.url, "bulk"))
+                    except BaseException as exc:
+                        failed.append(exc)
+                    finally:
+                        w.close()
 
                 importer = threading.Thread(target=land)
                 importer.start()
                 commits = quiet_writers(pipe.url("writer"), "beside", seconds)
                 importer.join()
+                if failed:
+                    raise failed[0]
                 committed, ended = marks
                 drain_s = ended - committed
                 published(owner, "beside-%", 1800)
@@ -246,6 +253,7 @@ def run_code(code: str, seconds: float, backlog: int) -> dict[str, Phase]:
                 # import's uncommitted rows; docs/benchmarks.md)
                 first = min(commits.values())
                 js, missing = to_jetstream(commits, stored, since=first, until=committed)
+                # (created_at is the emit's transaction start, before its commit)
                 out["open"] = (js, latencies(owner, "beside", since=first - 1.0, until=committed), missing, None)
                 return out
         finally:
@@ -354,8 +362,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--tenants", type=int, default=1000)
     args = ap.parse_args()
-    if args.seconds < 2 or args.backlog < 1 or args.rows < 1 or args.tenants < 1:
-        ap.error("--seconds must be at least 2; --backlog, --rows and --tenants at least 1")
+    if args.seconds < 2 or min(args.backlog, args.rounds, args.rows, args.tenants) < 1:
+        ap.error("--seconds must be at least 2; --backlog, --rounds, --rows and --tenants at least 1")
     if args.plan:
         plan(args.rows, args.tenants)
     else:
